@@ -1,1 +1,92 @@
-fn main() {}
+//! `softrdma`: the command-line front of the softrdma stack.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use softrdma_cli::decode;
+
+#[derive(Parser)]
+#[command(name = "softrdma", version, about = "softrdma: software RDMA (iWARP and RoCEv2) in user space")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Decode iWARP (MPA/DDP/RDMAP), RoCEv2 and RPC-over-RDMA in a pcap or pcapng file.
+    Decode {
+        /// The capture file (pcap or pcapng).
+        file: PathBuf,
+        /// Print every field of every message.
+        #[arg(short, long)]
+        verbose: bool,
+        /// One JSON object per message (JSON Lines), for machines.
+        #[arg(long)]
+        json: bool,
+        /// Exit non-zero when anything fails to decode or verify.
+        #[arg(long)]
+        strict: bool,
+        /// Also print frames that carry no RDMA message (TCP ACKs, other traffic).
+        #[arg(short = 'a', long)]
+        all: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Decode {
+            file,
+            verbose,
+            json,
+            strict,
+            all,
+        } => run_decode(&file, verbose, json, strict, all),
+    }
+}
+
+fn run_decode(file: &std::path::Path, verbose: bool, json: bool, strict: bool, all: bool) -> ExitCode {
+    let out = match decode::decode_file(file, &decode::Options { all }) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("softrdma decode: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    for r in &out.records {
+        let line = if json {
+            serde_json::to_string(r).unwrap_or_default()
+        } else if verbose {
+            r.verbose()
+        } else {
+            r.line()
+        };
+        if writeln!(w, "{line}").is_err() {
+            return ExitCode::SUCCESS; // reader went away (e.g. `| head`)
+        }
+    }
+    let _ = w.flush();
+    let bad = out.records.iter().filter(|r| !r.clean()).count() + out.stream_errors.len();
+    for e in &out.stream_errors {
+        eprintln!("softrdma decode: {e}");
+    }
+    if !json {
+        eprintln!(
+            "{} frames, {} messages, {} with errors",
+            out.frames,
+            out.records.len(),
+            bad
+        );
+    }
+    if strict && bad > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

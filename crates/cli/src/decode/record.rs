@@ -1,0 +1,165 @@
+//! One decoded message, and how it is printed.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// The outcome of one verification (CRC, ICRC, re-emit round trip, ...).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Check {
+    pub what: &'static str,
+    /// `None` when the check does not apply (e.g. MPA CRC not negotiated).
+    pub ok: Option<bool>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// One line of `softrdma decode` output.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// The frame that carried the message's last octet.
+    pub frame: u64,
+    pub time: f64,
+    pub src: String,
+    pub dst: String,
+    /// Top protocol decoded: "MPA", "iWARP", "RoCEv2", "TCP", "UDP", ...
+    pub proto: &'static str,
+    pub summary: String,
+    /// Every decoded field, one object per layer, in wire order.
+    pub layers: Map<String, Value>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<Check>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+impl Record {
+    pub fn new(frame: u64, time: f64, src: String, dst: String, proto: &'static str) -> Self {
+        Record {
+            frame,
+            time,
+            src,
+            dst,
+            proto,
+            summary: String::new(),
+            layers: Map::new(),
+            checks: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    pub fn layer(&mut self, name: &str, v: impl Serialize) {
+        let v = serde_json::to_value(v).unwrap_or_else(|e| Value::String(e.to_string()));
+        self.layers.insert(name.to_string(), v);
+    }
+
+    pub fn check(&mut self, what: &'static str, ok: Option<bool>, detail: impl Into<String>) {
+        self.checks.push(Check {
+            what,
+            ok,
+            detail: detail.into(),
+        });
+    }
+
+    pub fn error(&mut self, e: impl std::fmt::Display) {
+        self.errors.push(e.to_string());
+    }
+
+    /// True when every applicable check passed and nothing failed to decode.
+    pub fn clean(&self) -> bool {
+        self.errors.is_empty() && self.checks.iter().all(|c| c.ok != Some(false))
+    }
+
+    /// A tshark-style summary line.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "{:6} {:11.6} {} → {} {:6} {}",
+            self.frame, self.time, self.src, self.dst, self.proto, self.summary
+        );
+        for c in &self.checks {
+            match c.ok {
+                Some(true) if c.what != "reemit" => {
+                    let _ = write!(s, " [{} ok]", c.what);
+                }
+                Some(false) => {
+                    let _ = write!(s, " [{} BAD{}]", c.what, bracket(&c.detail));
+                }
+                _ => {}
+            }
+        }
+        for e in &self.errors {
+            let _ = write!(s, " [error: {e}]");
+        }
+        s
+    }
+
+    /// The summary line followed by every field, indented per layer.
+    pub fn verbose(&self) -> String {
+        let mut s = self.line();
+        for (name, v) in &self.layers {
+            let _ = write!(s, "\n    {name}");
+            tree(&mut s, v, 3);
+        }
+        for c in &self.checks {
+            let verdict = match c.ok {
+                Some(true) => "ok",
+                Some(false) => "FAILED",
+                None => "not applicable",
+            };
+            let _ = write!(s, "\n    check {}: {verdict}{}", c.what, bracket(&c.detail));
+        }
+        s
+    }
+}
+
+fn bracket(d: &str) -> String {
+    if d.is_empty() {
+        String::new()
+    } else {
+        format!(" ({d})")
+    }
+}
+
+fn tree(s: &mut String, v: &Value, depth: usize) {
+    let pad = "  ".repeat(depth);
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                match v {
+                    Value::Object(_) => {
+                        let _ = write!(s, "\n{pad}{k}");
+                        tree(s, v, depth + 1);
+                    }
+                    Value::Array(a) if a.iter().any(|x| x.is_object() || x.is_array()) => {
+                        let _ = write!(s, "\n{pad}{k} [{}]", a.len());
+                        for (i, x) in a.iter().enumerate() {
+                            let _ = write!(s, "\n{pad}  [{i}]");
+                            tree(s, x, depth + 2);
+                        }
+                    }
+                    _ => {
+                        let _ = write!(s, "\n{pad}{k}: {}", scalar(v));
+                    }
+                }
+            }
+        }
+        other => {
+            let _ = write!(s, " {}", scalar(other));
+        }
+    }
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(x) => x.clone(),
+        Value::Array(a) if a.iter().all(|x| x.as_u64().is_some_and(|n| n < 256)) && !a.is_empty() => {
+            // A byte string: print it as hex.
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        }
+        other => other.to_string(),
+    }
+}

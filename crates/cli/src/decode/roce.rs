@@ -1,0 +1,103 @@
+//! RoCEv2 datagrams: IP/UDP, ICRC, BTH and extended headers, and what Sends carry.
+
+use softrdma_wire::ib::{Operation, PacketRepr, Service};
+use softrdma_wire::rocev2::{self, RoceV2Packet, RoceV2Repr, UdpChecksum};
+
+use super::iwarp::reemit_check;
+use super::record::Record;
+use super::{Ctx, rpc, summary};
+
+pub(crate) const ROCEV2_PORT: u16 = rocev2::ROCEV2_UDP_PORT;
+
+/// Decode one RoCEv2 packet; `ip` is the whole IP packet.
+pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
+    let mut r = Record::new(ctx.frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), "RoCEv2");
+    let pkt = match RoceV2Packet::parse(ip) {
+        Ok(p) => p,
+        Err(e) => {
+            r.summary = "undecodable RoCEv2 packet".into();
+            r.error(e);
+            return r;
+        }
+    };
+    r.check(
+        "icrc",
+        Some(pkt.icrc_ok()),
+        if pkt.icrc_ok() {
+            String::new()
+        } else {
+            format!("field {:#010x}, computed {:#010x}", pkt.icrc, pkt.computed_icrc)
+        },
+    );
+    r.layer("ip", pkt.ip);
+    r.layer("udp", pkt.udp);
+    let ib = match PacketRepr::parse(pkt.transport) {
+        Ok(p) => p,
+        Err(e) => {
+            r.summary = "undecodable IB transport headers".into();
+            r.error(e);
+            return r;
+        }
+    };
+    r.summary = summary::ib_packet(&ib);
+    r.layer("ib", ib);
+    // Whole-packet re-emit: IP + UDP + transport + ICRC, byte for byte.
+    let csum = if pkt.udp.checksum == 0 {
+        UdpChecksum::Zero
+    } else {
+        UdpChecksum::Compute
+    };
+    let repr = RoceV2Repr {
+        ip: pkt.ip,
+        udp: pkt.udp,
+        packet: ib,
+    };
+    reemit_check(&mut r, ip, |b| repr.emit(b, csum), repr.buffer_len());
+
+    let op = ib.bth.opcode;
+    if ib.bth.dest_qp == 1 && op.service() == Service::Ud {
+        // QP1: General Services Interface — Communication Management MADs.
+        if let Some(s) = mad_summary(ib.payload) {
+            r.summary.push_str(&format!(" | {s}"));
+        }
+    } else if matches!(
+        op.operation(),
+        Operation::SendFirst
+            | Operation::SendOnly
+            | Operation::SendOnlyWithImmediate
+            | Operation::SendOnlyWithInvalidate
+    ) {
+        rpc::decode_into(&mut r, ib.payload);
+    }
+    r
+}
+
+/// IBA ch. 13.4 MAD common header; CM (class 0x07) attribute names as tshark prints them.
+fn mad_summary(p: &[u8]) -> Option<String> {
+    if p.len() < 24 {
+        return None;
+    }
+    let class = p[1];
+    let method = p[3];
+    let attr = u16::from_be_bytes([p[16], p[17]]);
+    let tid = u64::from_be_bytes(p[8..16].try_into().ok()?);
+    let name = match (class, attr) {
+        (0x07, 0x0010) => "ConnectRequest",
+        (0x07, 0x0011) => "MsgRcptAck",
+        (0x07, 0x0012) => "ConnectReject",
+        (0x07, 0x0013) => "ConnectReply",
+        (0x07, 0x0014) => "ReadyToUse",
+        (0x07, 0x0015) => "DisconnectRequest",
+        (0x07, 0x0016) => "DisconnectReply",
+        (0x07, 0x0017) => "ServiceIDResReq",
+        (0x07, 0x0018) => "ServiceIDResReqResp",
+        (0x07, 0x0019) => "LoadAlternatePath",
+        (0x07, 0x001a) => "AlternatePathResponse",
+        _ => "",
+    };
+    Some(if class == 0x07 {
+        format!("CM {name} (attr {attr:#06x}, method {method:#04x}, TID {tid:#x})")
+    } else {
+        format!("MAD class {class:#04x} method {method:#04x} attr {attr:#06x}")
+    })
+}

@@ -1,0 +1,73 @@
+//! Shared helpers for the decode integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The bundled captures (copies of ../shared/captures).
+pub fn captures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/captures")
+}
+
+pub fn captures() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(captures_dir())
+        .expect("fixtures/captures exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap" || x == "pcapng"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Per frame, per field: every occurrence tshark reports (`-E occurrence=a`).
+pub type TsharkFields = BTreeMap<u64, BTreeMap<String, Vec<String>>>;
+
+/// Run tshark over `file` and collect `fields` for frames matching `filter`.
+/// `extra` are extra tshark arguments (e.g. `--disable-protocol rpcordma`).
+pub fn tshark_fields(file: &Path, filter: &str, fields: &[&str], extra: &[&str]) -> TsharkFields {
+    let mut cmd = Command::new("tshark");
+    cmd.arg("-n").arg("-r").arg(file).arg("-Y").arg(filter);
+    cmd.args(extra);
+    cmd.args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=a", "-E", "aggregator=,"]);
+    cmd.args(["-e", "frame.number"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "tshark is needed for this test (apt-get install tshark; .ci/run installs it): {e}"
+        )
+    });
+    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut m = TsharkFields::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let frame: u64 = cols[0].parse().expect("frame number");
+        let e = m.entry(frame).or_default();
+        for (i, f) in fields.iter().enumerate() {
+            let v = cols.get(i + 1).copied().unwrap_or("");
+            let vals: Vec<String> = if v.is_empty() {
+                Vec::new()
+            } else {
+                v.split(',').map(str::to_string).collect()
+            };
+            e.insert((*f).to_string(), vals);
+        }
+    }
+    m
+}
+
+/// Parse a tshark number ("0x1c", "28", "True") to u64 for comparison.
+pub fn num(s: &str) -> u64 {
+    let s = s.trim();
+    if let Some(h) = s.strip_prefix("0x") {
+        u64::from_str_radix(h, 16).unwrap_or_else(|_| panic!("hex {s}"))
+    } else if s == "True" || s == "1" && s.len() == 1 {
+        1
+    } else if s == "False" {
+        0
+    } else {
+        s.parse().unwrap_or_else(|_| panic!("number {s}"))
+    }
+}
