@@ -29,7 +29,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(&out[..ip_end], &data[..ip_end]);
         let _ = p.ib_packet();
         assert_eq!(p.emit(&mut out, UdpChecksum::Compute), Ok(end));
-        assert!(RoceV2Packet::parse(&out).expect("checksummed").udp_checksum_ok());
+        assert!(
+            RoceV2Packet::parse(&out)
+                .expect("checksummed")
+                .udp_checksum_ok()
+        );
     }
 
     if let Ok(r) = RoceV2Repr::parse(data) {

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use softrdma_cli::decode;
 
 #[derive(Parser)]
-#[command(name = "softrdma", version, about = "softrdma: software RDMA (iWARP and RoCEv2) in user space")]
+#[command(
+    name = "softrdma",
+    version,
+    about = "softrdma: software RDMA (iWARP and RoCEv2) in user space"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -49,7 +53,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_decode(file: &std::path::Path, verbose: bool, json: bool, strict: bool, all: bool) -> ExitCode {
+fn run_decode(
+    file: &std::path::Path,
+    verbose: bool,
+    json: bool,
+    strict: bool,
+    all: bool,
+) -> ExitCode {
     let out = match decode::decode_file(file, &decode::Options { all }) {
         Ok(o) => o,
         Err(e) => {

@@ -314,8 +314,10 @@ impl<'a> AuthSys<'a> {
         })
     }
 
-    /// Write the body (`buffer_len()` octets).
+    /// Write the body (`buffer_len()` octets); nothing is written on error.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        OpaqueAuth::Sys(*self).check()?;
+        need(LAYER, buf, self.buffer_len())?;
         let mut w = XdrWriter::with_layer(buf, LAYER);
         self.write(&mut w)?;
         Ok(w.finish())

@@ -1594,10 +1594,21 @@ impl<'a> Segment<'a> {
                 READ_REQUEST_HEADER_LEN,
                 ReadRequestRepr::parse,
             )?),
-            Opcode::Terminate => Body::Terminate(match layout {
-                Some(layout) => TerminateRepr::parse_with_layout(rest, layout)?,
-                None => TerminateRepr::parse(rest)?,
-            }),
+            Opcode::Terminate => Body::Terminate(
+                match layout {
+                    Some(layout) => TerminateRepr::parse_with_layout(rest, layout),
+                    None => TerminateRepr::parse(rest),
+                }
+                // Report lengths relative to the ULPDU, like the other bodies.
+                .map_err(|e| match e {
+                    Error::Truncated { layer, need, have } => Error::Truncated {
+                        layer,
+                        need: need + hl,
+                        have: have + hl,
+                    },
+                    e => e,
+                })?,
+            ),
             Opcode::ImmediateData => Body::ImmediateData(exact(
                 ulpdu,
                 hl,
@@ -2709,6 +2720,19 @@ mod tests {
         );
         assert_eq!(emit_vec(&told), ulpdu);
         assert_eq!(emit_vec(&guessed), ulpdu);
+        // Truncation inside a Terminate is reported against the whole ULPDU.
+        let mut cut = SIW_BAD_WRITE_TERMINATE[..18].to_vec();
+        cut.extend_from_slice(&[0x02, 0x06, 0xc0, 0x00, 0x00, 0x20, 0x41]);
+        assert_eq!(
+            Segment::parse(&cut),
+            Err(Error::Truncated {
+                layer: Layer::Rdmap,
+                need: 42,
+                have: 25
+            })
+        );
+        // A cut siw Terminate is refused too.
+        assert!(Segment::parse(&SIW_BAD_READ_TERMINATE[..40]).is_err());
         // A truncated RFC Terminate is not re-read as a siw one.
         assert!(TerminateRepr::parse(&[0x01, 0x00, 0xe0, 0x00]).is_err());
     }

@@ -16,12 +16,13 @@
 //!
 //! Bounds against hostile input (`Error::TooLarge` past them):
 //! [`MAX_READ_SEGMENTS`], [`MAX_WRITE_CHUNKS`], [`MAX_CHUNK_SEGMENTS`], all 64.
-//! Linux's client (xprtrdma) never puts more than `RPCRDMA_MAX_HDR_SEGS` = 16
-//! segments in a header and its server (svcrdma) accepts one Read chunk and
-//! one Write chunk, bounding segment counts only by the Receive buffer (about
-//! 40 read or 60 plain segments per KiB of inline threshold). 64 is four times
-//! what Linux sends and keeps a 4 KiB header fully usable, while a forged count
-//! can no longer make a receiver walk an unbounded list.
+//! Linux's client (xprtrdma, `xprt_rdma.h`) caps the segments it puts in a
+//! header's chunk lists at `RPCRDMA_MAX_HDR_SEGS` = 16 (8, then 12, in older
+//! kernels); its server (svcrdma) bounds them only by the Receive buffer,
+//! about 40 read or 60 plain segments per KiB of inline threshold. 64 is four
+//! times what Linux sends and lets a 4 KiB header be used in full, while a
+//! forged count (checked before any segment is read) can no longer make a
+//! receiver walk or reserve an unbounded list.
 
 use crate::error::need;
 use crate::field::{be32, set_be32};
@@ -1118,9 +1119,10 @@ impl<'a> Repr<'a> {
     /// length: for `RDMA_MSG` the Payload stream starts there.
     ///
     /// Errors, and what a receiver does with them (RFC 8166 §4.5):
-    /// * `Truncated`: shorter than 28 octets (20 for `ERR_CHUNK`) or than its
-    ///   chunk lists: discard silently (RPCRDMA-56) or, for a Call whose
-    ///   fixed words are readable, `ERR_CHUNK`;
+    /// * `Truncated` because [`Header::check_message_len`] fails (under 28
+    ///   octets, 20 for `ERR_CHUNK`): discard silently (RPCRDMA-56);
+    /// * `Truncated` past that (chunk lists longer than the message), or
+    ///   `TooLarge` (a bound exceeded): an XDR error, `ERR_CHUNK` for a Call;
     /// * `Unknown { field: "rdma_vers" }`: answer `ERR_VERS` using [`Header`]
     ///   (RPCRDMA-62); an `ERR_VERS` reply itself parses with any version;
     /// * any other error on a known version: answer `ERR_CHUNK` (RPCRDMA-63);
@@ -2324,10 +2326,15 @@ mod tests {
         assert!(repr.emit(&mut [0u8; 64]).is_err());
     }
 
-    /// RPCRDMA-42: an RDMA_ERROR parses at either end (the Responder then
-    /// drops it); RPCRDMA-77: the pre-parse is version-independent.
+    /// RPCRDMA-42: an RDMA_ERROR parses at either end and says so (a
+    /// Responder then drops it); RPCRDMA-77: the pre-parse reads only the
+    /// four fixed words, whatever the version.
     #[test]
     fn rpcrdma_42_77_header_view() {
+        let (e, n) = words(&[1, 1, 64, 4, 2]);
+        let (repr, len) = Repr::parse(&e[..n]).unwrap();
+        assert_eq!((repr.proc(), len), (Proc::Error, 20));
+        assert!(repr.chunks().is_none());
         let mut b = [0u8; 16];
         let mut h = Header::new_unchecked(&mut b[..]);
         h.set_rdma_xid(0x0102_0304);

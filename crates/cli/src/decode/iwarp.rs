@@ -155,8 +155,7 @@ impl Connection {
             return false;
         }
         let n = d.buf.len().min(16);
-        let is_prefix =
-            |key: &[u8; 16]| d.buf[..n] == key[..n];
+        let is_prefix = |key: &[u8; 16]| d.buf[..n] == key[..n];
         if is_prefix(&mpa::REQUEST_KEY) || is_prefix(&mpa::REPLY_KEY) {
             if n < 16 {
                 return false; // wait for the whole key
@@ -189,11 +188,9 @@ impl Connection {
         match mpa::FrameRepr::parse(&bytes) {
             Ok(f) => {
                 r.summary = super::summary::mpa_frame(&f);
-                r.layer("mpa", &f);
-                if f.rev == 2 {
-                    if let Ok(p) = mpa::Rev2Params::parse(f.private_data) {
-                        r.layer("mpa_rev2", p);
-                    }
+                r.layer("mpa", f);
+                if let Ok(Some(p)) = f.rev2_params() {
+                    r.layer("mpa_rev2", p);
                 }
                 reemit_check(&mut r, &bytes, |buf| f.emit(buf), f.buffer_len());
                 d.frame = Some(f.kind);
@@ -244,12 +241,15 @@ impl Connection {
                 let frame = d.frame_of(end);
                 let mut r = Record::new(frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), "iWARP");
                 let u = &ulpdu[..usize::from(info.ulpdu_len)];
-                r.layer("mpa", &info);
+                r.layer("mpa", info);
                 if crc_on {
                     r.check(
                         "crc",
                         Some(info.crc_ok()),
-                        format!("field {:#010x}, computed {:#010x}", info.crc_field, info.crc_computed),
+                        format!(
+                            "field {:#010x}, computed {:#010x}",
+                            info.crc_field, info.crc_computed
+                        ),
                     );
                 } else {
                     r.check(
@@ -281,7 +281,11 @@ impl Connection {
                         Err(_) => false,
                     }
                 };
-                r.check("reemit", Some(same), if same { "" } else { "FPDU re-encode differs" });
+                r.check(
+                    "reemit",
+                    Some(same),
+                    if same { "" } else { "FPDU re-encode differs" },
+                );
                 decode_ulpdu(&mut r, u);
                 out.push(r);
                 d.fpdu_pos = d.fpdu_pos.wrapping_add(info.consumed as u32);
@@ -337,7 +341,11 @@ pub(crate) fn reemit_check(
     r.check(
         "reemit",
         Some(same),
-        if same { "" } else { "re-emitted header differs from the wire" },
+        if same {
+            ""
+        } else {
+            "re-emitted header differs from the wire"
+        },
     );
 }
 
@@ -347,7 +355,17 @@ fn decode_ulpdu(r: &mut Record, u: &[u8]) {
         Ok(seg) => {
             r.summary = super::summary::segment(&seg);
             r.layer("ddp", seg.ddp);
-            r.layer("rdmap", &seg);
+            r.layer(
+                "rdmap",
+                serde_json::json!({ "control": seg.control, "body": seg.body }),
+            );
+            if let Some(c) = r
+                .layer_mut("rdmap")
+                .and_then(|m| m.get_mut("control"))
+                .and_then(|c| c.as_object_mut())
+            {
+                c.insert("opcode_code".into(), u8::from(seg.control.opcode).into());
+            }
             reemit_check(r, u, |b| seg.emit(b), seg.buffer_len());
             if let Some(payload) = super::summary::rpc_candidate(&seg) {
                 rpc::decode_into(r, payload);

@@ -50,8 +50,14 @@ impl Record {
     }
 
     pub fn layer(&mut self, name: &str, v: impl Serialize) {
-        let v = serde_json::to_value(v).unwrap_or_else(|e| Value::String(e.to_string()));
+        let mut v = serde_json::to_value(v).unwrap_or_else(|e| Value::String(e.to_string()));
+        octets_as_hex(&mut v);
         self.layers.insert(name.to_string(), v);
+    }
+
+    /// The layer object `name`, to add derived fields to.
+    pub fn layer_mut(&mut self, name: &str) -> Option<&mut Map<String, Value>> {
+        self.layers.get_mut(name).and_then(Value::as_object_mut)
     }
 
     pub fn check(&mut self, what: &'static str, ok: Option<bool>, detail: impl Into<String>) {
@@ -113,6 +119,64 @@ impl Record {
     }
 }
 
+/// Fields that hold octet strings: shown as hex (payloads cut to 64 octets,
+/// with their full length beside them) instead of arrays of numbers.
+const OCTET_FIELDS: &[&str] = &[
+    "payload",
+    "private_data",
+    "pad",
+    "options",
+    "rsvd_ulp",
+    "body",
+];
+const PAYLOAD_SHOWN: usize = 64;
+
+fn octets(v: &Value) -> Option<Vec<u8>> {
+    let a = v.as_array()?;
+    a.iter()
+        .map(|x| x.as_u64().and_then(|n| u8::try_from(n).ok()))
+        .collect()
+}
+
+fn octets_as_hex(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let keys: Vec<String> = m.keys().cloned().collect();
+            for k in keys {
+                let Some(x) = m.get_mut(&k) else { continue };
+                let bytes = if k == "machinename" || OCTET_FIELDS.contains(&k.as_str()) {
+                    octets(x)
+                } else {
+                    None
+                };
+                let Some(b) = bytes else {
+                    octets_as_hex(x);
+                    continue;
+                };
+                if k == "machinename" {
+                    *x = Value::String(String::from_utf8_lossy(&b).into_owned());
+                    continue;
+                }
+                let shown = if k == "payload" {
+                    b.len().min(PAYLOAD_SHOWN)
+                } else {
+                    b.len()
+                };
+                let mut h: String = b[..shown].iter().map(|o| format!("{o:02x}")).collect();
+                if shown < b.len() {
+                    h.push('…');
+                }
+                *x = Value::String(h);
+                if k == "payload" {
+                    m.insert("payload_len".into(), Value::from(b.len()));
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(octets_as_hex),
+        _ => {}
+    }
+}
+
 fn bracket(d: &str) -> String {
     if d.is_empty() {
         String::new()
@@ -153,7 +217,9 @@ fn tree(s: &mut String, v: &Value, depth: usize) {
 fn scalar(v: &Value) -> String {
     match v {
         Value::String(x) => x.clone(),
-        Value::Array(a) if a.iter().all(|x| x.as_u64().is_some_and(|n| n < 256)) && !a.is_empty() => {
+        Value::Array(a)
+            if a.iter().all(|x| x.as_u64().is_some_and(|n| n < 256)) && !a.is_empty() =>
+        {
             // A byte string: print it as hex.
             a.iter()
                 .filter_map(Value::as_u64)

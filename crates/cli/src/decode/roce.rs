@@ -11,7 +11,13 @@ pub(crate) const ROCEV2_PORT: u16 = rocev2::ROCEV2_UDP_PORT;
 
 /// Decode one RoCEv2 packet; `ip` is the whole IP packet.
 pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
-    let mut r = Record::new(ctx.frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), "RoCEv2");
+    let mut r = Record::new(
+        ctx.frame,
+        ctx.time,
+        ctx.src.clone(),
+        ctx.dst.clone(),
+        "RoCEv2",
+    );
     let pkt = match RoceV2Packet::parse(ip) {
         Ok(p) => p,
         Err(e) => {
@@ -26,7 +32,10 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
         if pkt.icrc_ok() {
             String::new()
         } else {
-            format!("field {:#010x}, computed {:#010x}", pkt.icrc, pkt.computed_icrc)
+            format!(
+                "field {:#010x}, computed {:#010x}",
+                pkt.icrc, pkt.computed_icrc
+            )
         },
     );
     r.layer("ip", pkt.ip);
@@ -41,6 +50,20 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
     };
     r.summary = summary::ib_packet(&ib);
     r.layer("ib", ib);
+    if let Some(a) = ib.aeth {
+        // The raw syndrome octet beside the decoded one (what tshark shows).
+        if let Some(m) = r
+            .layer_mut("ib")
+            .and_then(|m| m.get_mut("aeth"))
+            .and_then(|a| a.as_object_mut())
+        {
+            m.insert("syndrome_code".into(), u8::from(a.syndrome).into());
+        }
+    }
+    r.layer(
+        "icrc",
+        serde_json::json!({ "field": pkt.icrc, "computed": pkt.computed_icrc }),
+    );
     // Whole-packet re-emit: IP + UDP + transport + ICRC, byte for byte.
     let csum = if pkt.udp.checksum == 0 {
         UdpChecksum::Zero
@@ -57,8 +80,9 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
     let op = ib.bth.opcode;
     if ib.bth.dest_qp == 1 && op.service() == Service::Ud {
         // QP1: General Services Interface — Communication Management MADs.
-        if let Some(s) = mad_summary(ib.payload) {
+        if let Some((s, mad)) = mad(ib.payload) {
             r.summary.push_str(&format!(" | {s}"));
+            r.layer("mad", mad);
         }
     } else if matches!(
         op.operation(),
@@ -73,7 +97,7 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
 }
 
 /// IBA ch. 13.4 MAD common header; CM (class 0x07) attribute names as tshark prints them.
-fn mad_summary(p: &[u8]) -> Option<String> {
+fn mad(p: &[u8]) -> Option<(String, serde_json::Value)> {
     if p.len() < 24 {
         return None;
     }
@@ -95,9 +119,15 @@ fn mad_summary(p: &[u8]) -> Option<String> {
         (0x07, 0x001a) => "AlternatePathResponse",
         _ => "",
     };
-    Some(if class == 0x07 {
+    let fields = serde_json::json!({
+        "base_version": p[0], "mgmt_class": class, "class_version": p[2], "method": method,
+        "status": u16::from_be_bytes([p[4], p[5]]), "transaction_id": tid,
+        "attribute_id": attr, "attribute_modifier": u32::from_be_bytes([p[20], p[21], p[22], p[23]]),
+    });
+    let s = if class == 0x07 {
         format!("CM {name} (attr {attr:#06x}, method {method:#04x}, TID {tid:#x})")
     } else {
         format!("MAD class {class:#04x} method {method:#04x} attr {attr:#06x}")
-    })
+    };
+    Some((s, fields))
 }

@@ -25,7 +25,7 @@ pub(crate) fn decode_into(r: &mut Record, payload: &[u8]) {
         rpcrdma::Body::MsgP { .. } | rpcrdma::Body::Done => return,
     };
     r.summary.push_str(&format!(" | {}", summary(&hdr)));
-    r.layer("rpcrdma", &hdr);
+    r.layer("rpcrdma", hdr);
     reemit_check(r, payload, |b| hdr.emit(b), hlen);
     if let Some((m, mlen)) = rpc {
         r.summary.push_str(&format!(" | {}", rpc_summary(&m)));
@@ -75,7 +75,11 @@ fn rpc_summary(m: &onc_rpc::Repr<'_>) -> String {
             m.xid, c.prog, c.vers, c.proc
         ),
         onc_rpc::MsgBody::Reply(onc_rpc::ReplyBody::Accepted(a)) => {
-            format!("RPC REPLY xid {:#010x} {:?}", m.xid, a.reply_data.accept_stat())
+            format!(
+                "RPC REPLY xid {:#010x} {:?}",
+                m.xid,
+                a.reply_data.accept_stat()
+            )
         }
         onc_rpc::MsgBody::Reply(onc_rpc::ReplyBody::Denied(d)) => {
             format!("RPC REPLY xid {:#010x} denied {:?}", m.xid, d.reject_stat())

@@ -113,7 +113,10 @@ pub(crate) fn ib_packet(p: &PacketRepr<'_>) -> String {
         s.push_str(&format!(" Q_Key {:#x} SrcQP {:#x}", d.q_key, d.src_qp));
     }
     if let Some(r) = p.reth {
-        s.push_str(&format!(" VA {:#x} R_Key {:#x} DMALen {}", r.va, r.r_key, r.dma_len));
+        s.push_str(&format!(
+            " VA {:#x} R_Key {:#x} DMALen {}",
+            r.va, r.r_key, r.dma_len
+        ));
     }
     if let Some(a) = p.atomic_eth {
         s.push_str(&format!(

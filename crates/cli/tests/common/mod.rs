@@ -29,17 +29,28 @@ pub fn tshark_fields(file: &Path, filter: &str, fields: &[&str], extra: &[&str])
     let mut cmd = Command::new("tshark");
     cmd.arg("-n").arg("-r").arg(file).arg("-Y").arg(filter);
     cmd.args(extra);
-    cmd.args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=a", "-E", "aggregator=,"]);
+    cmd.args([
+        "-T",
+        "fields",
+        "-E",
+        "separator=/t",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+    ]);
     cmd.args(["-e", "frame.number"]);
     for f in fields {
         cmd.args(["-e", f]);
     }
     let out = cmd.output().unwrap_or_else(|e| {
-        panic!(
-            "tshark is needed for this test (apt-get install tshark; .ci/run installs it): {e}"
-        )
+        panic!("tshark is needed for this test (apt-get install tshark; .ci/run installs it): {e}")
     });
-    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut m = TsharkFields::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let cols: Vec<&str> = line.split('\t').collect();
