@@ -17,6 +17,7 @@
 
 pub mod error;
 pub(crate) mod field;
+pub(crate) mod macros;
 
 pub mod ddp;
 pub mod ib;

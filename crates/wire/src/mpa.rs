@@ -28,6 +28,7 @@
 
 use crate::error::{Error, Layer, Result, need};
 use crate::field::{be16, set_be16};
+use crate::macros::wire_enum;
 
 // ---------------------------------------------------------------------------
 // Constants (RFC 5044 §3, §4, §7.1.1)
@@ -128,12 +129,10 @@ pub const fn crc_from_wire(field: [u8; 4]) -> u32 {
 // LLP error codes (RFC 5044 §8, RFC 6581) — EXT-MPA-01
 // ---------------------------------------------------------------------------
 
+wire_enum! {
 /// MPA (LLP) error codes, reported in an RDMAP Terminate with Layer = LLP (0x2),
 /// EType = MPA (0x0) (RFC 5044 §8, codes 5..7 from RFC 6581). EXT-MPA-01.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[repr(u8)]
-pub enum LlpError {
+pub enum LlpError: u8 => (Layer::Mpa, "LLP error code") {
     /// 1: TCP connection closed, terminated or lost (MPA-85).
     TcpConnectionLost = 0x01,
     /// 2: received MPA CRC does not match the computed value (MPA-86).
@@ -149,40 +148,13 @@ pub enum LlpError {
     /// 7: no matching RTR option (RFC 6581).
     NoMatchingRtr = 0x07,
 }
+}
 
 impl LlpError {
     /// Terminate Layer value for the LLP (RFC 5040 §4.8 / RFC 6580).
     pub const LAYER: u8 = 0x2;
     /// Terminate EType value for MPA within the LLP layer.
     pub const ETYPE_MPA: u8 = 0x0;
-}
-
-impl TryFrom<u8> for LlpError {
-    type Error = Error;
-    fn try_from(v: u8) -> Result<Self> {
-        Ok(match v {
-            0x01 => LlpError::TcpConnectionLost,
-            0x02 => LlpError::CrcError,
-            0x03 => LlpError::MarkerMismatch,
-            0x04 => LlpError::InvalidRequestReply,
-            0x05 => LlpError::LocalCatastrophic,
-            0x06 => LlpError::InsufficientIrd,
-            0x07 => LlpError::NoMatchingRtr,
-            _ => {
-                return Err(Error::Unknown {
-                    layer: Layer::Mpa,
-                    field: "LLP error code",
-                    value: u64::from(v),
-                });
-            }
-        })
-    }
-}
-
-impl From<LlpError> for u8 {
-    fn from(e: LlpError) -> u8 {
-        e as u8
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -16,7 +16,8 @@
 
 use crate::error::need;
 use crate::field::{be32, set_be32};
-use crate::xdr::{XdrReader, XdrWriter, opaque_len, xdr_enum};
+use crate::macros::wire_enum;
+use crate::xdr::{XdrReader, XdrWriter, opaque_len};
 use crate::{Error, Layer, Result};
 
 const LAYER: Layer = Layer::OncRpc;
@@ -37,9 +38,9 @@ mod field {
     pub const LEN: usize = 8;
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 5531 §9 `enum msg_type`.
-    pub enum MsgType => (LAYER, "msg_type") {
+    pub enum MsgType: u32 => (LAYER, "msg_type") {
         /// `CALL` (0).
         Call = 0,
         /// `REPLY` (1).
@@ -47,9 +48,9 @@ xdr_enum! {
     }
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 5531 §9 `enum reply_stat`.
-    pub enum ReplyStat => (LAYER, "reply_stat") {
+    pub enum ReplyStat: u32 => (LAYER, "reply_stat") {
         /// `MSG_ACCEPTED` (0).
         Accepted = 0,
         /// `MSG_DENIED` (1).
@@ -57,9 +58,9 @@ xdr_enum! {
     }
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 5531 §9 `enum accept_stat`.
-    pub enum AcceptStat => (LAYER, "accept_stat") {
+    pub enum AcceptStat: u32 => (LAYER, "accept_stat") {
         /// `SUCCESS` (0): results follow.
         Success = 0,
         /// `PROG_UNAVAIL` (1).
@@ -75,9 +76,9 @@ xdr_enum! {
     }
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 5531 §9 `enum reject_stat`.
-    pub enum RejectStat => (LAYER, "reject_stat") {
+    pub enum RejectStat: u32 => (LAYER, "reject_stat") {
         /// `RPC_MISMATCH` (0): low/high RPC versions follow.
         RpcMismatch = 0,
         /// `AUTH_ERROR` (1): an `auth_stat` follows.
@@ -85,9 +86,9 @@ xdr_enum! {
     }
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 5531 §9 `enum auth_stat` (13, 14 from RFC 2203).
-    pub enum AuthStat => (LAYER, "auth_stat") {
+    pub enum AuthStat: u32 => (LAYER, "auth_stat") {
         /// `AUTH_OK` (0).
         Ok = 0,
         /// `AUTH_BADCRED` (1): bad credential (seal broken).
@@ -121,10 +122,10 @@ xdr_enum! {
     }
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 5531 §8.2 / §A `auth_flavor` values this crate names. Other values
     /// are legal on the wire ([`OpaqueAuth::Other`]); `try_from` rejects them.
-    pub enum AuthFlavor => (LAYER, "auth_flavor") {
+    pub enum AuthFlavor: u32 => (LAYER, "auth_flavor") {
         /// `AUTH_NONE` (0).
         None = 0,
         /// `AUTH_SYS` (1), formerly `AUTH_UNIX`.

@@ -17,9 +17,10 @@
 //! QN 1, Atomic Response on QN 3); `spec/rdmap.md` §13.4 marks them medium
 //! confidence.
 
-use crate::ddp::{self, DdpError, wire_enum};
+use crate::ddp::{self, DdpError};
 use crate::error::{Error, Layer, Result, need};
 use crate::field::{be16, be32, be64, set_be16, set_be32, set_be64};
+use crate::macros::wire_enum;
 
 /// RFC 5040 §4.1: RV of this specification (`01b`, RDMAP-19).
 pub const RDMAP_VERSION: u8 = 1;
@@ -423,24 +424,10 @@ wire_enum! {
     }
 }
 
-wire_enum! {
-    /// RFC 5044 §8 / RFC 6581 (`spec/mpa.md` §14.2): codes of Layer 2 / EType 0x0 (MPA).
-    pub enum LlpError: u8 => (Layer::Rdmap, "Terminate LLP error code") {
-        TcpConnectionLost = 0x01,
-        CrcError = 0x02,
-        MarkerUlpduLengthMismatch = 0x03,
-        InvalidRequestReply = 0x04,
-        /// RFC 6581.
-        LocalCatastrophic = 0x05,
-        /// RFC 6581.
-        InsufficientIrd = 0x06,
-        /// RFC 6581.
-        NoMatchingRtr = 0x07,
-    }
-}
-
+/// RFC 5044 §8 / RFC 6581: the codes of Layer 2 / EType 0x0 (MPA) live with MPA.
+pub use crate::mpa::LlpError;
 /// The only LLP error type (MPA).
-pub const LLP_ETYPE_MPA: u8 = 0x0;
+pub const LLP_ETYPE_MPA: u8 = LlpError::ETYPE_MPA;
 
 /// A Terminate's Layer / EType / Error Code triple (RFC 5040 Figure 9,
 /// `spec/rdmap.md` §13.2, `spec/mpa.md` §14.2; RDMAP-27).

@@ -26,7 +26,8 @@
 
 use crate::error::need;
 use crate::field::{be32, set_be32};
-use crate::xdr::{XdrReader, XdrWriter, xdr_enum};
+use crate::macros::wire_enum;
+use crate::xdr::{XdrReader, XdrWriter};
 use crate::{Error, Layer, Result};
 
 const LAYER: Layer = Layer::RpcRdma;
@@ -62,9 +63,9 @@ mod field {
     pub const BODY: usize = 16;
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 8166 §4.2.4: `enum rdma_proc`.
-    pub enum Proc => (LAYER, "rdma_proc") {
+    pub enum Proc: u32 => (LAYER, "rdma_proc") {
         /// `RDMA_MSG` (0): header, chunk lists, then the Payload stream.
         Msg = 0,
         /// `RDMA_NOMSG` (1): header and chunk lists only (Long Call / Long Reply).
@@ -78,9 +79,9 @@ xdr_enum! {
     }
 }
 
-xdr_enum! {
+wire_enum! {
     /// RFC 8166 §4.2.4: `enum rpc_rdma_errcode`.
-    pub enum ErrCode => (LAYER, "rdma_err") {
+    pub enum ErrCode: u32 => (LAYER, "rdma_err") {
         /// `ERR_VERS` (1): value fixed across versions (RFC 8166 §7).
         Vers = 1,
         /// `ERR_CHUNK` (2).

@@ -12,49 +12,6 @@
 
 use crate::{Error, Layer, Result};
 
-/// Defines an XDR enumeration (RFC 4506 §4.3) as a C-like Rust enum with
-/// `TryFrom<u32>` (undefined values give `Error::Unknown` tagged with the
-/// given layer and field name), `From<Enum> for u32` and an `ALL` table.
-macro_rules! xdr_enum {
-    (
-        $(#[$m:meta])*
-        pub enum $name:ident => ($layer:expr, $field:literal) {
-            $( $(#[$vm:meta])* $var:ident = $val:literal, )+
-        }
-    ) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
-        pub enum $name { $( $(#[$vm])* $var, )+ }
-
-        impl $name {
-            /// Every defined value, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$var),+];
-        }
-
-        impl TryFrom<u32> for $name {
-            type Error = crate::Error;
-            fn try_from(v: u32) -> crate::Result<Self> {
-                match v {
-                    $( $val => Ok($name::$var), )+
-                    _ => Err(crate::Error::Unknown {
-                        layer: $layer,
-                        field: $field,
-                        value: u64::from(v),
-                    }),
-                }
-            }
-        }
-
-        impl From<$name> for u32 {
-            fn from(v: $name) -> u32 {
-                match v { $( $name::$var => $val, )+ }
-            }
-        }
-    };
-}
-pub(crate) use xdr_enum;
-
 /// RFC 4506 §3: the basic block size, 4 octets.
 pub const XDR_UNIT: usize = 4;
 

@@ -655,8 +655,9 @@ mod tests {
         p.ieth = v(h.ieth, IethRepr { r_key: 0x77 });
     }
 
-    /// IBT-C9-2 (+ C9-14, C9-15, C9-19, C9-20, C9-23, C9-24, o9-15, o9-16,
-    /// o9-3.a1): hand-built packet per opcode; header order on
+    /// IBT-C9-1, IBT-C9-2 (+ C9-14, C9-15, C9-19, C9-20, C9-23, C9-24, o9-15, o9-16,
+    /// o9-3.a1): hand-built packet per opcode, each starting with
+    /// its 12-octet BTH; header order on
     /// the wire is RDETH, DETH, XRCETH, FETH, RETH|AtomicETH, AETH,
     /// AtomicAckETH, ImmDt, IETH, payload, pad.
     #[test]
@@ -673,6 +674,8 @@ mod tests {
                 12 + op.header_len() + pl.len() + pad_count(pl.len()) as usize
             );
             assert_eq!(n % 4, 0, "{op}");
+            // IBT-C9-1: every packet starts with the BTH.
+            assert_eq!(BthRepr::parse(&buf[..12]).unwrap(), p.bth, "{op}");
             // Header order: check a few fixed offsets.
             let mut off = 12;
             let h = op.headers();
