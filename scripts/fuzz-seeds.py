@@ -61,6 +61,11 @@ def main():
                     save("ddp_rdmap", payload[2:], seen)
                     if len(payload) > 20 + 28:
                         save("rpcrdma", payload[20:], seen)
+    # Whole small captures for the decoder target (mode octet 0 = pcap as-is).
+    for cap in sorted(CAPS.glob("*.pcap")):
+        blob = cap.read_bytes()
+        if len(blob) <= 16384:
+            save("decode_capture", b"\x00" + blob, seen)
     for t in sorted({t for t, _ in seen}):
         print(t, len(list((OUT / t).iterdir())))
 

@@ -80,7 +80,12 @@ pub fn read_frames(path: &Path) -> Result<Vec<Frame>, CaptureError> {
         path: p.clone(),
         source,
     })?;
-    let mut rd = BufReader::new(file);
+    read_frames_from(&p, BufReader::new(file))
+}
+
+/// Read every frame of a pcap or pcapng stream; `name` labels errors.
+pub fn read_frames_from(name: &str, mut rd: impl Read) -> Result<Vec<Frame>, CaptureError> {
+    let p = name.to_string();
     let mut magic = [0u8; 4];
     let mut got = 0;
     while got < 4 {

@@ -46,12 +46,20 @@ pub struct Output {
 
 /// Decode a pcap or pcapng file.
 pub fn decode_file(path: &Path, opts: &Options) -> Result<Output, CaptureError> {
-    let frames = capture::read_frames(path)?;
+    Ok(decode_frames(&capture::read_frames(path)?, opts))
+}
+
+/// Decode a pcap or pcapng image held in memory (hostile input: never panics).
+pub fn decode_bytes(bytes: &[u8], opts: &Options) -> Result<Output, CaptureError> {
+    Ok(decode_frames(&capture::read_frames_from("<memory>", bytes)?, opts))
+}
+
+fn decode_frames(frames: &[capture::Frame], opts: &Options) -> Output {
     let mut d = Decoder::new(opts.clone());
-    for f in &frames {
+    for f in frames {
         d.frame(f);
     }
-    Ok(d.finish())
+    d.finish()
 }
 
 /// A TCP connection key with the lower endpoint first, and the direction of a segment.
