@@ -439,6 +439,7 @@ fn decode_json_agrees_with_tshark() {
             );
         }
     }
+    eprintln!("tshark cross-check: {total} field values agree");
     assert!(total > 10_000, "only {total} field values compared");
 }
 

@@ -51,7 +51,10 @@ pub fn decode_file(path: &Path, opts: &Options) -> Result<Output, CaptureError> 
 
 /// Decode a pcap or pcapng image held in memory (hostile input: never panics).
 pub fn decode_bytes(bytes: &[u8], opts: &Options) -> Result<Output, CaptureError> {
-    Ok(decode_frames(&capture::read_frames_from("<memory>", bytes)?, opts))
+    Ok(decode_frames(
+        &capture::read_frames_from("<memory>", bytes)?,
+        opts,
+    ))
 }
 
 fn decode_frames(frames: &[capture::Frame], opts: &Options) -> Output {
