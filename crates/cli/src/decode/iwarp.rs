@@ -169,9 +169,12 @@ impl Connection {
 
     fn startup_frame(&mut self, ctx: &Ctx, dir: usize, out: &mut Vec<Record>) -> bool {
         let d = &mut self.dirs[dir];
+        // frame_len knows the length once the 20-octet header is in; the
+        // Private Data may still be on its way (a startup frame split across
+        // TCP segments).
         let len = match mpa::FrameRepr::frame_len(&d.buf) {
-            Ok(Some(n)) => n,
-            Ok(None) => return false,
+            Ok(Some(n)) if n <= d.buf.len() => n,
+            Ok(_) => return false,
             Err(e) => {
                 let mut r = record(ctx, d, "MPA", d.buf.len());
                 r.summary = "malformed MPA startup frame".into();

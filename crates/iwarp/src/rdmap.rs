@@ -1,0 +1,677 @@
+//! The DDP/RDMAP data path of one queue pair (RFC 5040, RFC 5041), sans-IO.
+//!
+//! [`RdmapEngine`] works on ULPDUs: MPA (framing, CRC, markers) is below it and hands it one
+//! ULPDU at a time ([`handle_ulpdu`](RdmapEngine::handle_ulpdu)); it hands back ULPDUs of at
+//! most MULPDU octets ([`poll_ulpdu`](RdmapEngine::poll_ulpdu)). It never touches a socket, a
+//! clock or a thread.
+//!
+//! ```text
+//!  post_send ─► send queue ─► DDP segments (QN 0 Send, QN 1 Read Request, tagged Write) ─┐
+//!  inbound Read Requests (≤ IRD) ─► Read Response segments (tagged) ──────────────────────┤─► poll_ulpdu
+//!  first error ─► one Terminate (QN 2), then nothing (RDMAP-73) ──────────────────────────┘
+//!  handle_ulpdu ─► DV / QN / RV / opcode checks ─► tagged placement (check_remote per segment)
+//!                                              └─► untagged: QN 0 receive WQE, QN 1 IRD slot, QN 2
+//! ```
+//!
+//! Decisions (see `spec/rdmap.md` for the ambiguities they settle):
+//! * Local completions in submission order (RDMAP-81): a Send or Write completes when its last
+//!   segment was handed out (RDMAP-80, ambiguity 8), a Read when its response was placed
+//!   (RDMAP-85, RDMAP-87); a completion waits for every earlier one.
+//! * Memory is reached only through `softrdma_memory`: every tagged segment through
+//!   `KeyTable::check_remote`; receive, gather and Read sink buffers through the grants
+//!   `KeyTable::check_local` gave at post time, which the memory crate re-validates on every
+//!   copy, so a key revoked mid-message stops placement at once (RDMAP-120).
+//! * The tagged and untagged receive contexts are separate (a Read Response may interleave
+//!   with a Send). On transmit a Read Response interleaves segment by segment with untagged
+//!   messages, never with an RDMA Write (two tagged messages are never interleaved; Linux siw
+//!   relies on that).
+//! * Errors follow RFC 5040 §7: the first one (RDMAP-102) produces exactly one Terminate
+//!   (RDMAP-69), sent before anything else and followed by nothing (RDMAP-73); the QP goes to
+//!   Error and every pending request is flushed (RDMAP-72, RDMAP-93). Terminates are emitted in
+//!   the RFC 5040 layout; received ones are read in either layout (`TerminateLayout::detect`).
+//! * The Terminate's DDP Segment Length is the length DDP handed up: the segment's octets after
+//!   its DDP header (RFC 5040 §4.8).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use softrdma_memory::{Access, Key, KeyTable, PdId, QpId, Target};
+use softrdma_wire::mpa;
+use softrdma_wire::rdmap::{LlpError, ReadRequestRepr, TerminateRepr};
+
+use crate::verbs_types::{
+    PostError, RecvWr, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+
+mod rx;
+mod term;
+mod tx;
+
+#[cfg(test)]
+mod tests;
+
+pub use term::status_for_terminate;
+
+/// RFC 5044 §3: smallest MULPDU (MPA-06).
+pub const MIN_MULPDU: u16 = mpa::MULPDU_MIN;
+/// RFC 5044 §3: largest MULPDU (MPA-07).
+pub const MAX_MULPDU: u16 = mpa::MAX_ULPDU as u16;
+
+/// Parameters of one queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Protection domain: every key this QP uses must belong to it (RDMAP-115).
+    pub pd: PdId,
+    /// The QP (RDMAP stream) id, for type 2 windows (RDMAP-116).
+    pub qp: QpId,
+    /// Largest ULPDU MPA accepts (RFC 5044 §3); clamped to `[128, 64768]`.
+    pub mulpdu: u16,
+    /// Inbound RDMA Read Requests this side serves at a time (RDMAP-52, RDMAP-91).
+    pub ird: u16,
+    /// Outbound RDMA Read Requests outstanding at a time (RDMAP-90).
+    pub ord: u16,
+    /// Send queue depth: requests posted and not yet completed.
+    pub sq_depth: u32,
+    /// Receive queue depth.
+    pub rq_depth: u32,
+    /// Scatter/gather entries per request.
+    pub max_sge: u32,
+    /// Largest `INLINE` send.
+    pub max_inline: u32,
+    /// Negotiated RDMAP version (RV): 1 for RFC 5040, 0 for RDMA Consortium peers (MPA Rev 0).
+    pub rdmap_version: u8,
+}
+
+impl QpConfig {
+    /// Defaults: MULPDU for a 1460-octet MSS without markers, IRD = ORD = 16, queue depths
+    /// 256, 16 SGEs, 256 octets inline, RV 1.
+    pub fn new(pd: PdId, qp: QpId) -> QpConfig {
+        QpConfig {
+            pd,
+            qp,
+            mulpdu: mpa::mulpdu(1460, false),
+            ird: 16,
+            ord: 16,
+            sq_depth: 256,
+            rq_depth: 256,
+            max_sge: 16,
+            max_inline: 256,
+            rdmap_version: softrdma_wire::rdmap::RDMAP_VERSION,
+        }
+    }
+}
+
+/// QP state as RDMAP sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Full operation: data moves both ways.
+    Rts,
+    /// An error was detected and a Terminate waits for `poll_ulpdu`; nothing else is sent.
+    Terminating,
+    /// The stream is dead (Terminate sent or received, or the LLP failed); the driver should
+    /// close the connection (RDMAP-94, RDMAP-97). Posts are flushed at once.
+    Error,
+    /// [`close`](RdmapEngine::close)d by the ULP.
+    Closed,
+}
+
+/// Asynchronous events (errors not tied to one work request, and the Terminate contents the
+/// ULP must see: RDMAP-70, RDMAP-98).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpEvent {
+    /// This side detected an error; the Terminate describing it is queued (RDMAP-99..102).
+    LocalError(TerminateRepr),
+    /// The peer's Terminate (RDMAP-70): the stream is dead.
+    TerminateReceived(TerminateRepr),
+    /// A Terminate that could not be parsed or validated (RDMAP-71): the stream is dead and no
+    /// Terminate is sent back.
+    InvalidTerminate,
+    /// MPA or TCP failed below (RDMAP-92); a Terminate with Layer LLP is queued unless the
+    /// connection is gone.
+    LlpError(LlpError),
+}
+
+/// Per-QP counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QpCounters {
+    /// ULPDUs handed out by `poll_ulpdu`.
+    pub ulpdus_tx: u64,
+    /// ULPDUs given to `handle_ulpdu`.
+    pub ulpdus_rx: u64,
+    /// Payload octets sent (Send, Write, Read Response).
+    pub payload_tx: u64,
+    /// Payload octets placed (Send, Write, Read Response).
+    pub payload_rx: u64,
+    /// Inbound ULPDUs ignored because the stream was already terminating or closed.
+    pub dropped_rx: u64,
+    /// Terminates sent.
+    pub terminates_tx: u64,
+    /// Terminates received.
+    pub terminates_rx: u64,
+}
+
+/// Source octets of a Send or Write: grants from `check_local` or bytes copied at post.
+#[derive(Debug)]
+enum Gather {
+    Sgl(Vec<Target>),
+    Inline(Vec<u8>),
+}
+
+#[derive(Debug)]
+enum SqOp {
+    Send {
+        solicited: bool,
+        invalidate: Option<Key>,
+    },
+    Write {
+        rkey: Key,
+        raddr: u64,
+    },
+    Read {
+        rkey: Key,
+        raddr: u64,
+        sink_stag: Key,
+        sink_to: u64,
+        /// `None` for a zero-length Read without an entry.
+        sink: Option<Target>,
+    },
+}
+
+impl SqOp {
+    fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SqOp::Send { .. } => WcOpcode::Send,
+            SqOp::Write { .. } => WcOpcode::RdmaWrite,
+            SqOp::Read { .. } => WcOpcode::RdmaRead,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SqState {
+    /// Not (completely) handed to DDP yet.
+    Queued,
+    /// Read Request sent, response not yet complete.
+    Outstanding,
+    Done(WcStatus),
+}
+
+#[derive(Debug)]
+struct SqEntry {
+    /// Position in submission order (never reused).
+    seq: u64,
+    wr_id: u64,
+    op: SqOp,
+    data: Gather,
+    len: u32,
+    signaled: bool,
+    fence: bool,
+    state: SqState,
+}
+
+/// An RDMA Read this side sent and whose response is not complete (ORD accounting).
+#[derive(Debug)]
+struct OutboundRead {
+    seq: u64,
+    /// MSN of its Read Request on QN 1 (to match a Terminate's DDP header).
+    msn: u32,
+    sink_stag: Key,
+    sink_to: u64,
+    len: u32,
+    received: u32,
+    sink: Option<Target>,
+}
+
+/// An inbound RDMA Read Request being answered (IRD accounting).
+#[derive(Debug)]
+struct InboundRead {
+    req: ReadRequestRepr,
+    /// The request's DDP header and length, for a Terminate (RDMAP-101).
+    ddp: softrdma_wire::ddp::Repr,
+    seg_len: u16,
+    /// Validated source (`None` for a zero-length Read, RDMAP-50).
+    source: Option<Target>,
+    sent: u32,
+}
+
+#[derive(Debug)]
+struct RecvEntry {
+    wr_id: u64,
+    sges: Vec<Target>,
+    capacity: u64,
+}
+
+/// The Send being received on QN 0 and the receive WQE it consumed.
+#[derive(Debug)]
+struct ActiveRecv {
+    entry: RecvEntry,
+    received: u32,
+}
+
+/// One queue pair's DDP/RDMAP state.
+#[derive(Debug)]
+pub struct RdmapEngine {
+    cfg: QpConfig,
+    keys: Arc<KeyTable>,
+    state: QpState,
+    /// `close` was called while the Terminate was still queued.
+    closing: bool,
+
+    // Send queue (RFC 5040 §5.5 rules 13-15).
+    sq: VecDeque<SqEntry>,
+    next_seq: u64,
+    /// Index in `sq` of the message being (or next to be) segmented.
+    sq_tx: usize,
+    /// Octets of `sq[sq_tx]` already segmented.
+    sq_tx_off: u32,
+    /// Next MSN on QN 0 and QN 1 (RFC 5041 §5.1: from 1, modulo 2^32).
+    tx_msn: [u32; 2],
+    outbound_reads: VecDeque<OutboundRead>,
+
+    // Responder (RFC 5040 §5.2.2).
+    inbound_reads: VecDeque<InboundRead>,
+    /// Round-robin between Read Responses and the send queue.
+    prefer_responder: bool,
+
+    // Receive side.
+    rq: VecDeque<RecvEntry>,
+    rx_send: Option<ActiveRecv>,
+    /// Next expected MSN on QN 0, 1, 2.
+    rx_msn: [u32; 3],
+
+    // Terminate (RFC 5040 §5.4).
+    term_pending: Option<TerminateRepr>,
+    term_sent: Option<TerminateRepr>,
+    term_received: Option<TerminateRepr>,
+    /// A Terminate (valid or not) arrived: later ones are ignored.
+    term_rx_seen: bool,
+
+    completions: VecDeque<WorkCompletion>,
+    events: VecDeque<QpEvent>,
+    counters: QpCounters,
+}
+
+impl RdmapEngine {
+    /// An engine in [`QpState::Rts`] (MPA negotiation is over). `cfg.mulpdu` is clamped to
+    /// RFC 5044's bounds.
+    pub fn new(cfg: QpConfig, keys: Arc<KeyTable>) -> RdmapEngine {
+        let mut cfg = cfg;
+        cfg.mulpdu = cfg.mulpdu.clamp(MIN_MULPDU, MAX_MULPDU);
+        cfg.rdmap_version &= 0x3;
+        RdmapEngine {
+            cfg,
+            keys,
+            state: QpState::Rts,
+            closing: false,
+            sq: VecDeque::new(),
+            next_seq: 0,
+            sq_tx: 0,
+            sq_tx_off: 0,
+            tx_msn: [1, 1],
+            outbound_reads: VecDeque::new(),
+            inbound_reads: VecDeque::new(),
+            prefer_responder: true,
+            rq: VecDeque::new(),
+            rx_send: None,
+            rx_msn: [1, 1, 1],
+            term_pending: None,
+            term_sent: None,
+            term_received: None,
+            term_rx_seen: false,
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: QpCounters::default(),
+        }
+    }
+
+    /// The configuration in effect (after clamping).
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> QpCounters {
+        self.counters
+    }
+
+    /// The Terminate this side generated (queued or sent), if any.
+    pub fn terminate_sent(&self) -> Option<&TerminateRepr> {
+        self.term_sent.as_ref()
+    }
+
+    /// The Terminate the peer sent, if one arrived.
+    pub fn terminate_received(&self) -> Option<&TerminateRepr> {
+        self.term_received.as_ref()
+    }
+
+    /// Outbound RDMA Reads whose Read Request is on the wire (≤ ORD, RDMAP-90).
+    pub fn outstanding_reads(&self) -> usize {
+        self.outbound_reads.len()
+    }
+
+    /// Inbound RDMA Read Requests accepted and not yet fully answered (≤ IRD, RDMAP-91).
+    pub fn inbound_reads(&self) -> usize {
+        self.inbound_reads.len()
+    }
+
+    /// Send requests posted and not yet completed.
+    pub fn sq_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Receive requests posted and not yet consumed.
+    pub fn rq_len(&self) -> usize {
+        self.rq.len() + usize::from(self.rx_send.is_some())
+    }
+
+    /// Posts a send-queue request: Send (SE with [`SendFlags::SOLICITED`]), Send with
+    /// Invalidate, RDMA Write or RDMA Read. Every gather entry is checked through
+    /// `KeyTable::check_local` now (the sink of a Read needs `LOCAL_WRITE`); `INLINE` data is
+    /// copied now. In the Error or Closed state the request is accepted and flushed at once.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        let is_read = matches!(wr.opcode, WrOpcode::RdmaRead { .. });
+        let max_sge = if is_read {
+            1
+        } else {
+            self.cfg.max_sge as usize
+        };
+        if wr.sg_list.len() > max_sge {
+            return Err(PostError::TooManySge { max: max_sge });
+        }
+        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        // RFC 5040 §5.1-§5.3: a message carries at most 2^32 - 1 octets.
+        let len = u32::try_from(total).map_err(|_| PostError::MessageTooLong)?;
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        if inline && (is_read || len > self.cfg.max_inline) {
+            return Err(PostError::Inline {
+                max: self.cfg.max_inline,
+            });
+        }
+        if is_read && self.cfg.ord == 0 {
+            return Err(PostError::ReadsDisabled);
+        }
+        if self.state != QpState::Rts {
+            self.flush_now(wr.wr_id, op_kind(&wr.opcode));
+            return Ok(());
+        }
+        if self.sq.len() >= self.cfg.sq_depth as usize {
+            return Err(PostError::QueueFull);
+        }
+        let need = if is_read {
+            Access::LOCAL_WRITE
+        } else {
+            Access::empty()
+        };
+        let targets = self.check_sges(&wr.sg_list, need)?;
+        let data = if inline {
+            let mut bytes = vec![0u8; len as usize];
+            let data = Gather::Sgl(targets);
+            tx::gather(&data, 0, &mut bytes)
+                .map_err(|error| PostError::LocalProtection { sge: 0, error })?;
+            Gather::Inline(bytes)
+        } else {
+            Gather::Sgl(targets)
+        };
+        let solicited = wr.flags.contains(SendFlags::SOLICITED);
+        let (op, data) = match wr.opcode {
+            WrOpcode::Send => (
+                SqOp::Send {
+                    solicited,
+                    invalidate: None,
+                },
+                data,
+            ),
+            WrOpcode::SendWithInvalidate { invalidate_rkey } => (
+                SqOp::Send {
+                    solicited,
+                    invalidate: Some(invalidate_rkey),
+                },
+                data,
+            ),
+            WrOpcode::RdmaWrite { remote_addr, rkey } => (
+                SqOp::Write {
+                    rkey,
+                    raddr: remote_addr,
+                },
+                data,
+            ),
+            WrOpcode::RdmaRead { remote_addr, rkey } => {
+                let sink = match data {
+                    Gather::Sgl(t) => t.into_iter().next(),
+                    Gather::Inline(_) => None,
+                };
+                let first = wr.sg_list.first();
+                (
+                    SqOp::Read {
+                        rkey,
+                        raddr: remote_addr,
+                        // RFC 5040 §4.4: the sink is named by this side's own STag.
+                        sink_stag: first.map_or(Key(0), |s| s.lkey),
+                        sink_to: first.map_or(0, |s| s.addr),
+                        sink,
+                    },
+                    Gather::Inline(Vec::new()),
+                )
+            }
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.sq.push_back(SqEntry {
+            seq,
+            wr_id: wr.wr_id,
+            op,
+            data,
+            len,
+            signaled: wr.flags.contains(SendFlags::SIGNALED),
+            fence: wr.flags.contains(SendFlags::FENCE),
+            state: SqState::Queued,
+        });
+        Ok(())
+    }
+
+    /// Posts a receive buffer for one inbound Send (RDMAP-59). Every entry is checked through
+    /// `KeyTable::check_local` with `LOCAL_WRITE` now. In the Error or Closed state the
+    /// request is accepted and flushed at once.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        let max = self.cfg.max_sge as usize;
+        if wr.sg_list.len() > max {
+            return Err(PostError::TooManySge { max });
+        }
+        if self.state != QpState::Rts {
+            self.flush_now(wr.wr_id, WcOpcode::Recv);
+            return Ok(());
+        }
+        if self.rq_len() >= self.cfg.rq_depth as usize {
+            return Err(PostError::QueueFull);
+        }
+        let sges = self.check_sges(&wr.sg_list, Access::LOCAL_WRITE)?;
+        let capacity = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        self.rq.push_back(RecvEntry {
+            wr_id: wr.wr_id,
+            sges,
+            capacity,
+        });
+        Ok(())
+    }
+
+    /// The next completion, in order: send-queue completions in submission order
+    /// (RDMAP-81), receive completions in delivery order (RDMAP-62, RDMAP-76).
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.completions.pop_front()
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<QpEvent> {
+        self.events.pop_front()
+    }
+
+    /// MPA (or TCP) reports an error below RDMAP (RFC 5040 §6.2.1, RDMAP-92): a Terminate with
+    /// Layer LLP (no headers, Figure 10) is queued unless the connection is lost, and the QP
+    /// goes to Error with every request flushed.
+    pub fn handle_llp_error(&mut self, e: LlpError) {
+        self.events.push_back(QpEvent::LlpError(e));
+        let lost = e == LlpError::TcpConnectionLost;
+        match self.state {
+            QpState::Rts if lost => {
+                self.state = QpState::Error;
+                self.abort(None, None);
+            }
+            QpState::Rts => self.fail(term::Fault::new(softrdma_wire::rdmap::TerminateCode::Llp(
+                e,
+            ))),
+            QpState::Terminating if lost => {
+                // Nothing can be sent any more.
+                self.term_pending = None;
+                self.state = if self.closing {
+                    QpState::Closed
+                } else {
+                    QpState::Error
+                };
+            }
+            _ => {}
+        }
+    }
+
+    /// ULP graceful close (RFC 5040 §6.2): every uncompleted request is flushed and nothing
+    /// more is sent or accepted, except a Terminate already queued, which still goes out
+    /// (RDMAP-94).
+    pub fn close(&mut self) {
+        match self.state {
+            QpState::Closed => {}
+            QpState::Terminating => self.closing = true,
+            QpState::Rts | QpState::Error => {
+                self.abort(None, None);
+                self.state = QpState::Closed;
+            }
+        }
+    }
+
+    /// `true` when [`poll_ulpdu`](Self::poll_ulpdu) would return a ULPDU now.
+    pub fn wants_transmit(&self) -> bool {
+        match self.state {
+            QpState::Terminating => self.term_pending.is_some(),
+            QpState::Rts => self.responder_ready() || self.sq_ready(),
+            QpState::Error | QpState::Closed => false,
+        }
+    }
+
+    fn check_sges(
+        &self,
+        sges: &[crate::verbs_types::Sge],
+        need: Access,
+    ) -> Result<Vec<Target>, PostError> {
+        sges.iter()
+            .enumerate()
+            .map(|(i, s)| {
+                self.keys
+                    .check_local(s.lkey, self.cfg.pd, need, s.addr, u64::from(s.length))
+                    .map_err(|error| PostError::LocalProtection { sge: i, error })
+            })
+            .collect()
+    }
+
+    fn flush_now(&mut self, wr_id: u64, opcode: WcOpcode) {
+        self.completions
+            .push_back(wc(wr_id, WcStatus::WorkRequestFlushed, opcode, 0));
+    }
+
+    /// Hands completed send-queue entries to the CQ, oldest first, stopping at the first one
+    /// still in progress (RDMAP-81).
+    fn retire(&mut self) {
+        while let Some(SqState::Done(status)) = self.sq.front().map(|e| e.state) {
+            let Some(e) = self.sq.pop_front() else { break };
+            self.sq_tx = self.sq_tx.saturating_sub(1);
+            if e.signaled || status != WcStatus::Success {
+                let len = if status == WcStatus::Success {
+                    e.len
+                } else {
+                    0
+                };
+                self.completions
+                    .push_back(wc(e.wr_id, status, e.op.wc_opcode(), len));
+            }
+        }
+    }
+
+    fn complete_sq(&mut self, seq: u64, status: WcStatus) {
+        if let Some(e) = self.sq.iter_mut().find(|e| e.seq == seq) {
+            e.state = SqState::Done(status);
+        }
+        self.retire();
+    }
+
+    /// Completes every pending request in error (RDMAP-72, RDMAP-93): `sq` names the one
+    /// send-queue entry and `rq` the status of the receive WQE in use that failed for a
+    /// reason of their own; everything else is flushed.
+    fn abort(&mut self, sq: Option<(u64, WcStatus)>, rq: Option<WcStatus>) {
+        for e in self.sq.iter_mut() {
+            if !matches!(e.state, SqState::Done(_)) {
+                e.state = SqState::Done(match sq {
+                    Some((seq, status)) if seq == e.seq => status,
+                    _ => WcStatus::WorkRequestFlushed,
+                });
+            }
+        }
+        self.retire();
+        self.sq_tx = 0;
+        self.sq_tx_off = 0;
+        self.outbound_reads.clear();
+        self.inbound_reads.clear();
+        if let Some(active) = self.rx_send.take() {
+            let status = rq.unwrap_or(WcStatus::WorkRequestFlushed);
+            let len = if status == WcStatus::WorkRequestFlushed {
+                0
+            } else {
+                active.received
+            };
+            self.completions
+                .push_back(wc(active.entry.wr_id, status, WcOpcode::Recv, len));
+        }
+        while let Some(r) = self.rq.pop_front() {
+            self.completions.push_back(wc(
+                r.wr_id,
+                WcStatus::WorkRequestFlushed,
+                WcOpcode::Recv,
+                0,
+            ));
+        }
+    }
+
+    /// RFC 5040 §7.1: the first local error (RDMAP-102) queues the one Terminate
+    /// (RDMAP-69) that describes it and kills the stream (RDMAP-95).
+    fn fail(&mut self, fault: term::Fault) {
+        if self.state != QpState::Rts {
+            return;
+        }
+        let t = fault.terminate();
+        self.term_pending = Some(t);
+        self.term_sent = Some(t);
+        self.state = QpState::Terminating;
+        self.events.push_back(QpEvent::LocalError(t));
+        self.abort(fault.sq, fault.rq);
+    }
+}
+
+fn op_kind(op: &WrOpcode) -> WcOpcode {
+    match op {
+        WrOpcode::Send | WrOpcode::SendWithInvalidate { .. } => WcOpcode::Send,
+        WrOpcode::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+    }
+}
+
+fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        flags: WcFlags::default(),
+        invalidated_key: None,
+    }
+}

@@ -1,0 +1,479 @@
+//! Receive path: validation (RFC 5040 §7.2, RFC 5041 §7.2) and placement of one ULPDU.
+//!
+//! Check order, first failure wins (`spec/rdmap.md` §9.3): DDP header present → DDP version
+//! → queue number → RDMAP version → opcode / T / QN consistency and RDMAP header shape (the
+//! codec's [`Violation`](softrdma_wire::rdmap::Violation)s) → queue / buffer (MSN, MO,
+//! length, IRD) → STag, range, rights, wrap (the key table's order).
+
+use softrdma_memory::{Access, AccessError, Key, KeyState, Target};
+use softrdma_wire::ddp::{self, DDP_VERSION, TaggedBufferError, UntaggedBufferError};
+use softrdma_wire::rdmap::{
+    Body, MASK_OPCODE, MASK_RV, Opcode, Queue, ReadRequestRepr, RemoteOperationError,
+    RemoteProtectionError, Segment, TerminateCode, TerminateRepr, terminate_code_for,
+};
+
+use super::term::{self, Fault};
+use super::{ActiveRecv, InboundRead, QpEvent, QpState, RdmapEngine, SqOp, SqState, wc};
+use crate::verbs_types::{WcOpcode, WcStatus};
+
+/// T = 0 and OpCode 7: handled as a Terminate whatever else is wrong with it (RDMAP-71).
+fn looks_like_terminate(ulpdu: &[u8]) -> bool {
+    match ulpdu {
+        [control, rdmap, ..] => {
+            control & ddp::FLAG_TAGGED == 0 && rdmap & MASK_OPCODE == Opcode::Terminate as u8
+        }
+        _ => false,
+    }
+}
+
+/// RFC 5041 §7.2: an untagged segment whose MSN is `d` messages past the expected one, when
+/// `available` buffers (counting the expected message's) exist: "no buffer" if it is ahead
+/// of every buffer, otherwise "MSN range not valid" (this receiver takes the messages of a
+/// queue strictly in order, as DDP over an in-order LLP sends them).
+fn msn_fault(d: u32, available: usize) -> Fault {
+    if d < 0x8000_0000 && d as usize >= available {
+        Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)
+    } else {
+        Fault::untagged(UntaggedBufferError::InvalidMsnRange)
+    }
+}
+
+/// Places `src` at message offset `off` of a scatter list (the one copy on receive). Every
+/// grant is re-validated by the memory crate (RDMAP-120).
+fn scatter(sges: &[Target], off: u32, src: &[u8]) -> Result<(), AccessError> {
+    let mut skip = off as usize;
+    let mut done = 0;
+    for t in sges {
+        if done == src.len() {
+            break;
+        }
+        if skip >= t.len() {
+            skip -= t.len();
+            continue;
+        }
+        let n = (t.len() - skip).min(src.len() - done);
+        t.place(skip, &src[done..done + n])?;
+        done += n;
+        skip = 0;
+    }
+    if done == src.len() {
+        Ok(())
+    } else {
+        Err(AccessError::Bounds)
+    }
+}
+
+impl RdmapEngine {
+    /// One ULPDU from MPA (length, PAD, markers and CRC already removed and checked).
+    ///
+    /// The first invalid segment queues a Terminate and kills the stream (RFC 5040 §7); once
+    /// the stream is terminating or dead only a peer's Terminate is still looked at.
+    pub fn handle_ulpdu(&mut self, ulpdu: &[u8]) {
+        self.counters.ulpdus_rx += 1;
+        if self.state != QpState::Closed && looks_like_terminate(ulpdu) {
+            self.receive_terminate(ulpdu);
+            return;
+        }
+        if self.state != QpState::Rts {
+            self.counters.dropped_rx += 1;
+            return;
+        }
+        if let Err(fault) = self.receive(ulpdu) {
+            self.fail(fault);
+        }
+    }
+
+    fn receive(&mut self, ulpdu: &[u8]) -> Result<(), Fault> {
+        // A ULPDU shorter than its DDP header leaves no header to quote.
+        let hdr = ddp::Repr::parse(ulpdu)
+            .map_err(|_| Fault::operation(RemoteOperationError::Unspecified))?;
+        // RFC 5040 §4.8: the length DDP handed up (the octets after the DDP header).
+        let seg_len = u16::try_from(ulpdu.len() - hdr.header_len()).unwrap_or(u16::MAX);
+        let at = |f: Fault| f.segment(hdr, seg_len);
+
+        // RFC 5041 §7.2 (RDMAP-103): DDP version, then queue number.
+        if hdr.dv() != DDP_VERSION {
+            return Err(at(if hdr.is_tagged() {
+                Fault::tagged(TaggedBufferError::InvalidDdpVersion)
+            } else {
+                Fault::untagged(UntaggedBufferError::InvalidDdpVersion)
+            }));
+        }
+        if hdr.qn().is_some_and(|qn| qn > u32::from(Queue::Terminate)) {
+            return Err(at(Fault::untagged(UntaggedBufferError::InvalidQn)));
+        }
+        // RFC 5040 §7.2 (RDMAP-105): the negotiated RDMAP version.
+        if (hdr.rsvd_ulp()[0] & MASK_RV) >> 6 != self.cfg.rdmap_version {
+            return Err(at(Fault::operation(
+                RemoteOperationError::InvalidRdmapVersion,
+            )));
+        }
+        // RFC 5040 §7.2 (RDMAP-104): RFC 7306 opcodes (0x8..0xB) are not negotiated on
+        // this stream and 0xC..0xF are reserved: Unexpected OpCode, whatever follows.
+        if hdr.rsvd_ulp()[0] & MASK_OPCODE > Opcode::Terminate as u8 {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        }
+        // RFC 5040 §7.2 (RDMAP-104, RDMAP-108): opcode consistent with T and QN (Figure 4),
+        // RDMAP header of the right size.
+        let seg = Segment::parse(ulpdu).map_err(|e| {
+            let code = terminate_code_for(&e).unwrap_or(TerminateCode::RdmaRemoteOperation(
+                RemoteOperationError::Unspecified,
+            ));
+            at(Fault::new(code))
+        })?;
+        match seg.body {
+            Body::RdmaWrite { payload } => self.rx_write(&hdr, seg_len, payload),
+            Body::RdmaReadResponse { payload } => self.rx_read_response(&hdr, seg_len, payload),
+            Body::Send { payload } => self.rx_send(&hdr, seg_len, payload, false, None),
+            Body::SendWithSe { payload } => self.rx_send(&hdr, seg_len, payload, true, None),
+            Body::SendWithInvalidate {
+                invalidate_stag,
+                payload,
+            } => self.rx_send(&hdr, seg_len, payload, false, Some(invalidate_stag)),
+            Body::SendWithSeAndInvalidate {
+                invalidate_stag,
+                payload,
+            } => self.rx_send(&hdr, seg_len, payload, true, Some(invalidate_stag)),
+            Body::RdmaReadRequest(req) => self.rx_read_request(&hdr, seg_len, req),
+            // RFC 7306 messages (and a Terminate, handled before) are not expected here.
+            _ => Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode))),
+        }
+    }
+
+    /// RFC 5040 §5.1, RFC 5041 §5.2: RDMA Write segment, placed at its own STag and TO
+    /// through `check_remote` (RDMAP-35, -36, -37, -40, -115..-117). No completion at the
+    /// sink (RDMAP-11).
+    fn rx_write(&mut self, hdr: &ddp::Repr, seg_len: u16, payload: &[u8]) -> Result<(), Fault> {
+        let ddp::Repr::Tagged { stag, to, .. } = *hdr else {
+            return Err(Fault::operation(RemoteOperationError::UnexpectedOpcode));
+        };
+        let fault = |e: AccessError| term::tagged_sink_fault(e).segment(*hdr, seg_len);
+        let target = self
+            .keys
+            .check_remote(
+                Key(stag),
+                self.cfg.pd,
+                self.cfg.qp,
+                Access::REMOTE_WRITE,
+                to,
+                payload.len() as u64,
+            )
+            .map_err(fault)?;
+        if !payload.is_empty() {
+            target.place(0, payload).map_err(fault)?;
+        }
+        self.counters.payload_rx += payload.len() as u64;
+        Ok(())
+    }
+
+    /// RFC 5040 §5.2.2: Read Response segment for the oldest outstanding Read (RDMAP-77),
+    /// checked against it (RDMAP-56: STag, TO, length) and placed through the sink's L_Key
+    /// grant. The last segment completes the Read (RDMAP-53, RDMAP-85, RDMAP-87).
+    fn rx_read_response(
+        &mut self,
+        hdr: &ddp::Repr,
+        seg_len: u16,
+        payload: &[u8],
+    ) -> Result<(), Fault> {
+        let at = |f: Fault| f.segment(*hdr, seg_len);
+        let ddp::Repr::Tagged { stag, to, last, .. } = *hdr else {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        };
+        let Some(read) = self.outbound_reads.front() else {
+            // A response that answers no request.
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        };
+        let seq = read.seq;
+        let bad = |f: Fault| at(f).sq(seq, WcStatus::RemoteOperation);
+        if stag != read.sink_stag.0 {
+            return Err(bad(Fault::tagged(TaggedBufferError::InvalidStag)));
+        }
+        let end = u64::from(read.received) + payload.len() as u64;
+        let len = u64::from(read.len);
+        if to != read.sink_to.wrapping_add(u64::from(read.received))
+            || end > len
+            || (last && end != len)
+        {
+            return Err(bad(Fault::tagged(TaggedBufferError::BaseOrBoundsViolation)));
+        }
+        if !payload.is_empty() {
+            let placed = match &read.sink {
+                Some(sink) => sink.place(read.received as usize, payload),
+                None => Err(AccessError::Bounds),
+            };
+            // Our own buffer went away after the post: a local error (RDMAP-99).
+            placed.map_err(|_| Fault::local().sq(seq, WcStatus::LocalProtection))?;
+        }
+        self.counters.payload_rx += payload.len() as u64;
+        if last {
+            self.outbound_reads.pop_front();
+            self.complete_sq(seq, WcStatus::Success);
+        } else if let Some(read) = self.outbound_reads.front_mut() {
+            read.received = end as u32;
+        }
+        Ok(())
+    }
+
+    /// RFC 5040 §5.3, RFC 5041 §5.3: Send-family segment on QN 0. The first segment of a
+    /// message consumes the next receive WQE (RDMAP-59); the message is delivered when its
+    /// last segment is placed (RDMAP-76, RDMAP-82), after the Invalidate STag, if any, was
+    /// invalidated (RDMAP-67).
+    fn rx_send(
+        &mut self,
+        hdr: &ddp::Repr,
+        seg_len: u16,
+        payload: &[u8],
+        solicited: bool,
+        invalidate: Option<u32>,
+    ) -> Result<(), Fault> {
+        let at = |f: Fault| f.segment(*hdr, seg_len);
+        let ddp::Repr::Untagged { msn, mo, last, .. } = *hdr else {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        };
+        let d = msn.wrapping_sub(self.rx_msn[0]);
+        if d != 0 {
+            let available = self.rq.len() + usize::from(self.rx_send.is_some());
+            return Err(at(msn_fault(d, available)));
+        }
+        if self.rx_send.is_none() {
+            if mo != 0 {
+                return Err(at(Fault::untagged(UntaggedBufferError::InvalidMo)));
+            }
+            let Some(entry) = self.rq.pop_front() else {
+                return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
+            };
+            self.rx_send = Some(ActiveRecv { entry, received: 0 });
+        }
+        let Some(active) = self.rx_send.as_mut() else {
+            return Err(Fault::local());
+        };
+        if mo != active.received {
+            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMo)));
+        }
+        // RDMAP-61: longer than the receive buffer.
+        let end = u64::from(mo) + payload.len() as u64;
+        if end > active.entry.capacity || end > u64::from(u32::MAX) {
+            return Err(
+                at(Fault::untagged(UntaggedBufferError::MessageTooLong)).rq(WcStatus::LocalLength)
+            );
+        }
+        scatter(&active.entry.sges, mo, payload)
+            .map_err(|_| Fault::local().rq(WcStatus::LocalProtection))?;
+        active.received = end as u32;
+        self.counters.payload_rx += payload.len() as u64;
+        if !last {
+            return Ok(());
+        }
+        let mut done = wc(
+            active.entry.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            active.received,
+        );
+        done.flags.solicited = solicited;
+        if let Some(stag) = invalidate {
+            // RFC 5040 §6 / §7.2 rows 4-5 (RDMAP-106, -107, -121): the STag must be valid and
+            // invalidatable by this stream; the key table applies IBA o9-5.2.2 rules 1-9.
+            let key = Key(stag);
+            let invalidated = self.keys.state(key) == KeyState::Valid
+                && self
+                    .keys
+                    .invalidate_remote(key, self.cfg.pd, self.cfg.qp)
+                    .is_ok();
+            if !invalidated {
+                // The WQE stays in use; the abort completes it with this status.
+                return Err(at(Fault::protection(
+                    RemoteProtectionError::StagCannotBeInvalidated,
+                ))
+                .rq(WcStatus::RemoteInvalidRequest));
+            }
+            done.flags.with_invalidate = true;
+            done.invalidated_key = Some(key);
+        }
+        self.rx_send = None;
+        self.rx_msn[0] = msn.wrapping_add(1);
+        self.completions.push_back(done);
+        Ok(())
+    }
+
+    /// RFC 5040 §5.2.1: Read Request on QN 1, processed only after everything before it was
+    /// placed (RDMAP-78, RDMAP-83: ULPDUs are handled in order), at most IRD at a time
+    /// (RDMAP-91), source validated unless zero-length (RDMAP-49, RDMAP-50). No completion at
+    /// the source (RDMAP-12, RDMAP-43).
+    fn rx_read_request(
+        &mut self,
+        hdr: &ddp::Repr,
+        seg_len: u16,
+        req: ReadRequestRepr,
+    ) -> Result<(), Fault> {
+        let at = |f: Fault| f.segment(*hdr, seg_len);
+        let ddp::Repr::Untagged { msn, .. } = *hdr else {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        };
+        // RFC 5040 §6.1: the IRD slots are QN 1's buffers; the excess finds none.
+        let available = usize::from(self.cfg.ird).saturating_sub(self.inbound_reads.len());
+        let d = msn.wrapping_sub(self.rx_msn[1]);
+        if d != 0 {
+            return Err(at(msn_fault(d, available)));
+        }
+        if available == 0 {
+            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
+        }
+        self.rx_msn[1] = msn.wrapping_add(1);
+        let source = if req.rdmardsz == 0 {
+            None
+        } else {
+            // RFC 5040 §7.2 checks 4a-4e and rights (RDMAP-109..114), in the key table's
+            // order; the Terminate quotes the request (RDMAP-101).
+            let checked = self.keys.check_remote(
+                Key(req.src_stag),
+                self.cfg.pd,
+                self.cfg.qp,
+                Access::REMOTE_READ,
+                req.src_to,
+                u64::from(req.rdmardsz),
+            );
+            Some(checked.map_err(|e| at(term::read_source_fault(e)).read_request(req))?)
+        };
+        self.inbound_reads.push_back(InboundRead {
+            req,
+            ddp: *hdr,
+            seg_len,
+            source,
+            sent: 0,
+        });
+        Ok(())
+    }
+
+    /// RFC 5040 §5.4: the peer's Terminate is handed to the ULP (RDMAP-70) and kills the
+    /// stream; nothing is sent back, even when it is malformed (RDMAP-71, RDMAP-74).
+    fn receive_terminate(&mut self, ulpdu: &[u8]) {
+        self.counters.terminates_rx += 1;
+        if self.term_rx_seen {
+            // Only one Terminate per stream (RDMAP-69); later ones are noise.
+            self.counters.dropped_rx += 1;
+            return;
+        }
+        self.term_rx_seen = true;
+        let parsed = self.parse_terminate(ulpdu);
+        match parsed {
+            Some(t) => {
+                self.rx_msn[2] = self.rx_msn[2].wrapping_add(1);
+                self.term_received = Some(t);
+                self.events.push_back(QpEvent::TerminateReceived(t));
+            }
+            None => self.events.push_back(QpEvent::InvalidTerminate),
+        }
+        if self.state == QpState::Rts {
+            let culprit = parsed.and_then(|t| self.terminated_request(&t));
+            self.state = QpState::Error;
+            self.abort(culprit, None);
+        }
+    }
+
+    /// The Terminate Header of a valid Terminate: DDP and RDMAP versions, QN 2, the expected
+    /// MSN, one segment at MO 0 (RFC 5040 §7.2: Terminates are validated too); either
+    /// control-word layout (`TerminateLayout::detect`).
+    fn parse_terminate(&self, ulpdu: &[u8]) -> Option<TerminateRepr> {
+        let ddp::Repr::Untagged {
+            dv,
+            rsvd_ulp,
+            qn,
+            msn,
+            mo,
+            last,
+            ..
+        } = ddp::Repr::parse(ulpdu).ok()?
+        else {
+            return None;
+        };
+        let rv = (rsvd_ulp[0] & MASK_RV) >> 6;
+        if dv != DDP_VERSION
+            || rv != self.cfg.rdmap_version
+            || qn != u32::from(Queue::Terminate)
+            || msn != self.rx_msn[2]
+            || mo != 0
+            || !last
+        {
+            return None;
+        }
+        match Segment::parse(ulpdu).ok()?.body {
+            Body::Terminate(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The request a received Terminate fails, if the Terminate names one this side still
+    /// tracks: a Read by its Terminated RDMA Header or its Read Request's DDP header (quoted
+    /// opcode and MSN), or the message being segmented by its DDP header (Send MSN, or Write
+    /// STag). A
+    /// DDP header naming a message that already completed (a Send or Write handed to the LLP,
+    /// a Read Response) fails no request. Without a DDP header (LLP or local catastrophic
+    /// errors at the peer) the oldest request handed to DDP and not complete takes the error.
+    /// Everything else is flushed (RDMAP-72, RDMAP-93).
+    fn terminated_request(&self, t: &TerminateRepr) -> Option<(u64, WcStatus)> {
+        let status = term::status_for_terminate(t.code);
+        if let Some(r) = t.rdma
+            && let Some(read) = self.outbound_reads.iter().find(|rd| {
+                rd.sink_stag.0 == r.sink_stag
+                    && r.sink_to.wrapping_sub(rd.sink_to) <= u64::from(rd.len)
+            })
+        {
+            return Some((read.seq, status));
+        }
+        let current = (self.sq_tx_off > 0)
+            .then(|| self.sq.get(self.sq_tx))
+            .flatten();
+        match t.ddp.map(|d| d.header) {
+            // The quoted opcode says which of our sequences the MSN belongs to.
+            Some(ddp::Repr::Untagged { rsvd_ulp, msn, .. }) => {
+                match Opcode::try_from(rsvd_ulp[0] & MASK_OPCODE) {
+                    Ok(Opcode::RdmaReadRequest) => self
+                        .outbound_reads
+                        .iter()
+                        .find(|rd| rd.msn == msn)
+                        .map(|rd| (rd.seq, status)),
+                    Ok(op) if op.queue() == Some(Queue::Send) => current
+                        .filter(|e| matches!(e.op, SqOp::Send { .. }) && msn == self.tx_msn[0])
+                        .map(|e| (e.seq, status)),
+                    _ => None,
+                }
+            }
+            Some(ddp::Repr::Tagged { stag, .. }) => current
+                .filter(|e| matches!(e.op, SqOp::Write { rkey, .. } if rkey.0 == stag))
+                .map(|e| (e.seq, status)),
+            None => {
+                let handed = self.sq_tx + usize::from(self.sq_tx_off > 0);
+                self.sq
+                    .iter()
+                    .take(handed)
+                    .find(|e| !matches!(e.state, SqState::Done(_)))
+                    .map(|e| (e.seq, status))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 5041 §7.2 MSN classification, including wrap of the 32-bit MSN space.
+    #[test]
+    fn msn_fault_classification_wraps() {
+        let code = |f: Fault| f.code;
+        let no_buffer = TerminateCode::Ddp(ddp::DdpError::UntaggedBuffer(
+            UntaggedBufferError::InvalidMsnNoBuffer,
+        ));
+        let range = TerminateCode::Ddp(ddp::DdpError::UntaggedBuffer(
+            UntaggedBufferError::InvalidMsnRange,
+        ));
+        // Expected u32::MAX, got 0 (one ahead across the wrap), one buffer: none for it.
+        assert_eq!(code(msn_fault(0u32.wrapping_sub(u32::MAX), 1)), no_buffer);
+        // One ahead with two buffers: a buffer exists but the message is out of sequence.
+        assert_eq!(code(msn_fault(1, 2)), range);
+        // Behind (an old MSN): never "no buffer".
+        assert_eq!(code(msn_fault(5u32.wrapping_sub(7), 0)), range);
+        assert_eq!(code(msn_fault(0x8000_0000, 0)), range);
+    }
+}

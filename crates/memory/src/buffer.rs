@@ -1,0 +1,196 @@
+//! Page-aligned registered memory behind a reader-writer lock.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::MemError;
+
+/// Alignment of every [`Buffer`]'s first byte.
+pub const PAGE_SIZE: usize = 4096;
+
+/// Backing store: an over-allocated `Vec<u8>` and the offset of its first page-aligned byte.
+/// The vector is never resized, so its heap block (and the alignment) never moves.
+struct Storage {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Storage {
+    fn zeroed(len: usize) -> Storage {
+        // Pointer-to-address casts are safe; only the address is used, to find the first
+        // page boundary inside the allocation.
+        let raw = vec![0u8; len + PAGE_SIZE - 1];
+        let addr = raw.as_ptr() as usize;
+        let start = (PAGE_SIZE - addr % PAGE_SIZE) % PAGE_SIZE;
+        Storage { raw, start, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// Registered memory: page-aligned (4096), zero-initialised, fixed length; `Send + Sync`.
+///
+/// The network places data under the write lock ([`Target`](crate::Target) methods); the user
+/// accesses it through [`read`](Buffer::read) / [`write`](Buffer::write) guards or the copy and
+/// atomic helpers, which lock for the duration of the call. As with any `RwLock`, a thread must
+/// not hold two guards of the same buffer at once (a queued writer makes the second wait).
+pub struct Buffer {
+    mem: RwLock<Storage>,
+    len: usize,
+}
+
+impl Buffer {
+    /// A zeroed buffer of `len` bytes whose first byte is 4096-aligned.
+    pub fn new(len: usize) -> Arc<Buffer> {
+        Arc::new(Buffer {
+            mem: RwLock::new(Storage::zeroed(len)),
+            len,
+        })
+    }
+
+    /// A buffer holding `data` (copied once into page-aligned memory unless the vector's
+    /// block already starts on a page boundary).
+    pub fn from_vec(data: Vec<u8>) -> Arc<Buffer> {
+        let len = data.len();
+        let storage = if len > 0 && (data.as_ptr() as usize).is_multiple_of(PAGE_SIZE) {
+            Storage {
+                raw: data,
+                start: 0,
+                len,
+            }
+        } else {
+            let mut s = Storage::zeroed(len);
+            s.bytes_mut().copy_from_slice(&data);
+            s
+        };
+        Arc::new(Buffer {
+            mem: RwLock::new(storage),
+            len,
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` for a zero-length buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Shared access; blocks while the network places data.
+    pub fn read(&self) -> BufferReadGuard<'_> {
+        BufferReadGuard(self.mem.read())
+    }
+
+    /// Exclusive access; blocks placement while held.
+    pub fn write(&self) -> BufferWriteGuard<'_> {
+        BufferWriteGuard(self.mem.write())
+    }
+
+    /// Copies `dst.len()` bytes starting at `off` out of the buffer.
+    pub fn copy_out(&self, off: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let r = range(off, dst.len(), self.len)?;
+        dst.copy_from_slice(&self.read()[r]);
+        Ok(())
+    }
+
+    /// Copies `src` into the buffer at `off`.
+    pub fn copy_in(&self, off: usize, src: &[u8]) -> Result<(), MemError> {
+        let r = range(off, src.len(), self.len)?;
+        self.write()[r].copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Atomically adds `add` (wrapping) to the native-order `u64` at `off` (8-aligned) and
+    /// returns the previous value.
+    pub fn fetch_add(&self, off: usize, add: u64) -> Result<u64, MemError> {
+        let r = atomic_range(off, self.len)?;
+        Ok(fetch_add_in(&mut self.write()[r], add))
+    }
+
+    /// Atomically replaces the native-order `u64` at `off` (8-aligned) with `swap` if it equals
+    /// `compare`; returns the previous value either way.
+    pub fn compare_swap(&self, off: usize, compare: u64, swap: u64) -> Result<u64, MemError> {
+        let r = atomic_range(off, self.len)?;
+        Ok(compare_swap_in(&mut self.write()[r], compare, swap))
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer").field("len", &self.len).finish()
+    }
+}
+
+/// Shared guard over a whole [`Buffer`].
+pub struct BufferReadGuard<'a>(RwLockReadGuard<'a, Storage>);
+
+impl Deref for BufferReadGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+/// Exclusive guard over a whole [`Buffer`].
+pub struct BufferWriteGuard<'a>(RwLockWriteGuard<'a, Storage>);
+
+impl Deref for BufferWriteGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+impl DerefMut for BufferWriteGuard<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.0.bytes_mut()
+    }
+}
+
+/// `off..off + len` if it lies inside `0..cap`.
+pub(crate) fn range(
+    off: usize,
+    len: usize,
+    cap: usize,
+) -> Result<std::ops::Range<usize>, MemError> {
+    match off.checked_add(len) {
+        Some(end) if end <= cap => Ok(off..end),
+        _ => Err(MemError::OutOfRange),
+    }
+}
+
+fn atomic_range(off: usize, cap: usize) -> Result<std::ops::Range<usize>, MemError> {
+    if !off.is_multiple_of(8) {
+        return Err(MemError::Misaligned);
+    }
+    range(off, 8, cap)
+}
+
+/// `word` is exactly 8 bytes; the caller holds the buffer's write lock.
+pub(crate) fn fetch_add_in(word: &mut [u8], add: u64) -> u64 {
+    let old = u64::from_ne_bytes(word.try_into().expect("8-byte word"));
+    word.copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+    old
+}
+
+/// `word` is exactly 8 bytes; the caller holds the buffer's write lock.
+pub(crate) fn compare_swap_in(word: &mut [u8], compare: u64, swap: u64) -> u64 {
+    let old = u64::from_ne_bytes(word.try_into().expect("8-byte word"));
+    if old == compare {
+        word.copy_from_slice(&swap.to_ne_bytes());
+    }
+    old
+}

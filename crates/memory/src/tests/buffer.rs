@@ -1,0 +1,64 @@
+//! `Buffer`: alignment, zeroing, copies, atomics.
+
+use crate::{Buffer, MemError, PAGE_SIZE};
+
+#[test]
+fn buffer_is_page_aligned_and_zeroed() {
+    for len in [0, 1, 8, 4095, 4096, 4097, 3 * 4096 + 5] {
+        let b = Buffer::new(len);
+        assert_eq!(b.len(), len);
+        assert_eq!(b.is_empty(), len == 0);
+        let g = b.read();
+        assert_eq!(g.len(), len);
+        if len > 0 {
+            assert_eq!(g.as_ptr() as usize % PAGE_SIZE, 0, "len {len}");
+        }
+        assert!(g.iter().all(|&x| x == 0));
+    }
+}
+
+#[test]
+fn from_vec_keeps_contents_and_aligns() {
+    let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+    let b = Buffer::from_vec(data.clone());
+    assert_eq!(&b.read()[..], &data[..]);
+    assert_eq!(b.read().as_ptr() as usize % PAGE_SIZE, 0);
+    assert!(Buffer::from_vec(Vec::new()).is_empty());
+}
+
+#[test]
+fn copy_in_out_bounds() {
+    let b = Buffer::new(16);
+    b.copy_in(8, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let mut out = [0u8; 8];
+    b.copy_out(8, &mut out).unwrap();
+    assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(b.copy_in(9, &[0; 8]), Err(MemError::OutOfRange));
+    assert_eq!(b.copy_out(usize::MAX, &mut out), Err(MemError::OutOfRange));
+    b.copy_in(16, &[]).unwrap();
+    assert_eq!(b.copy_in(17, &[]), Err(MemError::OutOfRange));
+    b.write()[0] = 9;
+    assert_eq!(b.read()[0], 9);
+}
+
+/// IBT-X-12: FetchAdd adds unsigned with the carry discarded and returns the old value;
+/// CmpSwap writes only on a match and always returns the old value; 8-byte alignment.
+#[test]
+fn ibt_x_12_buffer_atomics() {
+    let b = Buffer::new(32);
+    b.copy_in(8, &u64::MAX.to_ne_bytes()).unwrap();
+    assert_eq!(b.fetch_add(8, 2), Ok(u64::MAX));
+    assert_eq!(b.fetch_add(8, 0), Ok(1));
+    assert_eq!(b.compare_swap(8, 7, 99), Ok(1));
+    assert_eq!(
+        b.fetch_add(8, 0),
+        Ok(1),
+        "compare miss leaves memory unchanged"
+    );
+    assert_eq!(b.compare_swap(8, 1, 99), Ok(1));
+    assert_eq!(b.fetch_add(8, 0), Ok(99));
+    assert_eq!(b.fetch_add(4, 1), Err(MemError::Misaligned));
+    assert_eq!(b.compare_swap(12, 0, 1), Err(MemError::Misaligned));
+    assert_eq!(b.fetch_add(32, 1), Err(MemError::OutOfRange));
+    assert_eq!(b.fetch_add(24, 1), Ok(0));
+}

@@ -1,0 +1,327 @@
+//! Completion queues and completion channels (`ibv_cq`, `ibv_comp_channel`).
+//!
+//! The progress thread appends work completions; users poll them. A CQ armed with
+//! [`Cq::req_notify`] reports the next completion (or the next solicited / unsuccessful one)
+//! once to its [`CompletionChannel`], which offers a blocking wait and a pollable file
+//! descriptor: one end of a pipe holding one octet while events are pending, so it polls
+//! readable exactly when [`CompletionChannel::try_get_cq_event`] would return a CQ.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use softrdma_iwarp::verbs_types::{WcStatus, WorkCompletion};
+
+use crate::Error;
+
+static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arm {
+    Off,
+    Next,
+    Solicited,
+}
+
+struct CqState {
+    entries: VecDeque<WorkCompletion>,
+    arm: Arm,
+    /// Completions that arrived while the queue held `capacity` entries.
+    overflows: u64,
+}
+
+pub(crate) struct CqShared {
+    id: u32,
+    capacity: usize,
+    state: Mutex<CqState>,
+    /// Wakes [`Cq::wait`] callers on every push.
+    cond: Condvar,
+    channel: Option<Arc<ChannelShared>>,
+}
+
+impl CqShared {
+    /// Appends completions (progress thread); fires the channel if armed and matching.
+    pub(crate) fn push(self: &Arc<Self>, wcs: &mut Vec<WorkCompletion>) {
+        if wcs.is_empty() {
+            return;
+        }
+        let mut fire = false;
+        {
+            let mut s = self.state.lock();
+            for wc in wcs.drain(..) {
+                fire |= match s.arm {
+                    Arm::Off => false,
+                    Arm::Next => true,
+                    // IBA 11.4.2.2: solicited, or completed in error.
+                    Arm::Solicited => wc.flags.solicited || wc.status != WcStatus::Success,
+                };
+                if s.entries.len() >= self.capacity {
+                    s.overflows += 1;
+                }
+                s.entries.push_back(wc);
+            }
+            if fire {
+                s.arm = Arm::Off;
+            }
+        }
+        self.cond.notify_all();
+        if fire && let Some(ch) = &self.channel {
+            ch.notify(Arc::downgrade(self));
+        }
+    }
+}
+
+/// A completion queue (`ibv_cq`). Cheap to clone: clones name the same queue.
+///
+/// The queue never drops a completion: entries beyond [`capacity`](Cq::capacity) are kept and
+/// counted in [`overflows`](Cq::overflows) (a hardware CQ would go to an error state).
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) shared: Arc<CqShared>,
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq")
+            .field("id", &self.shared.id)
+            .field("capacity", &self.shared.capacity)
+            .finish()
+    }
+}
+
+impl PartialEq for Cq {
+    fn eq(&self, other: &Cq) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl Eq for Cq {}
+
+impl Cq {
+    pub(crate) fn new(capacity: usize, channel: Option<&CompletionChannel>) -> Cq {
+        Cq {
+            shared: Arc::new(CqShared {
+                id: NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed),
+                capacity: capacity.max(1),
+                state: Mutex::new(CqState {
+                    entries: VecDeque::new(),
+                    arm: Arm::Off,
+                    overflows: 0,
+                }),
+                cond: Condvar::new(),
+                channel: channel.map(|c| c.shared.clone()),
+            }),
+        }
+    }
+
+    /// A process-unique id.
+    pub fn id(&self) -> u32 {
+        self.shared.id
+    }
+
+    /// The number of entries the queue was created for (`cqe`).
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
+    /// Completions that arrived while the queue was full (kept, not dropped).
+    pub fn overflows(&self) -> u64 {
+        self.shared.state.lock().overflows
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        self.shared.state.lock().entries.len()
+    }
+
+    /// `true` when nothing waits to be polled.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The channel this queue reports to, if any.
+    pub fn channel(&self) -> Option<CompletionChannel> {
+        self.shared.channel.as_ref().map(|c| CompletionChannel { shared: c.clone() })
+    }
+
+    /// Moves up to `max` completions, oldest first, to the end of `out` (`ibv_poll_cq`);
+    /// returns how many.
+    pub fn poll(&self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        let mut s = self.shared.state.lock();
+        let n = max.min(s.entries.len());
+        out.extend(s.entries.drain(..n));
+        n
+    }
+
+    /// The oldest completion, if any.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        self.shared.state.lock().entries.pop_front()
+    }
+
+    /// Arms the queue (`ibv_req_notify_cq`): the next completion added after this call — with
+    /// `solicited_only`, the next solicited or unsuccessful one — sends one event to the
+    /// completion channel. Completions already queued do not; poll after arming.
+    pub fn req_notify(&self, solicited_only: bool) {
+        let mut s = self.shared.state.lock();
+        s.arm = match (s.arm, solicited_only) {
+            // Asking for "any" widens an earlier "solicited only".
+            (_, false) => Arm::Next,
+            (Arm::Next, true) => Arm::Next,
+            (_, true) => Arm::Solicited,
+        };
+    }
+
+    /// Blocks until at least `min` completions were moved to `out` (at most `max`), or
+    /// `timeout` passes ([`Error::Timeout`], with what arrived so far still in `out`). Waits
+    /// on the queue itself, independent of any channel or arming.
+    pub fn wait(
+        &self,
+        min: usize,
+        max: usize,
+        timeout: Duration,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<usize, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut got = 0;
+        let mut s = self.shared.state.lock();
+        loop {
+            let n = (max - got).min(s.entries.len());
+            out.extend(s.entries.drain(..n));
+            got += n;
+            if got >= min || got >= max {
+                return Ok(got);
+            }
+            if self.shared.cond.wait_until(&mut s, deadline).timed_out() {
+                let n = (max - got).min(s.entries.len());
+                out.extend(s.entries.drain(..n));
+                got += n;
+                return if got >= min { Ok(got) } else { Err(Error::Timeout) };
+            }
+        }
+    }
+}
+
+struct ChanState {
+    events: VecDeque<Weak<CqShared>>,
+    /// The pipe holds one octet (the fd polls readable).
+    signalled: bool,
+}
+
+pub(crate) struct ChannelShared {
+    state: Mutex<ChanState>,
+    cond: Condvar,
+    /// Read and written only under `state`'s lock.
+    reader: io::PipeReader,
+    writer: io::PipeWriter,
+}
+
+impl ChannelShared {
+    fn notify(&self, cq: Weak<CqShared>) {
+        let mut s = self.state.lock();
+        s.events.push_back(cq);
+        // At most one octet ever sits in the pipe, so this write never blocks.
+        if !s.signalled && (&self.writer).write_all(&[1]).is_ok() {
+            s.signalled = true;
+        }
+        drop(s);
+        self.cond.notify_all();
+    }
+
+    fn take(&self, s: &mut ChanState) -> Option<Cq> {
+        while let Some(weak) = s.events.pop_front() {
+            if s.events.is_empty() && s.signalled {
+                // The octet is there (we wrote it), so this read does not block.
+                let mut b = [0u8; 1];
+                if (&self.reader).read_exact(&mut b).is_ok() {
+                    s.signalled = false;
+                }
+            }
+            if let Some(shared) = weak.upgrade() {
+                return Some(Cq { shared });
+            }
+        }
+        None
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): where armed CQs report. Wait with
+/// [`get_cq_event`](CompletionChannel::get_cq_event), or poll its file descriptor
+/// ([`AsFd`]) for readability with `epoll`/`mio`/`poll(2)` and then call
+/// [`try_get_cq_event`](CompletionChannel::try_get_cq_event). Cheap to clone.
+#[derive(Clone)]
+pub struct CompletionChannel {
+    pub(crate) shared: Arc<ChannelShared>,
+}
+
+impl std::fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+impl CompletionChannel {
+    pub(crate) fn new() -> Result<CompletionChannel, Error> {
+        let (reader, writer) = io::pipe()?;
+        Ok(CompletionChannel {
+            shared: Arc::new(ChannelShared {
+                state: Mutex::new(ChanState {
+                    events: VecDeque::new(),
+                    signalled: false,
+                }),
+                cond: Condvar::new(),
+                reader,
+                writer,
+            }),
+        })
+    }
+
+    /// The next event without blocking (`ibv_get_cq_event` on a non-blocking channel): the
+    /// CQ that was armed and received a matching completion. Re-arm it to get another.
+    pub fn try_get_cq_event(&self) -> Option<Cq> {
+        let mut s = self.shared.state.lock();
+        self.shared.take(&mut s)
+    }
+
+    /// Blocks for the next event (`ibv_get_cq_event`); `None` after `timeout`
+    /// (`None` timeout: wait forever).
+    pub fn get_cq_event(&self, timeout: Option<Duration>) -> Option<Cq> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut s = self.shared.state.lock();
+        loop {
+            if let Some(cq) = self.shared.take(&mut s) {
+                return Some(cq);
+            }
+            match deadline {
+                None => self.shared.cond.wait(&mut s),
+                Some(d) => {
+                    if self.shared.cond.wait_until(&mut s, d).timed_out() {
+                        return self.shared.take(&mut s);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Events waiting.
+    pub fn pending(&self) -> usize {
+        self.shared.state.lock().events.len()
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.reader.as_fd()
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.reader.as_raw_fd()
+    }
+}
