@@ -1,6 +1,9 @@
-//! Sans-IO iWARP engine (in progress).
+//! Sans-IO iWARP engine: MPA startup ([`startup`]), FPDU framing ([`framing`]),
+//! the DDP/RDMAP data path of a queue pair ([`rdmap`]) and the connection that
+//! ties them together ([`connection`]).
 
-pub mod rdmap;
-pub mod verbs_types;
+pub mod connection;
 pub mod framing;
+pub mod rdmap;
 pub mod startup;
+pub mod verbs_types;

@@ -324,6 +324,15 @@ impl RdmapEngine {
         }
     }
 
+    /// Apply what the connection negotiated before data moves: the MULPDU of
+    /// the path (RFC 5044 §4.5) and the IRD/ORD agreed in MPA (RFC 6581).
+    /// `mulpdu` is clamped to [`MIN_MULPDU`, `MAX_MULPDU`].
+    pub fn set_limits(&mut self, mulpdu: u16, ird: u16, ord: u16) {
+        self.cfg.mulpdu = mulpdu.clamp(MIN_MULPDU, MAX_MULPDU);
+        self.cfg.ird = ird;
+        self.cfg.ord = ord;
+    }
+
     /// The configuration in effect (after clamping).
     pub fn config(&self) -> &QpConfig {
         &self.cfg
