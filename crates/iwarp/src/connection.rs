@@ -127,7 +127,7 @@ impl Connection {
         };
         let mut c = Connection {
             startup,
-            engine: RdmapEngine::new(cfg.qp.clone(), keys),
+            engine: RdmapEngine::new(cfg.qp, keys),
             framer: None,
             deframer: None,
             cfg,
