@@ -4,9 +4,11 @@
 //!
 //! Defaults follow Linux rdma_cm over siw: MPA revision 2 with the IRD/ORD word, CRC only
 //! when asked (either side asking turns it on), no Markers, client-server mode. Our
-//! responder may send FPDUs right after its Reply, as siw does
-//! ([`ListenParams::wait_for_first_fpdu`] restores RFC 5044's stricter rule); peer-to-peer
-//! mode (RFC 6581) with a zero-length RDMA Write as the RTR is available on both sides.
+//! responder sends no FPDU before the initiator's first one (RFC 5044 §7.1.2 r4, MPA-73),
+//! unless [`ListenParams::early_fpdus`] asks for siw's behaviour (FPDUs right after the
+//! Reply; our initiator takes them, as siw's does). Peer-to-peer mode (RFC 6581) with a
+//! zero-length RDMA Write as the RTR is available on both sides: use it when the
+//! responder's application may send first.
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -23,10 +25,10 @@ use softrdma_iwarp::startup::{
 };
 use softrdma_wire::mpa::{self, MAX_PRIVATE_DATA, REV_2};
 
+use crate::Error;
 use crate::device::{Context, CtxShared};
 use crate::driver::Cmd;
 use crate::qp::{Qp, QpState};
-use crate::Error;
 
 /// EMSS assumed when `TCP_MAXSEG` cannot be read: an Ethernet MTU less IPv4 and TCP headers.
 pub const FALLBACK_EMSS: u32 = 1460;
@@ -112,9 +114,10 @@ pub struct ListenParams {
     pub markers: bool,
     /// Take RFC 6581 peer-to-peer requests (RTR: zero-length Write or Read).
     pub p2p: bool,
-    /// Client-server mode: send no FPDU before the initiator's first one arrived (RFC 5044
-    /// §7.1.2 r4, MPA-73). Off by default, as Linux siw.
-    pub wait_for_first_fpdu: bool,
+    /// Client-server mode: send FPDUs right after the Reply instead of waiting for the
+    /// initiator's first FPDU, as Linux siw does. Breaks RFC 5044 §7.1.2 r4 (MPA-73),
+    /// which hardware initiators may rely on; off by default.
+    pub early_fpdus: bool,
     /// Bound on the wait for an MPA Request after the TCP accept.
     pub timeout: Duration,
     /// TCP listen backlog.
@@ -128,7 +131,7 @@ impl Default for ListenParams {
             crc: false,
             markers: false,
             p2p: true,
-            wait_for_first_fpdu: false,
+            early_fpdus: false,
             timeout: DEFAULT_TIMEOUT,
             backlog: 128,
         }
@@ -195,7 +198,10 @@ fn check_private_data(rev: u8, len: usize) -> Result<(), Error> {
         MAX_PRIVATE_DATA
     };
     if len > limit {
-        return Err(Error::Startup(StartupError::PrivateDataTooLong { len, limit }));
+        return Err(Error::Startup(StartupError::PrivateDataTooLong {
+            len,
+            limit,
+        }));
     }
     Ok(())
 }
@@ -324,7 +330,7 @@ pub(crate) struct PendingRequest {
     pub(crate) peer_addr: SocketAddr,
     pub(crate) private_data: Vec<u8>,
     pub(crate) params: PeerParams,
-    pub(crate) wait_for_first_fpdu: bool,
+    pub(crate) early_fpdus: bool,
 }
 
 impl ConnRequest {
@@ -381,7 +387,7 @@ impl ConnRequest {
                 ird: params.ird,
                 ord: params.ord,
                 fpdu: params.fpdu,
-                wait_for_first_fpdu: self.req.wait_for_first_fpdu,
+                early_fpdus: self.req.early_fpdus,
                 reply,
             })
             .and_then(|()| wait_reply(rx, Duration::ZERO));
@@ -425,6 +431,10 @@ impl ListenerShared {
     pub(crate) fn push(&self, req: PendingRequest) {
         self.queue.lock().push_back(req);
         self.cond.notify_all();
+    }
+
+    pub(crate) fn drain(&self) -> Vec<PendingRequest> {
+        self.queue.lock().drain(..).collect()
     }
 
     pub(crate) fn close(&self) {

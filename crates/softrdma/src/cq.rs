@@ -145,7 +145,10 @@ impl Cq {
 
     /// The channel this queue reports to, if any.
     pub fn channel(&self) -> Option<CompletionChannel> {
-        self.shared.channel.as_ref().map(|c| CompletionChannel { shared: c.clone() })
+        self.shared
+            .channel
+            .as_ref()
+            .map(|c| CompletionChannel { shared: c.clone() })
     }
 
     /// Moves up to `max` completions, oldest first, to the end of `out` (`ibv_poll_cq`);
@@ -199,7 +202,11 @@ impl Cq {
                 let n = (max - got).min(s.entries.len());
                 out.extend(s.entries.drain(..n));
                 got += n;
-                return if got >= min { Ok(got) } else { Err(Error::Timeout) };
+                return if got >= min {
+                    Ok(got)
+                } else {
+                    Err(Error::Timeout)
+                };
             }
         }
     }

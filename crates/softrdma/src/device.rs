@@ -10,10 +10,10 @@ use parking_lot::{Condvar, Mutex};
 use softrdma_iwarp::rdmap::QpEvent;
 use softrdma_memory::{KeyTable, PdId};
 
+use crate::Error;
 use crate::cq::{CompletionChannel, Cq};
 use crate::driver::{self, Cmd};
 use crate::qp::QpShared;
-use crate::Error;
 
 /// Name of the TCP (iWARP) device.
 pub const TCP_DEVICE_NAME: &str = "softrdma_tcp0";
@@ -237,7 +237,12 @@ impl Context {
             if let Some(ev) = q.pop_front() {
                 return Some(ev);
             }
-            if self.shared.events_cond.wait_until(&mut q, deadline).timed_out() {
+            if self
+                .shared
+                .events_cond
+                .wait_until(&mut q, deadline)
+                .timed_out()
+            {
                 return q.pop_front();
             }
         }

@@ -1,1 +1,73 @@
+//! softrdma's verbs API and its TCP (iWARP) driver.
+//!
+//! Names follow libibverbs and librdmacm, so a verbs user finds their way:
+//!
+//! ```text
+//! Device::list() / Context::open()      ibv_get_device_list / ibv_open_device
+//! Context::alloc_pd()                   ibv_alloc_pd
+//! Pd::reg_mr / alloc_mr / reg_mr_with   ibv_reg_mr          Mr::lkey() / rkey() = STag
+//! Pd::alloc_mw, Mw::bind                ibv_alloc_mw / ibv_bind_mw (types 1, 2A, 2B)
+//! Context::create_comp_channel          ibv_create_comp_channel (a pollable fd)
+//! Context::create_cq, Cq::poll          ibv_create_cq / ibv_poll_cq / ibv_req_notify_cq
+//! Pd::create_qp, Qp::post_send / recv   ibv_create_qp / ibv_post_send / ibv_post_recv
+//! Pd::create_srq, Srq::post_recv        ibv_create_srq / ibv_post_srq_recv
+//! Qp::connect, Listener, ConnRequest    rdma_connect / rdma_listen / rdma_accept / rdma_reject
+//! Qp::disconnect                        rdma_disconnect
+//! ```
+//!
+//! Work requests and completions are the engine's types ([`SendWr`], [`RecvWr`], [`Sge`],
+//! [`WorkCompletion`], ...), re-exported here.
+//!
+//! One progress thread per [`Context`] runs every connection of the context with `mio`
+//! (epoll): `TCP_NODELAY`, FPDUs no larger than the path MSS by default
+//! ([`FpduSize`]), FPDUs coalesced into large writes, completions to CQs and events to
+//! completion channels.
+//!
+//! ```no_run
+//! use softrdma::*;
+//! # fn main() -> Result<(), Error> {
+//! let ctx = Context::open()?;
+//! let pd = ctx.alloc_pd();
+//! let ch = ctx.create_comp_channel()?;
+//! let cq = ctx.create_cq(256, Some(&ch));
+//! let qp = pd.create_qp(QpInitAttr::new(&cq, &cq))?;
+//! let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
+//! qp.connect("127.0.0.1:4791", ConnectParams::default())?;
+//! mr.copy_in(0, b"hello")?;
+//! qp.post_send(SendWr::send(1, vec![mr.sge(0, 5)]))?;
+//! let mut wcs = Vec::new();
+//! cq.wait(1, 16, std::time::Duration::from_secs(5), &mut wcs)?;
+//! assert_eq!(wcs[0].status, WcStatus::Success);
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod cm;
+mod cq;
+mod device;
+mod driver;
+mod error;
+mod mr;
+mod qp;
+
+pub use cm::{
+    AcceptParams, ConnRequest, ConnectParams, Connection, FALLBACK_EMSS, FpduSize, ListenParams,
+    Listener,
+};
+pub use cq::{CompletionChannel, Cq};
+pub use device::{AsyncEvent, Context, Device, Pd, TCP_DEVICE_NAME};
+pub use error::Error;
+pub use mr::{Mr, MrAttr, Mw};
+pub use qp::{Qp, QpCap, QpInitAttr, QpState, Srq, SrqAttr};
+
+pub use softrdma_iwarp::rdmap::{QpCounters, QpEvent};
+pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
+pub use softrdma_iwarp::verbs_types::{
+    PostError, RecvWr, SendFlags, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode,
+};
+pub use softrdma_memory::{
+    Access, AccessError, Buffer, BufferReadGuard, BufferWriteGuard, Key, KeyState, MemError,
+    MrFlags, MwType, PdId, QpId,
+};

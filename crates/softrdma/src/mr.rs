@@ -15,9 +15,9 @@ use softrdma_memory::{
     PdId, QpId,
 };
 
+use crate::Error;
 use crate::device::{CtxShared, Pd};
 use crate::qp::Qp;
-use crate::Error;
 
 /// How to register a region: the part of the buffer, its virtual address and flags.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,7 +188,11 @@ impl Mr {
 
     /// An SGE covering the whole region (lengths above 2^32 - 1 are cut).
     pub fn sge_all(&self) -> Sge {
-        Sge::new(self.key, self.iova, u32::try_from(self.len).unwrap_or(u32::MAX))
+        Sge::new(
+            self.key,
+            self.iova,
+            u32::try_from(self.len).unwrap_or(u32::MAX),
+        )
     }
 
     /// Shared access to the whole buffer (index with

@@ -7,20 +7,20 @@
 //! always post, and the thread's placement never waits for a lock a poster holds.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, sync_channel};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 use softrdma_iwarp::rdmap::{QpCounters, QpEvent};
 use softrdma_iwarp::verbs_types::{PostError, RecvWr, SendFlags, SendWr, Sge, WrOpcode};
 use softrdma_memory::{Access, Key, KeyTable, MemError, PdId};
 
+use crate::Error;
 use crate::cm::Connection;
 use crate::cq::{Cq, CqShared};
 use crate::device::{CtxShared, Pd};
 use crate::driver::Cmd;
-use crate::Error;
 
 /// QP state (iWARP flavour of `ibv_qp_state`, as Linux siw names them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -322,8 +322,8 @@ impl Qp {
         let inline = self.check_send(&wr)?;
         {
             let mut sub = s.sub.lock();
-            let outstanding = s.sq_posted.load(Ordering::Relaxed)
-                - s.sq_retired.load(Ordering::Acquire);
+            let outstanding =
+                s.sq_posted.load(Ordering::Relaxed) - s.sq_retired.load(Ordering::Acquire);
             if outstanding >= u64::from(s.cap.max_send_wr) {
                 return Err(PostError::QueueFull.into());
             }
@@ -404,8 +404,8 @@ impl Qp {
         check_recv(&self.ctx.keys, s.pd, &wr, s.cap.max_recv_sge)?;
         {
             let mut sub = s.sub.lock();
-            let outstanding = s.rq_posted.load(Ordering::Relaxed)
-                - s.rq_retired.load(Ordering::Acquire);
+            let outstanding =
+                s.rq_posted.load(Ordering::Relaxed) - s.rq_retired.load(Ordering::Acquire);
             if outstanding >= u64::from(s.cap.max_recv_wr) {
                 return Err(PostError::QueueFull.into());
             }
@@ -468,7 +468,7 @@ impl Default for SrqAttr {
 
 pub(crate) struct SrqShared {
     pub(crate) pd: PdId,
-    attr: SrqAttr,
+    pub(crate) attr: SrqAttr,
     keys: Arc<KeyTable>,
     pub(crate) queue: Mutex<VecDeque<RecvWr>>,
 }

@@ -1,0 +1,1242 @@
+//! Two contexts in one process over loopback TCP (issue 3, Done-when 1): Send/Recv, RDMA
+//! Write and RDMA Read with 0, 1, 4095, 4096, 1 MiB and 64 MiB messages, unaligned offsets,
+//! several SGEs, many requests outstanding, every byte verified, completions in order; CRC
+//! and Markers on and off; the reject path; close and flush.
+//!
+//! Nothing sleeps to synchronise: waits block on completion channels (or the listener, or a
+//! connect), with generous timeouts as a safety net only.
+
+use std::time::{Duration, Instant};
+
+use softrdma::*;
+
+/// Safety net for every blocking wait: 60 s, or `SOFTRDMA_TEST_TIMEOUT` seconds (for runs
+/// under valgrind, which are ~50 times slower).
+static TIMEOUT: std::sync::LazyLock<Duration> = std::sync::LazyLock::new(|| {
+    let secs = std::env::var("SOFTRDMA_TEST_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    Duration::from_secs(secs)
+});
+
+const MIB: usize = 1024 * 1024;
+
+/// Deterministic non-repeating-looking octets.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+struct Side {
+    ctx: Context,
+    pd: Pd,
+    ch: CompletionChannel,
+    cq: Cq,
+    qp: Qp,
+}
+
+impl Side {
+    fn new(cap: QpCap) -> Side {
+        let ctx = Context::open().unwrap();
+        let pd = ctx.alloc_pd();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(4096, Some(&ch));
+        let qp = pd
+            .create_qp(QpInitAttr {
+                cap,
+                ..QpInitAttr::new(&cq, &cq)
+            })
+            .unwrap();
+        Side {
+            ctx,
+            pd,
+            ch,
+            cq,
+            qp,
+        }
+    }
+
+    fn mr(&self, len: usize) -> Mr {
+        self.pd
+            .alloc_mr(
+                len,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::MW_BIND,
+            )
+            .unwrap()
+    }
+
+    /// Blocks on the completion channel until `n` completions were polled.
+    fn wait(&self, n: usize) -> Vec<WorkCompletion> {
+        wait_cq(&self.cq, &self.ch, n)
+    }
+}
+
+fn wait_cq(cq: &Cq, ch: &CompletionChannel, n: usize) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + *TIMEOUT;
+    let mut out = Vec::with_capacity(n);
+    loop {
+        cq.poll(n - out.len(), &mut out);
+        if out.len() == n {
+            return out;
+        }
+        // Arm, then poll again: a completion that raced the arming is not lost.
+        cq.req_notify(false);
+        cq.poll(n - out.len(), &mut out);
+        if out.len() == n {
+            return out;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = ch.get_cq_event(Some(left));
+        assert!(
+            ev.is_some(),
+            "timed out with {} of {n} completions: {out:?}",
+            out.len()
+        );
+    }
+}
+
+/// A connected pair: `client` connected with `cp` to `server` accepted with `ap`.
+fn pair_with(cp: ConnectParams, lp: ListenParams, ap: AcceptParams, cap: QpCap) -> (Side, Side) {
+    let (client, server, ()) = pair_prepared(cp, lp, ap, cap, |_, _| {});
+    (client, server)
+}
+
+/// [`pair_with`], running `before` on both sides before they connect; returns what it
+/// returned.
+fn pair_prepared<T>(
+    cp: ConnectParams,
+    lp: ListenParams,
+    ap: AcceptParams,
+    cap: QpCap,
+    before: impl FnOnce(&Side, &Side) -> T,
+) -> (Side, Side, T) {
+    let client = Side::new(cap);
+    let server = Side::new(cap);
+    let prepared = before(&client, &server);
+    let listener = Listener::bind_with(&server.ctx, "127.0.0.1:0", lp).unwrap();
+    let addr = listener.local_addr();
+    std::thread::scope(|s| {
+        let c = s.spawn(|| client.qp.connect(addr, cp).unwrap());
+        let req = listener.accept_timeout(*TIMEOUT).unwrap();
+        let sc = req.accept(&server.qp, ap).unwrap();
+        let cc = c.join().unwrap();
+        assert_eq!(cc.negotiated.crc, sc.negotiated.crc);
+        assert_eq!(cc.negotiated.markers_tx, sc.negotiated.markers_rx);
+        assert_eq!(cc.negotiated.markers_rx, sc.negotiated.markers_tx);
+    });
+    assert_eq!(client.qp.state(), QpState::Rts);
+    (client, server, prepared)
+}
+
+fn pair() -> (Side, Side) {
+    pair_with(
+        ConnectParams::default(),
+        ListenParams::default(),
+        AcceptParams::default(),
+        QpCap::default(),
+    )
+}
+
+/// Splits `len` octets at `off` of `mr` into up to `n` SGEs of uneven lengths.
+fn sges(mr: &Mr, off: usize, len: usize, n: usize) -> Vec<Sge> {
+    if len == 0 {
+        return Vec::new();
+    }
+    let n = n.clamp(1, len);
+    let mut out = Vec::new();
+    let mut at = 0;
+    for i in 0..n {
+        let piece = if i + 1 == n {
+            len - at
+        } else {
+            (len / n) + i % 3
+        };
+        let piece = piece.min(len - at);
+        if piece == 0 {
+            continue;
+        }
+        out.push(mr.sge(off + at, piece as u32));
+        at += piece;
+    }
+    assert_eq!(at, len);
+    out
+}
+
+fn assert_ok(wc: &WorkCompletion, wr_id: u64, opcode: WcOpcode, len: usize) {
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len as usize),
+        (wr_id, WcStatus::Success, opcode, len),
+        "{wc:?}"
+    );
+}
+
+const SIZES: [usize; 5] = [0, 1, 4095, 4096, MIB];
+
+/// ISSUE3-DONE-1: Send/Recv at every size, unaligned, several SGEs, every byte checked.
+#[test]
+fn send_recv_sizes_unaligned_multi_sge() {
+    let (client, server) = pair();
+    let total: usize = SIZES.iter().map(|s| s + 64).sum();
+    let src = client.mr(total);
+    let dst = server.mr(total);
+    // Receives posted first, each at an odd offset of its own slice.
+    let mut at = 0;
+    let mut layout = Vec::new();
+    for (i, &len) in SIZES.iter().enumerate() {
+        let (soff, doff) = (at + 3 + i, at + 7 + 2 * i);
+        layout.push((len, soff, doff));
+        server
+            .qp
+            .post_recv(RecvWr::new(100 + i as u64, sges(&dst, doff, len, 3)))
+            .unwrap();
+        at += len + 64;
+    }
+    for (i, &(len, soff, _)) in layout.iter().enumerate() {
+        let data = pattern(len, i as u64 + 1);
+        src.copy_in(soff, &data).unwrap();
+        let wr = SendWr::send(i as u64, sges(&src, soff, len, 4));
+        client.qp.post_send(wr).unwrap();
+    }
+    let cw = client.wait(SIZES.len());
+    let sw = server.wait(SIZES.len());
+    for (i, &(len, _, doff)) in layout.iter().enumerate() {
+        assert_ok(&cw[i], i as u64, WcOpcode::Send, len);
+        assert_ok(&sw[i], 100 + i as u64, WcOpcode::Recv, len);
+        let mut got = vec![0u8; len];
+        dst.copy_out(doff, &mut got).unwrap();
+        assert!(got == pattern(len, i as u64 + 1), "Send of {len} octets");
+    }
+    // The octets around each message were not touched.
+    let g = dst.to_vec();
+    for &(len, _, doff) in &layout {
+        assert_eq!(g[doff - 1], 0);
+        assert_eq!(g[doff + len], 0);
+    }
+}
+
+/// ISSUE3-DONE-1: RDMA Write at every size, unaligned, several SGEs.
+#[test]
+fn write_sizes_unaligned_multi_sge() {
+    let (client, server) = pair();
+    let total: usize = SIZES.iter().map(|s| s + 64).sum();
+    let src = client.mr(total);
+    let dst = server.mr(total);
+    let mut at = 0;
+    let mut layout = Vec::new();
+    for (i, &len) in SIZES.iter().enumerate() {
+        let (soff, doff) = (at + 5 + i, at + 11 + i);
+        layout.push((len, doff));
+        let data = pattern(len, 50 + i as u64);
+        src.copy_in(soff, &data).unwrap();
+        let wr = SendWr::write(
+            i as u64,
+            sges(&src, soff, len, 3),
+            dst.rkey(),
+            dst.addr(doff),
+        );
+        client.qp.post_send(wr).unwrap();
+        at += len + 64;
+    }
+    // A Send after the Writes: its arrival proves every Write was placed (RDMAP ordering).
+    server.qp.post_recv(RecvWr::new(9, vec![])).unwrap();
+    client.qp.post_send(SendWr::send(99, vec![])).unwrap();
+    let cw = client.wait(SIZES.len() + 1);
+    for (i, &(len, _)) in layout.iter().enumerate() {
+        assert_ok(&cw[i], i as u64, WcOpcode::RdmaWrite, len);
+    }
+    assert_ok(&cw[SIZES.len()], 99, WcOpcode::Send, 0);
+    assert_ok(&server.wait(1)[0], 9, WcOpcode::Recv, 0);
+    for (i, &(len, doff)) in layout.iter().enumerate() {
+        let mut got = vec![0u8; len];
+        dst.copy_out(doff, &mut got).unwrap();
+        assert!(got == pattern(len, 50 + i as u64), "Write of {len} octets");
+    }
+}
+
+/// ISSUE3-DONE-1: RDMA Read at every size, unaligned source and sink.
+#[test]
+fn read_sizes_unaligned() {
+    let (client, server) = pair();
+    let total: usize = SIZES.iter().map(|s| s + 64).sum();
+    let sink = client.mr(total);
+    let source = server.mr(total);
+    let mut at = 0;
+    let mut layout = Vec::new();
+    for (i, &len) in SIZES.iter().enumerate() {
+        let (soff, doff) = (at + 13 + i, at + 1 + i);
+        layout.push((len, doff));
+        source.copy_in(soff, &pattern(len, 70 + i as u64)).unwrap();
+        let sge = (len > 0).then(|| sink.sge(doff, len as u32));
+        let wr = SendWr::read(i as u64, sge, source.rkey(), source.addr(soff));
+        client.qp.post_send(wr).unwrap();
+        at += len + 64;
+    }
+    let cw = client.wait(SIZES.len());
+    for (i, &(len, doff)) in layout.iter().enumerate() {
+        assert_ok(&cw[i], i as u64, WcOpcode::RdmaRead, len);
+        let mut got = vec![0u8; len];
+        sink.copy_out(doff, &mut got).unwrap();
+        assert!(got == pattern(len, 70 + i as u64), "Read of {len} octets");
+    }
+}
+
+/// ISSUE3-DONE-1: 64 MiB Write, Read and Send, unaligned, every byte checked.
+#[test]
+fn sixty_four_mib_write_read_send() {
+    let len = 64 * MIB;
+    let (client, server) = pair();
+    let src = client.mr(len + 64);
+    let back = client.mr(len + 64);
+    let dst = server.mr(len + 64);
+    let rbuf = server.mr(len + 64);
+    let data = pattern(len, 64);
+    src.copy_in(3, &data).unwrap();
+    server
+        .qp
+        .post_recv(RecvWr::new(1, sges(&rbuf, 9, len, 2)))
+        .unwrap();
+    client
+        .qp
+        .post_send(SendWr::write(
+            1,
+            sges(&src, 3, len, 2),
+            dst.rkey(),
+            dst.addr(5),
+        ))
+        .unwrap();
+    // Read back what the Write placed: RDMAP orders a Read Response after the earlier
+    // Write's placement at the responder.
+    client
+        .qp
+        .post_send(SendWr::read(
+            2,
+            Some(back.sge(1, len as u32)),
+            dst.rkey(),
+            dst.addr(5),
+        ))
+        .unwrap();
+    client
+        .qp
+        .post_send(SendWr::send(3, vec![src.sge(3, len as u32)]))
+        .unwrap();
+    let cw = client.wait(3);
+    assert_ok(&cw[0], 1, WcOpcode::RdmaWrite, len);
+    assert_ok(&cw[1], 2, WcOpcode::RdmaRead, len);
+    assert_ok(&cw[2], 3, WcOpcode::Send, len);
+    assert_ok(&server.wait(1)[0], 1, WcOpcode::Recv, len);
+    assert!(dst.buffer().read()[5..5 + len] == data[..], "64 MiB Write");
+    assert!(back.buffer().read()[1..1 + len] == data[..], "64 MiB Read");
+    assert!(rbuf.buffer().read()[9..9 + len] == data[..], "64 MiB Send");
+}
+
+/// ISSUE3-DONE-1: many requests outstanding at once (Sends, Writes, Reads interleaved, some
+/// unsignaled), completions in submission order, every byte checked.
+#[test]
+fn many_outstanding_in_order() {
+    let cap = QpCap {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        ..QpCap::default()
+    };
+    let (client, server) = pair_with(
+        ConnectParams::default(),
+        ListenParams::default(),
+        AcceptParams::default(),
+        cap,
+    );
+    const N: usize = 300;
+    const LEN: usize = 3001;
+    let src = client.mr(N * 4096);
+    let sink = client.mr(N * 4096);
+    let dst = server.mr(N * 4096);
+    let rbuf = server.mr(N * 4096);
+    for i in 0..N {
+        src.copy_in(i * 4096 + 1, &pattern(LEN, 1000 + i as u64))
+            .unwrap();
+        dst.copy_in(i * 4096 + 2, &pattern(LEN, 5000 + i as u64))
+            .unwrap();
+    }
+    let sends: Vec<usize> = (0..N).filter(|i| i % 3 == 0).collect();
+    for (k, &i) in sends.iter().enumerate() {
+        server
+            .qp
+            .post_recv(RecvWr::new(
+                k as u64,
+                vec![rbuf.sge(i * 4096 + 3, LEN as u32)],
+            ))
+            .unwrap();
+    }
+    let mut signaled = Vec::new();
+    for i in 0..N {
+        let off = i * 4096;
+        let mut wr = match i % 3 {
+            0 => SendWr::send(i as u64, sges(&src, off + 1, LEN, 2)),
+            // Writes go to the second half of each destination slot.
+            1 => SendWr::write(
+                i as u64,
+                vec![src.sge(off + 1, LEN as u32)],
+                dst.rkey(),
+                dst.addr(off + 3000 + 7) - 3000,
+            ),
+            _ => SendWr::read(
+                i as u64,
+                Some(sink.sge(off + 5, LEN as u32)),
+                dst.rkey(),
+                dst.addr(off + 2),
+            ),
+        };
+        if i % 7 == 3 {
+            wr.flags = SendFlags::empty();
+        } else {
+            signaled.push(i as u64);
+        }
+        client.qp.post_send(wr).unwrap();
+    }
+    let cw = client.wait(signaled.len());
+    let ids: Vec<u64> = cw.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, signaled, "send-queue completions in submission order");
+    assert!(cw.iter().all(|w| w.status == WcStatus::Success));
+    let sw = server.wait(sends.len());
+    for (k, w) in sw.iter().enumerate() {
+        assert_ok(w, k as u64, WcOpcode::Recv, LEN);
+    }
+    for (k, &i) in sends.iter().enumerate() {
+        let mut got = vec![0u8; LEN];
+        rbuf.copy_out(i * 4096 + 3, &mut got).unwrap();
+        assert!(got == pattern(LEN, 1000 + i as u64), "Send {k}");
+    }
+    for i in (0..N).filter(|i| i % 3 == 2) {
+        let mut got = vec![0u8; LEN];
+        sink.copy_out(i * 4096 + 5, &mut got).unwrap();
+        assert!(got == pattern(LEN, 5000 + i as u64), "Read {i}");
+    }
+    for i in (0..N).filter(|i| i % 3 == 1) {
+        let mut got = vec![0u8; LEN];
+        dst.copy_out(i * 4096 + 7, &mut got).unwrap();
+        assert!(got == pattern(LEN, 1000 + i as u64), "Write {i}");
+    }
+    assert_eq!(client.qp.sq_outstanding(), 0);
+}
+
+/// Send, Write and Read of a few sizes over one connection with the given MPA options.
+fn exercise(cp: ConnectParams, lp: ListenParams, fpdu: FpduSize) -> (Connection, Side, Side) {
+    let (client, server) = pair_with(
+        cp,
+        lp,
+        AcceptParams {
+            fpdu,
+            ..AcceptParams::default()
+        },
+        QpCap::default(),
+    );
+    let conn = client.qp.connection().unwrap();
+    let sizes = [1usize, 511, 512, 513, 4096, 100_003];
+    let total: usize = sizes.iter().map(|s| s + 16).sum();
+    let a = client.mr(total);
+    let b = server.mr(total);
+    let c = server.mr(total);
+    let mut at = 0;
+    let mut n = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = pattern(len, 300 + i as u64);
+        a.copy_in(at + 1, &data).unwrap();
+        b.copy_in(at + 2, &data).unwrap();
+        server
+            .qp
+            .post_recv(RecvWr::new(i as u64, vec![c.sge(at + 3, len as u32)]))
+            .unwrap();
+        client
+            .qp
+            .post_send(SendWr::send(n, vec![a.sge(at + 1, len as u32)]))
+            .unwrap();
+        client
+            .qp
+            .post_send(SendWr::write(
+                n + 1,
+                vec![a.sge(at + 1, len as u32)],
+                b.rkey(),
+                b.addr(at + 5) - 3,
+            ))
+            .unwrap();
+        client
+            .qp
+            .post_send(SendWr::read(
+                n + 2,
+                Some(a.sge(at + 9, len as u32)),
+                b.rkey(),
+                b.addr(at + 2),
+            ))
+            .unwrap();
+        n += 3;
+        at += len + 16;
+    }
+    let cw = client.wait(n as usize);
+    assert!(
+        cw.iter()
+            .enumerate()
+            .all(|(i, w)| w.wr_id == i as u64 && w.status == WcStatus::Success)
+    );
+    let sw = server.wait(sizes.len());
+    let mut at = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        assert_ok(&sw[i], i as u64, WcOpcode::Recv, len);
+        let data = pattern(len, 300 + i as u64);
+        let mut got = vec![0u8; len];
+        c.copy_out(at + 3, &mut got).unwrap();
+        assert!(got == data, "Send {len}");
+        at += len + 16;
+    }
+    (conn, client, server)
+}
+
+/// MPA-30, MPA-56: CRC and Markers, each on and off, end to end (either side asking turns
+/// CRC on; Markers per direction).
+#[test]
+fn crc_and_markers_matrix() {
+    for (crc_c, crc_s, mk_c, mk_s) in [
+        (false, false, false, false),
+        (true, false, false, false),
+        (false, true, false, false),
+        (false, false, true, false),
+        (false, false, false, true),
+        (true, true, true, true),
+    ] {
+        let cp = ConnectParams {
+            crc: crc_c,
+            markers: mk_c,
+            ..ConnectParams::default()
+        };
+        let lp = ListenParams {
+            crc: crc_s,
+            markers: mk_s,
+            ..ListenParams::default()
+        };
+        let (conn, client, server) = exercise(cp, lp, FpduSize::PathMss);
+        let n = &conn.negotiated;
+        assert_eq!(n.crc, crc_c || crc_s);
+        assert_eq!(n.markers_rx, mk_c);
+        assert_eq!(n.markers_tx, mk_s);
+        assert_eq!(client.qp.state(), QpState::Rts);
+        assert_eq!(server.qp.state(), QpState::Rts);
+    }
+}
+
+/// MPA-61: a revision 1 initiator gets a revision 1 answer (no IRD/ORD word); data moves.
+#[test]
+fn mpa_revision_1() {
+    let cp = ConnectParams {
+        rev: 1,
+        crc: true,
+        ..ConnectParams::default()
+    };
+    let (conn, _c, _s) = exercise(cp, ListenParams::default(), FpduSize::PathMss);
+    assert_eq!(conn.negotiated.rev, 1);
+}
+
+/// FENCE: a Send of the buffer an earlier RDMA Read fills waits for the Read Response, so
+/// it carries the data read, not the buffer's old contents.
+#[test]
+fn fenced_send_after_read() {
+    let (client, server) = pair();
+    let len = 256 * 1024;
+    let remote = server.mr(len);
+    remote.copy_in(0, &pattern(len, 77)).unwrap();
+    let rbuf = server.mr(len);
+    let local = client.mr(len);
+    server
+        .qp
+        .post_recv(RecvWr::new(1, vec![rbuf.sge(0, len as u32)]))
+        .unwrap();
+    client
+        .qp
+        .post_send(SendWr::read(
+            1,
+            Some(local.sge(0, len as u32)),
+            remote.rkey(),
+            remote.addr(0),
+        ))
+        .unwrap();
+    client
+        .qp
+        .post_send(
+            SendWr::send(2, vec![local.sge(0, len as u32)])
+                .with_flags(SendFlags::SIGNALED | SendFlags::FENCE),
+        )
+        .unwrap();
+    let cw = client.wait(2);
+    assert_ok(&cw[0], 1, WcOpcode::RdmaRead, len);
+    assert_ok(&cw[1], 2, WcOpcode::Send, len);
+    assert_ok(&server.wait(1)[0], 1, WcOpcode::Recv, len);
+    assert!(rbuf.to_vec() == pattern(len, 77));
+}
+
+/// MPA-04: FPDUs fit the MSS by default; a small fixed MULPDU and the largest one work too.
+#[test]
+fn fpdu_sizes() {
+    for fpdu in [
+        FpduSize::Mulpdu(128),
+        FpduSize::Mulpdu(1000),
+        FpduSize::Largest,
+    ] {
+        let cp = ConnectParams {
+            fpdu,
+            crc: true,
+            ..ConnectParams::default()
+        };
+        let (conn, _c, _s) = exercise(cp, ListenParams::default(), fpdu);
+        assert_eq!(conn.mulpdu, fpdu.mulpdu(conn.emss, false));
+    }
+    let (client, _server) = pair();
+    let conn = client.qp.connection().unwrap();
+    assert!(conn.mulpdu as u32 + 6 <= conn.emss, "{conn:?}");
+}
+
+/// MPA-71, MPA-67: the responder rejects with private data; the initiator sees it and its
+/// QP is back in Init, ready for a second attempt, which is accepted.
+#[test]
+fn reject_then_accept() {
+    let client = Side::new(QpCap::default());
+    let server = Side::new(QpCap::default());
+    let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            client.qp.connect(
+                addr,
+                ConnectParams {
+                    private_data: b"let me in".to_vec(),
+                    ..ConnectParams::default()
+                },
+            )
+        });
+        let req = listener.accept_timeout(*TIMEOUT).unwrap();
+        assert_eq!(req.private_data(), b"let me in");
+        assert_eq!(req.peer_ird_ord(), Some((16, 16)));
+        req.reject(b"go away").unwrap();
+        match c.join().unwrap() {
+            Err(Error::Rejected { private_data }) => assert_eq!(private_data, b"go away"),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    });
+    assert_eq!(client.qp.state(), QpState::Init);
+    std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            client.qp.connect(
+                addr,
+                ConnectParams {
+                    private_data: b"again".to_vec(),
+                    ird: 3,
+                    ord: 5,
+                    ..ConnectParams::default()
+                },
+            )
+        });
+        let req = listener.accept_timeout(*TIMEOUT).unwrap();
+        assert_eq!(req.private_data(), b"again");
+        assert_eq!(req.peer_ird_ord(), Some((3, 5)));
+        let sc = req
+            .accept(
+                &server.qp,
+                AcceptParams {
+                    private_data: b"welcome".to_vec(),
+                    ird: 7,
+                    ord: 9,
+                    ..AcceptParams::default()
+                },
+            )
+            .unwrap();
+        let cc = c.join().unwrap().unwrap();
+        assert_eq!(cc.negotiated.peer_private_data, b"welcome");
+        assert_eq!(sc.negotiated.peer_private_data, b"again");
+        // RFC 6581: the responder's ORD is capped by the initiator's IRD.
+        assert_eq!((sc.negotiated.ird, sc.negotiated.ord), (7, 3));
+        assert_eq!(cc.negotiated.ird, 3);
+    });
+    assert_eq!(client.qp.state(), QpState::Rts);
+    assert_eq!(server.qp.state(), QpState::Rts);
+}
+
+/// A connect to a port nobody listens on fails with an I/O error and leaves the QP in Init.
+#[test]
+fn connect_refused() {
+    let client = Side::new(QpCap::default());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let r = client.qp.connect(port, ConnectParams::default());
+    assert!(matches!(r, Err(Error::Io(_))), "{r:?}");
+    assert_eq!(client.qp.state(), QpState::Init);
+}
+
+/// RFC 6581 peer-to-peer mode: after the RTR the responder may send first.
+#[test]
+fn peer_to_peer_responder_sends_first() {
+    let (client, server) = pair_with(
+        ConnectParams {
+            p2p: true,
+            ..ConnectParams::default()
+        },
+        ListenParams::default(),
+        AcceptParams::default(),
+        QpCap::default(),
+    );
+    assert_eq!(
+        client.qp.connection().unwrap().negotiated.rtr,
+        Some(Rtr::ZeroLengthWrite)
+    );
+    let m = server.mr(64);
+    let r = client.mr(64);
+    m.copy_in(0, b"server speaks first").unwrap();
+    client
+        .qp
+        .post_recv(RecvWr::new(1, vec![r.sge(0, 64)]))
+        .unwrap();
+    server
+        .qp
+        .post_send(SendWr::send(2, vec![m.sge(0, 19)]))
+        .unwrap();
+    assert_ok(&client.wait(1)[0], 1, WcOpcode::Recv, 19);
+    assert_ok(&server.wait(1)[0], 2, WcOpcode::Send, 19);
+    assert_eq!(&r.to_vec()[..19], b"server speaks first");
+}
+
+/// MPA-73 (RFC 5044 §7.1.2 r4): by default the responder sends nothing before the
+/// initiator's first FPDU. The server posts a Send at once; it leaves only after the
+/// client's Send arrived, so the server's CQ shows the Recv before the Send.
+#[test]
+fn responder_waits_for_first_fpdu() {
+    let (client, server) = pair();
+    let sm = server.mr(64);
+    let cm = client.mr(64);
+    sm.copy_in(0, b"after you").unwrap();
+    server
+        .qp
+        .post_recv(RecvWr::new(1, vec![sm.sge(32, 32)]))
+        .unwrap();
+    client
+        .qp
+        .post_recv(RecvWr::new(2, vec![cm.sge(0, 32)]))
+        .unwrap();
+    server
+        .qp
+        .post_send(SendWr::send(3, vec![sm.sge(0, 9)]))
+        .unwrap();
+    client
+        .qp
+        .post_send(SendWr::send(4, vec![cm.sge(40, 3)]))
+        .unwrap();
+    let sw = server.wait(2);
+    assert_ok(&sw[0], 1, WcOpcode::Recv, 3);
+    assert_ok(&sw[1], 3, WcOpcode::Send, 9);
+    let cw = client.wait(2);
+    let mut ids: Vec<u64> = cw.iter().map(|w| w.wr_id).collect();
+    ids.sort();
+    assert_eq!(ids, [2, 4]);
+    assert_eq!(&cm.to_vec()[..9], b"after you");
+}
+
+/// With `early_fpdus` (Linux siw's behaviour) the responder sends right after its Reply,
+/// before the initiator has sent anything; our initiator takes those FPDUs.
+#[test]
+fn early_fpdus_responder_sends_first() {
+    let (client, server, cm) = pair_prepared(
+        ConnectParams::default(),
+        ListenParams {
+            early_fpdus: true,
+            ..ListenParams::default()
+        },
+        AcceptParams::default(),
+        QpCap::default(),
+        |client, _| {
+            // Registered and posted before the connection exists.
+            let m = client.mr(64);
+            client
+                .qp
+                .post_recv(RecvWr::new(1, vec![m.sge(0, 64)]))
+                .unwrap();
+            m
+        },
+    );
+    let sm = server.mr(64);
+    sm.copy_in(0, b"me first").unwrap();
+    server
+        .qp
+        .post_send(SendWr::send(2, vec![sm.sge(0, 8)]))
+        .unwrap();
+    assert_ok(&server.wait(1)[0], 2, WcOpcode::Send, 8);
+    assert_ok(&client.wait(1)[0], 1, WcOpcode::Recv, 8);
+    assert_eq!(&cm.to_vec()[..8], b"me first");
+}
+
+/// Unsignaled requests complete silently; INLINE data is copied at post time.
+#[test]
+fn unsignaled_and_inline() {
+    let (client, server) = pair();
+    let src = client.mr(4096);
+    let dst = server.mr(4096);
+    src.copy_in(0, b"inline payload!").unwrap();
+    server
+        .qp
+        .post_recv(RecvWr::new(7, vec![dst.sge(100, 200)]))
+        .unwrap();
+    client
+        .qp
+        .post_send(
+            SendWr::write(1, vec![src.sge(0, 15)], dst.rkey(), dst.addr(0))
+                .with_flags(SendFlags::empty()),
+        )
+        .unwrap();
+    client
+        .qp
+        .post_send(
+            SendWr::send(2, vec![src.sge(0, 6), src.sge(6, 9)])
+                .with_flags(SendFlags::SIGNALED | SendFlags::INLINE | SendFlags::SOLICITED),
+        )
+        .unwrap();
+    // Overwrite at once: the inline Send already holds its copy.
+    src.copy_in(0, b"XXXXXXXXXXXXXXX").unwrap();
+    let cw = client.wait(1);
+    assert_ok(&cw[0], 2, WcOpcode::Send, 15);
+    let sw = server.wait(1);
+    assert_ok(&sw[0], 7, WcOpcode::Recv, 15);
+    assert!(sw[0].flags.solicited);
+    assert_eq!(&dst.to_vec()[100..115], b"inline payload!");
+    assert!(client.cq.is_empty());
+    // Inline beyond the limit is refused at post time.
+    let big = client
+        .qp
+        .post_send(SendWr::send(3, vec![src.sge(0, 4000)]).with_flags(SendFlags::INLINE));
+    assert!(
+        matches!(big, Err(Error::Post(PostError::Inline { .. }))),
+        "{big:?}"
+    );
+}
+
+/// Post-time checks: SGE limits, bad L_Keys, queue depth.
+#[test]
+fn post_time_errors() {
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_send_sge: 2,
+        ..QpCap::default()
+    };
+    let client = Side::new(cap);
+    let mr = client.mr(64);
+    let r = client.qp.post_send(SendWr::send(
+        1,
+        vec![mr.sge(0, 1), mr.sge(1, 1), mr.sge(2, 1)],
+    ));
+    assert!(
+        matches!(r, Err(Error::Post(PostError::TooManySge { max: 2 }))),
+        "{r:?}"
+    );
+    let r = client.qp.post_send(SendWr::send(1, vec![mr.sge(60, 8)]));
+    assert!(
+        matches!(
+            r,
+            Err(Error::Post(PostError::LocalProtection {
+                sge: 0,
+                error: AccessError::Bounds
+            }))
+        ),
+        "{r:?}"
+    );
+    let bad = Sge::new(Key(mr.lkey().0 ^ 1), 0, 4);
+    let r = client.qp.post_send(SendWr::send(1, vec![bad]));
+    assert!(
+        matches!(r, Err(Error::Post(PostError::LocalProtection { .. }))),
+        "{r:?}"
+    );
+    // Before the connection, sends queue up to the depth.
+    for i in 0..4 {
+        client.qp.post_send(SendWr::send(i, vec![])).unwrap();
+    }
+    let r = client.qp.post_send(SendWr::send(9, vec![]));
+    assert!(matches!(r, Err(Error::Post(PostError::QueueFull))), "{r:?}");
+}
+
+/// Orderly close: outstanding receives are flushed on both sides, in order, and the QPs
+/// end in Closed (ours) and Error (the peer's).
+#[test]
+fn disconnect_flushes() {
+    let (client, server) = pair();
+    let m = server.mr(4096);
+    let c = client.mr(4096);
+    for i in 0..5 {
+        server
+            .qp
+            .post_recv(RecvWr::new(i, vec![m.sge(0, 64)]))
+            .unwrap();
+        client
+            .qp
+            .post_recv(RecvWr::new(10 + i, vec![c.sge(0, 64)]))
+            .unwrap();
+    }
+    client
+        .qp
+        .post_send(SendWr::send(1, vec![c.sge(0, 10)]))
+        .unwrap();
+    assert_ok(&client.wait(1)[0], 1, WcOpcode::Send, 10);
+    assert_ok(&server.wait(1)[0], 0, WcOpcode::Recv, 10);
+    client.qp.disconnect().unwrap();
+    let cw = client.wait(5);
+    let sw = server.wait(4);
+    for (i, w) in cw.iter().enumerate() {
+        assert_eq!(
+            (w.wr_id, w.status),
+            (10 + i as u64, WcStatus::WorkRequestFlushed)
+        );
+    }
+    for (i, w) in sw.iter().enumerate() {
+        assert_eq!(
+            (w.wr_id, w.status),
+            (1 + i as u64, WcStatus::WorkRequestFlushed)
+        );
+    }
+    assert_eq!(client.qp.state(), QpState::Closed);
+    let deadline = Instant::now() + *TIMEOUT;
+    let mut saw = false;
+    while !saw {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match server.ctx.get_async_event(left) {
+            Some(AsyncEvent::Disconnected { qp_num }) => saw = qp_num == server.qp.qp_num(),
+            Some(_) => {}
+            None => panic!("no Disconnected event"),
+        }
+    }
+    assert_eq!(server.qp.state(), QpState::Error);
+    // Posting on a dead QP completes at once, flushed.
+    server.qp.post_recv(RecvWr::new(77, vec![])).unwrap();
+    let w = server.wait(1);
+    assert_eq!(
+        (w[0].wr_id, w[0].status),
+        (77, WcStatus::WorkRequestFlushed)
+    );
+}
+
+/// RDMAP-109: a Write to an unknown STag. The Write completed when it was sent
+/// (RDMAP-80); the responder's Terminate (Remote Protection, Invalid STag) fails the Read
+/// behind it, both QPs go to Error, the requester sees exactly the Terminate the responder
+/// sent, and no byte lands anywhere.
+#[test]
+fn remote_access_error_terminates() {
+    let (client, server) = pair();
+    let src = client.mr(4096);
+    let sink = client.mr(4096);
+    let dst = server.mr(4096);
+    dst.copy_in(0, b"readable").unwrap();
+    let bad = Key(dst.rkey().0.wrapping_add(0x100));
+    client
+        .qp
+        .post_send(SendWr::write(1, vec![src.sge(0, 100)], bad, 0))
+        .unwrap();
+    client
+        .qp
+        .post_send(SendWr::read(
+            2,
+            Some(sink.sge(0, 8)),
+            dst.rkey(),
+            dst.addr(0),
+        ))
+        .unwrap();
+    let cw = client.wait(2);
+    assert_ok(&cw[0], 1, WcOpcode::RdmaWrite, 100);
+    assert_eq!(cw[1].wr_id, 2);
+    assert!(
+        matches!(
+            cw[1].status,
+            WcStatus::RemoteAccess | WcStatus::WorkRequestFlushed
+        ),
+        "{cw:?}"
+    );
+    let sent = wait_event(&server, |e| match e {
+        QpEvent::LocalError(t) => Some(t),
+        _ => None,
+    });
+    let got = wait_event(&client, |e| match e {
+        QpEvent::TerminateReceived(t) => Some(t),
+        _ => None,
+    });
+    assert_eq!(sent, got);
+    let code = format!("{:?}", sent);
+    assert!(code.contains("InvalidStag"), "{code}");
+    wait_state(&client, QpState::Error);
+    wait_state(&server, QpState::Error);
+    assert_eq!(&dst.to_vec()[..8], b"readable");
+    assert!(dst.to_vec()[8..].iter().all(|&b| b == 0));
+    assert!(sink.to_vec().iter().all(|&b| b == 0));
+}
+
+/// The first QP event `f` picks, from the context's async events.
+fn wait_event<T>(side: &Side, f: impl Fn(QpEvent) -> Option<T>) -> T {
+    let deadline = Instant::now() + *TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match side.ctx.get_async_event(left) {
+            Some(AsyncEvent::Qp { event, .. }) => {
+                if let Some(t) = f(event) {
+                    return t;
+                }
+            }
+            Some(_) => {}
+            None => panic!("no such event"),
+        }
+    }
+}
+
+/// Waits for `qp` to reach `want`, blocking on the context's async events (every state
+/// change of a dying stream is followed by one: Terminate, LLP error or Disconnected).
+fn wait_state(side: &Side, want: QpState) {
+    let deadline = Instant::now() + *TIMEOUT;
+    while side.qp.state() != want {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            side.ctx.get_async_event(left).is_some(),
+            "QP stuck in {:?}",
+            side.qp.state()
+        );
+    }
+}
+
+/// Memory windows: a type 2 window bound on the server, written through by the client,
+/// invalidated by the client's Send with Invalidate, then refused.
+#[test]
+fn memory_window_type2_bind_write_remote_invalidate() {
+    let (client, server) = pair();
+    let region = server.mr(8192);
+    let mw = server.pd.alloc_mw(MwType::Type2B).unwrap();
+    let rkey = mw
+        .bind(
+            &server.qp,
+            &region,
+            region.addr(4096),
+            1024,
+            Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    assert_eq!(mw.state(), KeyState::Valid);
+    let src = client.mr(4096);
+    src.copy_in(0, &pattern(1024, 9)).unwrap();
+    server.qp.post_recv(RecvWr::new(1, vec![])).unwrap();
+    client
+        .qp
+        .post_send(SendWr::write(
+            1,
+            vec![src.sge(0, 1024)],
+            rkey,
+            region.addr(4096),
+        ))
+        .unwrap();
+    client
+        .qp
+        .post_send(SendWr::send_with_invalidate(2, vec![], rkey))
+        .unwrap();
+    let cw = client.wait(2);
+    assert_ok(&cw[0], 1, WcOpcode::RdmaWrite, 1024);
+    assert_ok(&cw[1], 2, WcOpcode::Send, 0);
+    let sw = server.wait(1);
+    assert_ok(&sw[0], 1, WcOpcode::Recv, 0);
+    assert!(sw[0].flags.with_invalidate);
+    assert_eq!(sw[0].invalidated_key, Some(rkey));
+    assert_eq!(mw.state(), KeyState::Free);
+    assert!(region.to_vec()[4096..5120] == pattern(1024, 9)[..]);
+    // Free again: it can be rebound (new key), and invalidated locally in SQ order.
+    let rkey2 = mw
+        .bind(&server.qp, &region, region.addr(0), 16, Access::REMOTE_READ)
+        .unwrap();
+    assert_ne!(rkey, rkey2);
+    server.qp.invalidate(rkey2).unwrap();
+    assert_eq!(mw.state(), KeyState::Free);
+}
+
+/// A type 1 window bound by the verb and read by the peer; rebinding changes the key.
+#[test]
+fn memory_window_type1_read() {
+    let (client, server) = pair();
+    let region = server.mr(4096);
+    region.copy_in(100, b"window contents").unwrap();
+    let mw = server.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = mw
+        .bind(
+            &server.qp,
+            &region,
+            region.addr(100),
+            15,
+            Access::REMOTE_READ,
+        )
+        .unwrap();
+    let sink = client.mr(64);
+    client
+        .qp
+        .post_send(SendWr::read(
+            1,
+            Some(sink.sge(0, 15)),
+            rkey,
+            region.addr(100),
+        ))
+        .unwrap();
+    assert_ok(&client.wait(1)[0], 1, WcOpcode::RdmaRead, 15);
+    assert_eq!(&sink.to_vec()[..15], b"window contents");
+    let again = mw
+        .bind(&server.qp, &region, region.addr(0), 8, Access::REMOTE_READ)
+        .unwrap();
+    assert_ne!(again, rkey);
+    assert_eq!(server.ctx.key_table().state(rkey), KeyState::Invalid);
+}
+
+/// A shared receive queue feeds two QPs: each Send takes the next buffer, whichever QP it
+/// arrives on, and completes on that QP's receive CQ.
+#[test]
+fn shared_receive_queue_two_qps() {
+    let server_ctx = Context::open().unwrap();
+    let pd = server_ctx.alloc_pd();
+    let ch = server_ctx.create_comp_channel().unwrap();
+    let scq = server_ctx.create_cq(256, Some(&ch));
+    let rcq = server_ctx.create_cq(256, Some(&ch));
+    let srq = pd.create_srq(SrqAttr::default()).unwrap();
+    let buf = pd.alloc_mr(16 * 256, Access::LOCAL_WRITE).unwrap();
+    for i in 0..16u64 {
+        srq.post_recv(RecvWr::new(i, vec![buf.sge(i as usize * 256, 256)]))
+            .unwrap();
+    }
+    let listener = Listener::bind(&server_ctx, "127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let sqps: Vec<Qp> = (0..2)
+        .map(|_| {
+            pd.create_qp(QpInitAttr {
+                srq: Some(srq.clone()),
+                ..QpInitAttr::new(&scq, &rcq)
+            })
+            .unwrap()
+        })
+        .collect();
+    assert!(matches!(
+        sqps[0].post_recv(RecvWr::new(0, vec![])),
+        Err(Error::SrqAttached)
+    ));
+    let clients: Vec<Side> = (0..2).map(|_| Side::new(QpCap::default())).collect();
+    for (c, sqp) in clients.iter().zip(&sqps) {
+        std::thread::scope(|s| {
+            let h = s.spawn(|| c.qp.connect(addr, ConnectParams::default()).unwrap());
+            listener
+                .accept_timeout(*TIMEOUT)
+                .unwrap()
+                .accept(sqp, AcceptParams::default())
+                .unwrap();
+            h.join().unwrap();
+        });
+    }
+    let mut sent = 0;
+    for (k, c) in clients.iter().enumerate() {
+        let m = c.mr(256);
+        m.copy_in(0, &pattern(100 + k, k as u64)).unwrap();
+        for j in 0..3u64 {
+            c.qp.post_send(SendWr::send(j, vec![m.sge(0, 100 + k as u32)]))
+                .unwrap();
+            sent += 1;
+        }
+        let w = c.wait(3);
+        assert!(w.iter().all(|w| w.status == WcStatus::Success));
+    }
+    let rw = wait_cq(&rcq, &ch, sent);
+    let mut ids: Vec<u64> = rw.iter().map(|w| w.wr_id).collect();
+    ids.sort();
+    assert_eq!(ids, (0..6).collect::<Vec<_>>());
+    assert_eq!(srq.len(), 10);
+    for w in &rw {
+        assert_eq!(w.status, WcStatus::Success);
+        let k = w.byte_len as usize - 100;
+        let mut got = vec![0u8; 100 + k];
+        buf.copy_out(w.wr_id as usize * 256, &mut got).unwrap();
+        assert!(got == pattern(100 + k, k as u64));
+    }
+    assert!(scq.is_empty());
+}
+
+/// Notification: "solicited only" ignores a plain Send and fires for a solicited one; the
+/// channel's fd polls readable exactly while an event waits.
+#[test]
+fn solicited_notification_and_pollable_fd() {
+    use std::os::fd::AsRawFd;
+    let client = Side::new(QpCap::default());
+    // A server whose receive CQ has its own channel.
+    let server_ctx = Context::open().unwrap();
+    let pd = server_ctx.alloc_pd();
+    let ch = server_ctx.create_comp_channel().unwrap();
+    let rcq = server_ctx.create_cq(16, Some(&ch));
+    let scq = server_ctx.create_cq(16, None);
+    let sqp = pd.create_qp(QpInitAttr::new(&scq, &rcq)).unwrap();
+    let listener = Listener::bind(&server_ctx, "127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| client.qp.connect(addr, ConnectParams::default()).unwrap());
+        listener
+            .accept_timeout(*TIMEOUT)
+            .unwrap()
+            .accept(&sqp, AcceptParams::default())
+            .unwrap();
+        h.join().unwrap();
+    });
+    let mut poll = mio::Poll::new().unwrap();
+    let fd = ch.as_raw_fd();
+    poll.registry()
+        .register(
+            &mut mio::unix::SourceFd(&fd),
+            mio::Token(1),
+            mio::Interest::READABLE,
+        )
+        .unwrap();
+    let mut events = mio::Events::with_capacity(4);
+    let m = pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    sqp.post_recv(RecvWr::new(1, vec![m.sge(0, 8)])).unwrap();
+    sqp.post_recv(RecvWr::new(2, vec![m.sge(8, 8)])).unwrap();
+    rcq.req_notify(true);
+    let cm = client.mr(16);
+    client
+        .qp
+        .post_send(SendWr::send(1, vec![cm.sge(0, 4)]))
+        .unwrap();
+    client
+        .qp
+        .post_send(
+            SendWr::send(2, vec![cm.sge(0, 4)])
+                .with_flags(SendFlags::SIGNALED | SendFlags::SOLICITED),
+        )
+        .unwrap();
+    client.wait(2);
+    // The event arrives for the solicited Send, and only one.
+    let cq = ch.get_cq_event(Some(*TIMEOUT)).expect("solicited event");
+    assert_eq!(cq, rcq);
+    let mut w = Vec::new();
+    rcq.poll(8, &mut w);
+    assert_eq!(w.len(), 2);
+    assert!(!w[0].flags.solicited && w[1].flags.solicited);
+    assert!(ch.try_get_cq_event().is_none());
+    poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+    assert!(events.is_empty(), "fd readable without an event");
+    // Arm for anything: the next completion makes the fd readable.
+    rcq.req_notify(false);
+    sqp.post_recv(RecvWr::new(3, vec![m.sge(16, 8)])).unwrap();
+    client
+        .qp
+        .post_send(SendWr::send(3, vec![cm.sge(0, 4)]))
+        .unwrap();
+    poll.poll(&mut events, Some(*TIMEOUT)).unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.token() == mio::Token(1) && e.is_readable())
+    );
+    assert_eq!(ch.try_get_cq_event(), Some(rcq.clone()));
+    assert!(ch.try_get_cq_event().is_none());
+}
