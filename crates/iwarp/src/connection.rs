@@ -5,15 +5,24 @@
 //!
 //! ```text
 //! conn.handle_input(now, bytes_read_from_tcp);
-//! conn.poll_transmit(&mut out);              // bytes to write to TCP
+//! while conn.needs_recv() { /* SRQ: post one buffer */ conn.handle_input(now, &[]); }
+//! conn.poll_transmit_bounded(&mut out, room); // whole frames to write to TCP
 //! conn.poll_timeout() / conn.handle_timeout(now);
 //! conn.poll_event();                         // startup decisions, establishment, errors
 //! conn.engine_mut().post_send(..) / post_recv(..) / poll_completion()
 //! ```
 //!
-//! Work requests may be posted before the connection is established; they
+//! This is the one place that glues MPA startup, framing and the engine: the
+//! startup-to-framing handoff, the P2P RTR (sent by our Initiator, swallowed by
+//! our Responder), the Responder's first-FPDU rule (MPA-73) and the negotiated
+//! MULPDU, IRD, ORD and RDMAP version put into the engine.
+//!
+//! Work requests may be posted before the connection is established: they sit
+//! in the engine, so receives posted then are in place before any FPDU is
+//! delivered (even one that arrives in the same read as the MPA Reply). Sends
 //! wait until Full Operation (and, at a Responder, until the first FPDU from
-//! the Initiator has arrived, RFC 5044 §7.1.2 r4 / MPA-73).
+//! the Initiator has arrived, RFC 5044 §7.1.2 r4 / MPA-73, unless
+//! [`ConnectionConfig::early_fpdus`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -51,6 +60,30 @@ pub struct ConnectionConfig {
     /// The TCP connection's effective MSS (`TCP_MAXSEG`).
     pub emss: u32,
     pub fpdu: FpduSizing,
+    /// Responder, client-server mode: send FPDUs right after the Reply instead
+    /// of waiting for the Initiator's first FPDU, as Linux siw does. Breaks
+    /// RFC 5044 §7.1.2 r4 (MPA-73), which hardware Initiators may rely on; off
+    /// by default. Ignored at an Initiator and in P2P mode (the RTR comes first).
+    pub early_fpdus: bool,
+    /// Receive buffers come from a shared receive queue: delivery pauses before
+    /// the first segment of a Send that finds no receive posted, so the driver
+    /// can post one ([`Connection::needs_recv`]).
+    pub srq: bool,
+}
+
+impl ConnectionConfig {
+    /// MSS-sized FPDUs, no early FPDUs, no SRQ.
+    pub fn new(role: Role, startup: StartupConfig, qp: QpConfig, emss: u32) -> ConnectionConfig {
+        ConnectionConfig {
+            role,
+            startup,
+            qp,
+            emss,
+            fpdu: FpduSizing::PathMss,
+            early_fpdus: false,
+            srq: false,
+        }
+    }
 }
 
 /// What the ULP (or the driver) hears about.
@@ -89,9 +122,16 @@ pub enum ConnState {
 pub struct Connection {
     startup: Startup,
     engine: RdmapEngine,
+    keys: Arc<KeyTable>,
     framer: Option<Framer>,
     deframer: Option<Deframer>,
     cfg: ConnectionConfig,
+    /// Responder with [`ConnectionConfig::early_fpdus`]: FPDUs may go out
+    /// before the Initiator's first one.
+    early_tx: bool,
+    /// SRQ: a ULPDU that starts a Send and found no receive posted; delivered
+    /// by the next [`Connection::handle_input`].
+    held: Option<Vec<u8>>,
     events: VecDeque<ConnEvent>,
     /// Startup frames waiting to go out.
     tx_startup: VecDeque<Vec<u8>>,
@@ -127,10 +167,13 @@ impl Connection {
         };
         let mut c = Connection {
             startup,
-            engine: RdmapEngine::new(cfg.qp, keys),
+            engine: RdmapEngine::new(cfg.qp, keys.clone()),
+            keys,
             framer: None,
             deframer: None,
             cfg,
+            early_tx: false,
+            held: None,
             events: VecDeque::new(),
             tx_startup: VecDeque::new(),
             rtr_due: false,
@@ -151,6 +194,44 @@ impl Connection {
         &self.engine
     }
 
+    /// The configuration (as last set by [`set_data_path`](Self::set_data_path)).
+    pub fn config(&self) -> &ConnectionConfig {
+        &self.cfg
+    }
+
+    /// Before establishment, typically at a Responder between
+    /// [`ConnEvent::ConnectRequest`] and [`accept`](Self::accept): the queue
+    /// pair the ULP chose for this connection (`rdma_accept` names it only
+    /// then) and how its data path runs. The engine is rebuilt from `qp`, so
+    /// this is refused (`InvalidState`, nothing changed) once established,
+    /// after a failure, or when work requests already sit in the engine.
+    pub fn set_data_path(
+        &mut self,
+        qp: QpConfig,
+        fpdu: FpduSizing,
+        srq: bool,
+        early_fpdus: bool,
+    ) -> Result<(), StartupError> {
+        if self.framer.is_some()
+            || self.failed
+            || self.engine.sq_len() != 0
+            || self.engine.rq_len() != 0
+        {
+            let state = if self.failed {
+                StartupState::Failed
+            } else {
+                self.startup.state()
+            };
+            return Err(StartupError::InvalidState(state));
+        }
+        self.engine = RdmapEngine::new(qp, self.keys.clone());
+        self.cfg.qp = qp;
+        self.cfg.fpdu = fpdu;
+        self.cfg.srq = srq;
+        self.cfg.early_fpdus = early_fpdus;
+        Ok(())
+    }
+
     pub fn state(&self) -> ConnState {
         if self.failed {
             return ConnState::Failed;
@@ -169,10 +250,15 @@ impl Connection {
         self.startup.outcome()
     }
 
-    /// Octets read from the TCP connection, in order.
+    /// Octets read from the TCP connection, in order. With
+    /// [`ConnectionConfig::srq`], delivery may pause ([`needs_recv`](Self::needs_recv));
+    /// the next call (with new octets or none) goes on.
     pub fn handle_input(&mut self, now: Instant, mut bytes: &[u8]) {
         if self.failed {
             return;
+        }
+        if let Some(ulpdu) = self.held.take() {
+            self.engine.handle_ulpdu(&ulpdu);
         }
         if self.deframer.is_none() {
             match self.startup.handle_input(now, bytes) {
@@ -185,12 +271,19 @@ impl Connection {
             self.pump_startup();
             if self.deframer.is_none() {
                 if !bytes.is_empty() && !self.failed {
-                    // Octets behind a Reject belong to the ULP; anything else
-                    // before Full Operation is a protocol violation.
-                    if self.startup.state() != StartupState::Rejected {
-                        self.fail(StartupError::ExtraOctets {
+                    match self.startup.state() {
+                        // Octets behind a Reject belong to the ULP.
+                        StartupState::Rejected => {}
+                        // Octets before our Reply (§7.6): the startup fails itself,
+                        // so a late accept is refused.
+                        StartupState::AwaitingDecision => {
+                            let _ = self.startup.handle_input(now, bytes);
+                            self.pump_startup();
+                        }
+                        // Anything else before Full Operation is a protocol violation.
+                        _ => self.fail(StartupError::ExtraOctets {
                             octets: bytes.len(),
-                        });
+                        }),
                     }
                 }
                 return;
@@ -203,25 +296,59 @@ impl Connection {
         self.drain_deframer();
     }
 
+    /// SRQ ([`ConnectionConfig::srq`]): delivery stopped before the first
+    /// segment of a Send because no receive is posted. Post one from the
+    /// shared queue if there is one (`engine_mut().post_recv`), then call
+    /// [`handle_input`](Self::handle_input) (with new octets or none): it
+    /// delivers that segment whether or not a receive was posted (none: the
+    /// engine terminates the stream, RFC 5041 §7.2) and goes on.
+    pub fn needs_recv(&self) -> bool {
+        self.held.is_some()
+    }
+
     /// The TCP connection delivered FIN or failed.
     pub fn handle_eof(&mut self) {
         if self.deframer.is_none() {
             self.startup.handle_eof();
             self.pump_startup();
         } else {
-            // RFC 5044 §8 code 1: the LLP is gone.
-            self.engine.handle_llp_error(LlpError::TcpConnectionLost);
+            // What arrived before the FIN still counts.
+            if let Some(ulpdu) = self.held.take() {
+                self.engine.handle_ulpdu(&ulpdu);
+            }
+            // RFC 5044 §8 code 1: the LLP is gone. After a Terminate or a
+            // close the peer's FIN is the expected end (RDMAP-94), not an error.
+            if matches!(self.engine.state(), QpState::Rts | QpState::Terminating) {
+                self.engine.handle_llp_error(LlpError::TcpConnectionLost);
+            }
             self.pump_engine_events();
         }
     }
 
     /// Append everything ready to send to `out`; returns the octets added.
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) -> usize {
+        self.poll_transmit_bounded(out, usize::MAX)
+    }
+
+    /// Append whole frames (startup frames, FPDUs) to `out` while the octets
+    /// added stay within `max_bytes`; returns the octets added. A frame is
+    /// never split and nothing is taken from the engine that does not fit
+    /// (the next FPDU is assumed as large as MULPDU allows). When even the
+    /// first frame is larger than `max_bytes` that one frame goes out alone,
+    /// so every call with work ready makes progress.
+    pub fn poll_transmit_bounded(&mut self, out: &mut Vec<u8>, max_bytes: usize) -> usize {
         let start = out.len();
-        while let Some(f) = self.tx_startup.pop_front() {
-            out.extend_from_slice(&f);
+        let fits = |out: &Vec<u8>, n: usize| {
+            out.len() == start || (out.len() - start).saturating_add(n) <= max_bytes
+        };
+        while let Some(f) = self.tx_startup.front() {
+            if !fits(out, f.len()) {
+                return out.len() - start;
+            }
+            out.extend_from_slice(f);
+            self.tx_startup.pop_front();
         }
-        if self.framer.is_none() || !self.startup.may_transmit_fpdus() {
+        if !self.may_transmit_fpdus() {
             return out.len() - start;
         }
         let Some(framer) = self.framer.as_mut() else {
@@ -230,13 +357,17 @@ impl Connection {
         if self.rtr_due {
             // RFC 6581 P2P: a zero-length RDMA Write (STag 0, TO 0) is the
             // Initiator's first FPDU.
-            self.rtr_due = false;
             let rtr = zero_length_write_rtr();
+            if !fits(out, framer.encoded_len(rtr.len())) {
+                return out.len() - start;
+            }
+            self.rtr_due = false;
             if framer.frame(&[&rtr], out).is_err() {
                 self.failed = true;
             }
         }
-        loop {
+        let largest = usize::from(framer.mulpdu());
+        while fits(out, framer.encoded_len(largest)) {
             self.scratch.clear();
             if self.engine.poll_ulpdu(&mut self.scratch).is_none() {
                 break;
@@ -256,9 +387,13 @@ impl Connection {
     /// True when [`poll_transmit`](Self::poll_transmit) would produce octets.
     pub fn wants_transmit(&self) -> bool {
         !self.tx_startup.is_empty()
-            || (self.framer.is_some()
-                && self.startup.may_transmit_fpdus()
-                && (self.rtr_due || self.engine.wants_transmit()))
+            || (self.may_transmit_fpdus() && (self.rtr_due || self.engine.wants_transmit()))
+    }
+
+    /// FPDUs may go out: Initiator once accepted (MPA-72); Responder once the
+    /// Initiator's first FPDU arrived (MPA-73), or at once with early FPDUs.
+    fn may_transmit_fpdus(&self) -> bool {
+        self.framer.is_some() && (self.startup.may_transmit_fpdus() || self.early_tx)
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -282,6 +417,9 @@ impl Connection {
 
     /// Responder: accept the MPA Request with our Private Data, IRD and ORD.
     pub fn accept(&mut self, private_data: &[u8], ird: u16, ord: u16) -> Result<(), StartupError> {
+        if self.failed {
+            return Err(StartupError::InvalidState(StartupState::Failed));
+        }
         self.startup.accept(private_data, ird, ord)?;
         self.pump_startup();
         Ok(())
@@ -289,6 +427,9 @@ impl Connection {
 
     /// Responder: reject the MPA Request (R=1) with an explanation in Private Data.
     pub fn reject(&mut self, private_data: &[u8]) -> Result<(), StartupError> {
+        if self.failed {
+            return Err(StartupError::InvalidState(StartupState::Failed));
+        }
         self.startup.reject(private_data)?;
         self.pump_startup();
         self.failed = true;
@@ -344,8 +485,10 @@ impl Connection {
             FpduSizing::Fixed(m) => m.clamp(mpa::MULPDU_MIN, mpa::MAX_ULPDU as u16),
         };
         self.engine.set_limits(mulpdu, n.ird, n.ord);
+        self.engine.set_rdmap_version(n.rdmap_version());
         self.framer = Some(n.framer(mulpdu));
         self.deframer = Some(n.deframer());
+        self.early_tx = !n.initiator && n.rtr.is_none() && self.cfg.early_fpdus;
         match (n.initiator, n.rtr) {
             (true, Some(Rtr::ZeroLengthWrite)) => self.rtr_due = true,
             // Read/Send RTRs are ordinary RDMAP messages; our Initiator never
@@ -377,6 +520,11 @@ impl Connection {
                         && is_zero_length_write(&ulpdu)
                     {
                         continue; // the RTR carries nothing for the QP
+                    }
+                    if self.cfg.srq && self.engine.needs_recv(&ulpdu) {
+                        // The driver hands over a shared receive first.
+                        self.held = Some(ulpdu);
+                        break;
                     }
                     self.engine.handle_ulpdu(&ulpdu);
                 }

@@ -333,6 +333,24 @@ impl RdmapEngine {
         self.cfg.ord = ord;
     }
 
+    /// The RDMAP version MPA negotiated (RV of every RDMAP header, RDMAP-105), before data
+    /// moves.
+    pub fn set_rdmap_version(&mut self, rv: u8) {
+        self.cfg.rdmap_version = rv & 0x3;
+    }
+
+    /// `true` when `ulpdu` is the first segment of a Send (untagged, QN 0, MO 0) and no
+    /// receive is posted for it while the stream is up: the moment a shared receive queue
+    /// hands this QP a buffer, before [`handle_ulpdu`](Self::handle_ulpdu).
+    pub fn needs_recv(&self, ulpdu: &[u8]) -> bool {
+        self.state == QpState::Rts
+            && self.rq_len() == 0
+            && matches!(
+                softrdma_wire::ddp::Repr::parse(ulpdu),
+                Ok(softrdma_wire::ddp::Repr::Untagged { qn: 0, mo: 0, .. })
+            )
+    }
+
     /// The configuration in effect (after clamping).
     pub fn config(&self) -> &QpConfig {
         &self.cfg

@@ -286,18 +286,15 @@ impl Qp {
         };
         let emss = prepare_stream(&stream)?;
         let remaining = params.timeout.saturating_sub(start.elapsed());
-        let startup = Startup::initiator(
-            StartupConfig {
-                timeout: remaining,
-                ..cfg
-            },
-            Instant::now(),
-        )?;
         let (reply, rx) = sync_channel(1);
         self.ctx.command(Cmd::Connect {
             qp: self.shared.clone(),
             stream: mio::net::TcpStream::from_std(stream),
-            startup: Box::new(startup),
+            startup: StartupConfig {
+                timeout: remaining,
+                ..cfg
+            },
+            started: Instant::now(),
             emss,
             fpdu: params.fpdu,
             reply,

@@ -1,13 +1,16 @@
 //! The TCP driver: one progress thread per context, `mio` (epoll) underneath.
 //!
-//! The thread owns every socket and every QP's sans-IO engines (MPA [`Startup`], [`Framer`],
-//! [`Deframer`], [`RdmapEngine`]); users reach it through commands and per-QP submission
-//! queues (see [`crate::qp`]), and it hands back completions (CQs), events and state.
+//! The thread owns every socket and, per socket, one sans-IO iWARP [`IwConn`] (MPA startup,
+//! FPDU framing and the QP's RDMAP engine, glued together there); it moves bytes, time and
+//! events and does the verbs bookkeeping. Users reach it through commands and per-QP
+//! submission queues (see [`crate::qp`]), and it hands back completions (CQs), events and
+//! state.
 //!
 //! Per connection:
-//! * receive: read until `WouldBlock` (at most [`RX_BUDGET`] octets per turn), startup
-//!   octets to the [`Startup`], the rest to the [`Deframer`], each ULPDU to the engine;
-//! * transmit: ULPDUs from the engine are framed into one transmit buffer until it holds
+//! * receive: read until `WouldBlock` (at most [`RX_BUDGET`] octets per turn), every read
+//!   to the connection; a QP on a shared receive queue gets a buffer when the connection
+//!   asks for one ([`IwConn::needs_recv`]);
+//! * transmit: whole frames from the connection into one transmit buffer until it holds
 //!   [`TX_HIGH`] octets, then written with one `write` (large writes, not one per FPDU);
 //! * close: a dead stream (Terminate sent or received, [`Qp::disconnect`](crate::Qp::disconnect))
 //!   flushes its transmit buffer, shuts the write side and waits for the peer's FIN.
@@ -22,16 +25,15 @@ use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
-use softrdma_iwarp::framing::{Deframer, Framer};
-use softrdma_iwarp::rdmap::{QpConfig, QpState as EngineState, RdmapEngine};
-use softrdma_iwarp::startup::{Negotiated, Role, Rtr, Startup, StartupEvent, StartupState};
-use softrdma_iwarp::verbs_types::{
-    PostError, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+use softrdma_iwarp::connection::{
+    ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, FpduSizing,
 };
-use softrdma_memory::{Access, Buffer, QpId};
-use softrdma_wire::ddp::{self, DDP_VERSION, TAGGED_HEADER_LEN};
-use softrdma_wire::mpa::LlpError;
-use softrdma_wire::rdmap::{Control, Opcode};
+use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState, RdmapEngine};
+use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
+use softrdma_iwarp::verbs_types::{
+    PostError, RecvWr, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+use softrdma_memory::{Access, Buffer, PdId, QpId};
 
 use crate::Error;
 use crate::cm::{Connection, FpduSize, ListenerShared, PendingRequest, prepare_stream};
@@ -63,7 +65,9 @@ pub(crate) enum Cmd {
     Connect {
         qp: Arc<QpShared>,
         stream: TcpStream,
-        startup: Box<Startup>,
+        /// Checked by the caller; its timeout runs from `started`.
+        startup: StartupConfig,
+        started: Instant,
         emss: u32,
         fpdu: FpduSize,
         reply: SyncSender<Result<Connection, Error>>,
@@ -91,12 +95,6 @@ struct Listening {
     shared: Arc<ListenerShared>,
 }
 
-struct DataPath {
-    engine: RdmapEngine,
-    framer: Framer,
-    deframer: Deframer,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WriteSide {
     Open,
@@ -108,7 +106,6 @@ enum WriteSide {
 /// Scratch space shared by all connections.
 struct Bufs {
     rx: Vec<u8>,
-    ulpdu: Vec<u8>,
     send_wcs: Vec<WorkCompletion>,
     recv_wcs: Vec<WorkCompletion>,
 }
@@ -119,22 +116,21 @@ struct Conn {
     local: SocketAddr,
     peer: SocketAddr,
     emss: u32,
-    fpdu: FpduSize,
-    startup: Startup,
+    /// MPA startup, framing and the QP's engine.
+    iw: IwConn,
     /// Responder before the ULP's decision.
     listener: Option<Arc<ListenerShared>>,
-    early_fpdus: bool,
-    /// Initiator: the blocked `connect`.
+    /// The blocked `connect` or `accept`.
     reply: Option<SyncSender<Result<Connection, Error>>>,
     qp: Option<Arc<QpShared>>,
-    dp: Option<DataPath>,
-    /// FPDUs may be sent (MPA-72, MPA-73).
-    can_tx: bool,
-    /// Initiator, peer-to-peer: the RTR still has to go out first.
-    rtr_tx: bool,
-    /// Responder, peer-to-peer with a zero-length Write RTR: drop that first FPDU.
-    rtr_rx: bool,
-    seen_fpdu: bool,
+    /// The connection's `Established` event was handled: the QP is connected.
+    established: bool,
+    /// Receives handed to the engine before that (so an FPDU right behind the MPA Reply
+    /// finds them); they go back to the QP's queue if the startup fails, as the QP goes
+    /// back to `Init`.
+    early_rq: Vec<RecvWr>,
+    /// Events of the stream, published with the state and the completions.
+    qp_events: Vec<QpEvent>,
     tx: Vec<u8>,
     tx_off: usize,
     write_side: WriteSide,
@@ -168,7 +164,6 @@ pub(crate) fn run(ctx: Weak<CtxShared>, poll: Poll) {
         qp_conn: HashMap::new(),
         bufs: Bufs {
             rx: vec![0u8; RX_CHUNK],
-            ulpdu: Vec::with_capacity(64 * 1024),
             send_wcs: Vec::new(),
             recv_wcs: Vec::new(),
         },
@@ -231,7 +226,7 @@ impl Driver {
         }
         self.conns
             .values()
-            .filter_map(|c| c.startup.poll_timeout())
+            .filter_map(|c| c.iw.poll_timeout())
             .min()
             .map(|d| d.saturating_duration_since(now))
     }
@@ -284,12 +279,21 @@ impl Driver {
                 qp,
                 stream,
                 startup,
+                started,
                 emss,
                 fpdu,
                 reply,
             } => {
                 let token = ctx.token();
-                match Conn::new(&self.poll, token, stream, *startup, emss, fpdu) {
+                let cfg = ConnectionConfig {
+                    fpdu: fpdu_sizing(fpdu),
+                    srq: qp.srq.is_some(),
+                    ..ConnectionConfig::new(Role::Initiator, startup, qp_config(&qp), emss)
+                };
+                let conn = IwConn::new(cfg, ctx.keys.clone(), started)
+                    .map_err(Error::from)
+                    .and_then(|iw| Ok(Conn::new(&self.poll, token, stream, iw, emss)?));
+                match conn {
                     Ok(mut c) => {
                         c.reply = Some(reply);
                         self.qp_conn.insert(qp.qpn, token);
@@ -299,7 +303,7 @@ impl Driver {
                     }
                     Err(e) => {
                         qp.transition(QpState::Connecting, QpState::Init);
-                        let _ = reply.send(Err(e.into()));
+                        let _ = reply.send(Err(e));
                     }
                 }
             }
@@ -318,25 +322,28 @@ impl Driver {
                     let _ = reply.send(Err(Error::Io(io::ErrorKind::ConnectionAborted.into())));
                     return;
                 };
-                c.fpdu = fpdu;
-                c.early_fpdus = early_fpdus;
-                if let Err(e) = c.startup.accept(&private_data, ird, ord) {
+                // The ULP names the QP only now (rdma_accept).
+                let srq = qp.srq.is_some();
+                let r =
+                    c.iw.set_data_path(qp_config(&qp), fpdu_sizing(fpdu), srq, early_fpdus)
+                        .and_then(|()| c.iw.accept(&private_data, ird, ord));
+                if let Err(e) = r {
                     c.dead = true;
                     qp.transition(QpState::Connecting, QpState::Init);
                     let _ = reply.send(Err(e.into()));
                     return;
                 }
                 c.listener = None;
-                while c.startup.poll_event().is_some() {}
-                let Some(outcome) = c.startup.outcome().cloned() else {
+                self.qp_conn.insert(qp.qpn, token);
+                c.qp = Some(qp);
+                c.reply = Some(reply);
+                // `Established`: the QP goes to RTS and the reply goes out.
+                c.events(ctx);
+                if let Some(reply) = c.reply.take() {
                     c.dead = true;
                     let _ = reply.send(Err(Error::InvalidArgument("MPA accept without outcome")));
                     return;
-                };
-                self.qp_conn.insert(qp.qpn, token);
-                c.qp = Some(qp);
-                let info = c.start_data_path(ctx, &outcome);
-                let _ = reply.send(Ok(info));
+                }
                 c.pump(ctx, &mut self.bufs);
             }
             Cmd::Reject {
@@ -345,7 +352,7 @@ impl Driver {
             } => {
                 if let Some(c) = self.conns.get_mut(&token) {
                     c.listener = None;
-                    if c.startup.reject(&private_data).is_ok() {
+                    if c.iw.reject(&private_data).is_ok() {
                         c.write_side = WriteSide::CloseWhenFlushed;
                         c.discard_rx = true;
                         c.pump(ctx, &mut self.bufs);
@@ -394,8 +401,8 @@ impl Driver {
                 .get(&qp.qpn)
                 .and_then(|t| self.conns.get_mut(t))
             {
-                Some(c) if c.dp.is_some() => c.pump(ctx, &mut self.bufs),
-                Some(_) => {}
+                // Before the connection is up too: receives go in at once.
+                Some(c) => c.pump(ctx, &mut self.bufs),
                 None if qp.state().is_dead() => flush_orphan(ctx, &qp),
                 None => {}
             }
@@ -420,19 +427,18 @@ impl Driver {
             let Ok(emss) = prepare_stream(&std_stream) else {
                 continue;
             };
-            let Ok(startup) = Startup::responder(shared.params.startup_config(), now) else {
+            // The QP and the data path's settings come with the accept.
+            let cfg = ConnectionConfig::new(
+                Role::Responder,
+                shared.params.startup_config(),
+                QpConfig::new(PdId(0), QpId(0)),
+                emss,
+            );
+            let Ok(iw) = IwConn::new(cfg, ctx.keys.clone(), now) else {
                 continue;
             };
             let t = ctx.token();
-            if let Ok(mut c) = Conn::new(
-                &self.poll,
-                t,
-                TcpStream::from_std(std_stream),
-                startup,
-                emss,
-                FpduSize::PathMss,
-            ) {
-                c.early_fpdus = shared.params.early_fpdus;
+            if let Ok(mut c) = Conn::new(&self.poll, t, TcpStream::from_std(std_stream), iw, emss) {
                 c.listener = Some(shared);
                 // The Request may already be in.
                 c.read(ctx, &mut self.bufs, now);
@@ -455,9 +461,9 @@ impl Driver {
 
     fn timeouts(&mut self, ctx: &CtxShared, now: Instant) {
         for c in self.conns.values_mut() {
-            if c.startup.poll_timeout().is_some_and(|d| d <= now) {
-                c.startup.handle_timeout(now);
-                c.startup_events(ctx);
+            if c.iw.poll_timeout().is_some_and(|d| d <= now) {
+                c.iw.handle_timeout(now);
+                c.events(ctx);
                 c.pump(ctx, &mut self.bufs);
             }
         }
@@ -481,7 +487,7 @@ impl Driver {
                 if self.qp_conn.get(&qp.qpn) == Some(&t) {
                     self.qp_conn.remove(&qp.qpn);
                 }
-                if c.dp.is_some() {
+                if c.established {
                     if !qp.state().is_dead() {
                         qp.set_state(QpState::Error);
                     }
@@ -554,41 +560,29 @@ fn post_error_status(e: &PostError) -> WcStatus {
     }
 }
 
-/// RFC 6581 RTR: a zero-length RDMA Write (tagged, STag 0, TO 0, L=1).
-fn rtr_write() -> Vec<u8> {
-    let control = Control::new(Opcode::RdmaWrite)
-        .octet()
-        .expect("RV and Rsv fit two bits");
-    let mut b = vec![0u8; TAGGED_HEADER_LEN];
-    ddp::Repr::Tagged {
-        last: true,
-        reserved: 0,
-        dv: DDP_VERSION,
-        rsvd_ulp: control,
-        stag: 0,
-        to: 0,
+/// The engine's queue sizes from the QP's capabilities; MULPDU, IRD, ORD and the RDMAP
+/// version come from the MPA negotiation.
+fn qp_config(qp: &QpShared) -> QpConfig {
+    let mut cfg = QpConfig::new(qp.pd, QpId(qp.qpn));
+    cfg.sq_depth = qp.cap.max_send_wr;
+    let srq_attr = qp.srq.as_ref().map(|s| s.attr);
+    cfg.rq_depth = srq_attr.map_or(qp.cap.max_recv_wr, |a| a.max_wr);
+    cfg.max_sge = qp
+        .cap
+        .max_send_sge
+        .max(qp.cap.max_recv_sge)
+        .max(srq_attr.map_or(0, |a| a.max_sge))
+        .max(1);
+    cfg.max_inline = qp.cap.max_inline_data;
+    cfg
+}
+
+fn fpdu_sizing(f: FpduSize) -> FpduSizing {
+    match f {
+        FpduSize::PathMss => FpduSizing::PathMss,
+        FpduSize::Largest => FpduSizing::Fixed(MAX_MULPDU),
+        FpduSize::Mulpdu(m) => FpduSizing::Fixed(m),
     }
-    .emit(&mut b)
-    .expect("buffer of the header's length");
-    b
-}
-
-fn is_zero_length_write(ulpdu: &[u8]) -> bool {
-    ulpdu.len() == TAGGED_HEADER_LEN
-        && matches!(
-            ddp::Repr::parse(ulpdu),
-            Ok(ddp::Repr::Tagged { rsvd_ulp, .. })
-                if rsvd_ulp & softrdma_wire::rdmap::MASK_OPCODE == Opcode::RdmaWrite as u8
-        )
-}
-
-/// The first segment of an inbound Send (untagged, queue 0, MO 0): the moment a shared
-/// receive queue hands over a buffer.
-fn starts_send(ulpdu: &[u8]) -> bool {
-    matches!(
-        ddp::Repr::parse(ulpdu),
-        Ok(ddp::Repr::Untagged { qn: 0, mo: 0, .. })
-    )
 }
 
 impl Conn {
@@ -596,9 +590,8 @@ impl Conn {
         poll: &Poll,
         token: Token,
         mut stream: TcpStream,
-        startup: Startup,
+        iw: IwConn,
         emss: u32,
-        fpdu: FpduSize,
     ) -> io::Result<Conn> {
         let local = stream.local_addr()?;
         let peer = stream.peer_addr()?;
@@ -610,17 +603,13 @@ impl Conn {
             local,
             peer,
             emss,
-            fpdu,
-            startup,
+            iw,
             listener: None,
-            early_fpdus: false,
             reply: None,
             qp: None,
-            dp: None,
-            can_tx: false,
-            rtr_tx: false,
-            rtr_rx: false,
-            seen_fpdu: false,
+            established: false,
+            early_rq: Vec::new(),
+            qp_events: Vec::new(),
             tx: Vec::new(),
             tx_off: 0,
             write_side: WriteSide::Open,
@@ -632,61 +621,6 @@ impl Conn {
             rq_in_engine: 0,
             local_waiting: false,
         })
-    }
-
-    /// Builds the engines of full operation from the negotiated parameters.
-    fn start_data_path(&mut self, ctx: &CtxShared, outcome: &Negotiated) -> Connection {
-        let qp = self
-            .qp
-            .clone()
-            .expect("a QP is attached before the data path starts");
-        let mulpdu = self.fpdu.mulpdu(self.emss, outcome.markers_tx);
-        let mut cfg = QpConfig::new(qp.pd, QpId(qp.qpn));
-        cfg.mulpdu = mulpdu;
-        cfg.ird = outcome.ird;
-        cfg.ord = outcome.ord;
-        cfg.sq_depth = qp.cap.max_send_wr;
-        let srq_attr = qp.srq.as_ref().map(|s| s.attr);
-        cfg.rq_depth = srq_attr.map_or(qp.cap.max_recv_wr, |a| a.max_wr);
-        cfg.max_sge = qp
-            .cap
-            .max_send_sge
-            .max(qp.cap.max_recv_sge)
-            .max(srq_attr.map_or(0, |a| a.max_sge))
-            .max(1);
-        cfg.max_inline = qp.cap.max_inline_data;
-        cfg.rdmap_version = outcome.rdmap_version();
-        let engine = RdmapEngine::new(cfg, ctx.keys.clone());
-        self.dp = Some(DataPath {
-            engine,
-            framer: outcome.framer(mulpdu),
-            deframer: outcome.deframer(),
-        });
-        match self.startup.role() {
-            Role::Initiator => {
-                self.can_tx = true;
-                self.rtr_tx = outcome.rtr == Some(Rtr::ZeroLengthWrite);
-            }
-            Role::Responder => {
-                self.rtr_rx = outcome.rtr == Some(Rtr::ZeroLengthWrite);
-                self.can_tx = outcome.rtr.is_none() && self.early_fpdus;
-            }
-        }
-        qp.ord.store(u32::from(outcome.ord), Ordering::Release);
-        let info = Connection {
-            local_addr: self.local,
-            peer_addr: self.peer,
-            negotiated: outcome.clone(),
-            emss: self.emss,
-            mulpdu,
-        };
-        *qp.conn.lock() = Some(info.clone());
-        qp.set_state(QpState::Rts);
-        ctx.post_event(AsyncEvent::Established { qp_num: qp.qpn });
-        // Receives posted before the connection go in before any FPDU is delivered (an
-        // early FPDU may sit right behind the MPA Reply).
-        self.feed(ctx);
-        info
     }
 
     fn read(&mut self, ctx: &CtxShared, bufs: &mut Bufs, now: Instant) {
@@ -713,113 +647,63 @@ impl Conn {
                 }
             }
         }
-        if self.dp.is_none() {
-            self.startup_events(ctx);
-        }
+        self.events(ctx);
     }
 
     /// The peer closed its side or the connection failed.
     fn on_eof(&mut self) {
         self.eof = true;
-        match &mut self.dp {
-            Some(dp) => {
-                if matches!(
-                    dp.engine.state(),
-                    EngineState::Rts | EngineState::Terminating
-                ) {
-                    dp.engine.handle_llp_error(LlpError::TcpConnectionLost);
-                }
-                // Nothing can be sent to a peer that is gone (or has said all it will).
-                self.write_side = match self.write_side {
-                    WriteSide::Open => WriteSide::CloseWhenFlushed,
-                    w => w,
-                };
+        // The data path reports the loss unless the stream already ended; the startup
+        // fails.
+        self.iw.handle_eof();
+        if matches!(self.iw.state(), ConnState::Established | ConnState::Dead) {
+            // Nothing can be sent to a peer that is gone (or has said all it will).
+            if self.write_side == WriteSide::Open {
+                self.write_side = WriteSide::CloseWhenFlushed;
             }
-            None => {
-                self.startup.handle_eof();
-                if self.write_side == WriteSide::Open {
-                    self.dead = true;
-                }
-            }
+        } else if self.write_side == WriteSide::Open {
+            self.dead = true;
         }
     }
 
-    fn on_bytes(&mut self, ctx: &CtxShared, mut bytes: &[u8], now: Instant) {
+    fn on_bytes(&mut self, ctx: &CtxShared, bytes: &[u8], now: Instant) {
         if self.discard_rx {
-            return;
-        }
-        if self.dp.is_none() {
-            if matches!(
-                self.startup.state(),
-                StartupState::Rejected | StartupState::Failed
-            ) {
-                return;
-            }
-            match self.startup.handle_input(now, bytes) {
-                Ok(n) => bytes = &bytes[n..],
-                Err(_) => bytes = &[],
-            }
-            self.startup_events(ctx);
-            if self.dp.is_none() {
-                if !bytes.is_empty() && self.startup.state() == StartupState::AwaitingDecision {
-                    // Octets before our Reply: a violation the startup reports (§7.6).
-                    let _ = self.startup.handle_input(now, bytes);
-                    self.startup_events(ctx);
-                }
-                return;
-            }
-        }
-        if bytes.is_empty() || self.dp.is_none() {
             return;
         }
         // Receives posted before these octets were read must be in the engine before the
         // Sends among them are delivered (a user may post, then tell the peer out of band).
         self.feed(ctx);
-        let Some(dp) = self.dp.as_mut() else { return };
-        dp.deframer.push(bytes);
-        let srq = self.qp.as_ref().and_then(|q| q.srq.clone());
-        for item in dp.deframer.by_ref() {
-            let ulpdu = match item {
-                Ok(u) => u,
-                Err(e) => {
-                    dp.engine.handle_llp_error(e);
-                    break;
-                }
-            };
-            if !self.seen_fpdu {
-                self.seen_fpdu = true;
-                self.startup.fpdu_received();
-                self.can_tx = true;
-                if self.rtr_rx && is_zero_length_write(&ulpdu) {
-                    continue;
-                }
+        self.iw.handle_input(now, bytes);
+        while self.iw.needs_recv() {
+            self.srq_recv();
+            self.iw.handle_input(now, &[]);
+        }
+        self.events(ctx);
+    }
+
+    /// A Send starts on a QP whose own receive queue is empty: the shared receive queue
+    /// hands over its next buffer (none: the engine terminates the stream).
+    fn srq_recv(&mut self) {
+        let Some(qp) = &self.qp else { return };
+        let Some(srq) = &qp.srq else { return };
+        let Some(wr) = srq.queue.lock().pop_front() else {
+            return;
+        };
+        let wr_id = wr.wr_id;
+        match self.iw.engine_mut().post_recv(wr) {
+            Ok(()) => self.rq_in_engine += 1,
+            Err(e) => {
+                let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
+                qp.recv_cq.push(&mut v);
             }
-            if let Some(srq) = &srq
-                && dp.engine.rq_len() == 0
-                && dp.engine.state() == EngineState::Rts
-                && starts_send(&ulpdu)
-                && let Some(wr) = srq.queue.lock().pop_front()
-            {
-                let wr_id = wr.wr_id;
-                match dp.engine.post_recv(wr) {
-                    Ok(()) => self.rq_in_engine += 1,
-                    Err(e) => {
-                        if let Some(qp) = &self.qp {
-                            let mut v =
-                                vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
-                            qp.recv_cq.push(&mut v);
-                        }
-                    }
-                }
-            }
-            dp.engine.handle_ulpdu(&ulpdu);
         }
     }
 
-    fn startup_events(&mut self, ctx: &CtxShared) {
-        while let Some(ev) = self.startup.poll_event() {
+    /// The connection's events: startup decisions and outcomes, errors of the stream.
+    fn events(&mut self, ctx: &CtxShared) {
+        while let Some(ev) = self.iw.poll_event() {
             match ev {
-                StartupEvent::RequestReceived {
+                ConnEvent::ConnectRequest {
                     private_data,
                     params,
                 } => match &self.listener {
@@ -829,34 +713,62 @@ impl Conn {
                         peer_addr: self.peer,
                         private_data,
                         params,
-                        early_fpdus: self.early_fpdus,
+                        early_fpdus: l.params.early_fpdus,
                     }),
                     None => {
-                        let _ = self.startup.reject(&[]);
+                        let _ = self.iw.reject(&[]);
                         self.write_side = WriteSide::CloseWhenFlushed;
                     }
                 },
-                StartupEvent::Accepted { outcome } => {
-                    if self.startup.role() == Role::Initiator && self.dp.is_none() {
-                        let info = self.start_data_path(ctx, &outcome);
-                        if let Some(r) = self.reply.take() {
-                            let _ = r.send(Ok(info));
-                        }
-                    }
+                ConnEvent::Established { negotiated, mulpdu } => {
+                    self.on_established(ctx, negotiated, mulpdu);
                 }
-                StartupEvent::Rejected { private_data, .. } => {
+                ConnEvent::Rejected { private_data, .. } => {
                     self.fail_connect(Error::Rejected { private_data });
                 }
-                StartupEvent::Failed { error } => {
-                    self.fail_connect(Error::Startup(error));
-                }
+                ConnEvent::StartupFailed(e) => self.fail_connect(Error::Startup(e)),
+                ConnEvent::Qp(ev) => self.qp_events.push(ev),
             }
+        }
+    }
+
+    /// Full Operation: the QP is connected; the blocked `connect` or `accept` returns.
+    fn on_established(&mut self, ctx: &CtxShared, negotiated: Negotiated, mulpdu: u16) {
+        let Some(qp) = self.qp.clone() else {
+            // A connection only gets this far with its QP attached.
+            self.dead = true;
+            return;
+        };
+        self.established = true;
+        self.early_rq.clear();
+        qp.ord.store(u32::from(negotiated.ord), Ordering::Release);
+        let info = Connection {
+            local_addr: self.local,
+            peer_addr: self.peer,
+            negotiated,
+            emss: self.emss,
+            mulpdu,
+        };
+        *qp.conn.lock() = Some(info.clone());
+        qp.set_state(QpState::Rts);
+        ctx.post_event(AsyncEvent::Established { qp_num: qp.qpn });
+        self.feed(ctx);
+        if let Some(r) = self.reply.take() {
+            let _ = r.send(Ok(info));
         }
     }
 
     /// The startup ended without a data path: report, free the QP, close.
     fn fail_connect(&mut self, e: Error) {
         if let Some(qp) = &self.qp {
+            // The QP goes back to Init with the receives it had.
+            if !self.early_rq.is_empty() {
+                let mut sub = qp.sub.lock();
+                for wr in self.early_rq.drain(..).rev() {
+                    sub.rq.push_front(wr);
+                }
+            }
+            self.rq_in_engine = 0;
             qp.transition(QpState::Connecting, QpState::Init);
         }
         if let Some(r) = self.reply.take() {
@@ -867,16 +779,15 @@ impl Conn {
     }
 
     fn disconnect(&mut self, ctx: &CtxShared, bufs: &mut Bufs) {
-        match &mut self.dp {
-            Some(dp) => {
-                dp.engine.close();
-                self.discard_rx = true;
-                if self.write_side == WriteSide::Open {
-                    self.write_side = WriteSide::CloseWhenFlushed;
-                }
-                self.pump(ctx, bufs);
+        if self.established {
+            self.iw.close();
+            self.discard_rx = true;
+            if self.write_side == WriteSide::Open {
+                self.write_side = WriteSide::CloseWhenFlushed;
             }
-            None => self.fail_connect(Error::InvalidState(QpState::Closed)),
+            self.pump(ctx, bufs);
+        } else {
+            self.fail_connect(Error::InvalidState(QpState::Closed));
         }
     }
 
@@ -887,10 +798,10 @@ impl Conn {
         }
         loop {
             self.feed(ctx);
-            self.transmit(ctx, bufs);
+            self.transmit(ctx);
+            self.events(ctx);
             self.harvest(ctx, bufs);
-            let again =
-                self.local_waiting && self.dp.as_ref().is_some_and(|dp| dp.engine.sq_len() == 0);
+            let again = self.local_waiting && self.iw.engine().sq_len() == 0;
             if !again || self.dead {
                 break;
             }
@@ -898,17 +809,19 @@ impl Conn {
         self.check_close();
     }
 
-    /// Submission queues → engine.
+    /// Submission queues → engine. Before the connection is up only receives go in (sends
+    /// wait for it, and stay queued if it fails).
     fn feed(&mut self, ctx: &CtxShared) {
-        let (Some(qp), Some(dp)) = (self.qp.clone(), self.dp.as_mut()) else {
+        let Some(qp) = self.qp.clone() else {
             return;
         };
+        let established = self.established;
         let mut sends = Vec::new();
         let mut invalidate = None;
         let recvs = {
             let mut sub = qp.sub.lock();
             self.local_waiting = false;
-            while let Some(item) = sub.sq.front() {
+            while established && let Some(item) = sub.sq.front() {
                 match item {
                     SqItem::Send { .. } => {
                         if let Some(SqItem::Send { wr, inline }) = sub.sq.pop_front() {
@@ -918,7 +831,10 @@ impl Conn {
                     SqItem::Invalidate { .. } => {
                         // Every earlier request retired and its completion handed to
                         // the CQ (`sq_in_engine` drops to 0 only in `harvest`).
-                        if sends.is_empty() && self.sq_in_engine == 0 && dp.engine.sq_len() == 0 {
+                        if sends.is_empty()
+                            && self.sq_in_engine == 0
+                            && self.iw.engine().sq_len() == 0
+                        {
                             invalidate = sub.sq.pop_front();
                         } else {
                             self.local_waiting = true;
@@ -931,10 +847,15 @@ impl Conn {
         };
         // Posting happens without the submission lock: an INLINE copy or a key check must
         // never wait while a poster waits for that lock.
+        let engine = self.iw.engine_mut();
         for wr in recvs {
             let wr_id = wr.wr_id;
-            match dp.engine.post_recv(wr) {
-                Ok(()) => self.rq_in_engine += 1,
+            let copy = (!established).then(|| wr.clone());
+            match engine.post_recv(wr) {
+                Ok(()) => {
+                    self.rq_in_engine += 1;
+                    self.early_rq.extend(copy);
+                }
                 Err(e) => {
                     qp.rq_retired.fetch_add(1, Ordering::AcqRel);
                     let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
@@ -945,7 +866,7 @@ impl Conn {
         for (wr, inline) in sends {
             let wr_id = wr.wr_id;
             let opcode = wc_opcode(&wr.opcode);
-            match post_send(ctx, &qp, &mut dp.engine, wr, inline) {
+            match post_send(ctx, &qp, engine, wr, inline) {
                 Ok(()) => self.sq_in_engine += 1,
                 Err(e) => {
                     qp.sq_retired.fetch_add(1, Ordering::AcqRel);
@@ -965,17 +886,17 @@ impl Conn {
         }
     }
 
-    fn transmit(&mut self, ctx: &CtxShared, bufs: &mut Bufs) {
+    fn transmit(&mut self, ctx: &CtxShared) {
         loop {
-            self.fill_tx(bufs);
+            self.fill_tx();
             if self.tx_off == self.tx.len() || !self.flush_tx(ctx) {
                 return;
             }
         }
     }
 
-    /// Startup frames, the RTR, then FPDUs until [`TX_HIGH`] octets wait.
-    fn fill_tx(&mut self, bufs: &mut Bufs) {
+    /// Whole frames from the connection until [`TX_HIGH`] octets wait.
+    fn fill_tx(&mut self) {
         if self.tx_off == self.tx.len() {
             self.tx.clear();
             self.tx_off = 0;
@@ -983,26 +904,12 @@ impl Conn {
             self.tx.drain(..self.tx_off);
             self.tx_off = 0;
         }
-        while let Some(frame) = self.startup.poll_transmit() {
-            self.tx.extend_from_slice(&frame);
-        }
-        if !self.can_tx || self.write_side == WriteSide::Closed {
+        if self.write_side == WriteSide::Closed {
             return;
         }
-        let Some(dp) = self.dp.as_mut() else { return };
-        if self.rtr_tx {
-            self.rtr_tx = false;
-            let _ = dp.framer.frame(&[&rtr_write()], &mut self.tx);
-        }
-        while self.tx.len() - self.tx_off < TX_HIGH {
-            bufs.ulpdu.clear();
-            if dp.engine.poll_ulpdu(&mut bufs.ulpdu).is_none() {
-                break;
-            }
-            if dp.framer.frame(&[&bufs.ulpdu], &mut self.tx).is_err() {
-                // The engine segments to the framer's MULPDU; a mismatch is a local bug.
-                dp.engine.handle_llp_error(LlpError::LocalCatastrophic);
-            }
+        let room = TX_HIGH.saturating_sub(self.tx.len() - self.tx_off);
+        if room > 0 {
+            self.iw.poll_transmit_bounded(&mut self.tx, room);
         }
     }
 
@@ -1037,11 +944,12 @@ impl Conn {
 
     /// Engine → CQs, events, state, counters.
     fn harvest(&mut self, ctx: &CtxShared, bufs: &mut Bufs) {
-        let (Some(qp), Some(dp)) = (self.qp.as_ref(), self.dp.as_mut()) else {
+        let Some(qp) = self.qp.as_ref().filter(|_| self.established) else {
             return;
         };
+        let engine = self.iw.engine_mut();
         let same_cq = Arc::ptr_eq(&qp.send_cq, &qp.recv_cq);
-        while let Some(wc) = dp.engine.poll_completion() {
+        while let Some(wc) = engine.poll_completion() {
             if wc.opcode == WcOpcode::Recv && !same_cq {
                 bufs.recv_wcs.push(wc);
             } else {
@@ -1050,20 +958,20 @@ impl Conn {
         }
         // Retired before the completions are visible, so a poller that saw a completion
         // may post again at once.
-        let sq_now = dp.engine.sq_len();
+        let sq_now = engine.sq_len();
         if sq_now != self.sq_in_engine {
             let retired = self.sq_in_engine.saturating_sub(sq_now);
             qp.sq_retired.fetch_add(retired as u64, Ordering::AcqRel);
             self.sq_in_engine = sq_now;
         }
-        let rq_now = dp.engine.rq_len();
+        let rq_now = engine.rq_len();
         if rq_now != self.rq_in_engine {
             let retired = self.rq_in_engine.saturating_sub(rq_now);
             qp.rq_retired.fetch_add(retired as u64, Ordering::AcqRel);
             self.rq_in_engine = rq_now;
         }
         // State before completions and events: whoever sees those sees the state too.
-        let state = match dp.engine.state() {
+        let state = match engine.state() {
             EngineState::Rts => QpState::Rts,
             EngineState::Terminating => QpState::Terminate,
             EngineState::Error => QpState::Error,
@@ -1074,14 +982,14 @@ impl Conn {
         }
         qp.send_cq.push(&mut bufs.send_wcs);
         qp.recv_cq.push(&mut bufs.recv_wcs);
-        while let Some(ev) = dp.engine.poll_event() {
+        for ev in self.qp_events.drain(..) {
             *qp.last_event.lock() = Some(ev);
             ctx.post_event(AsyncEvent::Qp {
                 qp_num: qp.qpn,
                 event: ev,
             });
         }
-        let counters = dp.engine.counters();
+        let counters = engine.counters();
         let mut c = qp.counters.lock();
         if *c != counters {
             *c = counters;
@@ -1091,10 +999,7 @@ impl Conn {
     /// Shuts the write side once a dead stream's last octets are out; a connection whose
     /// both sides are closed is dead.
     fn check_close(&mut self) {
-        let engine_done = self.dp.as_ref().is_some_and(|dp| {
-            matches!(dp.engine.state(), EngineState::Error | EngineState::Closed)
-        });
-        if engine_done && self.write_side == WriteSide::Open {
+        if self.iw.state() == ConnState::Dead && self.write_side == WriteSide::Open {
             // RDMAP-94: after a Terminate the LLP stream is closed.
             self.write_side = WriteSide::CloseWhenFlushed;
             self.discard_rx = true;

@@ -1,7 +1,10 @@
 //! Two connections over a simulated byte stream that TCP may cut anywhere:
 //! every split (1-octet reads, random splits), CRC on and off, Markers on and
-//! off, rev 1 and 2, P2P RTR (issue 3, Done-when 2).
+//! off, rev 1 and 2, P2P RTR (issue 3, Done-when 2); bounded transmit at every
+//! bound, early FPDUs from the Responder, receives posted before the
+//! connection, the shared-receive-queue hook.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,6 +12,7 @@ use proptest::prelude::*;
 use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId, QpId};
 
 use super::*;
+use crate::framing::Deframer;
 use crate::startup::RtrSet;
 use crate::verbs_types::{RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
 
@@ -24,6 +28,58 @@ struct Side {
     inbound: Vec<u8>,
     completions: Vec<WorkCompletion>,
     established: bool,
+    /// Octets one `poll_transmit_bounded` call may add.
+    bound: usize,
+    frames: FrameCheck,
+    /// A shared receive queue serving `needs_recv`.
+    srq: VecDeque<RecvWr>,
+    /// Times the connection asked for a shared receive.
+    srq_asks: usize,
+    /// Resume after an SRQ stop with the next read rather than at once.
+    lazy_resume: bool,
+    qp_events: Vec<QpEvent>,
+}
+
+/// Checks what one side transmits: every call hands out whole frames (the
+/// MPA Request or Reply, then FPDUs), within the call's bound unless it is a
+/// single frame.
+#[derive(Default)]
+struct FrameCheck {
+    startup_done: bool,
+    deframer: Option<Deframer>,
+}
+
+impl FrameCheck {
+    fn check(&mut self, from: &Connection, out: &[u8], bound: usize) {
+        let mut rest = out;
+        let mut frames = 0;
+        if !self.startup_done && !rest.is_empty() {
+            // MPA Request/Reply: Key (16), flags, Rev, PD_Length (2), Private Data.
+            assert!(rest.len() >= 20, "startup frame cut");
+            let len = 20 + usize::from(u16::from_be_bytes([rest[18], rest[19]]));
+            assert!(rest.len() >= len, "startup frame cut");
+            rest = &rest[len..];
+            self.startup_done = true;
+            frames += 1;
+        }
+        if !rest.is_empty() {
+            let d = self.deframer.get_or_insert_with(|| {
+                let n = from.negotiated().expect("FPDUs only once negotiated");
+                Deframer::new(n.markers_tx, n.crc)
+            });
+            d.push(rest);
+            for u in d.by_ref() {
+                u.expect("a valid FPDU");
+                frames += 1;
+            }
+            assert_eq!(d.buffered(), 0, "an FPDU was cut at bound {bound}");
+        }
+        assert!(
+            out.len() <= bound || frames == 1,
+            "{} octets in {frames} frames over bound {bound}",
+            out.len()
+        );
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -75,13 +131,7 @@ fn side(role: Role, k: &Knobs, qp: u32, len: usize, now: Instant) -> Side {
     let mut qpc = QpConfig::new(PD, QpId(qp));
     qpc.sq_depth = 1024;
     qpc.rq_depth = 1024;
-    let cfg = ConnectionConfig {
-        role,
-        startup,
-        qp: qpc,
-        emss: k.emss,
-        fpdu: FpduSizing::PathMss,
-    };
+    let cfg = ConnectionConfig::new(role, startup, qpc, k.emss);
     Side {
         conn: Connection::new(cfg, keys.clone(), now).unwrap(),
         keys,
@@ -90,6 +140,12 @@ fn side(role: Role, k: &Knobs, qp: u32, len: usize, now: Instant) -> Side {
         inbound: Vec::new(),
         completions: Vec::new(),
         established: false,
+        bound: usize::MAX,
+        frames: FrameCheck::default(),
+        srq: VecDeque::new(),
+        srq_asks: 0,
+        lazy_resume: false,
+        qp_events: Vec::new(),
     }
 }
 
@@ -120,7 +176,9 @@ fn transfer(
     now: Instant,
 ) -> bool {
     let mut out = Vec::new();
-    from.conn.poll_transmit(&mut out);
+    let n = from.conn.poll_transmit_bounded(&mut out, from.bound);
+    assert_eq!(n, out.len());
+    from.frames.check(&from.conn, &out, from.bound);
     to.inbound.extend_from_slice(&out);
     let mut moved = false;
     while !to.inbound.is_empty() {
@@ -128,10 +186,28 @@ fn transfer(
         let chunk: Vec<u8> = to.inbound.drain(..n).collect();
         to.conn.handle_input(now, &chunk);
         moved = true;
+        serve_srq(to, now);
         events(to);
     }
     events(from);
     moved
+}
+
+/// The driver's side of the SRQ hook: one shared receive per stop, then on.
+fn serve_srq(s: &mut Side, now: Instant) {
+    while s.conn.needs_recv() {
+        s.srq_asks += 1;
+        let seen = s.conn.engine().counters().ulpdus_rx;
+        if let Some(wr) = s.srq.pop_front() {
+            s.conn.engine_mut().post_recv(wr).unwrap();
+        }
+        // The Send's first segment waits outside the engine.
+        assert_eq!(s.conn.engine().counters().ulpdus_rx, seen);
+        if s.lazy_resume && !s.inbound.is_empty() {
+            return; // the next read delivers it first
+        }
+        s.conn.handle_input(now, &[]);
+    }
 }
 
 fn events(s: &mut Side) {
@@ -142,6 +218,7 @@ fn events(s: &mut Side) {
                 s.conn.accept(b"welcome", 4, 4).unwrap();
             }
             ConnEvent::Established { .. } => s.established = true,
+            ConnEvent::Qp(e) => s.qp_events.push(e),
             other => panic!("unexpected event {other:?}"),
         }
     }
@@ -153,48 +230,77 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// One full exchange: Sends both ways, a Write, a Read, with sizes that
-/// cross FPDU and marker boundaries; every byte and completion checked.
+/// What an exchange moves: Sends of `sizes` (at most 5), one RDMA Write of
+/// `write` octets, one RDMA Read of `read` octets.
+#[derive(Clone, Copy, Debug)]
+struct Load<'a> {
+    sizes: &'a [usize],
+    write: usize,
+    read: usize,
+}
+
+/// Sizes that cross FPDU and marker boundaries.
+const FULL: Load<'static> = Load {
+    sizes: &[0, 1, 4095, 4096, 20_000],
+    write: 30_000,
+    read: 10_000,
+};
+
+/// One full exchange: Sends, a Write, a Read, with sizes that cross FPDU and
+/// marker boundaries; every byte and completion checked.
 fn exchange(k: Knobs, cut: &mut dyn FnMut(usize) -> usize) {
-    const LEN: usize = 192 * 1024;
+    exchange_bounded(k, cut, usize::MAX, FULL);
+}
+
+/// [`exchange`] with every transmit call bounded to `bound` octets.
+fn exchange_bounded(k: Knobs, cut: &mut dyn FnMut(usize) -> usize, bound: usize, load: Load) {
+    let Load { sizes, write, read } = load;
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    // Responder: receives, the Write's target, the Read's source, apart.
+    let recv_at = |n: usize| 3 + n * (max + 1000);
+    let write_to = recv_at(sizes.len()) + 1;
+    let read_from = write_to + write + 99;
+    // Initiator: Send sources, the Write's source (may overlap), the Read's sink.
+    let send_at = |n: usize| 1 + n * (max / 2 + 1);
+    let write_src = 5;
+    let read_into = send_at(sizes.len()) + max + write + 16;
+    let len = (read_from + read).max(read_into + read) + 64;
+
     let now = Instant::now();
-    let mut i = side(Role::Initiator, &k, 10, LEN, now);
-    let mut r = side(Role::Responder, &k, 20, LEN, now);
-    let sizes = [0usize, 1, 4095, 4096, 20_000];
+    let mut i = side(Role::Initiator, &k, 10, len, now);
+    let mut r = side(Role::Responder, &k, 20, len, now);
+    i.bound = bound;
+    r.bound = bound;
     // Receives posted before the connection exists, at unaligned offsets.
     for (n, &sz) in sizes.iter().enumerate() {
-        let off = 3 + n as u64 * 21_000;
+        let sge = Sge::new(r.key, IOVA + recv_at(n) as u64, sz.max(1) as u32);
         r.conn
             .engine_mut()
-            .post_recv(RecvWr::new(
-                n as u64,
-                vec![Sge::new(r.key, IOVA + off, sz.max(1) as u32)],
-            ))
+            .post_recv(RecvWr::new(n as u64, vec![sge]))
             .unwrap();
     }
     // Initiator data: sends from an unaligned region, then a Write and a Read.
-    let data = pattern(7, LEN);
+    let data = pattern(7, len);
     i.buf.copy_in(0, &data).unwrap();
     for (n, &sz) in sizes.iter().enumerate() {
-        let off = 1 + n as u64 * 9_001;
-        let wr = SendWr::send(100 + n as u64, vec![Sge::new(i.key, IOVA + off, sz as u32)]);
+        let sge = Sge::new(i.key, IOVA + send_at(n) as u64, sz as u32);
+        let wr = SendWr::send(100 + n as u64, vec![sge]);
         i.conn.engine_mut().post_send(wr).unwrap();
     }
-    let wlen = 30_000u32;
     let wr = SendWr::write(
         200,
-        vec![Sge::new(i.key, IOVA + 5, wlen)],
+        vec![Sge::new(i.key, IOVA + write_src as u64, write as u32)],
         r.key,
-        IOVA + 110_001,
+        IOVA + write_to as u64,
     );
     i.conn.engine_mut().post_send(wr).unwrap();
-    let remote = pattern(9, 10_000);
-    r.buf.copy_in(150_000, &remote).unwrap();
+    let remote = pattern(9, read);
+    r.buf.copy_in(read_from, &remote).unwrap();
     let rd = SendWr::read(
         300,
-        Some(Sge::new(i.key, IOVA + 70_001, 10_000)),
+        Some(Sge::new(i.key, IOVA + read_into as u64, read as u32)),
         r.key,
-        IOVA + 150_000,
+        IOVA + read_from as u64,
     );
     i.conn.engine_mut().post_send(rd).unwrap();
 
@@ -212,29 +318,30 @@ fn exchange(k: Knobs, cut: &mut dyn FnMut(usize) -> usize) {
         .filter(|c| c.opcode == WcOpcode::Recv)
         .collect();
     assert_eq!(recvs.len(), sizes.len(), "{k:?}");
-    for (n, (wc, &sz)) in recvs.iter().zip(&sizes).enumerate() {
+    for (n, (wc, &sz)) in recvs.iter().zip(sizes).enumerate() {
         assert_eq!(
             (wc.wr_id, wc.status, wc.byte_len as usize),
             (n as u64, WcStatus::Success, sz)
         );
-        let src = 1 + n * 9_001;
-        let dst = 3 + n * 21_000;
         let mut got = vec![0u8; sz];
-        r.buf.copy_out(dst, &mut got).unwrap();
-        assert_eq!(got, data[src..src + sz], "send {n} {k:?}");
+        r.buf.copy_out(recv_at(n), &mut got).unwrap();
+        assert_eq!(got, data[send_at(n)..send_at(n) + sz], "send {n} {k:?}");
     }
-    let mut got = vec![0u8; wlen as usize];
-    r.buf.copy_out(110_001, &mut got).unwrap();
-    assert_eq!(got, data[5..5 + wlen as usize], "write {k:?}");
-    let mut got = vec![0u8; remote.len()];
-    i.buf.copy_out(70_001, &mut got).unwrap();
+    let mut got = vec![0u8; write];
+    r.buf.copy_out(write_to, &mut got).unwrap();
+    assert_eq!(got, data[write_src..write_src + write], "write {k:?}");
+    let mut got = vec![0u8; read];
+    i.buf.copy_out(read_into, &mut got).unwrap();
     assert_eq!(got, remote, "read {k:?}");
     // Initiator completions: all successful, in submission order (RDMAP-81).
     let ids: Vec<u64> = i.completions.iter().map(|c| c.wr_id).collect();
-    assert_eq!(ids, vec![100, 101, 102, 103, 104, 200, 300], "{k:?}");
+    let mut want: Vec<u64> = (0..sizes.len() as u64).map(|n| 100 + n).collect();
+    want.extend([200, 300]);
+    assert_eq!(ids, want, "{k:?}");
     assert!(i.completions.iter().all(|c| c.status == WcStatus::Success));
     assert_eq!(i.conn.state(), ConnState::Established);
     assert_eq!(r.conn.state(), ConnState::Established);
+    assert!(i.qp_events.is_empty() && r.qp_events.is_empty(), "{k:?}");
     let _ = (&i.keys, &r.keys);
 }
 
@@ -374,4 +481,340 @@ fn mpa_86_corrupted_fpdu_terminates() {
         softrdma_wire::rdmap::TerminateCode::Llp(LlpError::CrcError)
     );
     assert_eq!(i.conn.state(), ConnState::Dead);
+}
+
+/// Transmit bounded at every bound from 1 octet to past two FPDUs: every call
+/// hands out whole frames (startup frames, the RTR, FPDUs with Markers at
+/// every position), stays within its bound unless it carries a single frame,
+/// and nothing is lost: every byte and completion of the exchange is checked.
+#[test]
+fn mpa_05_bounded_transmit_keeps_fpdus_whole_at_every_bound() {
+    let markers_p2p = Knobs {
+        markers_i: true,
+        markers_r: true,
+        p2p: true,
+        emss: 536,
+        ..Knobs::default()
+    };
+    let plain = Knobs {
+        rev: 1,
+        crc_i: false,
+        emss: 536,
+        ..Knobs::default()
+    };
+    let small = Load {
+        sizes: &[0, 1, 1500],
+        write: 3000,
+        read: 1000,
+    };
+    // The largest FPDU here is 536 octets: 1..=1100 covers "not even one",
+    // "one" and "two whole ones", at every length in between.
+    for bound in 1..=1100 {
+        exchange_bounded(markers_p2p, &mut |n| n, bound, small);
+    }
+    for bound in 1..=1100 {
+        exchange_bounded(plain, &mut |n| n.min(333), bound, small);
+    }
+    // Full-size FPDUs and messages, a few bounds.
+    for bound in [1, 1459, 1460, 1461, 2921, 64 * 1024] {
+        exchange_bounded(Knobs::default(), &mut |n| n, bound, FULL);
+    }
+}
+
+/// Initiator with a receive posted before the connection; Responder with a
+/// Send queued before the Request arrives (`early` / `p2p` as asked). Runs
+/// the startup to the Responder's accept and returns both sides and what the
+/// Responder sends first.
+fn responder_first(early: bool, p2p: bool, now: Instant) -> (Side, Side, Vec<u8>) {
+    let k = Knobs {
+        p2p,
+        ..Knobs::default()
+    };
+    let mut i = side(Role::Initiator, &k, 10, 8192, now);
+    let mut r = side(Role::Responder, &k, 20, 8192, now);
+    let qp = r.conn.config().qp;
+    r.conn
+        .set_data_path(qp, FpduSizing::PathMss, false, early)
+        .unwrap();
+    // Work requests posted before the connection sit in the engine at once.
+    let rkey = i.key;
+    i.conn
+        .engine_mut()
+        .post_recv(RecvWr::new(1, vec![Sge::new(rkey, IOVA + 100, 64)]))
+        .unwrap();
+    assert_eq!(i.conn.engine().rq_len(), 1);
+    assert_eq!(i.conn.state(), ConnState::Startup);
+    r.buf.copy_in(0, b"responder speaks first").unwrap();
+    let skey = r.key;
+    r.conn
+        .engine_mut()
+        .post_send(SendWr::send(2, vec![Sge::new(skey, IOVA, 22)]))
+        .unwrap();
+    // The Request; the Responder accepts (events()).
+    let mut out = Vec::new();
+    i.conn.poll_transmit(&mut out);
+    i.frames.check(&i.conn, &out, usize::MAX);
+    r.conn.handle_input(now, &out);
+    events(&mut r);
+    assert!(r.established);
+    let mut first = Vec::new();
+    r.conn.poll_transmit(&mut first);
+    r.frames.check(&r.conn, &first, usize::MAX);
+    (i, r, first)
+}
+
+fn reply_len(bytes: &[u8]) -> usize {
+    20 + usize::from(u16::from_be_bytes([bytes[18], bytes[19]]))
+}
+
+/// MPA-73 (RFC 5044 §7.1.2 r4), the default: the Responder sends its Reply
+/// and nothing else, a Send queued or not, until the Initiator's first FPDU.
+#[test]
+fn mpa_73_responder_waits_for_first_fpdu_by_default() {
+    let now = Instant::now();
+    for p2p in [false, true] {
+        for early in [false, true] {
+            if early && !p2p {
+                continue;
+            }
+            // With P2P, early FPDUs are ignored: the RTR comes first.
+            let (mut i, mut r, first) = responder_first(early, p2p, now);
+            assert_eq!(first.len(), reply_len(&first), "only the Reply");
+            assert!(!r.conn.wants_transmit(), "p2p {p2p} early {early}");
+            i.conn.handle_input(now, &first);
+            events(&mut i);
+            assert!(i.established);
+            assert!(i.conn.engine_mut().poll_completion().is_none());
+            if !p2p {
+                // Client-server: the Initiator speaks first.
+                r.conn
+                    .engine_mut()
+                    .post_recv(RecvWr::new(3, vec![Sge::new(r.key, IOVA + 200, 64)]))
+                    .unwrap();
+                i.conn
+                    .engine_mut()
+                    .post_send(SendWr::send(4, vec![Sge::new(i.key, IOVA, 5)]))
+                    .unwrap();
+            }
+            drive(&mut i, &mut r, &mut |n| n, now);
+            let ri: Vec<u64> = r.completions.iter().map(|c| c.wr_id).collect();
+            let want: &[u64] = if p2p { &[2] } else { &[3, 2] };
+            assert_eq!(
+                ri, want,
+                "the Responder's Send left only after an FPDU came in"
+            );
+            let got = i.completions.iter().find(|c| c.wr_id == 1).unwrap();
+            assert_eq!((got.status, got.byte_len), (WcStatus::Success, 22));
+        }
+    }
+}
+
+/// `early_fpdus` (siw's Responder): the Send follows the Reply in the same
+/// transmit, before the Initiator sent anything. The Initiator reads Reply
+/// and FPDU in one piece; the receive it posted before the connection
+/// existed is already in the engine and takes the Send.
+#[test]
+fn early_fpdus_land_in_receives_posted_before_connect() {
+    let now = Instant::now();
+    let (mut i, r, first) = responder_first(true, false, now);
+    let reply = reply_len(&first);
+    assert!(first.len() > reply, "an FPDU follows the Reply");
+    // One read: Reply and FPDU together.
+    i.conn.handle_input(now, &first);
+    events(&mut i);
+    assert!(i.established);
+    let wc = i.conn.engine_mut().poll_completion().unwrap();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (1, WcStatus::Success, 22)
+    );
+    let mut got = [0u8; 22];
+    i.buf.copy_out(100, &mut got).unwrap();
+    assert_eq!(&got, b"responder speaks first");
+    assert!(i.qp_events.is_empty());
+    let _ = r;
+}
+
+/// The SRQ hook: the connection stops before the first segment of each Send
+/// that finds no receive posted, once per Send (not per segment, not for a
+/// Write or a Read), with that segment held outside the engine; what the
+/// driver then posts takes the Send. At every split, resuming at once or
+/// with the next read.
+#[test]
+fn srq_hook_asks_once_per_send_that_finds_no_receive() {
+    for (cut, lazy) in [(usize::MAX, false), (1, false), (1, true), (700, true)] {
+        let now = Instant::now();
+        let k = Knobs::default();
+        let mut i = side(Role::Initiator, &k, 10, 64 * 1024, now);
+        let mut r = side(Role::Responder, &k, 20, 64 * 1024, now);
+        let qp = r.conn.config().qp;
+        r.conn
+            .set_data_path(qp, FpduSizing::PathMss, true, false)
+            .unwrap();
+        r.lazy_resume = lazy;
+        // One receive of the QP's own, then the shared ones.
+        r.conn
+            .engine_mut()
+            .post_recv(RecvWr::new(50, vec![Sge::new(r.key, IOVA, 4096)]))
+            .unwrap();
+        for n in 0..4u64 {
+            let at = IOVA + 4096 * (n + 1);
+            r.srq
+                .push_back(RecvWr::new(60 + n, vec![Sge::new(r.key, at, 4096)]));
+        }
+        let data = pattern(3, 16 * 1024);
+        i.buf.copy_in(0, &data).unwrap();
+        r.buf.copy_in(40_000, &data[..2000]).unwrap();
+        let sizes = [10usize, 3000, 0];
+        let post = |i: &mut Side, wr: SendWr| i.conn.engine_mut().post_send(wr).unwrap();
+        let ik = i.key;
+        let rk = r.key;
+        post(
+            &mut i,
+            SendWr::send(1, vec![Sge::new(ik, IOVA, sizes[0] as u32)]),
+        );
+        post(
+            &mut i,
+            SendWr::write(2, vec![Sge::new(ik, IOVA, 3000)], rk, IOVA + 30_000),
+        );
+        post(
+            &mut i,
+            SendWr::send(3, vec![Sge::new(ik, IOVA + 1, sizes[1] as u32)]),
+        );
+        post(
+            &mut i,
+            SendWr::read(4, Some(Sge::new(ik, IOVA + 8000, 2000)), rk, IOVA + 40_000),
+        );
+        post(
+            &mut i,
+            SendWr::send(5, vec![Sge::new(ik, IOVA + 2, sizes[2] as u32)]),
+        );
+        let mut c = cut;
+        drive(&mut i, &mut r, &mut |n| n.min(c), now);
+        c = 0;
+        let _ = c;
+        // Own receive first, then one shared receive per Send: two asks.
+        assert_eq!(r.srq_asks, 2, "cut {cut} lazy {lazy}");
+        assert_eq!(r.srq.len(), 2);
+        let recvs: Vec<_> = r
+            .completions
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len as usize))
+            .collect();
+        assert_eq!(
+            recvs,
+            [
+                (50, WcStatus::Success, sizes[0]),
+                (60, WcStatus::Success, sizes[1]),
+                (61, WcStatus::Success, sizes[2]),
+            ]
+        );
+        let mut got = vec![0u8; sizes[1]];
+        r.buf.copy_out(4096, &mut got).unwrap();
+        assert_eq!(got, data[1..1 + sizes[1]]);
+        let ids: Vec<u64> = i.completions.iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, [1, 2, 3, 4, 5]);
+        assert!(i.completions.iter().all(|w| w.status == WcStatus::Success));
+        assert!(r.qp_events.is_empty() && i.qp_events.is_empty());
+    }
+}
+
+/// The SRQ hook with an empty shared queue: the held segment is delivered
+/// anyway and the engine terminates the stream for want of a buffer
+/// (RFC 5041 §7.2); the stop is not a deadlock.
+#[test]
+fn srq_hook_with_nothing_to_give_terminates() {
+    let now = Instant::now();
+    let k = Knobs::default();
+    let mut i = side(Role::Initiator, &k, 10, 8192, now);
+    let mut r = side(Role::Responder, &k, 20, 8192, now);
+    let qp = r.conn.config().qp;
+    r.conn
+        .set_data_path(qp, FpduSizing::PathMss, true, false)
+        .unwrap();
+    let ik = i.key;
+    i.conn
+        .engine_mut()
+        .post_send(SendWr::send(1, vec![Sge::new(ik, IOVA, 10)]))
+        .unwrap();
+    drive(&mut i, &mut r, &mut |n| n, now);
+    assert_eq!(r.srq_asks, 1);
+    assert!(
+        matches!(r.qp_events.as_slice(), [QpEvent::LocalError(_)]),
+        "{:?}",
+        r.qp_events
+    );
+    assert!(
+        matches!(i.qp_events.as_slice(), [QpEvent::TerminateReceived(_)]),
+        "{:?}",
+        i.qp_events
+    );
+    assert_eq!(r.conn.state(), ConnState::Dead);
+    assert!(!r.conn.needs_recv());
+}
+
+/// `set_data_path` (the Responder's QP chosen at accept) is refused once work
+/// sits in the engine, once established, and after a failure; nothing changes.
+#[test]
+fn set_data_path_only_before_establishment() {
+    let now = Instant::now();
+    let k = Knobs::default();
+    let mut r = side(Role::Responder, &k, 20, 8192, now);
+    let mut qp = r.conn.config().qp;
+    qp.rq_depth = 3;
+    r.conn
+        .set_data_path(qp, FpduSizing::Fixed(1000), false, false)
+        .unwrap();
+    assert_eq!(r.conn.engine().config().rq_depth, 3);
+    let rk = r.key;
+    r.conn
+        .engine_mut()
+        .post_recv(RecvWr::new(1, vec![Sge::new(rk, IOVA, 8)]))
+        .unwrap();
+    let busy = r.conn.set_data_path(qp, FpduSizing::PathMss, true, true);
+    assert!(
+        matches!(busy, Err(StartupError::InvalidState(_))),
+        "{busy:?}"
+    );
+    assert_eq!(r.conn.config().fpdu, FpduSizing::Fixed(1000));
+
+    let mut i = side(Role::Initiator, &k, 10, 8192, now);
+    let mut r2 = side(Role::Responder, &k, 30, 8192, now);
+    drive(&mut i, &mut r2, &mut |n| n, now);
+    assert!(i.established && r2.established);
+    let late = r2.conn.set_data_path(qp, FpduSizing::PathMss, false, false);
+    assert!(
+        matches!(late, Err(StartupError::InvalidState(_))),
+        "{late:?}"
+    );
+    let mulpdu = i.conn.engine().config().mulpdu;
+    assert_eq!(
+        mulpdu,
+        mpa::mulpdu(k.emss, false),
+        "negotiated MULPDU in the engine"
+    );
+    assert_eq!(i.conn.engine().config().ird, 4);
+
+    // The Initiator speaks before our Reply (§7.6): failed, accept refused.
+    let mut r3 = side(Role::Responder, &k, 40, 8192, now);
+    let mut i3 = side(Role::Initiator, &k, 50, 8192, now);
+    let mut req = Vec::new();
+    i3.conn.poll_transmit(&mut req);
+    req.extend_from_slice(&[0, 0, 0, 0]);
+    r3.conn.handle_input(now, &req);
+    let mut failed = false;
+    while let Some(e) = r3.conn.poll_event() {
+        failed |= matches!(
+            e,
+            ConnEvent::StartupFailed(StartupError::ExtraOctets { .. })
+        );
+    }
+    assert!(failed);
+    assert_eq!(r3.conn.state(), ConnState::Failed);
+    assert!(r3.conn.accept(&[], 1, 1).is_err());
+    assert!(
+        r3.conn
+            .set_data_path(qp, FpduSizing::PathMss, false, false)
+            .is_err()
+    );
 }
