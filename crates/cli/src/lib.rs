@@ -1,3 +1,6 @@
 //! softrdma command-line tools, as a library so tests can drive them.
 
 pub mod decode;
+pub mod perf;
+pub mod rping;
+pub mod verbs_util;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use softrdma_cli::decode;
+use softrdma_cli::{perf, rping};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +39,12 @@ enum Cmd {
         #[arg(short = 'a', long)]
         all: bool,
     },
+    /// Bandwidth and latency of RDMA Write, RDMA Read and Send, beside raw TCP (perftest
+    /// style): --loopback, --server, or a client of HOST.
+    Perf(perf::PerfArgs),
+    /// A peer of librdmacm's rping: -s server, -c client (-a addr -p port -C count -S size
+    /// -v -V).
+    Rping(rping::RpingArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +57,14 @@ fn main() -> ExitCode {
             strict,
             all,
         } => run_decode(&file, verbose, json, strict, all),
+        Cmd::Perf(args) => match perf::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("softrdma perf: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Rping(args) => ExitCode::from(rping::run(&args).clamp(0, 255) as u8),
     }
 }
 

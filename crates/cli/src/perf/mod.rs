@@ -1,0 +1,604 @@
+//! `softrdma perf`: bandwidth and latency of RDMA Write, RDMA Read and Send between two
+//! softrdma endpoints (iWARP over TCP), beside raw TCP measured in the same run with the same
+//! message size, reported the way perftest reports them.
+//!
+//! `--loopback` runs a server and a client in one process over 127.0.0.1 (two contexts, two
+//! progress threads); `--server` and `HOST` run them on two machines. `--server --perftest`
+//! serves perftest's own clients (`ib_write_bw -R` and friends), see [`perftest`].
+
+pub mod perftest;
+pub mod proto;
+mod rdma;
+pub mod stats;
+pub mod tcp;
+
+use std::io::Write as _;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::time::Duration;
+
+use softrdma::{Context, FpduSize, ListenParams, Listener, MemError};
+
+use self::proto::Test;
+use self::rdma::{Client, RdmaOpts, ServerOpts};
+use self::stats::{Bw, Lat};
+use crate::verbs_util::WaitMode;
+
+/// Errors of `softrdma perf`.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    /// A verbs call failed.
+    #[error("{0}")]
+    Verbs(#[from] softrdma::Error),
+    /// A registered-memory access failed.
+    #[error("memory: {0}")]
+    Mem(#[from] MemError),
+    /// A socket call failed.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer did not follow the protocol.
+    #[error("{0}")]
+    Protocol(String),
+    /// A work request completed in error.
+    #[error("{0}")]
+    Completion(String),
+    /// Bad options.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// How long a test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// This many messages (latency: round trips).
+    Iters(u64),
+    /// This long.
+    Duration(Duration),
+}
+
+/// Which operations to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OpArg {
+    /// RDMA Write.
+    Write,
+    /// RDMA Read.
+    Read,
+    /// Send/Receive.
+    Send,
+    /// All three.
+    All,
+}
+
+/// FPDU size policy on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FpduArg(pub FpduSize);
+
+impl std::str::FromStr for FpduArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FpduArg, String> {
+        Ok(FpduArg(match s {
+            "mss" => FpduSize::PathMss,
+            "largest" => FpduSize::Largest,
+            n => FpduSize::Mulpdu(
+                n.parse()
+                    .map_err(|_| format!("expected mss, largest or a MULPDU, got {n:?}"))?,
+            ),
+        }))
+    }
+}
+
+/// `softrdma perf` options (perftest's names where they overlap).
+#[derive(clap::Args, Clone, Debug)]
+pub struct PerfArgs {
+    /// Run as client of the server on HOST.
+    #[arg(conflicts_with_all = ["loopback", "server"])]
+    pub host: Option<String>,
+    /// Server and client in this process, over 127.0.0.1.
+    #[arg(long)]
+    pub loopback: bool,
+    /// Run as server (serves clients until stopped; see --once).
+    #[arg(long, conflicts_with = "loopback")]
+    pub server: bool,
+    /// With --server: serve one perftest client over rdma_cm (ib_write_bw -R, ib_read_bw
+    /// -R, ib_send_bw -R) instead of softrdma clients, then exit.
+    #[arg(long, requires = "server")]
+    pub perftest: bool,
+    /// With --server: exit after one client session.
+    #[arg(long, requires = "server")]
+    pub once: bool,
+    /// Server: address to listen on.
+    #[arg(short = 'B', long, default_value = "0.0.0.0")]
+    pub bind: String,
+    /// Port of the RDMA (iWARP) listener.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Port of the raw TCP baseline (default: --port + 1).
+    #[arg(long)]
+    pub tcp_port: Option<u16>,
+    /// Message size in octets (default: 65536 for bandwidth, 64 for latency; --perftest:
+    /// the data buffer, default 16 MiB).
+    #[arg(short = 's', long)]
+    pub size: Option<u32>,
+    /// All sizes from 2 to 2^23 (as perftest -a).
+    #[arg(short = 'a', long, conflicts_with = "size")]
+    pub all: bool,
+    /// Messages per bandwidth test and round trips per latency test (default 5000 and 1000).
+    #[arg(short = 'n', long, conflicts_with = "duration")]
+    pub iters: Option<u64>,
+    /// Run each test this many seconds instead of a number of iterations.
+    #[arg(short = 'D', short_alias = 'd', long)]
+    pub duration: Option<f64>,
+    /// Requests kept outstanding in bandwidth tests.
+    #[arg(short = 't', long, default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Receives the server keeps posted in the Send bandwidth test (the credit window).
+    #[arg(short = 'r', long, default_value_t = 512)]
+    pub rx_depth: u32,
+    /// Operations to measure.
+    #[arg(long, value_enum, default_value = "all")]
+    pub op: OpArg,
+    /// Latency tests only.
+    #[arg(long, conflicts_with = "bw")]
+    pub lat: bool,
+    /// Bandwidth tests only.
+    #[arg(long)]
+    pub bw: bool,
+    /// Busy-poll completion queues instead of sleeping until a completion arrives.
+    #[arg(long)]
+    pub busy: bool,
+    /// Ask for MPA CRC32c.
+    #[arg(long)]
+    pub crc: bool,
+    /// FPDU size: mss (default, what hardware peers need), largest, or a MULPDU.
+    #[arg(long, default_value = "mss")]
+    pub fpdu: FpduArg,
+    /// One JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The connection's MPA parameters, as the first test negotiated them.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MpaInfo {
+    /// MPA revision.
+    pub rev: u8,
+    /// CRC32c in use.
+    pub crc: bool,
+    /// Markers in either direction.
+    pub markers: bool,
+    /// Largest ULPDU we send.
+    pub mulpdu: u16,
+    /// The connection's effective MSS.
+    pub emss: u32,
+}
+
+/// One bandwidth row.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct BwRow {
+    /// perftest's test name.
+    pub test: Test,
+    /// Message size.
+    pub bytes: u32,
+    /// softrdma.
+    pub rdma: Bw,
+    /// Raw TCP, same size, same run.
+    pub raw_tcp: Bw,
+    /// softrdma / raw TCP bandwidth.
+    pub ratio: f64,
+}
+
+/// One latency row.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LatRow {
+    /// perftest's test name.
+    pub test: Test,
+    /// Message size.
+    pub bytes: u32,
+    /// softrdma (half round trips for Send and Write, round trips for Read).
+    pub rdma: Lat,
+    /// Raw TCP ping-pong, same size, same run, on the same basis.
+    pub raw_tcp: Lat,
+    /// `half_round_trip` or `round_trip`.
+    pub basis: &'static str,
+    /// softrdma / raw TCP typical (median) latency.
+    pub ratio: f64,
+}
+
+/// Everything one client run measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Report {
+    /// `loopback` or `client`.
+    pub mode: &'static str,
+    /// The server's RDMA address.
+    pub server: String,
+    /// The device.
+    pub device: String,
+    /// MPA parameters.
+    pub mpa: Option<MpaInfo>,
+    /// Requests outstanding in bandwidth tests.
+    pub tx_depth: u32,
+    /// `block` or `busy`.
+    pub completion_wait: &'static str,
+    /// Bandwidth rows.
+    pub bw: Vec<BwRow>,
+    /// Latency rows.
+    pub lat: Vec<LatRow>,
+}
+
+impl PerfArgs {
+    fn wait(&self) -> WaitMode {
+        if self.busy {
+            WaitMode::Busy
+        } else {
+            WaitMode::Block
+        }
+    }
+
+    fn rdma_opts(&self) -> RdmaOpts {
+        RdmaOpts {
+            crc: self.crc,
+            fpdu: self.fpdu.0,
+            tx_depth: self.tx_depth.clamp(1, 16383),
+            rx_depth: self.rx_depth.clamp(4, 1 << 16),
+            wait: self.wait(),
+        }
+    }
+
+    fn ops(&self) -> Vec<(Test, Test)> {
+        let all = [
+            (Test::WriteBw, Test::WriteLat),
+            (Test::ReadBw, Test::ReadLat),
+            (Test::SendBw, Test::SendLat),
+        ];
+        match self.op {
+            OpArg::All => all.to_vec(),
+            OpArg::Write => vec![all[0]],
+            OpArg::Read => vec![all[1]],
+            OpArg::Send => vec![all[2]],
+        }
+    }
+
+    fn sizes(&self, default: u32) -> Vec<u32> {
+        if self.all {
+            (1..=23).map(|i| 1u32 << i).collect()
+        } else {
+            vec![self.size.unwrap_or(default)]
+        }
+    }
+
+    fn limit(&self, default_iters: u64) -> Limit {
+        match self.duration {
+            Some(d) => Limit::Duration(Duration::from_secs_f64(d.max(0.001))),
+            None => Limit::Iters(self.iters.unwrap_or(default_iters).max(1)),
+        }
+    }
+
+    fn check(&self) -> Result<(), PerfError> {
+        if !self.loopback && !self.server && self.host.is_none() {
+            return Err(PerfError::Usage(
+                "give --loopback, --server or the server's HOST".into(),
+            ));
+        }
+        if self.size == Some(0) {
+            return Err(PerfError::Usage("--size must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Latency warm-up round trips (not counted).
+const WARMUP: u64 = 16;
+
+/// Runs the client side against an RDMA server at `rdma` and a raw TCP server at `tcp`.
+pub fn run_client(
+    args: &PerfArgs,
+    rdma: SocketAddr,
+    tcp: SocketAddr,
+    mode: &'static str,
+) -> Result<Report, PerfError> {
+    let mut client = Client::new(rdma, args.rdma_opts())?;
+    let r = measure(args, &mut client, tcp, mode);
+    client.bye();
+    let _ = tcp::bye(tcp);
+    let mut report = r?;
+    report.mpa = client.first_conn.as_ref().map(|c| MpaInfo {
+        rev: c.negotiated.rev,
+        crc: c.negotiated.crc,
+        markers: c.negotiated.markers_tx || c.negotiated.markers_rx,
+        mulpdu: c.mulpdu,
+        emss: c.emss,
+    });
+    report.server = rdma.to_string();
+    Ok(report)
+}
+
+fn measure(
+    args: &PerfArgs,
+    client: &mut Client,
+    tcp: SocketAddr,
+    mode: &'static str,
+) -> Result<Report, PerfError> {
+    let mut report = Report {
+        mode,
+        server: String::new(),
+        device: softrdma::TCP_DEVICE_NAME.to_owned(),
+        mpa: None,
+        tx_depth: args.tx_depth,
+        completion_wait: if args.busy { "busy" } else { "block" },
+        bw: Vec::new(),
+        lat: Vec::new(),
+    };
+    if !args.lat {
+        let limit = args.limit(5000);
+        for size in args.sizes(65536) {
+            let raw = tcp::bw(tcp, size, limit)?;
+            for (test, _) in args.ops() {
+                let rdma = client.bw(test, size, limit)?;
+                report.bw.push(BwRow {
+                    test,
+                    bytes: size,
+                    rdma,
+                    raw_tcp: raw,
+                    ratio: rdma.gbit_s / raw.gbit_s,
+                });
+            }
+        }
+    }
+    if !args.bw {
+        let limit = args.limit(1000);
+        for size in args.sizes(64) {
+            let mut raw_rtt = tcp::ping_pong(tcp, size, limit, WARMUP)?;
+            for (_, test) in args.ops() {
+                let half = test != Test::ReadLat;
+                let mut s = client.lat(test, size, limit, WARMUP)?;
+                let rdma = Lat::from_nanos(&mut s, if half { 2.0 } else { 1.0 });
+                let raw = tcp::lat(&mut raw_rtt, half);
+                if let (Some(rdma), Some(raw)) = (rdma, raw) {
+                    report.lat.push(LatRow {
+                        test,
+                        bytes: size,
+                        rdma,
+                        raw_tcp: raw,
+                        basis: if half {
+                            "half_round_trip"
+                        } else {
+                            "round_trip"
+                        },
+                        ratio: rdma.t_typical / raw.t_typical,
+                    });
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Runs `--loopback`: a server (RDMA and raw TCP) on threads of this process and the client.
+pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
+    let server_ctx = Context::open()?;
+    let listener = Listener::bind_with(
+        &server_ctx,
+        "127.0.0.1:0",
+        ListenParams {
+            crc: args.crc,
+            ..ListenParams::default()
+        },
+    )?;
+    let rdma_addr = listener.local_addr();
+    let tcp_listener = TcpListener::bind("127.0.0.1:0")?;
+    let tcp_addr = tcp_listener.local_addr()?;
+    let sopts = ServerOpts {
+        fpdu: args.fpdu.0,
+        log: false,
+        wait: args.wait(),
+    };
+    std::thread::scope(|s| {
+        let rdma_server = s.spawn(|| rdma::serve(&server_ctx, &listener, sopts, true));
+        let tcp_server = s.spawn(move || tcp::serve(tcp_listener, true));
+        let report = run_client(args, rdma_addr, tcp_addr, "loopback");
+        let r1 = rdma_server.join();
+        let r2 = tcp_server.join();
+        let report = report?;
+        match r1 {
+            Ok(r) => r?,
+            Err(_) => return Err(PerfError::Protocol("the server thread panicked".into())),
+        }
+        match r2 {
+            Ok(r) => r?,
+            Err(_) => return Err(PerfError::Protocol("the TCP server thread panicked".into())),
+        }
+        Ok(report)
+    })
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, PerfError> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| PerfError::Usage(format!("{host} resolves to nothing")))
+}
+
+/// Runs `--server`.
+pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
+    let ctx = Context::open()?;
+    let addr = resolve(&args.bind, args.port)?;
+    let listener = Listener::bind_with(
+        &ctx,
+        addr,
+        ListenParams {
+            crc: args.crc,
+            ..ListenParams::default()
+        },
+    )?;
+    let wait = args.wait();
+    if args.perftest {
+        let buf_len = args.size.map_or(16 << 20, |s| s as usize);
+        eprintln!(
+            "softrdma perf: waiting for a perftest client (-R) on {} (iWARP, {} octets of buffer)",
+            listener.local_addr(),
+            buf_len
+        );
+        let sum = perftest::serve(&ctx, &listener, buf_len, args.fpdu.0, wait, true)?;
+        println!(
+            "perftest session done: {} out-of-band messages, {} Sends received",
+            sum.oob_messages, sum.data_recvs
+        );
+        if let Some((size, iters, peak, avg, mpps)) = sum.report {
+            println!(
+                " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+            );
+            println!(
+                " {size:<10} {iters:<14} {peak:<18.2} {avg:<20.2} {mpps:.6}   (the client's report)"
+            );
+        }
+        return Ok(());
+    }
+    let tcp_port = args.tcp_port.unwrap_or(args.port.wrapping_add(1));
+    let tcp_listener = TcpListener::bind(resolve(&args.bind, tcp_port)?)?;
+    eprintln!(
+        "softrdma perf: serving on {} (iWARP) and {} (raw TCP)",
+        listener.local_addr(),
+        tcp_listener.local_addr()?
+    );
+    let once = args.once;
+    let tcp_thread = std::thread::spawn(move || tcp::serve(tcp_listener, once));
+    let sopts = ServerOpts {
+        fpdu: args.fpdu.0,
+        log: true,
+        wait,
+    };
+    rdma::serve(&ctx, &listener, sopts, once)?;
+    if once {
+        let _ = tcp_thread.join();
+    }
+    Ok(())
+}
+
+/// Entry point of `softrdma perf`.
+pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
+    args.check()?;
+    if args.server {
+        return run_server(args);
+    }
+    let report = if args.loopback {
+        run_loopback(args)?
+    } else {
+        let host = args.host.as_deref().unwrap_or_default();
+        let rdma = resolve(host, args.port)?;
+        let tcp = resolve(host, args.tcp_port.unwrap_or(args.port.wrapping_add(1)))?;
+        run_client(args, rdma, tcp, "client")?
+    };
+    let stdout = std::io::stdout();
+    let mut w = stdout.lock();
+    if args.json {
+        let _ = serde_json::to_writer_pretty(&mut w, &report);
+        let _ = writeln!(w);
+    } else {
+        let _ = write!(w, "{}", render(&report));
+    }
+    Ok(())
+}
+
+const RULE: &str = "---------------------------------------------------------------------------------------------------------";
+
+/// The report as a table a perftest user reads.
+pub fn render(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "{RULE}");
+    let _ = writeln!(
+        s,
+        " softrdma perf: iWARP over TCP, device {}, {} {}",
+        r.device, r.mode, r.server
+    );
+    if let Some(m) = &r.mpa {
+        let _ = writeln!(
+            s,
+            " MPA rev {}, CRC {}, markers {}, MULPDU {} (EMSS {}), tx depth {}, completions: {}",
+            m.rev,
+            if m.crc { "on" } else { "off" },
+            if m.markers { "on" } else { "off" },
+            m.mulpdu,
+            m.emss,
+            r.tx_depth,
+            r.completion_wait
+        );
+    }
+    let _ = writeln!(
+        s,
+        " raw TCP: one blocking TCP stream (bandwidth) and a TCP ping-pong (latency) of the same message size, same run"
+    );
+    let _ = writeln!(
+        s,
+        " MB = 2^20 octets, Gb = 10^9 bits, ratio = softrdma / raw TCP"
+    );
+    if !r.bw.is_empty() {
+        let _ = writeln!(s, "{RULE}");
+        let _ = writeln!(
+            s,
+            " {:<14} {:>8} {:>12} {:>16} {:>18} {:>14} | {:>14} {:>7}",
+            "test",
+            "#bytes",
+            "#iterations",
+            "BW average[Gb/s]",
+            "BW average[MB/sec]",
+            "MsgRate[Mpps]",
+            "raw TCP[Gb/s]",
+            "ratio"
+        );
+        for b in &r.bw {
+            let _ = writeln!(
+                s,
+                " {:<14} {:>8} {:>12} {:>16.2} {:>18.2} {:>14.6} | {:>14.2} {:>7.2}",
+                b.test.name(),
+                b.bytes,
+                b.rdma.iters,
+                b.rdma.gbit_s,
+                b.rdma.mbyte_s,
+                b.rdma.mpps,
+                b.raw_tcp.gbit_s,
+                b.ratio
+            );
+        }
+    }
+    if !r.lat.is_empty() {
+        let _ = writeln!(s, "{RULE}");
+        let _ = writeln!(
+            s,
+            " latency in usec; Send and Write: half round trip (as ib_send_lat, ib_write_lat), Read: round trip (as ib_read_lat)"
+        );
+        let _ = writeln!(
+            s,
+            " {:<14} {:>7} {:>11} {:>9} {:>13} {:>9} {:>9} {:>9} | {:>13} {:>9} {:>7}",
+            "test",
+            "#bytes",
+            "#iterations",
+            "t_min",
+            "t_typical",
+            "t_avg",
+            "t_max",
+            "99%",
+            "raw t_typical",
+            "raw t_avg",
+            "ratio"
+        );
+        for l in &r.lat {
+            let _ = writeln!(
+                s,
+                " {:<14} {:>7} {:>11} {:>9.2} {:>13.2} {:>9.2} {:>9.2} {:>9.2} | {:>13.2} {:>9.2} {:>7.2}",
+                l.test.name(),
+                l.bytes,
+                l.rdma.iters,
+                l.rdma.t_min,
+                l.rdma.t_typical,
+                l.rdma.t_avg,
+                l.rdma.t_max,
+                l.rdma.t_p99,
+                l.raw_tcp.t_typical,
+                l.raw_tcp.t_avg,
+                l.ratio
+            );
+        }
+    }
+    let _ = writeln!(s, "{RULE}");
+    s
+}

@@ -1,0 +1,119 @@
+//! Figures as perftest reports them: bandwidth in Gb/s (10^9 bits) and MB/s (2^20 octets),
+//! message rate in Mpps; latency t_min, t_typical (the median), t_avg, t_max and percentiles,
+//! in microseconds.
+
+use std::time::Duration;
+
+/// Octets per "MB" in perftest's `BW average[MB/sec]` column.
+pub const MB: f64 = 1_048_576.0;
+
+/// A bandwidth measurement.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Bw {
+    /// Messages moved.
+    pub iters: u64,
+    /// Octets moved.
+    pub bytes: u64,
+    /// Wall time from the first post to the last completion (delivery confirmed).
+    pub seconds: f64,
+    /// Bandwidth, 10^9 bits per second.
+    pub gbit_s: f64,
+    /// Bandwidth, 2^20 octets per second.
+    pub mbyte_s: f64,
+    /// Messages per second, millions.
+    pub mpps: f64,
+}
+
+impl Bw {
+    /// `iters` messages of `size` octets in `elapsed`.
+    pub fn new(iters: u64, size: u32, elapsed: Duration) -> Bw {
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        let bytes = iters * u64::from(size);
+        Bw {
+            iters,
+            bytes,
+            seconds,
+            gbit_s: bytes as f64 * 8.0 / seconds / 1e9,
+            mbyte_s: bytes as f64 / seconds / MB,
+            mpps: iters as f64 / seconds / 1e6,
+        }
+    }
+}
+
+/// A latency distribution, microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Lat {
+    /// Samples.
+    pub iters: u64,
+    /// Smallest.
+    pub t_min: f64,
+    /// Median (perftest's t_typical).
+    pub t_typical: f64,
+    /// Mean.
+    pub t_avg: f64,
+    /// Largest.
+    pub t_max: f64,
+    /// Standard deviation.
+    pub t_stdev: f64,
+    /// 99th percentile.
+    pub t_p99: f64,
+    /// 99.9th percentile.
+    pub t_p999: f64,
+}
+
+impl Lat {
+    /// Statistics of `samples` (nanoseconds), each divided by `div` (2 for half round
+    /// trips); `None` without samples.
+    pub fn from_nanos(samples: &mut [u64], div: f64) -> Option<Lat> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_unstable();
+        let us = |ns: u64| ns as f64 / 1000.0 / div;
+        let n = samples.len();
+        let pct = |p: f64| {
+            // perftest: the sample at index ceil(p * n) - 1.
+            let i = ((p * n as f64).ceil() as usize).clamp(1, n) - 1;
+            us(samples[i])
+        };
+        let avg = samples.iter().map(|&s| us(s)).sum::<f64>() / n as f64;
+        let var = samples.iter().map(|&s| (us(s) - avg).powi(2)).sum::<f64>() / n as f64;
+        Some(Lat {
+            iters: n as u64,
+            t_min: us(samples[0]),
+            t_typical: us(samples[n / 2]),
+            t_avg: avg,
+            t_max: us(samples[n - 1]),
+            t_stdev: var.sqrt(),
+            t_p99: pct(0.99),
+            t_p999: pct(0.999),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bandwidth_units() {
+        let b = Bw::new(1000, 65536, Duration::from_secs(1));
+        assert_eq!(b.bytes, 65_536_000);
+        assert!((b.mbyte_s - 62.5).abs() < 1e-9);
+        assert!((b.gbit_s - 0.524288).abs() < 1e-9);
+        assert!((b.mpps - 0.001).abs() < 1e-12);
+    }
+
+    #[test]
+    fn latency_percentiles() {
+        let mut s: Vec<u64> = (1..=1000).map(|i| i * 1000).collect();
+        s.reverse();
+        let l = Lat::from_nanos(&mut s, 2.0).unwrap();
+        assert_eq!(l.t_min, 0.5);
+        assert_eq!(l.t_max, 500.0);
+        assert_eq!(l.t_typical, 250.5);
+        assert_eq!(l.t_p99, 495.0);
+        assert!((l.t_avg - 250.25).abs() < 1e-9);
+        assert!(Lat::from_nanos(&mut [], 1.0).is_none());
+    }
+}

@@ -1,0 +1,180 @@
+//! The raw TCP baseline: one blocking TCP stream for bandwidth and a TCP ping-pong for
+//! latency, with the same message size as the RDMA test, page-aligned buffers and
+//! `TCP_NODELAY` (as the iWARP connections have).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::proto::{TCP_HEADER_LEN, TcpTest, parse_tcp_header, tcp_header};
+use super::stats::{Bw, Lat};
+use super::{Limit, PerfError};
+
+/// A page-aligned buffer without `unsafe`: a larger vector, used from its first page boundary.
+pub struct AlignedBuf {
+    v: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` zeroed octets starting on a 4096-octet boundary.
+    pub fn new(len: usize) -> AlignedBuf {
+        let v = vec![0u8; len + 4096];
+        let off = v.as_ptr().align_offset(4096).min(4096);
+        AlignedBuf { v, off, len }
+    }
+
+    /// The octets.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.v[self.off..self.off + self.len]
+    }
+
+    /// The octets, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.v[self.off..self.off + self.len]
+    }
+}
+
+/// Serves raw TCP tests on `listener` until a Bye arrives (with `once`) or forever.
+pub fn serve(listener: TcpListener, once: bool) -> io::Result<()> {
+    for s in listener.incoming() {
+        let Ok(mut s) = s else { continue };
+        match serve_conn(&mut s) {
+            Ok(true) if once => return Ok(()),
+            Ok(_) => {}
+            Err(e) => eprintln!("softrdma perf: raw TCP test: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// One raw TCP test; `true` for a Bye.
+fn serve_conn(s: &mut TcpStream) -> io::Result<bool> {
+    s.set_nodelay(true)?;
+    let mut h = [0u8; TCP_HEADER_LEN];
+    s.read_exact(&mut h)?;
+    let Some((test, size)) = parse_tcp_header(&h) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a softrdma perf header",
+        ));
+    };
+    let mut buf = AlignedBuf::new(size.max(1) as usize);
+    match test {
+        TcpTest::Bye => return Ok(true),
+        TcpTest::Bw => {
+            let mut total = 0u64;
+            loop {
+                match s.read(buf.as_mut_slice()) {
+                    Ok(0) => break,
+                    Ok(n) => total += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            s.write_all(&total.to_le_bytes())?;
+        }
+        TcpTest::Lat => {
+            let b = &mut buf.as_mut_slice()[..size as usize];
+            loop {
+                match s.read_exact(b) {
+                    Ok(()) => s.write_all(b)?,
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(false)
+}
+
+fn connect(addr: SocketAddr, test: TcpTest, size: u32) -> io::Result<TcpStream> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+    s.set_nodelay(true)?;
+    s.write_all(&tcp_header(test, size))?;
+    Ok(s)
+}
+
+/// Bandwidth of one TCP stream of `size`-octet writes; the time runs until the server
+/// confirmed it read every octet.
+pub fn bw(addr: SocketAddr, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+    let mut s = connect(addr, TcpTest::Bw, size)?;
+    let mut buf = AlignedBuf::new(size as usize);
+    buf.as_mut_slice().fill(0xa5);
+    let start = Instant::now();
+    let mut iters = 0u64;
+    match limit {
+        Limit::Iters(n) => {
+            for _ in 0..n {
+                s.write_all(buf.as_slice())?;
+            }
+            iters = n;
+        }
+        Limit::Duration(d) => {
+            while start.elapsed() < d {
+                for _ in 0..16 {
+                    s.write_all(buf.as_slice())?;
+                }
+                iters += 16;
+            }
+        }
+    }
+    s.shutdown(Shutdown::Write)?;
+    let mut got = [0u8; 8];
+    s.read_exact(&mut got)?;
+    let elapsed = start.elapsed();
+    let got = u64::from_le_bytes(got);
+    if got != iters * u64::from(size) {
+        return Err(PerfError::Protocol(format!(
+            "raw TCP server read {got} octets of {}",
+            iters * u64::from(size)
+        )));
+    }
+    Ok(Bw::new(iters, size, elapsed))
+}
+
+/// Round trips of `size`-octet messages (the server echoes); nanoseconds per round trip.
+pub fn ping_pong(
+    addr: SocketAddr,
+    size: u32,
+    limit: Limit,
+    warmup: u64,
+) -> Result<Vec<u64>, PerfError> {
+    let mut s = connect(addr, TcpTest::Lat, size)?;
+    let mut out = AlignedBuf::new(size.max(1) as usize);
+    let mut inb = AlignedBuf::new(size.max(1) as usize);
+    let n = size as usize;
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    let mut i = 0u64;
+    loop {
+        match limit {
+            Limit::Iters(k) if i >= k + warmup => break,
+            Limit::Duration(d) if i >= warmup && start.elapsed() >= d => break,
+            _ => {}
+        }
+        out.as_mut_slice()[0] = i as u8;
+        let t0 = Instant::now();
+        s.write_all(&out.as_slice()[..n])?;
+        s.read_exact(&mut inb.as_mut_slice()[..n])?;
+        let dt = t0.elapsed();
+        if i >= warmup {
+            samples.push(dt.as_nanos() as u64);
+        }
+        i += 1;
+    }
+    Ok(samples)
+}
+
+/// Latency from round-trip samples; `half` reports half round trips.
+pub fn lat(samples: &mut [u64], half: bool) -> Option<Lat> {
+    Lat::from_nanos(samples, if half { 2.0 } else { 1.0 })
+}
+
+/// Tells the server the session is over.
+pub fn bye(addr: SocketAddr) -> io::Result<()> {
+    let s = connect(addr, TcpTest::Bye, 0)?;
+    drop(s);
+    Ok(())
+}
