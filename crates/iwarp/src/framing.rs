@@ -350,7 +350,7 @@ impl Iterator for Deframer {
         }
         let fpdu = &input[..total];
         let mut ulpdu = vec![0u8; ulpdu_len];
-        match mpa::decode_fpdu(fpdu, self.pos, self.markers, &mut ulpdu) {
+        match mpa::decode_fpdu_with(fpdu, self.pos, self.markers, &mut ulpdu, self.crc) {
             Ok(Some(info)) => {
                 if self.crc && !info.crc_ok() {
                     return self.fail(LlpError::CrcError); // MPA-34, MPA-86

@@ -1078,6 +1078,19 @@ pub fn decode_fpdu(
     markers: bool,
     ulpdu_out: &mut [u8],
 ) -> Result<Option<FpduInfo>> {
+    decode_fpdu_with(input, stream_pos, markers, ulpdu_out, true)
+}
+
+/// [`decode_fpdu`] for a receiver that negotiated CRCs off (MPA-14, MPA-31):
+/// with `compute_crc` false the CRC32c is not computed (it is 5% of a bulk
+/// receive) and `crc_computed` repeats the field, so `crc_ok()` holds.
+pub fn decode_fpdu_with(
+    input: &[u8],
+    stream_pos: u32,
+    markers: bool,
+    ulpdu_out: &mut [u8],
+    compute_crc: bool,
+) -> Result<Option<FpduInfo>> {
     let Some(l) = peek_header(input, stream_pos, markers)? else {
         return Ok(None);
     };
@@ -1123,7 +1136,11 @@ pub fn decode_fpdu(
         pad_len: pad_len(l) as u8,
         markers: layout.count as u8,
         crc_field,
-        crc_computed: crc32c(&input[..crc_at]),
+        crc_computed: if compute_crc {
+            crc32c(&input[..crc_at])
+        } else {
+            crc_field
+        },
     }))
 }
 
@@ -2777,6 +2794,17 @@ mod tests {
             assert_eq!(info.crc_field, 0xefbe_adde);
             assert_eq!(info.crc_computed, crc32c(&w[..n - 4]));
             assert_eq!(out.to_vec(), u);
+            // MPA-31: a receiver with CRCs off need not compute it at all.
+            let mut out2 = [0u8; 100];
+            let lazy = decode_fpdu_with(&b, 0, markers, &mut out2, false)
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (lazy.crc_computed, lazy.consumed),
+                (0xefbe_adde, info.consumed)
+            );
+            assert!(lazy.crc_ok());
+            assert_eq!(out2, out);
         }
     }
 
