@@ -26,6 +26,8 @@ pub mod onc_rpc;
 pub mod rdmap;
 pub mod rocev2;
 pub mod rpcrdma;
+#[cfg(any(test, feature = "test-vectors"))]
+pub mod vectors;
 pub mod xdr;
 
 pub use error::{Error, Layer, Result};
