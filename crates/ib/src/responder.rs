@@ -1,0 +1,864 @@
+//! RC responder of one QP, sans-IO (IBA Vol. 1 §9.7.5; ib-transport.md §5, §10, §13.3–§13.5;
+//! the `rxe_resp.c` state machine of Linux rxe).
+//!
+//! The caller hands in request packets already validated by the header pipeline (TVer,
+//! destination QP, P_Key; ib-transport.md §8) with [`Responder::handle_packet`], and drains
+//! [`Responder::poll_response`] (ACK/NAK, RDMA READ responses, ATOMIC ACKs, BTH .. payload,
+//! no ICRC) and [`Responder::poll_completion`] (receive completions).
+//!
+//! Per packet, in rxe's order: PSN region (§13.5) → opcode sequence (§9.5 / C9-28) →
+//! resources (receive WQE, RNR NAK; READ/ATOMIC limit) → length (IBT-X-04) → R_Key
+//! (`KeyTable::check_remote`, IBT-X-03) → execute → acknowledge.
+//!
+//! Choices where the spec leaves room (documented here, tested in `tests.rs`):
+//! * An inbound SEND longer than its receive WQE: NAK *Invalid Request* and the WQE completes
+//!   with `LocalLength` — what rxe does (`RESPST_ERR_LENGTH`), rather than *Remote Operational
+//!   Error*.
+//! * After a NAK other than PSN Sequence Error the responder stays usable: ePSN is unchanged and
+//!   the message in progress is discarded (IBT-X-16: "the same PSN may later succeed").
+//! * A duplicate SEND/WRITE is re-ACKed with PSN ePSN − 1 and the current MSN (as rxe).
+//! * More than `max_rd_atomic` READ responses still queued (not yet polled) when a new READ or
+//!   ATOMIC arrives: NAK *Invalid Request* (the requester exceeded the negotiated limit).
+//! * MSN counts completed messages; a READ counts when accepted, its responses carry that MSN.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use softrdma_iwarp::verbs_types::{PostError, RecvWr, WcStatus};
+use softrdma_memory::{Access, AccessError, IbNak, Key, KeyTable, PdId, QpId, Target};
+use softrdma_wire::ib::{
+    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, PSN_MASK, PacketRepr,
+    PsnRegion, RnrTimer, Service, Syndrome, psn_add, psn_diff, psn_in_window, psn_region, psn_sub,
+    read_psn_count,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// Static attributes of the responder side of one RC QP (`ibv_modify_qp` to RTR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponderConfig {
+    /// Protection domain of the QP.
+    pub pd: PdId,
+    /// This QP (for type 2 windows and remote invalidation).
+    pub qp: QpId,
+    /// Path MTU, 256..=4096.
+    pub pmtu: u32,
+    /// Initial expected PSN (`rq_psn`).
+    pub epsn: u32,
+    /// Outstanding RDMA READ / ATOMIC requests this responder accepts (`max_dest_rd_atomic`).
+    pub max_rd_atomic: u16,
+    /// RNR NAK timer code (`min_rnr_timer`, 5 bits; ib-transport.md §13.3).
+    pub min_rnr_timer: u8,
+    /// Remote QP number (`dest_qp_num`): the BTH DestQP of every response.
+    pub dest_qp: u32,
+}
+
+/// What a receive completion reports on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A SEND consumed the receive WQE (`IBV_WC_RECV`).
+    Recv,
+    /// An RDMA WRITE with immediate consumed it (`IBV_WC_RECV_RDMA_WITH_IMM`).
+    RecvRdmaWithImm,
+}
+
+/// A receive completion (`ibv_wc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WorkCompletion {
+    /// The receive request's id.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// SEND or WRITE with immediate.
+    pub opcode: WcOpcode,
+    /// Octets received (SEND) or written (WRITE with immediate).
+    pub byte_len: u32,
+    /// Immediate data (host order).
+    pub imm: Option<u32>,
+    /// The local key the peer invalidated (`IBV_WC_WITH_INV`).
+    pub invalidated_key: Option<Key>,
+}
+
+/// Requests dropped without a response, by reason (IBT-X-18).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ResponderCounters {
+    /// Not an RC request opcode (responses, other services, unsupported RC operations).
+    pub bad_opcode: u64,
+    /// Ahead of ePSN after the one PSN Sequence Error NAK (§13.5).
+    pub out_of_sequence: u64,
+    /// Duplicate READ/ATOMIC matching no saved resource (IBT-X-14).
+    pub duplicate_unmatched: u64,
+    /// NAKs sent (any code but RNR).
+    pub naks: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks: u64,
+    /// Duplicates answered (re-ACK, READ regeneration, ATOMIC replay).
+    pub duplicates: u64,
+}
+
+/// A receive WQE with its scatter list checked at post time.
+struct Rwqe {
+    wr_id: u64,
+    sges: Vec<Target>,
+    total: u64,
+}
+
+impl Rwqe {
+    /// Scatters `data` at message offset `off`; `LocalLength` when it does not fit,
+    /// `LocalProtection` when a buffer
+    /// was revoked.
+    fn place(&self, mut off: u64, mut data: &[u8]) -> Result<(), WcStatus> {
+        if off + data.len() as u64 > self.total {
+            return Err(WcStatus::LocalLength);
+        }
+        for t in &self.sges {
+            if data.is_empty() {
+                break;
+            }
+            let len = t.len() as u64;
+            if off >= len {
+                off -= len;
+                continue;
+            }
+            let n = ((len - off) as usize).min(data.len());
+            t.place(off as usize, &data[..n])
+                .map_err(|_| WcStatus::LocalProtection)?;
+            data = &data[n..];
+            off = 0;
+        }
+        Ok(())
+    }
+}
+
+/// The multi-packet message in progress (§9.5: First, Middle*, Last).
+enum InProgress {
+    None,
+    /// SEND: the WQE taken at First and the octets placed so far.
+    Send {
+        wqe: Rwqe,
+        off: u64,
+    },
+    /// RDMA WRITE: the target from the First's RETH and the octets placed so far.
+    Write {
+        target: Option<Target>,
+        off: u64,
+        len: u64,
+    },
+}
+
+/// Saved READ / ATOMIC state, FIFO of depth `max_rd_atomic` (IBT-X-13, ib-transport.md §10).
+#[derive(Clone, Copy, Debug)]
+enum Resource {
+    Read { psn: u32, count: u32 },
+    Atomic { psn: u32, orig: u64, opcode: Opcode },
+}
+
+struct ReadJob {
+    target: Option<Target>,
+    psn: u32,
+    next: u32,
+    count: u32,
+    len: u32,
+    msn: u32,
+}
+
+enum Pending {
+    Ack {
+        psn: u32,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    Read(ReadJob),
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// The RC responder of one QP.
+pub struct Responder {
+    cfg: ResponderConfig,
+    keys: Arc<KeyTable>,
+    epsn: u32,
+    msn: u32,
+    /// A PSN Sequence Error NAK was sent for the current ePSN (§13.5).
+    seq_nak_sent: bool,
+    rq: VecDeque<Rwqe>,
+    cur: InProgress,
+    resources: VecDeque<Resource>,
+    responses: VecDeque<Pending>,
+    completions: VecDeque<WorkCompletion>,
+    counters: ResponderCounters,
+}
+
+/// The outcome of checking/executing one expected packet.
+enum Verdict {
+    /// Executed; ACK if asked for or at the end of a message.
+    Done {
+        ack: bool,
+        psns: u32,
+    },
+    /// Executed and answered already (READ, ATOMIC).
+    Answered {
+        psns: u32,
+    },
+    Nak(NakCode),
+    Rnr,
+    Drop,
+}
+
+fn nak_of(e: AccessError) -> NakCode {
+    match e.ib_nak() {
+        IbNak::InvalidRequest => NakCode::InvalidRequest,
+        IbNak::RemoteAccess => NakCode::RemoteAccessError,
+    }
+}
+
+impl Responder {
+    /// A responder in RTR with the attributes of `cfg`, placing through `keys`.
+    pub fn new(cfg: ResponderConfig, keys: Arc<KeyTable>) -> Self {
+        Responder {
+            epsn: cfg.epsn & PSN_MASK,
+            cfg,
+            keys,
+            msn: 0,
+            seq_nak_sent: false,
+            rq: VecDeque::new(),
+            cur: InProgress::None,
+            resources: VecDeque::new(),
+            responses: VecDeque::new(),
+            completions: VecDeque::new(),
+            counters: ResponderCounters::default(),
+        }
+    }
+
+    /// The expected PSN.
+    pub fn epsn(&self) -> u32 {
+        self.epsn
+    }
+
+    /// Messages completed (the MSN of the next AETH).
+    pub fn msn(&self) -> u32 {
+        self.msn
+    }
+
+    /// Drop and NAK counters.
+    pub fn counters(&self) -> ResponderCounters {
+        self.counters
+    }
+
+    /// Posts a receive WQE; every entry is checked with `check_local(LOCAL_WRITE)` now.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        let mut sges = Vec::with_capacity(wr.sg_list.len());
+        let mut total = 0u64;
+        for (i, s) in wr.sg_list.iter().enumerate() {
+            let t = self
+                .keys
+                .check_local(
+                    s.lkey,
+                    self.cfg.pd,
+                    Access::LOCAL_WRITE,
+                    s.addr,
+                    s.length as u64,
+                )
+                .map_err(|error| PostError::LocalProtection { sge: i, error })?;
+            total += s.length as u64;
+            sges.push(t);
+        }
+        if total > u32::MAX as u64 {
+            return Err(PostError::MessageTooLong);
+        }
+        self.rq.push_back(Rwqe {
+            wr_id: wr.wr_id,
+            sges,
+            total,
+        });
+        Ok(())
+    }
+
+    /// Next receive completion.
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.completions.pop_front()
+    }
+
+    /// Handles one request packet addressed to this QP (header pipeline already passed).
+    pub fn handle_packet(&mut self, pkt: &PacketRepr<'_>) {
+        let op = pkt.bth.opcode;
+        if op.service() != Service::Rc || !is_supported_request(op.operation()) {
+            // ib-transport.md §8: opcode not valid for this QP's service: silent drop.
+            self.counters.bad_opcode += 1;
+            return;
+        }
+        let psn = pkt.bth.psn & PSN_MASK;
+        match psn_region(psn, self.epsn) {
+            PsnRegion::Expected => self.expected(pkt),
+            PsnRegion::Duplicate => self.duplicate(pkt),
+            PsnRegion::Invalid => {
+                // §13.5 / IBA 9.7.5.1.2: one NAK PSN Sequence Error carrying ePSN, then drop
+                // until ePSN arrives.
+                if self.seq_nak_sent {
+                    self.counters.out_of_sequence += 1;
+                } else {
+                    self.seq_nak_sent = true;
+                    self.counters.naks += 1;
+                    self.push_ack(
+                        self.epsn,
+                        Syndrome::Nak(NakCode::PsnSequenceError),
+                        self.msn,
+                    );
+                }
+            }
+        }
+    }
+
+    fn expected(&mut self, pkt: &PacketRepr<'_>) {
+        let psn = pkt.bth.psn & PSN_MASK;
+        match self.execute(pkt) {
+            Verdict::Done { ack, psns } => {
+                self.seq_nak_sent = false;
+                self.epsn = psn_add(self.epsn, psns);
+                if ack {
+                    self.push_ack(psn, Syndrome::ACK, self.msn);
+                }
+            }
+            Verdict::Answered { psns } => {
+                self.seq_nak_sent = false;
+                self.epsn = psn_add(self.epsn, psns);
+            }
+            Verdict::Nak(code) => {
+                // 9.7.5.2.4: NAK with the request's PSN, ePSN unchanged; the message in
+                // progress is abandoned.
+                self.cur = InProgress::None;
+                self.counters.naks += 1;
+                self.push_ack(psn, Syndrome::Nak(code), self.msn);
+            }
+            Verdict::Rnr => {
+                // 9.7.5.2.8: RNR NAK, nothing consumed, ePSN unchanged.
+                self.counters.rnr_naks += 1;
+                let timer = RnrTimer::try_from(self.cfg.min_rnr_timer & 0x1F)
+                    .expect("a 5-bit RNR timer code is valid");
+                self.push_ack(psn, Syndrome::RnrNak { timer }, self.msn);
+            }
+            Verdict::Drop => {}
+        }
+    }
+
+    fn execute(&mut self, pkt: &PacketRepr<'_>) -> Verdict {
+        let op = pkt.bth.opcode.operation();
+        let pmtu = self.cfg.pmtu as usize;
+        let len = pkt.payload.len();
+        // §9.5 (C9-28) opcode sequence: Middle/Last only inside a message of the same kind,
+        // First/Only only outside one. rxe: RESPST_ERR_MISSING_OPCODE_* -> NAK Invalid Request.
+        let in_send = matches!(self.cur, InProgress::Send { .. });
+        let in_write = matches!(self.cur, InProgress::Write { .. });
+        let ok_seq = match op {
+            Operation::SendMiddle
+            | Operation::SendLast
+            | Operation::SendLastWithImmediate
+            | Operation::SendLastWithInvalidate => in_send,
+            Operation::RdmaWriteMiddle
+            | Operation::RdmaWriteLast
+            | Operation::RdmaWriteLastWithImmediate => in_write,
+            _ => !in_send && !in_write,
+        };
+        if !ok_seq {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        // IBT-X-04: First/Middle carry exactly PMTU, Last 1..=PMTU, Only 0..=PMTU.
+        let len_ok = if op.is_first() || op.is_middle() {
+            len == pmtu
+        } else if op.is_last() {
+            len > 0 && len <= pmtu
+        } else {
+            len <= pmtu
+        };
+        if !len_ok {
+            if let InProgress::Send { wqe, .. } = std::mem::replace(&mut self.cur, InProgress::None)
+            {
+                self.complete_error(wqe, WcStatus::RemoteInvalidRequest);
+            }
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        let end = op.is_last() || op.is_only();
+        let ack = pkt.bth.ack_req || end;
+        let imm = pkt.immdt.map(|i| i.immediate_data);
+        match op {
+            Operation::SendFirst
+            | Operation::SendOnly
+            | Operation::SendOnlyWithImmediate
+            | Operation::SendOnlyWithInvalidate => {
+                // 9.7.5.2.8: no receive WQE -> RNR NAK, nothing consumed.
+                let Some(wqe) = self.rq.pop_front() else {
+                    return Verdict::Rnr;
+                };
+                self.cur = InProgress::Send { wqe, off: 0 };
+                self.send_data(pkt, end, imm, ack)
+            }
+            Operation::SendMiddle
+            | Operation::SendLast
+            | Operation::SendLastWithImmediate
+            | Operation::SendLastWithInvalidate => self.send_data(pkt, end, imm, ack),
+            Operation::RdmaWriteFirst
+            | Operation::RdmaWriteOnly
+            | Operation::RdmaWriteOnlyWithImmediate => {
+                if op == Operation::RdmaWriteOnlyWithImmediate && self.rq.is_empty() {
+                    return Verdict::Rnr;
+                }
+                let Some(reth) = pkt.reth else {
+                    return Verdict::Nak(NakCode::InvalidRequest);
+                };
+                // IBA 9.4.3: a zero-length WRITE need not check the R_Key (rxe skips it).
+                let target = if reth.dma_len == 0 {
+                    None
+                } else {
+                    match self.keys.check_remote(
+                        Key(reth.r_key),
+                        self.cfg.pd,
+                        self.cfg.qp,
+                        Access::REMOTE_WRITE,
+                        reth.va,
+                        reth.dma_len as u64,
+                    ) {
+                        Ok(t) => Some(t),
+                        Err(e) => return Verdict::Nak(nak_of(e)),
+                    }
+                };
+                self.cur = InProgress::Write {
+                    target,
+                    off: 0,
+                    len: reth.dma_len as u64,
+                };
+                self.write_data(pkt, end, imm, ack)
+            }
+            Operation::RdmaWriteMiddle => self.write_data(pkt, end, imm, ack),
+            Operation::RdmaWriteLast | Operation::RdmaWriteLastWithImmediate => {
+                if op == Operation::RdmaWriteLastWithImmediate && self.rq.is_empty() {
+                    return Verdict::Rnr;
+                }
+                self.write_data(pkt, end, imm, ack)
+            }
+            Operation::RdmaReadRequest => self.read_request(pkt),
+            Operation::CompareSwap | Operation::FetchAdd => self.atomic(pkt),
+            _ => {
+                self.counters.bad_opcode += 1;
+                Verdict::Drop
+            }
+        }
+    }
+
+    fn send_data(
+        &mut self,
+        pkt: &PacketRepr<'_>,
+        end: bool,
+        imm: Option<u32>,
+        ack: bool,
+    ) -> Verdict {
+        let InProgress::Send { wqe, off } = std::mem::replace(&mut self.cur, InProgress::None)
+        else {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        };
+        if let Err(status) = wqe.place(off, pkt.payload) {
+            // Too long for the WQE: rxe RESPST_ERR_LENGTH -> NAK Invalid Request; the WQE
+            // completes in error (see the module docs).
+            self.complete_error(wqe, status);
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        let off = off + pkt.payload.len() as u64;
+        if !end {
+            self.cur = InProgress::Send { wqe, off };
+            return Verdict::Done { ack, psns: 1 };
+        }
+        // IBA o9-5.2.2 / ib-transport.md §9: Send with Invalidate after placement.
+        let mut invalidated_key = None;
+        if let Some(ieth) = pkt.ieth {
+            let key = Key(ieth.r_key);
+            if self
+                .keys
+                .invalidate_remote(key, self.cfg.pd, self.cfg.qp)
+                .is_err()
+            {
+                self.complete_error(wqe, WcStatus::RemoteInvalidRequest);
+                return Verdict::Nak(NakCode::InvalidRequest);
+            }
+            invalidated_key = Some(key);
+        }
+        self.msn = psn_add(self.msn, 1);
+        self.completions.push_back(WorkCompletion {
+            wr_id: wqe.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: off as u32,
+            imm,
+            invalidated_key,
+        });
+        Verdict::Done { ack, psns: 1 }
+    }
+
+    fn write_data(
+        &mut self,
+        pkt: &PacketRepr<'_>,
+        end: bool,
+        imm: Option<u32>,
+        ack: bool,
+    ) -> Verdict {
+        let InProgress::Write { target, off, len } =
+            std::mem::replace(&mut self.cur, InProgress::None)
+        else {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        };
+        let n = pkt.payload.len() as u64;
+        // More data than the RETH's DMA Length, or a Last that leaves some missing:
+        // NAK Invalid Request (rxe RESPST_ERR_LENGTH).
+        if off + n > len || (end && off + n != len) {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        if n > 0 {
+            let Some(t) = &target else {
+                return Verdict::Nak(NakCode::InvalidRequest);
+            };
+            if let Err(e) = t.place(off as usize, pkt.payload) {
+                return Verdict::Nak(nak_of(e));
+            }
+        }
+        if !end {
+            self.cur = InProgress::Write {
+                target,
+                off: off + n,
+                len,
+            };
+            return Verdict::Done { ack, psns: 1 };
+        }
+        self.msn = psn_add(self.msn, 1);
+        if imm.is_some() {
+            // Checked non-empty before placement (RNR otherwise).
+            if let Some(wqe) = self.rq.pop_front() {
+                self.completions.push_back(WorkCompletion {
+                    wr_id: wqe.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::RecvRdmaWithImm,
+                    byte_len: len as u32,
+                    imm,
+                    invalidated_key: None,
+                });
+            }
+        }
+        Verdict::Done { ack, psns: 1 }
+    }
+
+    fn queued_reads(&self) -> usize {
+        self.responses
+            .iter()
+            .filter(|p| matches!(p, Pending::Read(_)))
+            .count()
+    }
+
+    fn save(&mut self, r: Resource) {
+        // IBT-X-13: FIFO of depth max_rd_atomic; the oldest record is forgotten.
+        if self.resources.len() >= self.cfg.max_rd_atomic as usize {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(r);
+    }
+
+    fn read_request(&mut self, pkt: &PacketRepr<'_>) -> Verdict {
+        if self.queued_reads() >= self.cfg.max_rd_atomic as usize {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        let Some(reth) = pkt.reth else {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        };
+        let target = match self.read_target(reth.r_key, reth.va, reth.dma_len) {
+            Ok(t) => t,
+            Err(code) => return Verdict::Nak(code),
+        };
+        let psn = pkt.bth.psn & PSN_MASK;
+        // EXT-PSN-02: one PSN per response packet (IBT-X-09: at least one).
+        let count = read_psn_count(reth.dma_len, self.cfg.pmtu);
+        self.msn = psn_add(self.msn, 1);
+        self.save(Resource::Read { psn, count });
+        self.responses.push_back(Pending::Read(ReadJob {
+            target,
+            psn,
+            next: 0,
+            count,
+            len: reth.dma_len,
+            msn: self.msn,
+        }));
+        Verdict::Answered { psns: count }
+    }
+
+    fn read_target(&self, r_key: u32, va: u64, len: u32) -> Result<Option<Target>, NakCode> {
+        if len == 0 {
+            // ib-transport.md §5.5: a zero-length READ is not checked.
+            return Ok(None);
+        }
+        self.keys
+            .check_remote(
+                Key(r_key),
+                self.cfg.pd,
+                self.cfg.qp,
+                Access::REMOTE_READ,
+                va,
+                len as u64,
+            )
+            .map(Some)
+            .map_err(nak_of)
+    }
+
+    fn atomic(&mut self, pkt: &PacketRepr<'_>) -> Verdict {
+        if self.cfg.max_rd_atomic == 0 || self.queued_reads() >= self.cfg.max_rd_atomic as usize {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        let Some(a) = pkt.atomic_eth else {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        };
+        // IBT-X-12: 8-aligned VA, else NAK Invalid Request (before the key checks).
+        if !a.va.is_multiple_of(8) {
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        // IBT-X-16: protection failure -> NAK, nothing saved.
+        let t = match self.keys.check_remote(
+            Key(a.r_key),
+            self.cfg.pd,
+            self.cfg.qp,
+            Access::REMOTE_ATOMIC,
+            a.va,
+            8,
+        ) {
+            Ok(t) => t,
+            Err(e) => return Verdict::Nak(nak_of(e)),
+        };
+        // Operands arrive big-endian and are parsed into host order; memory is host order.
+        let r = if pkt.bth.opcode.operation() == Operation::FetchAdd {
+            t.fetch_add(0, a.swap_add_data)
+        } else {
+            t.compare_swap(0, a.compare_data, a.swap_add_data)
+        };
+        let orig = match r {
+            Ok(v) => v,
+            Err(e) => return Verdict::Nak(nak_of(e)),
+        };
+        let psn = pkt.bth.psn & PSN_MASK;
+        self.msn = psn_add(self.msn, 1);
+        self.save(Resource::Atomic {
+            psn,
+            orig,
+            opcode: pkt.bth.opcode,
+        });
+        self.responses.push_back(Pending::AtomicAck {
+            psn,
+            orig,
+            msn: self.msn,
+        });
+        Verdict::Answered { psns: 1 }
+    }
+
+    /// §13.5 duplicate region: never re-execute.
+    fn duplicate(&mut self, pkt: &PacketRepr<'_>) {
+        let psn = pkt.bth.psn & PSN_MASK;
+        match pkt.bth.opcode.operation() {
+            Operation::RdmaReadRequest => {
+                // Regenerate the responses for the (sub)range the duplicate asks for, if it
+                // lies inside a saved READ.
+                let Some(reth) = pkt.reth else {
+                    self.counters.duplicate_unmatched += 1;
+                    return;
+                };
+                let count = read_psn_count(reth.dma_len, self.cfg.pmtu);
+                let found = self.resources.iter().any(|r| match *r {
+                    Resource::Read { psn: p, count: c } => {
+                        psn_in_window(psn, p, c)
+                            && psn_diff(psn_add(psn, count), psn_add(p, c)) <= 0
+                    }
+                    Resource::Atomic { .. } => false,
+                });
+                if !found {
+                    self.counters.duplicate_unmatched += 1;
+                    return;
+                }
+                match self.read_target(reth.r_key, reth.va, reth.dma_len) {
+                    Ok(target) => {
+                        self.counters.duplicates += 1;
+                        self.responses.push_back(Pending::Read(ReadJob {
+                            target,
+                            psn,
+                            next: 0,
+                            count,
+                            len: reth.dma_len,
+                            msn: self.msn,
+                        }));
+                    }
+                    Err(_) => self.counters.duplicate_unmatched += 1,
+                }
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                // IBT-X-14: replay the saved result for the same PSN and opcode, no R_Key
+                // re-check; otherwise drop.
+                let saved = self.resources.iter().find_map(|r| match *r {
+                    Resource::Atomic {
+                        psn: p,
+                        orig,
+                        opcode,
+                    } if p == psn && opcode == pkt.bth.opcode => Some(orig),
+                    _ => None,
+                });
+                match saved {
+                    Some(orig) => {
+                        self.counters.duplicates += 1;
+                        self.responses.push_back(Pending::AtomicAck {
+                            psn,
+                            orig,
+                            msn: self.msn,
+                        });
+                    }
+                    None => self.counters.duplicate_unmatched += 1,
+                }
+            }
+            _ => {
+                // SEND / WRITE: re-ACK everything up to ePSN - 1, do not re-execute or consume
+                // a receive WQE (rxe `duplicate_request`).
+                self.counters.duplicates += 1;
+                self.push_ack(psn_sub(self.epsn, 1), Syndrome::ACK, self.msn);
+            }
+        }
+    }
+
+    /// Queues an ACK/NAK; a plain ACK replaces a plain ACK at the tail (coalescing: the newer
+    /// one acknowledges everything the older one did, IBA 9.7.5.1.4).
+    fn push_ack(&mut self, psn: u32, syndrome: Syndrome, msn: u32) {
+        if syndrome.is_ack()
+            && let Some(Pending::Ack {
+                syndrome: s,
+                psn: p,
+                msn: m,
+            }) = self.responses.back_mut()
+            && s.is_ack()
+            && psn_diff(psn, *p) >= 0
+        {
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        self.responses
+            .push_back(Pending::Ack { psn, syndrome, msn });
+    }
+
+    fn complete_error(&mut self, wqe: Rwqe, status: WcStatus) {
+        self.completions.push_back(WorkCompletion {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: None,
+            invalidated_key: None,
+        });
+    }
+
+    /// Writes the next response packet (BTH .. pad, no ICRC) into `out` (cleared first) and
+    /// returns its length.
+    pub fn poll_response(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+        let dest = self.cfg.dest_qp;
+        let pending = self.responses.pop_front()?;
+        let mut data = Vec::new();
+        let repr = match pending {
+            Pending::Ack { psn, syndrome, msn } => {
+                let mut p = PacketRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest, psn), &[]);
+                p.aeth = Some(aeth(syndrome, msn));
+                p
+            }
+            Pending::AtomicAck { psn, orig, msn } => {
+                let mut p =
+                    PacketRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn), &[]);
+                p.aeth = Some(aeth(Syndrome::ACK, msn));
+                p.atomic_ack_eth = Some(AtomicAckEthRepr {
+                    orig_remote_data: orig,
+                });
+                p
+            }
+            Pending::Read(mut job) => {
+                let i = job.next;
+                let psn = psn_add(job.psn, i);
+                let pmtu = self.cfg.pmtu;
+                let start = i * pmtu;
+                let n = job.len.saturating_sub(start).min(pmtu) as usize;
+                data.resize(n, 0);
+                if n > 0 {
+                    let ok = job
+                        .target
+                        .as_ref()
+                        .is_some_and(|t| t.copy_out(start as usize, &mut data).is_ok());
+                    if !ok {
+                        // Source revoked mid-READ: NAK Remote Access Error, abandon the READ.
+                        self.counters.naks += 1;
+                        self.responses.push_front(Pending::Ack {
+                            psn,
+                            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+                            msn: job.msn,
+                        });
+                        return self.poll_response(out);
+                    }
+                }
+                let opcode = if job.count == 1 {
+                    Opcode::RC_RDMA_READ_RESPONSE_ONLY
+                } else if i == 0 {
+                    Opcode::RC_RDMA_READ_RESPONSE_FIRST
+                } else if i + 1 == job.count {
+                    Opcode::RC_RDMA_READ_RESPONSE_LAST
+                } else {
+                    Opcode::RC_RDMA_READ_RESPONSE_MIDDLE
+                };
+                let msn = job.msn;
+                job.next += 1;
+                if job.next < job.count {
+                    self.responses.push_front(Pending::Read(job));
+                }
+                let mut p = PacketRepr::new(BthRepr::new(opcode, dest, psn), &data);
+                // IBA 9.3.5: AETH on First, Last and Only responses.
+                if opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
+                    p.aeth = Some(aeth(Syndrome::ACK, msn));
+                }
+                p
+            }
+        };
+        out.clear();
+        out.resize(repr.buffer_len(), 0);
+        let n = repr.emit(out).expect("response repr is well-formed");
+        out.truncate(n);
+        Some(n)
+    }
+}
+
+fn aeth(syndrome: Syndrome, msn: u32) -> AethRepr {
+    AethRepr {
+        reserved: false,
+        syndrome,
+        msn: msn & PSN_MASK,
+    }
+}
+
+/// RC requests this responder executes (IBA Table 38; FLUSH and ATOMIC WRITE not supported).
+fn is_supported_request(op: Operation) -> bool {
+    use Operation::*;
+    matches!(
+        op,
+        SendFirst
+            | SendMiddle
+            | SendLast
+            | SendLastWithImmediate
+            | SendLastWithInvalidate
+            | SendOnly
+            | SendOnlyWithImmediate
+            | SendOnlyWithInvalidate
+            | RdmaWriteFirst
+            | RdmaWriteMiddle
+            | RdmaWriteLast
+            | RdmaWriteLastWithImmediate
+            | RdmaWriteOnly
+            | RdmaWriteOnlyWithImmediate
+            | RdmaReadRequest
+            | CompareSwap
+            | FetchAdd
+    )
+}
