@@ -7,5 +7,6 @@
 
 pub mod responder;
 
-pub use responder::{Responder, ResponderConfig, ResponderCounters, WcOpcode, WorkCompletion};
+pub use responder::{Responder, ResponderConfig, ResponderCounters};
 pub use softrdma_iwarp::verbs_types::{PostError, RecvWr, Sge, WcStatus};
+pub use softrdma_iwarp::verbs_types::{WcFlags, WcOpcode, WorkCompletion};

@@ -24,7 +24,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use softrdma_iwarp::verbs_types::{PostError, RecvWr, WcStatus};
+use softrdma_iwarp::verbs_types::{PostError, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_memory::{Access, AccessError, IbNak, Key, KeyTable, PdId, QpId, Target};
 use softrdma_wire::ib::{
     AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, PSN_MASK, PacketRepr,
@@ -52,32 +52,6 @@ pub struct ResponderConfig {
     pub min_rnr_timer: u8,
     /// Remote QP number (`dest_qp_num`): the BTH DestQP of every response.
     pub dest_qp: u32,
-}
-
-/// What a receive completion reports on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WcOpcode {
-    /// A SEND consumed the receive WQE (`IBV_WC_RECV`).
-    Recv,
-    /// An RDMA WRITE with immediate consumed it (`IBV_WC_RECV_RDMA_WITH_IMM`).
-    RecvRdmaWithImm,
-}
-
-/// A receive completion (`ibv_wc`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct WorkCompletion {
-    /// The receive request's id.
-    pub wr_id: u64,
-    /// Outcome.
-    pub status: WcStatus,
-    /// SEND or WRITE with immediate.
-    pub opcode: WcOpcode,
-    /// Octets received (SEND) or written (WRITE with immediate).
-    pub byte_len: u32,
-    /// Immediate data (host order).
-    pub imm: Option<u32>,
-    /// The local key the peer invalidated (`IBV_WC_WITH_INV`).
-    pub invalidated_key: Option<Key>,
 }
 
 /// Requests dropped without a response, by reason (IBT-X-18).
@@ -490,6 +464,10 @@ impl Responder {
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
             byte_len: off as u32,
+            flags: WcFlags {
+                with_invalidate: invalidated_key.is_some(),
+                solicited: pkt.bth.se,
+            },
             imm,
             invalidated_key,
         });
@@ -539,6 +517,10 @@ impl Responder {
                     status: WcStatus::Success,
                     opcode: WcOpcode::RecvRdmaWithImm,
                     byte_len: len as u32,
+                    flags: WcFlags {
+                        with_invalidate: false,
+                        solicited: pkt.bth.se,
+                    },
                     imm,
                     invalidated_key: None,
                 });
@@ -751,6 +733,7 @@ impl Responder {
             status,
             opcode: WcOpcode::Recv,
             byte_len: 0,
+            flags: WcFlags::default(),
             imm: None,
             invalidated_key: None,
         });

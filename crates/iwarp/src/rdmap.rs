@@ -700,5 +700,6 @@ fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkComp
         byte_len,
         flags: WcFlags::default(),
         invalidated_key: None,
+        imm: None,
     }
 }

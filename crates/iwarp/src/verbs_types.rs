@@ -233,6 +233,9 @@ pub enum WcOpcode {
     RdmaRead,
     /// An inbound Send consumed this receive request.
     Recv,
+    /// An inbound RDMA Write with immediate consumed this receive request
+    /// (`IBV_WC_RECV_RDMA_WITH_IMM`; InfiniBand only, iWARP has no immediate data).
+    RecvRdmaWithImm,
 }
 
 /// Completion flags (`ibv_wc_flags`).
@@ -259,6 +262,9 @@ pub struct WorkCompletion {
     pub flags: WcFlags,
     /// The local STag the peer invalidated (Recv with `flags.with_invalidate`).
     pub invalidated_key: Option<Key>,
+    /// Immediate data, host order (`IBV_WC_WITH_IMM`; InfiniBand SEND / RDMA WRITE with
+    /// immediate; always `None` on iWARP).
+    pub imm: Option<u32>,
 }
 
 /// Why a work request was refused at post time; nothing was queued.

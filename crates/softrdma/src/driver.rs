@@ -540,6 +540,7 @@ fn error_wc(wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
         byte_len: 0,
         flags: WcFlags::default(),
         invalidated_key: None,
+        imm: None,
     }
 }
 

@@ -16,6 +16,7 @@ fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: usize) -> WorkCo
         byte_len: byte_len as u32,
         flags: WcFlags::default(),
         invalidated_key: None,
+        imm: None,
     }
 }
 
