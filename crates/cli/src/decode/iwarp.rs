@@ -38,7 +38,8 @@ struct Direction {
     /// Offset from SeqStart of `buf[0]` once in Full Operation (mod 2^32).
     fpdu_pos: u32,
     frame: Option<mpa::FrameKind>,
-    /// The ULPDU scratch buffer (largest ULPDU: 65535 octets).
+    /// The ULPDU scratch buffer, allocated when the stream turns out to be MPA
+    /// (largest ULPDU: 65535 octets).
     ulpdu: Vec<u8>,
 }
 
@@ -52,7 +53,7 @@ impl Default for Direction {
             mode: Mode::Unknown,
             fpdu_pos: 0,
             frame: None,
-            ulpdu: vec![0; 65536],
+            ulpdu: Vec::new(),
         }
     }
 }
@@ -195,7 +196,7 @@ impl Connection {
                 if let Ok(Some(p)) = f.rev2_params() {
                     r.layer("mpa_rev2", p);
                 }
-                reemit_check(&mut r, &bytes, |buf| f.emit(buf), f.buffer_len());
+                r.reemit(&bytes, |buf| f.emit(buf), f.buffer_len());
                 d.frame = Some(f.kind);
                 match f.kind {
                     mpa::FrameKind::Request => {
@@ -236,6 +237,7 @@ impl Connection {
             return false;
         }
         let mut ulpdu = std::mem::take(&mut d.ulpdu);
+        ulpdu.resize(usize::from(u16::MAX) + 1, 0);
         let res = mpa::decode_fpdu(&d.buf, d.fpdu_pos, markers, &mut ulpdu);
         let progressed = match res {
             Ok(None) => false,
@@ -329,29 +331,6 @@ fn record(ctx: &Ctx, d: &mut Direction, proto: &'static str, upto: usize) -> Rec
     Record::new(frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), proto)
 }
 
-/// `emit` the parsed header into a fresh buffer and compare with the wire octets.
-pub(crate) fn reemit_check(
-    r: &mut Record,
-    wire: &[u8],
-    emit: impl FnOnce(&mut [u8]) -> softrdma_wire::Result<usize>,
-    len: usize,
-) {
-    let mut buf = vec![0u8; len];
-    let same = match emit(&mut buf) {
-        Ok(n) => n == len && wire.get(..n) == Some(&buf[..]),
-        Err(_) => false,
-    };
-    r.check(
-        "reemit",
-        Some(same),
-        if same {
-            ""
-        } else {
-            "re-emitted header differs from the wire"
-        },
-    );
-}
-
 /// DDP + RDMAP, and RPC-over-RDMA inside a Send.
 fn decode_ulpdu(r: &mut Record, u: &[u8]) {
     match rdmap::Segment::parse(u) {
@@ -369,7 +348,7 @@ fn decode_ulpdu(r: &mut Record, u: &[u8]) {
             {
                 c.insert("opcode_code".into(), u8::from(seg.control.opcode).into());
             }
-            reemit_check(r, u, |b| seg.emit(b), seg.buffer_len());
+            r.reemit(u, |b| seg.emit(b), seg.buffer_len());
             if let Some(payload) = super::summary::rpc_candidate(&seg) {
                 rpc::decode_into(r, payload);
             }

@@ -72,6 +72,27 @@ impl Record {
         self.errors.push(e.to_string());
     }
 
+    /// `emit` the parsed header into a fresh buffer of `len` octets and record
+    /// whether it reproduces the wire octets (the `reemit` check).
+    pub fn reemit(
+        &mut self,
+        wire: &[u8],
+        emit: impl FnOnce(&mut [u8]) -> softrdma_wire::Result<usize>,
+        len: usize,
+    ) {
+        let mut buf = vec![0u8; len];
+        let same = match emit(&mut buf) {
+            Ok(n) => n == len && wire.get(..n) == Some(&buf[..]),
+            Err(_) => false,
+        };
+        let detail = if same {
+            ""
+        } else {
+            "re-emitted header differs from the wire"
+        };
+        self.check("reemit", Some(same), detail);
+    }
+
     /// True when every applicable check passed and nothing failed to decode.
     pub fn clean(&self) -> bool {
         self.errors.is_empty() && self.checks.iter().all(|c| c.ok != Some(false))

@@ -3,7 +3,6 @@
 use softrdma_wire::ib::{Operation, PacketRepr, Service};
 use softrdma_wire::rocev2::{self, RoceV2Packet, RoceV2Repr, UdpChecksum};
 
-use super::iwarp::reemit_check;
 use super::record::Record;
 use super::{Ctx, rpc, summary};
 
@@ -75,7 +74,7 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
         udp: pkt.udp,
         packet: ib,
     };
-    reemit_check(&mut r, ip, |b| repr.emit(b, csum), repr.buffer_len());
+    r.reemit(ip, |b| repr.emit(b, csum), repr.buffer_len());
 
     let op = ib.bth.opcode;
     if ib.bth.dest_qp == 1 && op.service() == Service::Ud {

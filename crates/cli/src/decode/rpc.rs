@@ -7,7 +7,6 @@
 
 use softrdma_wire::{onc_rpc, rpcrdma};
 
-use super::iwarp::reemit_check;
 use super::record::Record;
 
 /// Decode `payload` (the first segment of a Send message) if it is RPC-over-RDMA.
@@ -26,11 +25,11 @@ pub(crate) fn decode_into(r: &mut Record, payload: &[u8]) {
     };
     r.summary.push_str(&format!(" | {}", summary(&hdr)));
     r.layer("rpcrdma", hdr);
-    reemit_check(r, payload, |b| hdr.emit(b), hlen);
+    r.reemit(payload, |b| hdr.emit(b), hlen);
     if let Some((m, mlen)) = rpc {
         r.summary.push_str(&format!(" | {}", rpc_summary(&m)));
         r.layer("rpc", m);
-        reemit_check(r, &payload[hlen..], |b| m.emit(b), mlen);
+        r.reemit(&payload[hlen..], |b| m.emit(b), mlen);
     }
 }
 
