@@ -467,9 +467,11 @@ impl Responder {
             flags: WcFlags {
                 with_invalidate: invalidated_key.is_some(),
                 solicited: pkt.bth.se,
+                grh: false,
             },
             imm,
             invalidated_key,
+            src_qp: None,
         });
         Verdict::Done { ack, psns: 1 }
     }
@@ -520,9 +522,11 @@ impl Responder {
                     flags: WcFlags {
                         with_invalidate: false,
                         solicited: pkt.bth.se,
+                        grh: false,
                     },
                     imm,
                     invalidated_key: None,
+                    src_qp: None,
                 });
             }
         }
@@ -728,15 +732,8 @@ impl Responder {
     }
 
     fn complete_error(&mut self, wqe: Rwqe, status: WcStatus) {
-        self.completions.push_back(WorkCompletion {
-            wr_id: wqe.wr_id,
-            status,
-            opcode: WcOpcode::Recv,
-            byte_len: 0,
-            flags: WcFlags::default(),
-            imm: None,
-            invalidated_key: None,
-        });
+        self.completions
+            .push_back(WorkCompletion::new(wqe.wr_id, status, WcOpcode::Recv, 0));
     }
 
     /// Writes the next response packet (BTH .. pad, no ICRC) into `out` (cleared first) and

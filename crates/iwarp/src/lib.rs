@@ -6,4 +6,5 @@ pub mod connection;
 pub mod framing;
 pub mod rdmap;
 pub mod startup;
-pub mod verbs_types;
+/// The work request / completion types, shared with the InfiniBand engine.
+pub use softrdma_verbs_types as verbs_types;

@@ -40,7 +40,7 @@ use softrdma_wire::mpa;
 use softrdma_wire::rdmap::{LlpError, ReadRequestRepr, TerminateRepr};
 
 use crate::verbs_types::{
-    PostError, RecvWr, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 mod rx;
@@ -401,6 +401,20 @@ impl RdmapEngine {
     /// `KeyTable::check_local` now (the sink of a Read needs `LOCAL_WRITE`); `INLINE` data is
     /// copied now. In the Error or Closed state the request is accepted and flushed at once.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        // Immediate data and atomics are InfiniBand operations (RFC 7306 atomics are not
+        // implemented by Linux siw); datagrams do not exist on iWARP.
+        if matches!(
+            wr.opcode,
+            WrOpcode::SendWithImm { .. }
+                | WrOpcode::RdmaWriteWithImm { .. }
+                | WrOpcode::AtomicCmpSwap { .. }
+                | WrOpcode::AtomicFetchAdd { .. }
+        ) {
+            return Err(PostError::Unsupported);
+        }
+        if wr.ud.is_some() {
+            return Err(PostError::Destination);
+        }
         let is_read = matches!(wr.opcode, WrOpcode::RdmaRead { .. });
         let max_sge = if is_read {
             1
@@ -485,6 +499,10 @@ impl RdmapEngine {
                     Gather::Inline(Vec::new()),
                 )
             }
+            WrOpcode::SendWithImm { .. }
+            | WrOpcode::RdmaWriteWithImm { .. }
+            | WrOpcode::AtomicCmpSwap { .. }
+            | WrOpcode::AtomicFetchAdd { .. } => return Err(PostError::Unsupported),
         };
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -685,21 +703,9 @@ impl RdmapEngine {
 }
 
 fn op_kind(op: &WrOpcode) -> WcOpcode {
-    match op {
-        WrOpcode::Send | WrOpcode::SendWithInvalidate { .. } => WcOpcode::Send,
-        WrOpcode::RdmaWrite { .. } => WcOpcode::RdmaWrite,
-        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
-    }
+    op.wc_opcode()
 }
 
 fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
-    WorkCompletion {
-        wr_id,
-        status,
-        opcode,
-        byte_len,
-        flags: WcFlags::default(),
-        invalidated_key: None,
-        imm: None,
-    }
+    WorkCompletion::new(wr_id, status, opcode, byte_len)
 }

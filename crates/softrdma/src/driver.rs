@@ -31,7 +31,7 @@ use softrdma_iwarp::connection::{
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState, RdmapEngine};
 use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
 use softrdma_iwarp::verbs_types::{
-    PostError, RecvWr, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    PostError, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use softrdma_memory::{Access, Buffer, PdId, QpId};
 
@@ -533,23 +533,11 @@ fn flushed(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
 }
 
 fn error_wc(wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
-    WorkCompletion {
-        wr_id,
-        status,
-        opcode,
-        byte_len: 0,
-        flags: WcFlags::default(),
-        invalidated_key: None,
-        imm: None,
-    }
+    WorkCompletion::new(wr_id, status, opcode, 0)
 }
 
 fn wc_opcode(op: &WrOpcode) -> WcOpcode {
-    match op {
-        WrOpcode::Send | WrOpcode::SendWithInvalidate { .. } => WcOpcode::Send,
-        WrOpcode::RdmaWrite { .. } => WcOpcode::RdmaWrite,
-        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
-    }
+    op.wc_opcode()
 }
 
 /// The status of a request the engine refused when the thread handed it over (its key

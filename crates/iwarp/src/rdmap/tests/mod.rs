@@ -17,6 +17,7 @@ fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: usize) -> WorkCo
         flags: WcFlags::default(),
         invalidated_key: None,
         imm: None,
+        src_qp: None,
     }
 }
 

@@ -1,6 +1,6 @@
 //! Work requests and work completions of one queue pair, in the shape a verbs user knows
-//! (`ibv_send_wr`, `ibv_recv_wr`, `ibv_wc`), for the sans-IO iWARP engine
-//! ([`crate::rdmap::RdmapEngine`]).
+//! (`ibv_send_wr`, `ibv_recv_wr`, `ibv_wc`), shared by the sans-IO iWARP engine
+//! (`softrdma_iwarp::rdmap::RdmapEngine`) and the InfiniBand engine (`softrdma_ib`).
 //!
 //! Scatter/gather entries name registered memory through an L_Key; the engine checks every
 //! entry with `KeyTable::check_local` when the request is posted and keeps the resulting
@@ -58,6 +58,79 @@ pub enum WrOpcode {
         /// Data Source STag.
         rkey: Key,
     },
+    /// IBA §9.4.1: SEND with immediate data (InfiniBand only).
+    SendWithImm {
+        /// Immediate data, host order (big-endian in the ImmDt header).
+        imm: u32,
+    },
+    /// IBA §9.4.3: RDMA WRITE with immediate data; consumes a receive WQE at the peer
+    /// (InfiniBand only).
+    RdmaWriteWithImm {
+        /// Target virtual address.
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: Key,
+        /// Immediate data, host order.
+        imm: u32,
+    },
+    /// IBA §9.4.5: ATOMIC Compare and Swap of the 8 octets at `remote_addr` (8-byte aligned);
+    /// the original value lands in the one local 8-octet entry (InfiniBand RC only).
+    AtomicCmpSwap {
+        /// Target virtual address, 8-byte aligned.
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: Key,
+        /// Value compared with the target.
+        compare: u64,
+        /// Value stored when equal.
+        swap: u64,
+    },
+    /// IBA §9.4.5: ATOMIC Fetch and Add (InfiniBand RC only).
+    AtomicFetchAdd {
+        /// Target virtual address, 8-byte aligned.
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: Key,
+        /// Added to the target (modulo 2^64).
+        add: u64,
+    },
+}
+
+impl WrOpcode {
+    /// RDMA READ or an ATOMIC: the request waits for a response carrying data and takes a
+    /// slot of the initiator depth (ORD / `max_rd_atomic`).
+    pub const fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            WrOpcode::RdmaRead { .. }
+                | WrOpcode::AtomicCmpSwap { .. }
+                | WrOpcode::AtomicFetchAdd { .. }
+        )
+    }
+
+    /// The completion opcode of this request (`ibv_wc_opcode`).
+    pub const fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            WrOpcode::Send | WrOpcode::SendWithInvalidate { .. } | WrOpcode::SendWithImm { .. } => {
+                WcOpcode::Send
+            }
+            WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+            WrOpcode::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
+            WrOpcode::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// Where a datagram (UD) send goes (`ibv_send_wr.wr.ud`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// Address handle: an index the driver resolves to a network address (`ibv_ah`).
+    pub ah: u32,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key (DETH; a value with the high bit set means "use the QP's own").
+    pub remote_qkey: u32,
 }
 
 /// Send work request flags (`ibv_send_flags`).
@@ -132,6 +205,8 @@ pub struct SendWr {
     pub sg_list: Vec<Sge>,
     /// Signaled, solicited, fence, inline.
     pub flags: SendFlags,
+    /// Destination of a UD send; `None` on connected QPs.
+    pub ud: Option<UdDest>,
 }
 
 impl SendWr {
@@ -142,6 +217,7 @@ impl SendWr {
             opcode: WrOpcode::Send,
             sg_list,
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
     }
 
@@ -152,6 +228,7 @@ impl SendWr {
             opcode: WrOpcode::SendWithInvalidate { invalidate_rkey },
             sg_list,
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
     }
 
@@ -162,6 +239,7 @@ impl SendWr {
             opcode: WrOpcode::RdmaWrite { remote_addr, rkey },
             sg_list,
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
     }
 
@@ -172,7 +250,84 @@ impl SendWr {
             opcode: WrOpcode::RdmaRead { remote_addr, rkey },
             sg_list: sink.into_iter().collect(),
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
+    }
+
+    /// A signaled SEND with immediate data of `sg_list`.
+    pub fn send_with_imm(wr_id: u64, sg_list: Vec<Sge>, imm: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::SendWithImm { imm },
+            sg_list,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+
+    /// A signaled RDMA WRITE with immediate data of `sg_list` to `remote_addr` of `rkey`.
+    pub fn write_with_imm(
+        wr_id: u64,
+        sg_list: Vec<Sge>,
+        rkey: Key,
+        remote_addr: u64,
+        imm: u32,
+    ) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            sg_list,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+
+    /// A signaled ATOMIC Compare and Swap; the original value lands in `result` (8 octets).
+    pub fn cmp_swap(
+        wr_id: u64,
+        result: Sge,
+        rkey: Key,
+        remote_addr: u64,
+        compare: u64,
+        swap: u64,
+    ) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::AtomicCmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            },
+            sg_list: vec![result],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+
+    /// A signaled ATOMIC Fetch and Add; the original value lands in `result` (8 octets).
+    pub fn fetch_add(wr_id: u64, result: Sge, rkey: Key, remote_addr: u64, add: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            },
+            sg_list: vec![result],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+
+    /// The same request sent as a datagram to `dest` (UD QPs).
+    pub fn to(mut self, dest: UdDest) -> SendWr {
+        self.ud = Some(dest);
+        self
     }
 
     /// The same request with `flags` instead.
@@ -220,6 +375,13 @@ pub enum WcStatus {
     WorkRequestFlushed,
     /// The connection below failed (an LLP error Terminate from the peer).
     Fatal,
+    /// InfiniBand: the local ACK timeout or PSN Sequence Error NAKs exhausted `retry_cnt`
+    /// (`IBV_WC_RETRY_EXC_ERR`).
+    RetryExceeded,
+    /// InfiniBand: RNR NAKs exhausted `rnr_retry` (`IBV_WC_RNR_RETRY_EXC_ERR`).
+    RnrRetryExceeded,
+    /// InfiniBand: a response of an unexpected kind or length (`IBV_WC_BAD_RESP_ERR`).
+    BadResponse,
 }
 
 /// What a completion reports on (`ibv_wc_opcode`).
@@ -236,6 +398,10 @@ pub enum WcOpcode {
     /// An inbound RDMA Write with immediate consumed this receive request
     /// (`IBV_WC_RECV_RDMA_WITH_IMM`; InfiniBand only, iWARP has no immediate data).
     RecvRdmaWithImm,
+    /// ATOMIC Compare and Swap (InfiniBand).
+    CompSwap,
+    /// ATOMIC Fetch and Add (InfiniBand).
+    FetchAdd,
 }
 
 /// Completion flags (`ibv_wc_flags`).
@@ -245,6 +411,9 @@ pub struct WcFlags {
     pub with_invalidate: bool,
     /// Send with Solicited Event (RDMAP-63).
     pub solicited: bool,
+    /// UD receive: the first 40 octets of the buffer hold the GRH / IP header
+    /// (`IBV_WC_GRH`).
+    pub grh: bool,
 }
 
 /// A work completion (`ibv_wc`).
@@ -265,6 +434,28 @@ pub struct WorkCompletion {
     /// Immediate data, host order (`IBV_WC_WITH_IMM`; InfiniBand SEND / RDMA WRITE with
     /// immediate; always `None` on iWARP).
     pub imm: Option<u32>,
+    /// UD receive: the sender's QP number (`ibv_wc.src_qp`).
+    pub src_qp: Option<u32>,
+}
+
+impl WorkCompletion {
+    /// A completion with no flags, key, immediate data or source QP.
+    pub const fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Self {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            flags: WcFlags {
+                with_invalidate: false,
+                solicited: false,
+                grh: false,
+            },
+            invalidated_key: None,
+            imm: None,
+            src_qp: None,
+        }
+    }
 }
 
 /// Why a work request was refused at post time; nothing was queued.
@@ -288,6 +479,17 @@ pub enum PostError {
         /// The QP's inline limit.
         max: u32,
     },
+    /// The operation does not exist on this transport or QP type (immediate data or
+    /// atomics on iWARP, READ on UC, anything but SEND on UD).
+    #[error("operation not supported by this transport or QP type")]
+    Unsupported,
+    /// A UD send without a destination, or a connected-QP send with one.
+    #[error("UD destination missing or not allowed")]
+    Destination,
+    /// An atomic whose result entry is not 8 octets or whose remote address is not 8-byte
+    /// aligned.
+    #[error("atomic needs one 8-octet local entry and an 8-byte aligned remote address")]
+    AtomicShape,
     /// An RDMA Read on a QP whose ORD is 0.
     #[error("RDMA Read posted with ORD 0")]
     ReadsDisabled,
