@@ -1,12 +1,18 @@
 //! Sans-IO InfiniBand transport engine (IBA Vol. 1 ch. 9), in the roles of the
-//! spec and Linux rxe: requester, responder, completer (see `DESIGN.md`).
-//!
-//! So far: the RC [`responder`] of one QP.
+//! spec and Linux rxe: requester and completer ([`requester`]), responder
+//! ([`responder`]), tied together with the QP state machine and the header
+//! validation pipeline in [`qp`] (see `DESIGN.md`). RC, UC and UD.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod qp;
+pub mod requester;
 pub mod responder;
 
+pub use qp::{IbQp, ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, pkey_matches};
+pub use requester::{Requester, RequesterConfig, RequesterCounters, Tx};
 pub use responder::{Responder, ResponderConfig, ResponderCounters};
-pub use softrdma_iwarp::verbs_types::{PostError, RecvWr, Sge, WcStatus};
-pub use softrdma_iwarp::verbs_types::{WcFlags, WcOpcode, WorkCompletion};
+pub use softrdma_verbs_types::{
+    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode,
+};

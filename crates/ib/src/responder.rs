@@ -52,6 +52,11 @@ pub struct ResponderConfig {
     pub min_rnr_timer: u8,
     /// Remote QP number (`dest_qp_num`): the BTH DestQP of every response.
     pub dest_qp: u32,
+    /// RC, UC (no responses; §13.5 resynchronisation) or UD ([`Responder::handle_datagram`]).
+    pub service: Service,
+    /// Remote operations the QP accepts (`qp_access_flags`: `REMOTE_WRITE`, `REMOTE_READ`,
+    /// `REMOTE_ATOMIC`); a request for another is NAKed *Invalid Request* (rxe).
+    pub access: Access,
 }
 
 /// Requests dropped without a response, by reason (IBT-X-18).
@@ -67,6 +72,10 @@ pub struct ResponderCounters {
     pub naks: u64,
     /// RNR NAKs sent.
     pub rnr_naks: u64,
+    /// UC messages dropped for an error (bad R_Key, length, no receive WQE).
+    pub uc_dropped: u64,
+    /// UD datagrams dropped for want of a receive WQE.
+    pub no_wqe: u64,
     /// Duplicates answered (re-ACK, READ regeneration, ATOMIC replay).
     pub duplicates: u64,
 }
@@ -208,6 +217,43 @@ impl Responder {
         }
     }
 
+    /// INIT → RTR: takes the path attributes of `cfg` (ePSN, PMTU, remote QP, limits),
+    /// keeping the receive queue.
+    pub fn reconfigure(&mut self, cfg: ResponderConfig) {
+        self.epsn = cfg.epsn & PSN_MASK;
+        self.cfg = cfg;
+    }
+
+    /// The attributes in force.
+    pub fn config(&self) -> &ResponderConfig {
+        &self.cfg
+    }
+
+    /// Receive WQEs posted and not consumed.
+    pub fn rq_len(&self) -> usize {
+        self.rq.len() + usize::from(matches!(self.cur, InProgress::Send { .. }))
+    }
+
+    /// Error state (IBA 10.3.1): every receive WQE, the one in progress first, completes with
+    /// `WorkRequestFlushed`; saved responses are dropped.
+    pub fn flush(&mut self) {
+        self.abandon();
+        self.responses.clear();
+        while let Some(w) = self.rq.pop_front() {
+            self.complete_error(w, WcStatus::WorkRequestFlushed);
+        }
+    }
+
+    /// A receive posted in the Error state completes at once as flushed.
+    pub fn push_flushed(&mut self, wr_id: u64) {
+        self.completions.push_back(WorkCompletion::new(
+            wr_id,
+            WcStatus::WorkRequestFlushed,
+            WcOpcode::Recv,
+            0,
+        ));
+    }
+
     /// The expected PSN.
     pub fn epsn(&self) -> u32 {
         self.epsn
@@ -260,12 +306,17 @@ impl Responder {
     /// Handles one request packet addressed to this QP (header pipeline already passed).
     pub fn handle_packet(&mut self, pkt: &PacketRepr<'_>) {
         let op = pkt.bth.opcode;
-        if op.service() != Service::Rc || !is_supported_request(op.operation()) {
+        let svc = self.cfg.service;
+        if op.service() != svc || svc == Service::Ud || !is_supported_request(svc, op.operation()) {
             // ib-transport.md §8: opcode not valid for this QP's service: silent drop.
             self.counters.bad_opcode += 1;
             return;
         }
         let psn = pkt.bth.psn & PSN_MASK;
+        if svc == Service::Uc {
+            self.uc_packet(pkt, psn);
+            return;
+        }
         match psn_region(psn, self.epsn) {
             PsnRegion::Expected => self.expected(pkt),
             PsnRegion::Duplicate => self.duplicate(pkt),
@@ -284,6 +335,90 @@ impl Responder {
                     );
                 }
             }
+        }
+    }
+
+    /// UC (9.8.3, §13.5): no responses; a PSN other than ePSN abandons the message in
+    /// progress and the receiver resynchronises on the next First or Only.
+    fn uc_packet(&mut self, pkt: &PacketRepr<'_>, psn: u32) {
+        let op = pkt.bth.opcode.operation();
+        if psn != self.epsn {
+            self.counters.out_of_sequence += 1;
+            self.abandon();
+            self.epsn = psn;
+        }
+        let starts = op.is_first() || op.is_only();
+        let in_msg = !matches!(self.cur, InProgress::None);
+        if starts == in_msg {
+            // A Middle/Last without its First (lost), or a First inside a message: the
+            // message is dropped; wait for the next First/Only.
+            self.counters.out_of_sequence += 1;
+            self.abandon();
+            if !starts {
+                self.epsn = psn_add(psn, 1);
+                return;
+            }
+        }
+        match self.execute(pkt) {
+            Verdict::Done { psns, .. } | Verdict::Answered { psns } => {
+                self.epsn = psn_add(self.epsn, psns);
+            }
+            Verdict::Nak(_) | Verdict::Rnr | Verdict::Drop => {
+                // 9.8.3: UC errors are silent; the rest of the message is discarded.
+                self.counters.uc_dropped += 1;
+                self.abandon();
+                self.epsn = psn_add(psn, 1);
+            }
+        }
+    }
+
+    /// Drops the message in progress; a receive WQE it had taken goes back to the head of
+    /// the queue untouched from the consumer's view (UC reuses it for the next message).
+    fn abandon(&mut self) {
+        if let InProgress::Send { wqe, .. } = std::mem::replace(&mut self.cur, InProgress::None) {
+            self.rq.push_front(wqe);
+        }
+    }
+
+    /// UD receive (9.8.4): one SEND Only (with immediate) per message. `grh` is the 40-octet
+    /// GRH image the driver builds from the IP header (rxe: an IPv4 header fills the last 20
+    /// octets); it is placed ahead of the payload, as verbs users expect. The header
+    /// pipeline (Q_Key included) has passed.
+    pub fn handle_datagram(&mut self, pkt: &PacketRepr<'_>, grh: &[u8; 40]) {
+        let op = pkt.bth.opcode;
+        let Some(deth) = pkt.deth else {
+            self.counters.bad_opcode += 1;
+            return;
+        };
+        if op != Opcode::UD_SEND_ONLY && op != Opcode::UD_SEND_ONLY_WITH_IMMEDIATE {
+            self.counters.bad_opcode += 1;
+            return;
+        }
+        if pkt.payload.len() > self.cfg.pmtu as usize {
+            self.counters.bad_opcode += 1;
+            return;
+        }
+        // No receive WQE: silently dropped (9.8.4, no RNR on UD).
+        let Some(wqe) = self.rq.pop_front() else {
+            self.counters.no_wqe += 1;
+            return;
+        };
+        let placed = wqe.place(0, grh).and_then(|()| wqe.place(40, pkt.payload));
+        match placed {
+            Ok(()) => {
+                let mut wc = WorkCompletion::new(
+                    wqe.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    (40 + pkt.payload.len()) as u32,
+                );
+                wc.flags.grh = true;
+                wc.flags.solicited = pkt.bth.se;
+                wc.imm = pkt.immdt.map(|i| i.immediate_data);
+                wc.src_qp = Some(deth.src_qp);
+                self.completions.push_back(wc);
+            }
+            Err(status) => self.complete_error(wqe, status),
         }
     }
 
@@ -353,6 +488,18 @@ impl Responder {
             {
                 self.complete_error(wqe, WcStatus::RemoteInvalidRequest);
             }
+            return Verdict::Nak(NakCode::InvalidRequest);
+        }
+        // QP access flags (verbs `qp_access_flags`; rxe check_op_valid): Invalid Request.
+        let needs = match op {
+            Operation::RdmaWriteFirst
+            | Operation::RdmaWriteOnly
+            | Operation::RdmaWriteOnlyWithImmediate => Access::REMOTE_WRITE,
+            Operation::RdmaReadRequest => Access::REMOTE_READ,
+            Operation::CompareSwap | Operation::FetchAdd => Access::REMOTE_ATOMIC,
+            _ => Access::empty(),
+        };
+        if !self.cfg.access.contains(needs) {
             return Verdict::Nak(NakCode::InvalidRequest);
         }
         let end = op.is_last() || op.is_only();
@@ -714,6 +861,9 @@ impl Responder {
     /// Queues an ACK/NAK; a plain ACK replaces a plain ACK at the tail (coalescing: the newer
     /// one acknowledges everything the older one did, IBA 9.7.5.1.4).
     fn push_ack(&mut self, psn: u32, syndrome: Syndrome, msn: u32) {
+        if self.cfg.service != Service::Rc {
+            return;
+        }
         if syndrome.is_ack()
             && let Some(Pending::Ack {
                 syndrome: s,
@@ -818,9 +968,22 @@ fn aeth(syndrome: Syndrome, msn: u32) -> AethRepr {
     }
 }
 
-/// RC requests this responder executes (IBA Table 38; FLUSH and ATOMIC WRITE not supported).
-fn is_supported_request(op: Operation) -> bool {
+/// Requests this responder executes (IBA Table 38; FLUSH and ATOMIC WRITE not supported; UC
+/// has no READ, ATOMIC or Send with Invalidate).
+fn is_supported_request(svc: Service, op: Operation) -> bool {
     use Operation::*;
+    if svc == Service::Uc
+        && matches!(
+            op,
+            RdmaReadRequest
+                | CompareSwap
+                | FetchAdd
+                | SendLastWithInvalidate
+                | SendOnlyWithInvalidate
+        )
+    {
+        return false;
+    }
     matches!(
         op,
         SendFirst

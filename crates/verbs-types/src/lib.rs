@@ -490,6 +490,10 @@ pub enum PostError {
     /// aligned.
     #[error("atomic needs one 8-octet local entry and an 8-byte aligned remote address")]
     AtomicShape,
+    /// The QP's state does not accept this queue's requests (send before RTS, anything in
+    /// Reset).
+    #[error("QP state does not accept this request")]
+    State,
     /// An RDMA Read on a QP whose ORD is 0.
     #[error("RDMA Read posted with ORD 0")]
     ReadsDisabled,

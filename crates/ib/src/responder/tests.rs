@@ -50,6 +50,8 @@ fn env(epsn: u32) -> Env {
         max_rd_atomic: 4,
         min_rnr_timer: 12,
         dest_qp: PEER,
+        service: Service::Rc,
+        access: Access::REMOTE,
     };
     Env {
         r: Responder::new(cfg, keys.clone()),

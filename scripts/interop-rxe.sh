@@ -1,0 +1,333 @@
+#!/usr/bin/env bash
+# interop-rxe.sh - softrdma (RoCEv2) against the Linux kernel's rxe (Soft-RoCE).
+#
+# Builds `softrdma` (release) and runs interop cases through ../shared/interop-vm/interop.sh on
+# one persistent VM: the guest (10.77.0.2 = rxe0, GID index 1 = ::ffff:10.77.0.2) runs the
+# rdma-core pingpongs and perftest, the host side (namespace rdmavm, 10.77.0.1) runs softrdma.
+# The exchanges and rxe's quirks are described in docs/rxe-interop.md.
+#
+#   {rc,uc}_pingpong-s<size>-guest-server   guest ibv_*_pingpong server  vs  softrdma pingpong client
+#   {rc,uc}_pingpong-s<size>-host-server    softrdma pingpong server     vs  guest ibv_*_pingpong client
+#   ud_pingpong-s<size>-{guest,host}-server the same for UD (sizes 1..1024: rxe's port MTU)
+#   ib_{write,read,atomic}_bw-guest-server  guest ib_*_bw (TCP OOB, no -R)  vs  softrdma perf client
+#   lossy-rc_pingpong-...                   the RC pingpong cases with netem loss (see --loss)
+#
+# Every case runs with -c (validate): the pingpong client zeroes byte 0 of each 4 KiB page, the
+# server checks those bytes and prints "invalid data in page N" (its exit status stays 0, so
+# the output is checked). Each case's bridge capture is decoded with `softrdma decode --strict`.
+# Prints PASS/FAIL/SKIP per case and a summary; exits 0 only if every case passed. A case whose
+# softrdma subcommand does not exist yet is SKIPped (and the run does not count as passed).
+# Needs root and /dev/net/tun (the VM's network namespace and taps).
+#
+# Options: --sizes "100 4096"  --ud-sizes "1 100 1024"  --count N (pingpong -n, default 100)
+#          --perf-size N (default 65536)  --perf-count N (default 100)  --loss PCT (default 2)
+#          --no-perftest  --no-lossy  --no-build  --only REGEX (case names)
+#          --timeout S (per case; default 120, perftest 240, lossy 300)
+#          --guest-selfcheck   run only the guest command lines against themselves inside the
+#                              guest (server and client both on rxe0; no softrdma needed)
+#          --out DIR (logs and pcaps; default target/interop-rxe)
+# Environment: SOFTRDMA_BIN (default target/release/softrdma; --no-build implied if set)
+set -uo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+VMDIR=${INTEROP_VM_DIR:-$(dirname "$0")/../../shared/interop-vm}
+VMDIR=$(cd "$VMDIR" && pwd)
+STATE=${INTEROP_VM_STATE:-/var/tmp/interop-vm}
+SIZES="100 4096"
+# ibv_ud_pingpong refuses -s above the port's active MTU (1024 at netdev MTU 1500); 1 is allowed.
+UD_SIZES="1 100 1024"
+COUNT=100
+PERF_SIZE=65536 PERF_COUNT=100
+LOSS=2
+PP_TIMEOUT=120 LOSSY_TIMEOUT=300 PERF_TIMEOUT=240
+PERFTEST=1 LOSSY=1 BUILD_BIN=1 SELFCHECK=0 ONLY=""
+OUT=$REPO/target/interop-rxe
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sizes) SIZES=$2; shift ;;
+    --ud-sizes) UD_SIZES=$2; shift ;;
+    --count) COUNT=$2; shift ;;
+    --perf-size) PERF_SIZE=$2; shift ;;
+    --perf-count) PERF_COUNT=$2; shift ;;
+    --loss) LOSS=$2; shift ;;
+    --timeout) PP_TIMEOUT=$2; LOSSY_TIMEOUT=$2; PERF_TIMEOUT=$2; shift ;;
+    --no-perftest) PERFTEST=0 ;;
+    --no-lossy) LOSSY=0 ;;
+    --no-build) BUILD_BIN=0 ;;
+    --only) ONLY=$2; shift ;;
+    --guest-selfcheck) SELFCHECK=1 ;;
+    --out) OUT=$2; shift ;;
+    -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
+    *) echo "interop-rxe.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+[ "$(id -u)" = 0 ] || { echo "interop-rxe.sh: needs root (network namespace, taps)" >&2; exit 2; }
+[ -c /dev/net/tun ] || { echo "interop-rxe.sh: needs /dev/net/tun" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
+if [ "$SELFCHECK" = 0 ]; then
+  if [ "$BUILD_BIN" = 1 ] && [ -z "${SOFTRDMA_BIN:-}" ]; then
+    (cd "$REPO" && cargo build --release -p softrdma-cli) || exit 1
+  fi
+  [ -x "$BIN" ] || { echo "interop-rxe.sh: no $BIN" >&2; exit 2; }
+fi
+# interop.sh --start writes its boot log under runs/ without creating it.
+mkdir -p "$STATE/runs"
+
+INTEROP=$VMDIR/interop.sh
+# vm_exec / vm_spawn / vm_wait for the loss setup and --guest-selfcheck (functions only).
+# shellcheck source=/dev/null
+. "$VMDIR/vmctl.sh"
+NS=${NETNS:-rdmavm}
+GUEST_ROCE=10.77.0.2 HOST_ROCE=10.77.0.1
+GIDX=1          # rxe0 GID index 1 = ::ffff:10.77.0.2 (index 0 is the IPv6 link-local GID)
+OOB_PORT=18515
+RESULTS=() NOTES=()
+PASSED=0 FAILED=0 SKIPPED=0
+
+say() { echo "[interop-rxe $(date +%T)] $*" >&2; }
+
+# record NAME pass|fail|skip REASON
+record() {
+  case "$2" in
+    pass) RESULTS+=("PASS  $1"); PASSED=$((PASSED + 1)); echo "PASS  $1" ;;
+    skip) RESULTS+=("SKIP  $1: $3"); SKIPPED=$((SKIPPED + 1)); echo "SKIP  $1: $3" ;;
+    *) RESULTS+=("FAIL  $1: $3"); FAILED=$((FAILED + 1)); echo "FAIL  $1: $3" ;;
+  esac
+}
+
+selected() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
+
+# section LOG guest|host: that side's output in an interop.sh log
+section() {
+  awk -v want="=== $2 " 'index($0, "=== ") == 1 { on = (index($0, want) == 1); next } on' "$1"
+}
+
+# decode_check NAME PCAP CASE-LOG: softrdma decode --strict of the case's capture. Under TCG
+# tcpdump on the bridge can drop packets of bulk transfers ("dropped by kernel"); RoCEv2
+# datagrams decode one by one, but the TCP OOB stream then has holes, which is only a note.
+decode_check() {
+  local log=$OUT/$1.decode dir dropped bad gaps
+  if "$BIN" decode --strict "$2" >"$log" 2>&1; then
+    say "$1: decode --strict ok ($(tail -1 "$log"))"
+    return 0
+  fi
+  dir=$(sed -n 's/.*logs in \(.*\)$/\1/p' "$3" | tail -1)
+  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$dir/tcpdump.log" 2>/dev/null)
+  bad=$(tail -1 "$log" | sed -n 's/.* \([0-9]*\) with errors$/\1/p')
+  gaps=$(grep -c "TCP gap that the capture never fills" "$log")
+  if [ -n "$dropped" ] && [ "$dropped" != 0 ] && [ "$bad" = "$gaps" ]; then
+    say "$1: decode --strict: capture incomplete (tcpdump dropped $dropped packets): $(tail -1 "$log")"
+    NOTES+=("$1: capture incomplete (tcpdump dropped $dropped packets), decode saw only TCP gaps")
+    return 0
+  fi
+  say "$1: decode --strict failed, see $log"
+  return 1
+}
+
+# run_case NAME CHECK_FN interop.sh-args...: one interop.sh case, its log, its verdict
+run_case() {
+  local name=$1 check=$2; shift 2
+  selected "$name" || return 0
+  local log=$OUT/$name.log pcap=$OUT/$name.pcap
+  say "case $name"
+  "$INTEROP" --attach --pcap "$pcap" "$@" >"$log" 2>&1
+  local rc=$? why=""
+  if [ $rc != 0 ]; then
+    why="interop.sh exit $rc ($(grep -m1 -E '^=== interop' "$log" || echo 'no result line'))"
+  else
+    why=$("$check" "$log" 2>&1) || { [ -n "$why" ] || why="check $check failed"; }
+  fi
+  if [ -z "$why" ] && ! decode_check "$name" "$pcap" "$log"; then
+    why="decode --strict of $pcap failed"
+  fi
+  if [ -z "$why" ]; then record "$name" pass ""; else record "$name" fail "$why (log $log)"; fi
+}
+
+# ---- command lines ------------------------------------------------------------------------
+# The guest tools: exactly what docs/rxe-interop.md describes (-g 1, -m 1024 for RC/UC).
+pp_mtu() { [ "$1" = ud ] || echo "-m 1024"; }              # ibv_ud_pingpong has no -m
+guest_pp() {  # TYPE SIZE [SERVER]: an ibv_*_pingpong command line (client if SERVER is given)
+  echo "ibv_$1_pingpong -d rxe0 -g $GIDX -p $OOB_PORT -s $2 -n $COUNT -c $(pp_mtu "$1") ${3:-}"
+}
+# softrdma pingpong: being written (issue 4). Options as the brief fixes them:
+#   softrdma pingpong --rc|--uc|--ud [-p port] [-s size] [-n iters] [-g gid-index] [-m mtu]
+#                     [-r rx-depth] [-c] [host]
+host_pp() {  # TYPE SIZE [SERVER]
+  echo "$BIN pingpong --$1 -p $OOB_PORT -g $GIDX -s $2 -n $COUNT -c $(pp_mtu "$1") ${3:-}"
+}
+guest_perf() {  # TEST [SERVER]: ib_{write,read,atomic}_bw with its own TCP OOB (no -R)
+  local sz="-s $PERF_SIZE"
+  [ "$1" = atomic ] && sz="-A FETCH_AND_ADD"                # atomics are always 8 bytes
+  echo "ib_$1_bw -d rxe0 -x $GIDX -p $OOB_PORT -F -n $PERF_COUNT $sz ${2:-}"
+}
+# *** TO ADJUST ***: `softrdma perf --transport roce ... --perftest` does not exist yet. This is
+# the expected form of a perftest-compatible RoCE client (the TCP OOB of perftest 6.06 / Debian
+# 4.5+0.17: version, sys data, MTU, 108-byte dest handshakes, bw report, "done").
+host_perf() {  # TEST
+  local sz="-s $PERF_SIZE"
+  [ "$1" = atomic ] && sz=""
+  echo "$BIN perf --transport roce --client $GUEST_ROCE --perftest --test $1 -p $OOB_PORT -g $GIDX -n $PERF_COUNT $sz"
+}
+
+# ---- checks: print a reason and fail, or print nothing -------------------------------------
+# The pingpongs print "N iters in S seconds = U usec/iter" at the end; the softrdma pingpong is
+# expected to print the same line (its output format is an assumption of this script).
+check_pp_side() {  # LOG guest|host WHO
+  local out n
+  out=$(section "$1" "$2")
+  n=$(grep -cE "^$COUNT iters in " <<<"$out" || true)
+  [ "$n" = 1 ] || { echo "$3 did not finish $COUNT iterations"; return 1; }
+  if grep -q "invalid data in page" <<<"$out"; then
+    echo "$3 found invalid data: $(grep -m1 'invalid data in page' <<<"$out")"; return 1
+  fi
+}
+check_pp() {  # both sides finished; the guest saw our GID
+  check_pp_side "$1" guest "guest ibv_*_pingpong" || return 1
+  check_pp_side "$1" host "softrdma pingpong" || return 1
+  section "$1" guest | grep -q "remote address: .*GID ::ffff:$HOST_ROCE" ||
+    { echo "the guest did not get GID ::ffff:$HOST_ROCE from us"; return 1; }
+}
+check_perf() {  # the guest server prints the report the client sent (xchg_bw_reports)
+  local size=$PERF_SIZE
+  [[ "$1" == *ib_atomic_bw* ]] && size=8
+  section "$1" guest | grep -qE "^[[:space:]]*${size}[[:space:]]+${PERF_COUNT}[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+" ||
+    { echo "the guest perftest server printed no '$size $PERF_COUNT ...' result line"; return 1; }
+}
+
+# ---- case groups --------------------------------------------------------------------------
+have_pingpong() { "$BIN" pingpong --help >/dev/null 2>&1; }
+have_perf_roce() { "$BIN" perf --help 2>&1 | grep -q -- '--transport'; }
+
+pp_cases() {  # PREFIX TIMEOUT
+  local p=$1 to=$2 t s sizes
+  for t in rc uc ud; do
+    [[ "$p" == lossy-* ]] && [ "$t" != rc ] && continue      # UC/UD lose whole messages
+    sizes=$SIZES; [ "$t" = ud ] && sizes=$UD_SIZES
+    for s in $sizes; do
+      if ! have_pingpong; then
+        selected "$p${t}_pingpong-s$s-guest-server" &&
+          record "$p${t}_pingpong-s$s-guest-server" skip "softrdma has no 'pingpong' subcommand yet"
+        selected "$p${t}_pingpong-s$s-host-server" &&
+          record "$p${t}_pingpong-s$s-host-server" skip "softrdma has no 'pingpong' subcommand yet"
+        continue
+      fi
+      run_case "$p${t}_pingpong-s$s-guest-server" check_pp --guest-first --wait-port "$OOB_PORT" \
+        --timeout "$to" --guest "$(guest_pp "$t" "$s")" --host "$(host_pp "$t" "$s" "$GUEST_ROCE")"
+      run_case "$p${t}_pingpong-s$s-host-server" check_pp --host-first --wait-port "$OOB_PORT" \
+        --timeout "$to" --host "$(host_pp "$t" "$s")" --guest "$(guest_pp "$t" "$s" "$HOST_ROCE")"
+    done
+  done
+}
+
+perftest_cases() {
+  local t
+  for t in write read atomic; do
+    if ! have_perf_roce; then
+      selected "ib_${t}_bw-guest-server" &&
+        record "ib_${t}_bw-guest-server" skip "softrdma perf has no --transport roce yet (command line to adjust)"
+      continue
+    fi
+    run_case "ib_${t}_bw-guest-server" check_perf --guest-first --wait-port "$OOB_PORT" --timeout "$PERF_TIMEOUT" \
+      --guest "$(guest_perf "$t")" --host "$(host_perf "$t")"
+  done
+}
+
+# Loss: the host kernel may lack sch_netem (this one does), so netem goes on the guest's eth0
+# egress (guest -> host: our responder sees gaps, our requester loses ACKs); host -> guest
+# drops only if nft exists here (numgen in the rdmavm namespace).
+VMRUN=""
+loss_on() {
+  vm_exec "$VMRUN" "tc qdisc replace dev eth0 root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
+    { say "netem in the guest failed"; return 1; }
+  if command -v nft >/dev/null 2>&1; then
+    ip netns exec "$NS" nft -f - <<EOF || say "nft loss rule failed (guest-side loss only)"
+table inet softrdma_loss {
+  chain out {
+    type filter hook output priority 0;
+    ip daddr $GUEST_ROCE udp dport 4791 numgen random mod 100 < $LOSS drop
+  }
+}
+EOF
+  fi
+}
+loss_off() {
+  [ -n "$VMRUN" ] && vm_exec "$VMRUN" "tc qdisc del dev eth0 root" 20 >/dev/null 2>&1
+  command -v nft >/dev/null 2>&1 && ip netns exec "$NS" nft delete table inet softrdma_loss 2>/dev/null
+  return 0
+}
+
+lossy_cases() {
+  if ! loss_on; then record "lossy (netem ${LOSS}%)" fail "could not set up the loss"; return; fi
+  [ -n "$(command -v nft)" ] || NOTES+=("lossy cases: loss on guest -> host only (no nft on this host for host -> guest)")
+  pp_cases "lossy-" "$LOSSY_TIMEOUT"
+  loss_off
+}
+
+# --guest-selfcheck: each guest command line against itself, both ends in the guest (rxe
+# loopback; no RoCE reaches the bridge). Checks the command lines, not softrdma.
+self_pair() {  # NAME SERVER-CMD CLIENT-CMD CHECK-REGEX
+  selected "$1" || return 0
+  local job out rc src
+  say "selfcheck $1"
+  job=$(vm_spawn "$VMRUN" "timeout 120 $2" srv)
+  vm_exec "$VMRUN" "vm-wait-listen $OOB_PORT 30" 40 >/dev/null 2>&1
+  out=$(vm_exec "$VMRUN" "timeout 120 $3" 130 2>&1); rc=$?
+  out+=$'\n'$(vm_wait "$VMRUN" "$job" 130 2>&1); src=$?
+  printf '%s\n' "$out" >"$OUT/selfcheck-$1.log"
+  if [ $rc != 0 ] || [ $src != 0 ]; then
+    record "selfcheck-$1" fail "client rc $rc, server rc $src (log $OUT/selfcheck-$1.log)"
+  elif grep -q "invalid data in page" <<<"$out"; then
+    record "selfcheck-$1" fail "invalid data (log $OUT/selfcheck-$1.log)"
+  elif ! grep -qE "$4" <<<"$out"; then
+    record "selfcheck-$1" fail "no line matching '$4' (log $OUT/selfcheck-$1.log)"
+  else
+    record "selfcheck-$1" pass ""
+  fi
+}
+selfcheck() {
+  local t s sizes sz
+  for t in rc uc ud; do
+    sizes=$SIZES; [ "$t" = ud ] && sizes=$UD_SIZES
+    for s in $sizes; do
+      self_pair "${t}_pingpong-s$s" "$(guest_pp "$t" "$s")" "$(guest_pp "$t" "$s" "$GUEST_ROCE")" \
+        "^$COUNT iters in "
+    done
+  done
+  for t in write read atomic; do
+    sz=$PERF_SIZE; [ "$t" = atomic ] && sz=8
+    self_pair "ib_${t}_bw" "$(guest_perf "$t")" "$(guest_perf "$t" "$GUEST_ROCE")" \
+      "^[[:space:]]*${sz}[[:space:]]+${PERF_COUNT}[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+"
+  done
+}
+
+start_vm() {
+  "$INTEROP" --stop >/dev/null 2>&1
+  say "booting the VM"
+  "$INTEROP" --start >/dev/null || { say "VM boot failed"; return 1; }
+  VMRUN=$("$INTEROP" --status | sed -n 's/^running: //p')
+  [ -n "$VMRUN" ] || { say "no persistent VM after --start"; return 1; }
+  say "VM up: $VMRUN ($(vm_exec "$VMRUN" 'ibv_devinfo -d rxe0 | grep active_mtu' 20 | tr -s ' \t\n' ' '))"
+}
+trap 'loss_off; "$INTEROP" --stop >/dev/null 2>&1' EXIT
+
+if start_vm; then
+  if [ "$SELFCHECK" = 1 ]; then
+    selfcheck
+  else
+    pp_cases "" "$PP_TIMEOUT"
+    [ "$PERFTEST" = 1 ] && perftest_cases
+    [ "$LOSSY" = 1 ] && lossy_cases
+  fi
+else
+  record "boot" fail "the VM did not boot"
+fi
+
+echo
+echo "interop-rxe: $PASSED passed, $FAILED failed, $SKIPPED skipped (logs and pcaps in $OUT)"
+printf '%s\n' "${RESULTS[@]}"
+[ ${#NOTES[@]} = 0 ] || { echo "notes:"; printf '  %s\n' "${NOTES[@]}"; }
+[ "$FAILED" = 0 ] && [ "$SKIPPED" = 0 ]
