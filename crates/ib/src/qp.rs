@@ -466,6 +466,8 @@ impl IbQp {
             }
             _ => {}
         }
+        // `qp_access_flags` may change in INIT -> INIT, RTR -> RTS, RTS -> RTS, SQD -> RTS too.
+        self.responder.set_access(self.access);
         self.state = to;
         Ok(())
     }

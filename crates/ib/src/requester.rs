@@ -870,6 +870,8 @@ impl Requester {
             self.counters.stale_responses += 1;
             return;
         }
+        // Forward progress is the oldest request advancing; the responder executing later
+        // requests (`acked`) is not: those responses are echoes of a loss already acted on.
         let before = (self.una, self.sq.len(), self.acked);
         // How far the responder has executed (9.7.5.1: an ACK covers its PSN, a NAK the PSNs
         // before it, a READ response or ATOMIC ACK its request).
@@ -917,6 +919,12 @@ impl Requester {
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
                         self.ack_through(psn_add(psn, PSN_MASK));
                         self.counters.seq_naks += 1;
+                        // The packets sent behind an RNR-NAKed one reach the responder out of
+                        // sequence (rxe then NAKs them): not a loss, the RNR wait already
+                        // resends from there; it must not use up `retry_cnt`.
+                        if self.rnr_until.is_some() && psn == self.una {
+                            return;
+                        }
                         if self.retry_left == 0 {
                             self.fail(WcStatus::RetryExceeded);
                             return;

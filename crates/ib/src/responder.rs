@@ -16,6 +16,9 @@
 //!   Error*.
 //! * After a NAK other than PSN Sequence Error the responder stays usable: ePSN is unchanged and
 //!   the message in progress is discarded (IBT-X-16: "the same PSN may later succeed").
+//! * A SEND with Invalidate whose IETH R_Key fails the o9-5.2.2 checks is acknowledged like any
+//!   valid SEND (o9-5.2.1: the ACK does not reflect the invalidation); its receive WQE completes
+//!   with `RemoteInvalidRequest`.
 //! * A duplicate SEND/WRITE is re-ACKed with PSN ePSN − 1 and the current MSN (as rxe).
 //! * More than `max_rd_atomic` READ responses still queued (not yet polled) when a new READ or
 //!   ATOMIC arrives: NAK *Invalid Request* (the requester exceeded the negotiated limit).
@@ -34,6 +37,9 @@ use softrdma_wire::ib::{
 
 #[cfg(test)]
 mod tests;
+
+/// Largest RETH DMA Length (IBA 9.3.3.3, C9-9: 0 ..= 2^31); longer is an Invalid Request.
+const MAX_DMA_LEN: u32 = 1 << 31;
 
 /// Static attributes of the responder side of one RC QP (`ibv_modify_qp` to RTR).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,6 +228,11 @@ impl Responder {
     pub fn reconfigure(&mut self, cfg: ResponderConfig) {
         self.epsn = cfg.epsn & PSN_MASK;
         self.cfg = cfg;
+    }
+
+    /// `qp_access_flags` changed by `modify_qp` (any state): applies to the next request.
+    pub fn set_access(&mut self, access: Access) {
+        self.cfg.access = access;
     }
 
     /// The attributes in force.
@@ -530,6 +541,9 @@ impl Responder {
                 let Some(reth) = pkt.reth else {
                     return Verdict::Nak(NakCode::InvalidRequest);
                 };
+                if reth.dma_len > MAX_DMA_LEN {
+                    return Verdict::Nak(NakCode::InvalidRequest); // C9-9
+                }
                 // IBA 9.4.3: a zero-length WRITE need not check the R_Key (rxe skips it).
                 let target = if reth.dma_len == 0 {
                     None
@@ -600,8 +614,11 @@ impl Responder {
                 .invalidate_remote(key, self.cfg.pd, self.cfg.qp)
                 .is_err()
             {
+                // o9-5.2.1: the ACK does not reflect the invalidation outcome; the failure is
+                // reported locally, in the receive completion.
+                self.msn = psn_add(self.msn, 1);
                 self.complete_error(wqe, WcStatus::RemoteInvalidRequest);
-                return Verdict::Nak(NakCode::InvalidRequest);
+                return Verdict::Done { ack, psns: 1 };
             }
             invalidated_key = Some(key);
         }
@@ -702,6 +719,9 @@ impl Responder {
         let Some(reth) = pkt.reth else {
             return Verdict::Nak(NakCode::InvalidRequest);
         };
+        if reth.dma_len > MAX_DMA_LEN {
+            return Verdict::Nak(NakCode::InvalidRequest); // C9-9
+        }
         let target = match self.read_target(reth.r_key, reth.va, reth.dma_len) {
             Ok(t) => t,
             Err(code) => return Verdict::Nak(code),

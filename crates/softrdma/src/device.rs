@@ -89,6 +89,8 @@ pub(crate) struct CtxShared {
     events: Mutex<VecDeque<AsyncEvent>>,
     events_cond: Condvar,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The RoCEv2 driver of a context opened with `Context::open_roce`.
+    pub(crate) roce: std::sync::OnceLock<Arc<crate::roce::RoceShared>>,
 }
 
 impl CtxShared {
@@ -185,6 +187,7 @@ impl Context {
             events: Mutex::new(VecDeque::new()),
             events_cond: Condvar::new(),
             thread: Mutex::new(None),
+            roce: std::sync::OnceLock::new(),
         });
         let weak: Weak<CtxShared> = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()

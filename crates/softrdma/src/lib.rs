@@ -50,6 +50,7 @@ mod driver;
 mod error;
 mod mr;
 mod qp;
+mod roce;
 
 pub use cm::{
     AcceptParams, ConnRequest, ConnectParams, Connection, FALLBACK_EMSS, FpduSize, ListenParams,
@@ -60,11 +61,19 @@ pub use device::{AsyncEvent, Context, Device, Pd, TCP_DEVICE_NAME};
 pub use error::Error;
 pub use mr::{Mr, MrAttr, Mw};
 pub use qp::{Qp, QpCap, QpInitAttr, QpState, Srq, SrqAttr};
+pub use roce::{Ah, RoceConfig, RoceCounters, RoceQp, RoceQpInitAttr, gid_to_ip};
+/// The InfiniBand QP types, states and attributes of RoCE QPs.
+pub mod ib {
+    pub use softrdma_ib::{
+        ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, RequesterCounters,
+        ResponderCounters,
+    };
+}
 
 pub use softrdma_iwarp::rdmap::{QpCounters, QpEvent};
 pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
 pub use softrdma_iwarp::verbs_types::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
     WrOpcode,
 };
 pub use softrdma_memory::{

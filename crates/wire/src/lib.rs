@@ -21,6 +21,7 @@ pub(crate) mod macros;
 
 pub mod ddp;
 pub mod ib;
+pub mod icrc;
 pub mod mpa;
 pub mod onc_rpc;
 pub mod rdmap;

@@ -1,7 +1,9 @@
 //! A seeded simulated network between two [`IbQp`]s: every packet is wrapped in real RoCEv2
 //! (IPv4 | UDP | BTH .. | ICRC) and checked on arrival as a driver does, with loss,
 //! duplication, reordering and corruption drawn from a seeded RNG and virtual time, so a
-//! failing seed replays exactly.
+//! failing seed replays exactly. Optionally every packet is logged ([`Sim::capture`]: what
+//! each side put on the wire and what was delivered) and chosen packets are dropped
+//! ([`Sim::drop_filter`]) for targeted fault injection.
 
 #![allow(dead_code)]
 
@@ -15,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState, QpType, WorkCompletion};
 use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId};
-use softrdma_wire::ib::PacketRepr;
+use softrdma_wire::ib::{Opcode, PacketRepr, RethRepr, Syndrome};
 use softrdma_wire::rocev2::{IpRepr, Ipv4Repr, RoceV2Repr, UdpChecksum, UdpRepr};
 
 pub const ADDR: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
@@ -48,6 +50,44 @@ pub struct NetStats {
     pub bad_icrc: u64,
     pub delivered: u64,
 }
+
+/// One packet in the capture log.
+#[derive(Clone, Debug)]
+pub struct Rec {
+    /// Put on the wire (true) or delivered to the receiving QP (false).
+    pub tx: bool,
+    /// The sending side.
+    pub from: usize,
+    /// Virtual time since the start.
+    pub at: Duration,
+    pub opcode: Opcode,
+    pub psn: u32,
+    pub se: bool,
+    pub ack_req: bool,
+    pub syndrome: Option<Syndrome>,
+    pub reth: Option<RethRepr>,
+    pub payload: Vec<u8>,
+}
+
+impl Rec {
+    fn of(tx: bool, from: usize, at: Duration, p: &PacketRepr<'_>) -> Rec {
+        Rec {
+            tx,
+            from,
+            at,
+            opcode: p.bth.opcode,
+            psn: p.bth.psn,
+            se: p.bth.se,
+            ack_req: p.bth.ack_req,
+            syndrome: p.aeth.map(|a| a.syndrome),
+            reth: p.reth,
+            payload: p.payload.to_vec(),
+        }
+    }
+}
+
+/// Decides per packet (sending side, packet) whether the network loses it.
+pub type DropFilter = Box<dyn FnMut(usize, &PacketRepr<'_>) -> bool>;
 
 struct InFlight {
     at: Instant,
@@ -135,6 +175,31 @@ impl Node {
     }
 }
 
+/// A deterministic byte pattern (xorshift) for byte-verifying transfers.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+impl Node {
+    /// The native-order u64 at `off` of the buffer.
+    pub fn word(&self, off: usize) -> u64 {
+        u64::from_ne_bytes(self.read(off, 8).try_into().unwrap())
+    }
+
+    /// Collects the completions the QP has (after a direct call into it).
+    pub fn drain(&mut self) {
+        self.collect();
+    }
+}
+
 /// Connection attributes for both sides.
 #[derive(Clone, Copy, Debug)]
 pub struct Setup {
@@ -145,6 +210,8 @@ pub struct Setup {
     pub min_rnr_timer: u8,
     pub max_rd_atomic: u8,
     pub psn: [u32; 2],
+    /// `qp_access_flags` of both QPs.
+    pub access: Access,
 }
 
 impl Default for Setup {
@@ -157,6 +224,7 @@ impl Default for Setup {
             min_rnr_timer: 1,
             max_rd_atomic: 8,
             psn: [0x00AB_CDEF, 0x00FF_FFF0],
+            access: Access::REMOTE,
         }
     }
 }
@@ -167,7 +235,7 @@ pub fn connect(n: &mut Node, me: usize, peer_qpn: u32, s: &Setup) {
     n.qp.modify(&QpAttr {
         state: Some(QpState::Init),
         qkey: (ty == QpType::Ud).then_some(0x1111_1111),
-        access: Some(Access::REMOTE),
+        access: Some(s.access),
         ..QpAttr::default()
     })
     .unwrap();
@@ -211,6 +279,11 @@ pub struct Sim {
     /// Transmissions are paused on a side (to starve or overflow on purpose).
     pub hold: [bool; 2],
     start: Instant,
+    /// Log every packet sent and delivered in [`Sim::log`].
+    pub capture: bool,
+    pub log: Vec<Rec>,
+    /// Packets for which this returns true are lost (counted in `stats.lost`).
+    pub drop_filter: Option<DropFilter>,
 }
 
 impl Sim {
@@ -241,6 +314,9 @@ impl Sim {
             scratch: Vec::new(),
             hold: [false; 2],
             start: now,
+            capture: false,
+            log: Vec::new(),
+            drop_filter: None,
         }
     }
 
@@ -257,9 +333,24 @@ impl Sim {
         out
     }
 
+    /// Virtual time since the simulation started.
+    pub fn elapsed(&self) -> Duration {
+        self.now.duration_since(self.start)
+    }
+
     fn send(&mut self, from: usize, bytes: Vec<u8>) {
         self.stats.sent += 1;
         let f = self.faults;
+        let p = PacketRepr::parse(&bytes[28..bytes.len() - 4]).unwrap();
+        if self.capture {
+            self.log.push(Rec::of(true, from, self.elapsed(), &p));
+        }
+        if let Some(filter) = &mut self.drop_filter
+            && filter(from, &p)
+        {
+            self.stats.lost += 1;
+            return;
+        }
         if self.rng.random_bool(f.loss) {
             self.stats.lost += 1;
             if std::env::var_os("SIM_TRACE").is_some() {
@@ -325,6 +416,10 @@ impl Sim {
             return;
         };
         self.stats.delivered += 1;
+        if self.capture {
+            self.log
+                .push(Rec::of(false, 1 - f.to, self.elapsed(), &r.packet));
+        }
         if std::env::var_os("SIM_TRACE").is_some() {
             let p = &r.packet;
             eprintln!(
@@ -342,8 +437,26 @@ impl Sim {
         if r.packet.bth.dest_qp != node.qp.qpn() {
             return;
         }
-        node.qp.handle_packet(&r.packet, &[0; 40], self.now);
+        // As a driver does (rxe): an IPv4 header fills the last 20 octets of the GRH area.
+        let mut grh = [0u8; 40];
+        grh[20..].copy_from_slice(&f.bytes[..20]);
+        node.qp.handle_packet(&r.packet, &grh, self.now);
         node.collect();
+    }
+
+    /// Delivers `p` to side `to` now, as if side `1 - to` had sent it (RoCEv2-wrapped with a
+    /// valid ICRC, logged, no faults).
+    pub fn inject(&mut self, to: usize, p: &PacketRepr<'_>) {
+        let mut b = vec![0; p.buffer_len()];
+        let n = p.emit(&mut b).unwrap();
+        b.truncate(n);
+        let bytes = self.encap(1 - to, &b);
+        self.deliver(InFlight {
+            at: self.now,
+            seq: 0,
+            to,
+            bytes,
+        });
     }
 
     /// One event: deliver the next packet or fire the next timer. False when idle.

@@ -1,0 +1,567 @@
+//! The RoCEv2 driver: InfiniBand QPs ([`softrdma_ib::IbQp`]) over one UDP socket bound to
+//! port 4791 of a local address (IBA Annex A17; ib-transport.md §13.6).
+//!
+//! Sending happens in the caller's thread: `post_send` runs the requester and writes the
+//! datagrams at once, so a message leaves without a thread hand-off. One receive thread per
+//! context reads datagrams, checks the ICRC (`softrdma_wire::icrc`: the socket hides the IP
+//! header, so the IPv4 Identification is recovered from the CRC), finds the QP by BTH
+//! DestQP, runs the engine, sends what it answers (ACKs, READ responses) and runs the
+//! retransmission timers. Bad datagrams are dropped and counted, never passed on.
+//!
+//! Addressing: GIDs are IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) or IPv6 addresses; a
+//! connected QP's path is the peer's IP address (`RoceQp::set_remote`), a UD send's is an
+//! address handle ([`Pd::create_ah`]). Every QP sends from the context's one socket, so the
+//! UDP source port is the context's port (constant per QP, as Annex A17 asks; not yet the
+//! per-QP flow-entropy port rxe uses).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState as IbQpState, QpType};
+use softrdma_iwarp::verbs_types::{RecvWr, SendWr, WorkCompletion};
+use softrdma_memory::KeyTable;
+use softrdma_wire::ib::PacketRepr;
+use softrdma_wire::icrc::{Endpoints, IcrcCheck, IcrcVerifier, icrc_for};
+use softrdma_wire::rocev2::{ROCEV2_UDP_PORT, gid_from_ip};
+
+use crate::Error;
+use crate::cq::{Cq, CqShared};
+use crate::device::{Context, Pd};
+
+/// Largest datagram the driver reads: PMTU 4096 plus every header.
+const MAX_DATAGRAM: usize = 4096 + 128;
+
+/// How long the receive thread blocks when no timer is armed (it checks for shutdown).
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Where a RoCE context listens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoceConfig {
+    /// Local address (a specific address, not the wildcard: it is part of the ICRC).
+    pub addr: IpAddr,
+    /// UDP port, 4791 unless two contexts must share an address in tests.
+    pub port: u16,
+    /// Socket receive buffer asked for (the kernel may cap it at `net.core.rmem_max`).
+    pub recv_buffer: usize,
+}
+
+impl RoceConfig {
+    /// `addr`, port 4791, 4 MiB receive buffer.
+    pub fn new(addr: IpAddr) -> Self {
+        RoceConfig {
+            addr,
+            port: ROCEV2_UDP_PORT,
+            recv_buffer: 4 << 20,
+        }
+    }
+}
+
+/// Datagrams the driver dropped, by reason, and what it moved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoceCounters {
+    /// Datagrams sent.
+    pub tx_packets: u64,
+    /// Datagrams received.
+    pub rx_packets: u64,
+    /// ICRC did not verify (IBT-X-20).
+    pub bad_icrc: u64,
+    /// Not a parseable IB transport packet.
+    pub malformed: u64,
+    /// No QP with the BTH DestQP (C9-37).
+    pub unknown_qp: u64,
+    /// A connected QP got a packet from an address other than its path's (C9-46 on RoCE).
+    pub wrong_source: u64,
+    /// Sends the socket refused (e.g. buffer full); the transport retransmits.
+    pub tx_errors: u64,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    tx_packets: AtomicU64,
+    rx_packets: AtomicU64,
+    bad_icrc: AtomicU64,
+    malformed: AtomicU64,
+    unknown_qp: AtomicU64,
+    wrong_source: AtomicU64,
+    tx_errors: AtomicU64,
+}
+
+pub(crate) struct RoceShared {
+    socket: UdpSocket,
+    local: SocketAddr,
+    qps: RwLock<HashMap<u32, Arc<RoceQpShared>>>,
+    ahs: RwLock<Vec<SocketAddr>>,
+    next_qpn: AtomicU32,
+    counters: AtomicCounters,
+    alive: AtomicBool,
+}
+
+struct Engine {
+    qp: IbQp,
+    /// Peer address of a connected QP.
+    remote: Option<SocketAddr>,
+    /// UDP source port of what this QP sends (the shared socket's, for now).
+    src_port: u16,
+    scratch: Vec<u8>,
+    wcs: Vec<WorkCompletion>,
+}
+
+struct RoceQpShared {
+    qpn: u32,
+    engine: Mutex<Engine>,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+}
+
+impl RoceShared {
+    fn open(cfg: &RoceConfig) -> Result<Arc<RoceShared>, Error> {
+        if cfg.addr.is_unspecified() {
+            return Err(Error::InvalidArgument(
+                "RoCE needs a specific local address (it is covered by the ICRC)",
+            ));
+        }
+        let domain = socket2::Domain::for_address(SocketAddr::new(cfg.addr, cfg.port));
+        let sock =
+            socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+        let _ = sock.set_recv_buffer_size(cfg.recv_buffer);
+        let _ = sock.set_send_buffer_size(cfg.recv_buffer);
+        sock.bind(&SocketAddr::new(cfg.addr, cfg.port).into())?;
+        let socket: UdpSocket = sock.into();
+        let local = socket.local_addr()?;
+        let shared = Arc::new(RoceShared {
+            socket,
+            local,
+            qps: RwLock::new(HashMap::new()),
+            ahs: RwLock::new(Vec::new()),
+            // QPN 0 and 1 are special (SMI/GSI); rxe starts at 0x11.
+            next_qpn: AtomicU32::new(0x11),
+            counters: AtomicCounters::default(),
+            alive: AtomicBool::new(true),
+        });
+        let weak = Arc::downgrade(&shared);
+        let sock = shared.socket.try_clone()?;
+        std::thread::Builder::new()
+            .name("softrdma-roce-rx".into())
+            .spawn(move || rx_loop(weak, sock))?;
+        Ok(shared)
+    }
+
+    fn endpoints(&self, peer: SocketAddr, src_port: u16) -> Endpoints {
+        Endpoints {
+            src: self.local.ip(),
+            dst: peer.ip(),
+            src_port,
+            dst_port: peer.port(),
+        }
+    }
+
+    /// Sends everything the QP has to send, then moves its completions to the CQs.
+    fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant) {
+        let mut out = std::mem::take(&mut e.scratch);
+        let mut dgram = Vec::with_capacity(MAX_DATAGRAM);
+        while let Some(tx) = e.qp.poll_transmit(now, &mut out) {
+            let dest = match tx.dest {
+                Some(ud) => self.ahs.read().get(ud.ah as usize).copied(),
+                None => e.remote,
+            };
+            let Some(dest) = dest else {
+                self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let src_port = e.src_port;
+            dgram.clear();
+            dgram.extend_from_slice(&out[..tx.len]);
+            // Unconnected UDP with DF: Linux sends IPv4 Identification 0, which the ICRC
+            // covers (ip_select_ident_segs).
+            let icrc = icrc_for(&self.endpoints(dest, src_port), 0, &dgram);
+            dgram.extend_from_slice(&icrc.to_le_bytes());
+            match self.socket.send_to(&dgram, dest) {
+                Ok(_) => self.counters.tx_packets.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.counters.tx_errors.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+        e.scratch = out;
+        while let Some(wc) = e.qp.poll_send_completion() {
+            e.wcs.push(wc);
+        }
+        q.send_cq.push(&mut e.wcs);
+        while let Some(wc) = e.qp.poll_recv_completion() {
+            e.wcs.push(wc);
+        }
+        q.recv_cq.push(&mut e.wcs);
+    }
+}
+
+fn grh_image(src: SocketAddr, dst: SocketAddr, len: usize) -> [u8; 40] {
+    // rxe: an IPv4 header fills the last 20 octets of the 40-octet GRH area; IPv6 all 40.
+    let mut g = [0u8; 40];
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let h = &mut g[20..];
+            h[0] = 0x45;
+            h[2..4].copy_from_slice(&((20 + 8 + len) as u16).to_be_bytes());
+            h[6] = 0x40;
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+            let mut sum = 0u32;
+            for c in h.chunks(2) {
+                sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+            }
+            while sum > 0xFFFF {
+                sum = (sum & 0xFFFF) + (sum >> 16);
+            }
+            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        }
+        (s, d) => {
+            g[0] = 0x60;
+            g[4..6].copy_from_slice(&((8 + len) as u16).to_be_bytes());
+            g[6] = 17;
+            g[7] = 64;
+            g[8..24].copy_from_slice(&gid_from_ip(s));
+            g[24..40].copy_from_slice(&gid_from_ip(d));
+        }
+    }
+    g
+}
+
+fn rx_loop(weak: Weak<RoceShared>, sock: UdpSocket) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut verifier = IcrcVerifier::default();
+    let mut wait = IDLE_WAIT;
+    loop {
+        let _ = sock.set_read_timeout(Some(wait.max(Duration::from_micros(20))));
+        let got = sock.recv_from(&mut buf);
+        let Some(d) = weak.upgrade() else { return };
+        if !d.alive.load(Ordering::Acquire) {
+            return;
+        }
+        let now = Instant::now();
+        match got {
+            Ok((n, peer)) => d.receive(&buf[..n], peer, now, &mut verifier),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => {}
+        }
+        wait = d.run_timers(Instant::now());
+    }
+}
+
+impl RoceShared {
+    fn receive(&self, dgram: &[u8], peer: SocketAddr, now: Instant, v: &mut IcrcVerifier) {
+        self.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
+        let ep = Endpoints {
+            src: peer.ip(),
+            dst: self.local.ip(),
+            src_port: peer.port(),
+            dst_port: self.local.port(),
+        };
+        if dgram.len() < 16 || matches!(v.verify(&ep, dgram), IcrcCheck::Invalid) {
+            self.counters.bad_icrc.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let Ok(pkt) = PacketRepr::parse(&dgram[..dgram.len() - 4]) else {
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let Some(q) = self.qps.read().get(&pkt.bth.dest_qp).cloned() else {
+            self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let mut e = q.engine.lock();
+        if e.qp.qp_type() != QpType::Ud && e.remote.is_some_and(|r| r.ip() != peer.ip()) {
+            self.counters.wrong_source.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let grh = grh_image(peer, self.local, dgram.len());
+        e.qp.handle_packet(&pkt, &grh, now);
+        self.flush(&q, &mut e, now);
+    }
+
+    /// Fires due timers; returns how long until the next one.
+    fn run_timers(&self, now: Instant) -> Duration {
+        let qps: Vec<_> = self.qps.read().values().cloned().collect();
+        let mut next = now + IDLE_WAIT;
+        for q in qps {
+            let mut e = q.engine.lock();
+            if let Some(t) = e.qp.poll_timeout() {
+                if t <= now {
+                    e.qp.handle_timeout(now);
+                    self.flush(&q, &mut e, now);
+                }
+                if let Some(t) = e.qp.poll_timeout() {
+                    next = next.min(t);
+                }
+            }
+        }
+        next.saturating_duration_since(now)
+    }
+}
+
+impl Drop for RoceShared {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::Release);
+    }
+}
+
+impl Context {
+    /// Opens a RoCEv2 context on `cfg.addr` (`ibv_open_device` on an rxe device): the verbs
+    /// objects of [`Context`] plus InfiniBand QPs over UDP ([`Pd::create_roce_qp`]).
+    pub fn open_roce(cfg: RoceConfig) -> Result<Context, Error> {
+        let ctx = Context::open()?;
+        let d = RoceShared::open(&cfg)?;
+        ctx.shared
+            .roce
+            .set(d)
+            .map_err(|_| Error::InvalidArgument("context already has a RoCE driver"))?;
+        Ok(ctx)
+    }
+
+    pub(crate) fn roce(&self) -> Result<&Arc<RoceShared>, Error> {
+        self.shared.roce.get().ok_or(Error::InvalidArgument(
+            "not a RoCE context (Context::open_roce)",
+        ))
+    }
+
+    /// The GID of this RoCE context (`ibv_query_gid`): the IPv4-mapped or IPv6 address it
+    /// listens on.
+    pub fn roce_gid(&self) -> Result<[u8; 16], Error> {
+        Ok(gid_from_ip(self.roce()?.local.ip()))
+    }
+
+    /// The socket address RoCE datagrams arrive at.
+    pub fn roce_local_addr(&self) -> Result<SocketAddr, Error> {
+        Ok(self.roce()?.local)
+    }
+
+    /// Driver counters of a RoCE context.
+    pub fn roce_counters(&self) -> Result<RoceCounters, Error> {
+        let c = &self.roce()?.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Ok(RoceCounters {
+            tx_packets: l(&c.tx_packets),
+            rx_packets: l(&c.rx_packets),
+            bad_icrc: l(&c.bad_icrc),
+            malformed: l(&c.malformed),
+            unknown_qp: l(&c.unknown_qp),
+            wrong_source: l(&c.wrong_source),
+            tx_errors: l(&c.tx_errors),
+        })
+    }
+}
+
+/// An address handle (`ibv_ah`) for UD sends: put [`Ah::id`] in `UdDest::ah`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ah {
+    id: u32,
+    addr: SocketAddr,
+}
+
+impl Ah {
+    /// The handle's index (`UdDest::ah`).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Where it points.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Creation attributes of a RoCE QP (`ibv_qp_init_attr`).
+#[derive(Clone, Debug)]
+pub struct RoceQpInitAttr {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Completions of send requests.
+    pub send_cq: Cq,
+    /// Completions of receive requests.
+    pub recv_cq: Cq,
+    /// Queue sizes.
+    pub cap: QpCaps,
+}
+
+impl RoceQpInitAttr {
+    /// A QP of `qp_type` with default capacities.
+    pub fn new(qp_type: QpType, send_cq: &Cq, recv_cq: &Cq) -> Self {
+        RoceQpInitAttr {
+            qp_type,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            cap: QpCaps::default(),
+        }
+    }
+}
+
+impl Pd {
+    fn roce(&self) -> Result<Arc<RoceShared>, Error> {
+        Ok(self.context().roce()?.clone())
+    }
+
+    fn keys(&self) -> Arc<KeyTable> {
+        self.ctx.keys.clone()
+    }
+
+    /// Creates an InfiniBand QP on a RoCE context (`ibv_create_qp`), in the Reset state.
+    pub fn create_roce_qp(&self, attr: RoceQpInitAttr) -> Result<RoceQp, Error> {
+        let d = self.roce()?;
+        let qpn = d.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
+        let qp = IbQp::new(qpn, attr.qp_type, self.id, attr.cap, self.keys());
+        let shared = Arc::new(RoceQpShared {
+            qpn,
+            engine: Mutex::new(Engine {
+                qp,
+                remote: None,
+                src_port: d.local.port(),
+                scratch: Vec::new(),
+                wcs: Vec::new(),
+            }),
+            send_cq: attr.send_cq.shared.clone(),
+            recv_cq: attr.recv_cq.shared.clone(),
+        });
+        d.qps.write().insert(qpn, shared.clone());
+        Ok(RoceQp { shared, driver: d })
+    }
+
+    /// Creates an address handle for UD sends to `ip` (port 4791) (`ibv_create_ah`).
+    pub fn create_ah(&self, ip: IpAddr) -> Result<Ah, Error> {
+        self.create_ah_port(SocketAddr::new(ip, ROCEV2_UDP_PORT))
+    }
+
+    /// As [`Pd::create_ah`] with a UDP port other than 4791 (tests on one host).
+    pub fn create_ah_port(&self, addr: SocketAddr) -> Result<Ah, Error> {
+        let d = self.roce()?;
+        let mut ahs = d.ahs.write();
+        let id = ahs.len() as u32;
+        ahs.push(addr);
+        Ok(Ah { id, addr })
+    }
+}
+
+/// An InfiniBand queue pair over RoCEv2 (`ibv_qp` of an rxe device). Dropping it destroys the
+/// QP (`ibv_destroy_qp`).
+pub struct RoceQp {
+    shared: Arc<RoceQpShared>,
+    driver: Arc<RoceShared>,
+}
+
+impl std::fmt::Debug for RoceQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceQp")
+            .field("qpn", &self.shared.qpn)
+            .finish()
+    }
+}
+
+impl RoceQp {
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    /// The current state.
+    pub fn state(&self) -> IbQpState {
+        self.shared.engine.lock().qp.state()
+    }
+
+    /// Sets the path of a connected QP: the peer's IP (its GID) and UDP port (4791 unless
+    /// testing on one host). Needed before RTR (`ibv_qp_attr.ah_attr`).
+    pub fn set_remote(&self, addr: SocketAddr) {
+        let mut e = self.shared.engine.lock();
+        e.remote = Some(addr);
+    }
+
+    /// `ibv_modify_qp`. For RC/UC the path must be set ([`RoceQp::set_remote`]) before RTR.
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
+        let mut e = self.shared.engine.lock();
+        if attr.state == Some(IbQpState::Rtr) && e.qp.qp_type() != QpType::Ud && e.remote.is_none()
+        {
+            return Err(Error::InvalidArgument(
+                "RTR needs the path (RoceQp::set_remote)",
+            ));
+        }
+        e.qp.modify(attr)
+            .map_err(|_| Error::InvalidArgument("modify_qp refused"))?;
+        // Error flushes: deliver those completions now.
+        self.driver.flush(&self.shared, &mut e, Instant::now());
+        Ok(())
+    }
+
+    /// `ibv_modify_qp` with the verbs error detail.
+    pub fn try_modify(&self, attr: &QpAttr) -> Result<(), softrdma_ib::ModifyError> {
+        self.shared.engine.lock().qp.modify(attr)
+    }
+
+    /// Posts a send request and sends what may leave now (`ibv_post_send`).
+    pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
+        let mut e = self.shared.engine.lock();
+        e.qp.post_send(wr)?;
+        self.driver.flush(&self.shared, &mut e, Instant::now());
+        Ok(())
+    }
+
+    /// Posts several send requests, then sends (one lock, one flush).
+    pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), Error> {
+        let mut e = self.shared.engine.lock();
+        let mut res = Ok(());
+        for wr in wrs {
+            if let Err(err) = e.qp.post_send(wr) {
+                res = Err(err.into());
+                break;
+            }
+        }
+        self.driver.flush(&self.shared, &mut e, Instant::now());
+        res
+    }
+
+    /// Posts a receive request (`ibv_post_recv`).
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
+        let mut e = self.shared.engine.lock();
+        e.qp.post_recv(wr)?;
+        // In the Error state the request completes (flushed) at once.
+        self.driver.flush(&self.shared, &mut e, Instant::now());
+        Ok(())
+    }
+
+    /// Send requests posted and not completed.
+    pub fn sq_outstanding(&self) -> usize {
+        self.shared.engine.lock().qp.sq_outstanding()
+    }
+
+    /// Engine counters: header-pipeline drops, requester and responder.
+    pub fn counters(
+        &self,
+    ) -> (
+        softrdma_ib::QpCounters,
+        softrdma_ib::RequesterCounters,
+        softrdma_ib::ResponderCounters,
+    ) {
+        let e = self.shared.engine.lock();
+        (
+            e.qp.counters(),
+            e.qp.requester_counters(),
+            e.qp.responder_counters(),
+        )
+    }
+}
+
+impl Drop for RoceQp {
+    fn drop(&mut self) {
+        self.driver.qps.write().remove(&self.shared.qpn);
+    }
+}
+
+/// The IPv4 address of an IPv4-mapped GID, or the IPv6 address of any other.
+pub fn gid_to_ip(gid: &[u8; 16]) -> IpAddr {
+    softrdma_wire::rocev2::gid_to_ip(gid)
+}
