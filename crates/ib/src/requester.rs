@@ -872,7 +872,7 @@ impl Requester {
         }
         // Forward progress is the oldest request advancing; the responder executing later
         // requests (`acked`) is not: those responses are echoes of a loss already acted on.
-        let before = (self.una, self.sq.len(), self.acked);
+        let before = (self.una, self.sq.len());
         // How far the responder has executed (9.7.5.1: an ACK covers its PSN, a NAK the PSNs
         // before it, a READ response or ATOMIC ACK its request).
         let executed = match (op.operation(), pkt.aeth.map(|a| a.syndrome)) {
@@ -997,7 +997,7 @@ impl Requester {
         }
         // SEND/WRITEs after a READ/ATOMIC that just completed may be acknowledged already.
         self.ack_through(psn_sub(self.acked, 1));
-        if (self.una, self.sq.len(), self.acked) != before {
+        if (self.una, self.sq.len()) != before {
             // Forward progress: reload the retry counters and restart the timer.
             self.retrying = false;
             self.retry_left = self.cfg.retry_cnt;

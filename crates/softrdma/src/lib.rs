@@ -61,7 +61,7 @@ pub use device::{AsyncEvent, Context, Device, Pd, TCP_DEVICE_NAME};
 pub use error::Error;
 pub use mr::{Mr, MrAttr, Mw};
 pub use qp::{Qp, QpCap, QpInitAttr, QpState, Srq, SrqAttr};
-pub use roce::{Ah, RoceConfig, RoceCounters, RoceQp, RoceQpInitAttr, gid_to_ip};
+pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, RoceQp, RoceQpInitAttr, gid_to_ip};
 /// The InfiniBand QP types, states and attributes of RoCE QPs.
 pub mod ib {
     pub use softrdma_ib::{

@@ -10,9 +10,9 @@
 //!
 //! Addressing: GIDs are IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) or IPv6 addresses; a
 //! connected QP's path is the peer's IP address (`RoceQp::set_remote`), a UD send's is an
-//! address handle ([`Pd::create_ah`]). Every QP sends from the context's one socket, so the
-//! UDP source port is the context's port (constant per QP, as Annex A17 asks; not yet the
-//! per-QP flow-entropy port rxe uses).
+//! address handle ([`Pd::create_ah`]). IPv4 datagrams leave through a raw socket when the
+//! process may open one ([`RawTx`]), with the per-QP UDP source port rxe uses (flow-label
+//! hash of the QP pair); otherwise through the UDP socket, from its port.
 
 use std::collections::HashMap;
 use std::io;
@@ -27,7 +27,7 @@ use softrdma_iwarp::verbs_types::{RecvWr, SendWr, WorkCompletion};
 use softrdma_memory::KeyTable;
 use softrdma_wire::ib::PacketRepr;
 use softrdma_wire::icrc::{Endpoints, IcrcCheck, IcrcVerifier, icrc_for};
-use softrdma_wire::rocev2::{ROCEV2_UDP_PORT, gid_from_ip};
+use softrdma_wire::rocev2::{ROCEV2_UDP_PORT, gid_from_ip, rocev2_flow_label, rocev2_src_port};
 
 use crate::Error;
 use crate::cq::{Cq, CqShared};
@@ -48,6 +48,28 @@ pub struct RoceConfig {
     pub port: u16,
     /// Socket receive buffer asked for (the kernel may cap it at `net.core.rmem_max`).
     pub recv_buffer: usize,
+    /// How IPv4 datagrams are sent (see [`RawTx`]).
+    pub raw_tx: RawTx,
+}
+
+/// How IPv4 datagrams leave.
+///
+/// The ICRC covers the IPv4 Identification, which a UDP socket neither lets us choose nor
+/// tells us (Linux draws it from a hashed per-destination counter). A peer that verifies
+/// ICRCs exactly — Linux rxe, RoCE NICs — needs the IP header we computed it over, so we
+/// send through a raw socket (`IPPROTO_RAW`, needs `CAP_NET_RAW`) with our own header: our
+/// Identification, DF, TTL 64 and the per-QP UDP source port of rxe. Without the capability,
+/// datagrams go through the UDP socket: softrdma peers accept them (their check recovers the
+/// Identification), strict peers drop them. IPv6 has no Identification and always uses UDP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RawTx {
+    /// Raw socket if it can be opened, else UDP.
+    #[default]
+    Auto,
+    /// Always the UDP socket.
+    Off,
+    /// Raw socket or fail to open the context.
+    Required,
 }
 
 impl RoceConfig {
@@ -57,6 +79,7 @@ impl RoceConfig {
             addr,
             port: ROCEV2_UDP_PORT,
             recv_buffer: 4 << 20,
+            raw_tx: RawTx::Auto,
         }
     }
 }
@@ -93,6 +116,9 @@ struct AtomicCounters {
 
 pub(crate) struct RoceShared {
     socket: UdpSocket,
+    /// IPv4 raw sender (see [`RawTx`]).
+    raw: Option<socket2::Socket>,
+    next_ip_id: std::sync::atomic::AtomicU16,
     local: SocketAddr,
     qps: RwLock<HashMap<u32, Arc<RoceQpShared>>>,
     ahs: RwLock<Vec<SocketAddr>>,
@@ -105,8 +131,7 @@ struct Engine {
     qp: IbQp,
     /// Peer address of a connected QP.
     remote: Option<SocketAddr>,
-    /// UDP source port of what this QP sends (the shared socket's, for now).
-    src_port: u16,
+
     scratch: Vec<u8>,
     wcs: Vec<WorkCompletion>,
 }
@@ -133,8 +158,28 @@ impl RoceShared {
         sock.bind(&SocketAddr::new(cfg.addr, cfg.port).into())?;
         let socket: UdpSocket = sock.into();
         let local = socket.local_addr()?;
+        let raw = match (cfg.raw_tx, cfg.addr) {
+            (RawTx::Off, _) | (_, IpAddr::V6(_)) => None,
+            (mode, IpAddr::V4(_)) => {
+                let r = socket2::Socket::new(
+                    socket2::Domain::IPV4,
+                    socket2::Type::RAW,
+                    Some(socket2::Protocol::from(255)), // IPPROTO_RAW: send only, header ours
+                );
+                match (r, mode) {
+                    (Ok(r), _) => {
+                        let _ = r.set_send_buffer_size(cfg.recv_buffer);
+                        Some(r)
+                    }
+                    (Err(e), RawTx::Required) => return Err(e.into()),
+                    (Err(_), _) => None,
+                }
+            }
+        };
         let shared = Arc::new(RoceShared {
             socket,
+            raw,
+            next_ip_id: std::sync::atomic::AtomicU16::new(1),
             local,
             qps: RwLock::new(HashMap::new()),
             ahs: RwLock::new(Vec::new()),
@@ -173,14 +218,40 @@ impl RoceShared {
                 self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let src_port = e.src_port;
-            dgram.clear();
-            dgram.extend_from_slice(&out[..tx.len]);
-            // Unconnected UDP with DF: Linux sends IPv4 Identification 0, which the ICRC
-            // covers (ip_select_ident_segs).
-            let icrc = icrc_for(&self.endpoints(dest, src_port), 0, &dgram);
-            dgram.extend_from_slice(&icrc.to_le_bytes());
-            match self.socket.send_to(&dgram, dest) {
+            let payload = &out[..tx.len];
+            let sent = match (&self.raw, self.local.ip(), dest.ip()) {
+                (Some(raw), IpAddr::V4(src), IpAddr::V4(dst)) => {
+                    let src_port = match tx.dest {
+                        Some(ud) => rocev2_src_port(rocev2_flow_label(q.qpn, ud.remote_qpn)),
+                        None => rocev2_src_port(rocev2_flow_label(q.qpn, e.qp.dest_qp())),
+                    };
+                    let mut id = self.next_ip_id.fetch_add(1, Ordering::Relaxed);
+                    if id == 0 {
+                        // The kernel would pick its own Identification for 0 (raw(7)).
+                        id = self.next_ip_id.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let ep = Endpoints {
+                        src: IpAddr::V4(src),
+                        dst: IpAddr::V4(dst),
+                        src_port,
+                        dst_port: dest.port(),
+                    };
+                    ipv4_udp_frame(&mut dgram, src, dst, id, src_port, dest.port(), payload);
+                    let icrc = icrc_for(&ep, id, payload);
+                    dgram.extend_from_slice(&icrc.to_le_bytes());
+                    raw.send_to(&dgram, &SocketAddr::new(dest.ip(), 0).into())
+                }
+                _ => {
+                    dgram.clear();
+                    dgram.extend_from_slice(payload);
+                    // Through the UDP socket: the kernel's Identification is unknown; ID 0 is
+                    // what a peer that recovers it needs least work for.
+                    let icrc = icrc_for(&self.endpoints(dest, self.local.port()), 0, &dgram);
+                    dgram.extend_from_slice(&icrc.to_le_bytes());
+                    self.socket.send_to(&dgram, dest)
+                }
+            };
+            match sent {
                 Ok(_) => self.counters.tx_packets.fetch_add(1, Ordering::Relaxed),
                 Err(_) => self.counters.tx_errors.fetch_add(1, Ordering::Relaxed),
             };
@@ -195,6 +266,32 @@ impl RoceShared {
         }
         q.recv_cq.push(&mut e.wcs);
     }
+}
+
+/// IPv4 (20 octets, DF, TTL 64, checksum left to the kernel) | UDP (checksum 0, as rxe) |
+/// payload, into `out`.
+fn ipv4_udp_frame(
+    out: &mut Vec<u8>,
+    src: std::net::Ipv4Addr,
+    dst: std::net::Ipv4Addr,
+    id: u16,
+    src_port: u16,
+    dst_port: u16,
+    payload: &[u8],
+) {
+    let udp_len = (8 + payload.len() + 4) as u16;
+    out.clear();
+    out.extend_from_slice(&[0x45, 0]);
+    out.extend_from_slice(&(20 + udp_len).to_be_bytes());
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(&[0x40, 0, 64, 17, 0, 0]);
+    out.extend_from_slice(&src.octets());
+    out.extend_from_slice(&dst.octets());
+    out.extend_from_slice(&src_port.to_be_bytes());
+    out.extend_from_slice(&dst_port.to_be_bytes());
+    out.extend_from_slice(&udp_len.to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(payload);
 }
 
 fn grh_image(src: SocketAddr, dst: SocketAddr, len: usize) -> [u8; 40] {
@@ -422,7 +519,6 @@ impl Pd {
             engine: Mutex::new(Engine {
                 qp,
                 remote: None,
-                src_port: d.local.port(),
                 scratch: Vec::new(),
                 wcs: Vec::new(),
             }),

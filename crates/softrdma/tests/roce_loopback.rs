@@ -38,9 +38,10 @@ struct Side {
 }
 
 impl Side {
-    fn new(ip: Ipv4Addr, ty: QpType, mr_len: usize) -> Side {
+    fn new(ip: Ipv4Addr, ty: QpType, mr_len: usize, raw_tx: RawTx) -> Side {
         let mut cfg = RoceConfig::new(IpAddr::V4(ip));
         cfg.port = 0; // an ephemeral port: tests run in parallel on one host
+        cfg.raw_tx = raw_tx;
         let ctx = Context::open_roce(cfg).unwrap();
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(1 << 16, None);
@@ -86,8 +87,12 @@ impl Side {
 
 /// Brings both QPs to RTS facing each other, as ibv_rc_pingpong does after its exchange.
 fn pair(ty: QpType, mr_len: usize) -> (Side, Side) {
-    let a = Side::new(Ipv4Addr::new(127, 0, 0, 1), ty, mr_len);
-    let b = Side::new(Ipv4Addr::new(127, 0, 0, 2), ty, mr_len);
+    pair_with(ty, mr_len, RawTx::Auto)
+}
+
+fn pair_with(ty: QpType, mr_len: usize, raw_tx: RawTx) -> (Side, Side) {
+    let a = Side::new(Ipv4Addr::new(127, 0, 0, 1), ty, mr_len, raw_tx);
+    let b = Side::new(Ipv4Addr::new(127, 0, 0, 2), ty, mr_len, raw_tx);
     for (me, peer, psn, peer_psn) in [
         (&a, &b, 0x12_3456, 0xFF_FFF0),
         (&b, &a, 0xFF_FFF0, 0x12_3456),
@@ -204,6 +209,19 @@ fn rc_send_write_read_every_size() {
         read(&a, &b, size, i as u64 * 10 + 2);
     }
     assert_eq!(a.ctx.roce_counters().unwrap().bad_icrc, 0);
+}
+
+/// Unprivileged path: datagrams through the UDP socket, whose IPv4 Identification the
+/// receiver recovers from the ICRC.
+#[test]
+fn rc_over_the_udp_socket_path() {
+    let (a, b) = pair_with(QpType::Rc, 2 * MIB + 64, RawTx::Off);
+    for (i, size) in sizes().into_iter().enumerate() {
+        send_recv(&a, &b, size, i as u64 * 10);
+        write(&a, &b, size, i as u64 * 10 + 1);
+        read(&a, &b, size, i as u64 * 10 + 2);
+    }
+    assert_eq!(b.ctx.roce_counters().unwrap().bad_icrc, 0);
 }
 
 #[test]
