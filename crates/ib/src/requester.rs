@@ -41,6 +41,10 @@ use softrdma_wire::ib::{
 /// PSNs that may be queued at once (ib-transport.md §13.5: keep far below 2^23).
 pub const MAX_QUEUED_PSNS: u32 = 1 << 22;
 
+/// Congestion window bounds, in packets (see [`Requester::poll_transmit`]).
+const MIN_CWND: u32 = 4;
+const INITIAL_CWND: u32 = 32;
+
 /// Packets sent without AckReq before one asks for an ACK (rxe `RXE_MAX_PKT_PER_ACK`).
 const PKTS_PER_ACKREQ: u32 = 64;
 
@@ -238,6 +242,13 @@ pub struct Requester {
     rnr_left: u8,
     /// Gone back and no progress since: further implicit NAKs are echoes of the same loss.
     retrying: bool,
+    /// RC congestion window in packets (≤ `cfg.window`), its slow-start threshold and the
+    /// acknowledged packets counted towards the next additive increase.
+    cwnd: u32,
+    ssthresh: u32,
+    cwnd_acc: u32,
+    /// Send the head READ/ATOMIC request twice (after a timeout).
+    dup_head: bool,
     timer: Option<Instant>,
     rnr_until: Option<Instant>,
     noack_pkts: u32,
@@ -256,6 +267,10 @@ impl Requester {
             retry_left: cfg.retry_cnt,
             rnr_left: cfg.rnr_retry,
             retrying: false,
+            cwnd: cfg.window.clamp(MIN_CWND, INITIAL_CWND),
+            ssthresh: cfg.window,
+            cwnd_acc: 0,
+            dup_head: false,
             cfg,
             keys,
             sq: VecDeque::new(),
@@ -501,6 +516,8 @@ impl Requester {
                 return;
             }
             self.counters.timeouts += 1;
+            self.on_loss(true);
+            self.dup_head = true;
             tracing::debug!(qpn = self.cfg.qpn, una = self.una, "local ACK timeout");
             self.retry(WcStatus::RetryExceeded);
         }
@@ -534,8 +551,33 @@ impl Requester {
     /// before it keep arriving and say the same thing again (rxe `started_retry`).
     fn implicit_nak(&mut self) {
         if !self.retrying {
+            self.on_loss(false);
             self.retry(WcStatus::RetryExceeded);
         }
+    }
+
+    /// A loss (sequence NAK, lost responses, or — `timeout` — the ACK timer): halve the
+    /// congestion window, or after a timeout start again from the minimum. IBA leaves how
+    /// many packets a requester keeps in flight to the implementation; over UDP a burst that
+    /// overflows a socket buffer is lost whole, and go-back-N would resend it whole, so the
+    /// window adapts like TCP's (slow start, additive increase, multiplicative decrease).
+    fn on_loss(&mut self, timeout: bool) {
+        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.cwnd = if timeout { MIN_CWND } else { self.ssthresh };
+        self.cwnd_acc = 0;
+    }
+
+    fn on_progress(&mut self, packets: u32) {
+        if self.cwnd < self.ssthresh {
+            self.cwnd += packets;
+        } else {
+            self.cwnd_acc += packets;
+            if self.cwnd_acc >= self.cwnd {
+                self.cwnd_acc -= self.cwnd;
+                self.cwnd += 1;
+            }
+        }
+        self.cwnd = self.cwnd.min(self.cfg.window);
     }
 
     /// Completes the oldest request with `status` and flushes the rest (§13.3: the QP goes
@@ -603,7 +645,7 @@ impl Requester {
             return None;
         }
         if rc {
-            if psn_diff(psn, self.una) >= self.cfg.window as i32 {
+            if psn_diff(psn, self.una) >= self.cwnd.min(self.cfg.window) as i32 {
                 return None;
             }
             let sink = w.op.is_read_or_atomic();
@@ -633,6 +675,14 @@ impl Requester {
             self.counters.retransmitted += 1;
         }
         let dest = self.sq[self.tx_idx].ud;
+        // After an ACK timeout the head request is sent twice when it is a READ or ATOMIC:
+        // the whole queue waits on its response, and on a path lossy enough to time out, one
+        // extra small packet (a duplicate the responder answers again, IBT-X-13) makes the
+        // retry far less likely to be lost as well.
+        if self.dup_head && rc && psn == self.una && self.sq[self.tx_idx].op.is_read_or_atomic() {
+            self.dup_head = false;
+            return Some(Tx { len, dest });
+        }
         if last {
             if self.sq[self.tx_idx].op.is_read_or_atomic() {
                 self.rd_outstanding += 1;
@@ -757,7 +807,10 @@ impl Requester {
         let end = last || opcode.operation().is_only();
         if svc == Service::Rc {
             self.noack_pkts += 1;
-            if end || self.noack_pkts >= PKTS_PER_ACKREQ {
+            // Ask at least twice per window, or a window smaller than the AckReq period
+            // would wait for the ACK timer.
+            let period = PKTS_PER_ACKREQ.min((self.cwnd.min(self.cfg.window) / 2).max(1));
+            if end || self.noack_pkts >= period {
                 bth.ack_req = true;
                 self.noack_pkts = 0;
             }
@@ -919,6 +972,7 @@ impl Requester {
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
                         self.ack_through(psn_add(psn, PSN_MASK));
                         self.counters.seq_naks += 1;
+                        self.on_loss(false);
                         // The packets sent behind an RNR-NAKed one reach the responder out of
                         // sequence (rxe then NAKs them): not a loss, the RNR wait already
                         // resends from there; it must not use up `retry_cnt`.
@@ -998,6 +1052,7 @@ impl Requester {
         // SEND/WRITEs after a READ/ATOMIC that just completed may be acknowledged already.
         self.ack_through(psn_sub(self.acked, 1));
         if (self.una, self.sq.len()) != before {
+            self.on_progress(psn_diff(self.una, before.0).max(1) as u32);
             // Forward progress: reload the retry counters and restart the timer.
             self.retrying = false;
             self.retry_left = self.cfg.retry_cnt;

@@ -332,8 +332,15 @@ fn rx_loop(weak: Weak<RoceShared>, sock: UdpSocket) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut verifier = IcrcVerifier::default();
     let mut wait = IDLE_WAIT;
+    let mut set_wait = Duration::ZERO;
     loop {
-        let _ = sock.set_read_timeout(Some(wait.max(Duration::from_micros(20))));
+        // One setsockopt per change of the deadline, not per datagram; a deadline that moved
+        // earlier is honoured by rounding the wait down to whole milliseconds.
+        let want = Duration::from_millis(wait.as_millis() as u64).max(Duration::from_micros(100));
+        if want != set_wait {
+            let _ = sock.set_read_timeout(Some(want));
+            set_wait = want;
+        }
         let got = sock.recv_from(&mut buf);
         let Some(d) = weak.upgrade() else { return };
         if !d.alive.load(Ordering::Acquire) {
