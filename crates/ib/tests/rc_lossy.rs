@@ -181,7 +181,10 @@ fn mixed_ops_clean_network() {
 #[test]
 #[ignore]
 fn mixed_ops_20_percent_loss_many_seeds() {
-    let n: u64 = std::env::var("SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let n: u64 = std::env::var("SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
     for seed in 100..100 + n {
         run(mixed(0.20), seed);
     }
