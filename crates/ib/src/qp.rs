@@ -578,6 +578,9 @@ impl IbQp {
             if r.is_error() && self.state != QpState::Error {
                 self.state = QpState::Error;
                 self.responder.flush();
+            } else if r.is_sqe() {
+                // IBA 10.3.1: a UC/UD send error stops the send queue only.
+                self.state = QpState::Sqe;
             }
             return tx;
         }

@@ -249,6 +249,8 @@ pub struct Requester {
     cwnd_acc: u32,
     /// Send the head READ/ATOMIC request twice (after a timeout).
     dup_head: bool,
+    /// UC/UD send queue error (SQE): requests are flushed until resumed.
+    sqe: bool,
     timer: Option<Instant>,
     rnr_until: Option<Instant>,
     noack_pkts: u32,
@@ -271,6 +273,7 @@ impl Requester {
             ssthresh: cfg.window,
             cwnd_acc: 0,
             dup_head: false,
+            sqe: false,
             cfg,
             keys,
             sq: VecDeque::new(),
@@ -399,7 +402,7 @@ impl Requester {
             _ if is_atomic => 1,
             _ => len.div_ceil(self.cfg.pmtu).max(1),
         };
-        if self.error {
+        if self.error || self.sqe {
             self.completions.push_back(WorkCompletion::new(
                 wr.wr_id,
                 WcStatus::WorkRequestFlushed,
@@ -466,6 +469,7 @@ impl Requester {
     /// SQD → RTS.
     pub fn resume(&mut self) {
         self.drain_psn = None;
+        self.sqe = false;
     }
 
     /// SQD and every request before the drain point completed (the SQ drained event).
@@ -630,7 +634,7 @@ impl Requester {
     /// Writes the next request packet (BTH .. pad, no ICRC) into `out`, or `None` when
     /// nothing may be sent now (empty, window full, ORD reached, fence, RNR wait, drained).
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<Tx> {
-        if self.error || self.rnr_until.is_some() {
+        if self.error || self.sqe || self.rnr_until.is_some() {
             return None;
         }
         let rc = self.cfg.service == Service::Rc;
@@ -731,6 +735,9 @@ impl Requester {
         }
     }
 
+    /// UC/UD local error (IBA 10.3.1): the request completes in error, the rest of the send
+    /// queue is flushed and the queue enters SQE until the QP is modified back to RTS;
+    /// receives go on.
     fn fail_front_unreliable(&mut self, status: WcStatus) {
         if let Some(w) = self.sq.remove(self.tx_idx) {
             self.queued_psns -= w.npsn;
@@ -738,6 +745,22 @@ impl Requester {
                 .push_back(WorkCompletion::new(w.wr_id, status, w.op.wc_opcode(), 0));
         }
         self.tx_pkt = 0;
+        while let Some(w) = self.sq.pop_front() {
+            self.completions.push_back(WorkCompletion::new(
+                w.wr_id,
+                WcStatus::WorkRequestFlushed,
+                w.op.wc_opcode(),
+                0,
+            ));
+        }
+        self.queued_psns = 0;
+        self.tx_idx = 0;
+        self.sqe = true;
+    }
+
+    /// The send queue entered SQE (UC/UD local error); cleared by [`Requester::resume`].
+    pub fn is_sqe(&self) -> bool {
+        self.sqe
     }
 
     fn complete(&mut self, w: Wqe, status: WcStatus) {

@@ -716,3 +716,90 @@ fn ud_qkey_of_the_qp_used_when_high_bit_set() {
     assert_eq!(s.n[1].recvs.len(), 1);
     assert_eq!(s.n[1].read(40, 4), b"qkey");
 }
+
+/// IBA 10.3.1: a local error on a UC send (its buffer deregistered after the post) completes
+/// that request in error, flushes the rest and moves the QP to SQE; receives go on; SQE → RTS
+/// resumes sending.
+#[test]
+fn uc_local_send_error_enters_sqe_and_resumes() {
+    let mut s = Sim::new(
+        QpType::Uc,
+        1 << 16,
+        &Setup::default(),
+        Faults::default(),
+        77,
+    );
+    let (k0, k1) = (s.n[0].key, s.n[1].key);
+    let keys = s.n[0].keys.clone();
+    // A second region on side 0 that goes away after the post.
+    let gone = softrdma_memory::Buffer::new(4096);
+    let gk = keys
+        .reg_mr(
+            softrdma_memory::PdId(1),
+            gone,
+            0,
+            4096,
+            0x100_0000,
+            Access::LOCAL_WRITE,
+        )
+        .unwrap();
+    s.n[0]
+        .qp
+        .post_send(SendWr::write(1, vec![Sge::new(gk, 0x100_0000, 100)], k1, 0))
+        .unwrap();
+    s.n[0]
+        .qp
+        .post_send(SendWr::write(2, vec![Sge::new(k0, 0, 100)], k1, 0))
+        .unwrap();
+    keys.dereg_mr(gk).unwrap();
+    s.run_idle(1000);
+    assert_eq!(
+        summary(&s.n[0].sends),
+        vec![
+            (1, WcStatus::LocalProtection, WcOpcode::RdmaWrite),
+            (2, WcStatus::WorkRequestFlushed, WcOpcode::RdmaWrite)
+        ]
+    );
+    assert_eq!(s.n[0].qp.state(), Sqe);
+    // Requests posted in SQE complete flushed; receives still work.
+    s.n[0]
+        .qp
+        .post_send(SendWr::send(3, vec![Sge::new(k0, 0, 10)]))
+        .unwrap();
+    s.n[0]
+        .qp
+        .post_recv(RecvWr::new(9, vec![Sge::new(k0, 8192, 100)]))
+        .unwrap();
+    s.n[1]
+        .qp
+        .post_send(SendWr::send(4, vec![Sge::new(k1, 0, 20)]))
+        .unwrap();
+    s.run_idle(1000);
+    assert_eq!(
+        summary(&s.n[0].sends)[2],
+        (3, WcStatus::WorkRequestFlushed, WcOpcode::Send)
+    );
+    assert_eq!(
+        summary(&s.n[0].recvs),
+        vec![(9, WcStatus::Success, WcOpcode::Recv)]
+    );
+    // SQE -> RTS: sending resumes.
+    s.n[0].qp.modify(&QpAttr::state(Rts)).unwrap();
+    s.n[1]
+        .qp
+        .post_recv(RecvWr::new(5, vec![Sge::new(k1, 8192, 100)]))
+        .unwrap();
+    s.n[0]
+        .qp
+        .post_send(SendWr::send(6, vec![Sge::new(k0, 0, 30)]))
+        .unwrap();
+    s.run_idle(1000);
+    assert_eq!(
+        summary(&s.n[0].sends)[3],
+        (6, WcStatus::Success, WcOpcode::Send)
+    );
+    assert_eq!(
+        summary(&s.n[1].recvs),
+        vec![(5, WcStatus::Success, WcOpcode::Recv)]
+    );
+}
