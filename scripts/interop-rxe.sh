@@ -153,9 +153,11 @@ pp_mtu() { [ "$1" = ud ] || echo "-m 1024"; }              # ibv_ud_pingpong has
 guest_pp() {  # TYPE SIZE [SERVER]: an ibv_*_pingpong command line (client if SERVER is given)
   echo "ibv_$1_pingpong -d rxe0 -g $GIDX -p $OOB_PORT -s $2 -n $COUNT -c $(pp_mtu "$1") ${3:-}"
 }
-# softrdma pingpong: being written (issue 4). Options as the brief fixes them:
+# softrdma pingpong (crates/cli/src/pingpong.rs), rdma-core's flags:
 #   softrdma pingpong --rc|--uc|--ud [-p port] [-s size] [-n iters] [-g gid-index] [-m mtu]
-#                     [-r rx-depth] [-c] [host]
+#                     [-r rx-depth] [-c] [-e] [--bind ip] [--roce-port 4791] [host]
+# Our RoCE address (GID ::ffff:10.77.0.1) is the local address of the TCP exchange; -g is
+# accepted and does not change it.
 host_pp() {  # TYPE SIZE [SERVER]
   echo "$BIN pingpong --$1 -p $OOB_PORT -g $GIDX -s $2 -n $COUNT -c $(pp_mtu "$1") ${3:-}"
 }
@@ -164,13 +166,14 @@ guest_perf() {  # TEST [SERVER]: ib_{write,read,atomic}_bw with its own TCP OOB 
   [ "$1" = atomic ] && sz="-A FETCH_AND_ADD"                # atomics are always 8 bytes
   echo "ib_$1_bw -d rxe0 -x $GIDX -p $OOB_PORT -F -n $PERF_COUNT $sz ${2:-}"
 }
-# *** TO ADJUST ***: `softrdma perf --transport roce ... --perftest` does not exist yet. This is
-# the expected form of a perftest-compatible RoCE client (the TCP OOB of perftest 6.06 / Debian
-# 4.5+0.17: version, sys data, MTU, 108-byte dest handshakes, bw report, "done").
+# softrdma perf --transport roce --perftest (crates/cli/src/perf/roce/perftest.rs): the client
+# of a perftest server over perftest 6.06's TCP exchange (version, sys data, MTU, 108-byte
+# records, bw report, "done"); RoCE from the TCP connection's local address, UDP 4791. -x is
+# accepted (the GID is that address); -m defaults to 1024, then the smaller of both sides.
 host_perf() {  # TEST
   local sz="-s $PERF_SIZE"
   [ "$1" = atomic ] && sz=""
-  echo "$BIN perf --transport roce --client $GUEST_ROCE --perftest --test $1 -p $OOB_PORT -g $GIDX -n $PERF_COUNT $sz"
+  echo "$BIN perf --transport roce --perftest --test $1 -p $OOB_PORT -x $GIDX -n $PERF_COUNT $sz $GUEST_ROCE"
 }
 
 # ---- checks: print a reason and fail, or print nothing -------------------------------------

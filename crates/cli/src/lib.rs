@@ -2,5 +2,6 @@
 
 pub mod decode;
 pub mod perf;
+pub mod pingpong;
 pub mod rping;
 pub mod verbs_util;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use softrdma_cli::decode;
-use softrdma_cli::{perf, rping};
+use softrdma_cli::{perf, pingpong, rping};
 
 #[derive(Parser)]
 #[command(
@@ -39,12 +39,15 @@ enum Cmd {
         #[arg(short = 'a', long)]
         all: bool,
     },
-    /// Bandwidth and latency of RDMA Write, RDMA Read and Send, beside raw TCP (perftest
-    /// style): --loopback, --server, or a client of HOST.
+    /// Bandwidth and latency of RDMA Write, RDMA Read and Send, beside raw TCP (iWARP) or
+    /// raw UDP (--transport roce), perftest style: --loopback, --server, or a client of HOST.
     Perf(perf::PerfArgs),
     /// A peer of librdmacm's rping: -s server, -c client (-a addr -p port -C count -S size
     /// -v -V).
     Rping(rping::RpingArgs),
+    /// A peer of rdma-core's ibv_rc_pingpong / ibv_uc_pingpong / ibv_ud_pingpong over
+    /// RoCEv2: server without HOST, client with it.
+    Pingpong(pingpong::PingpongArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
             }
         },
         Cmd::Rping(args) => ExitCode::from(rping::run(&args).clamp(0, 255) as u8),
+        Cmd::Pingpong(args) => ExitCode::from(pingpong::run(&args).clamp(0, 255) as u8),
     }
 }
 

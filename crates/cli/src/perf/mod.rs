@@ -5,10 +5,14 @@
 //! `--loopback` runs a server and a client in one process over 127.0.0.1 (two contexts, two
 //! progress threads); `--server` and `HOST` run them on two machines. `--server --perftest`
 //! serves perftest's own clients (`ib_write_bw -R` and friends), see [`perftest`].
+//!
+//! `--transport roce` measures the same tests over RoCEv2 beside raw UDP, and speaks
+//! perftest's TCP exchange to `ib_write_bw`-style servers, see [`roce`].
 
 pub mod perftest;
 pub mod proto;
 mod rdma;
+pub mod roce;
 pub mod stats;
 pub mod tcp;
 
@@ -68,6 +72,15 @@ pub enum OpArg {
     All,
 }
 
+/// Which RDMA transport `softrdma perf` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// iWARP over TCP, beside raw TCP.
+    Iwarp,
+    /// RoCEv2 (InfiniBand RC over UDP), beside raw UDP.
+    Roce,
+}
+
 /// FPDU size policy on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FpduArg(pub FpduSize);
@@ -98,14 +111,32 @@ pub struct PerfArgs {
     /// Run as server (serves clients until stopped; see --once).
     #[arg(long, conflicts_with = "loopback")]
     pub server: bool,
-    /// With --server: serve one perftest client over rdma_cm (ib_write_bw -R, ib_read_bw
-    /// -R, ib_send_bw -R) instead of softrdma clients, then exit.
-    #[arg(long, requires = "server")]
+    /// iWARP, with --server: serve one perftest client over rdma_cm (ib_write_bw -R,
+    /// ib_read_bw -R, ib_send_bw -R) instead of softrdma clients, then exit. RoCE, with
+    /// HOST: be the client of a perftest server (ib_write_bw, ib_read_bw, ib_atomic_bw
+    /// without -R; see --test).
+    #[arg(long)]
     pub perftest: bool,
+    /// Transport: iwarp (TCP) or roce (RoCEv2 over UDP).
+    #[arg(long, value_enum, default_value = "iwarp")]
+    pub transport: Transport,
+    /// RoCE --perftest: the perftest server's test (ib_write_bw, ib_read_bw, ib_atomic_bw).
+    #[arg(long, value_enum, default_value = "write")]
+    pub test: roce::PerftestTest,
+    /// RoCE: path MTU (default 4096; --perftest: 1024, then the smaller of both sides).
+    #[arg(short = 'm', long)]
+    pub mtu: Option<u32>,
+    /// RoCE: UDP port of RoCEv2 (default 4791; --loopback: any free one).
+    #[arg(long)]
+    pub roce_port: Option<u16>,
+    /// RoCE: GID index (accepted as perftest's -x; the GID is always the bound address).
+    #[arg(short = 'x', long, allow_negative_numbers = true)]
+    pub gid_index: Option<i32>,
     /// With --server: exit after one client session.
     #[arg(long, requires = "server")]
     pub once: bool,
-    /// Server: address to listen on.
+    /// Server: address to listen on. RoCE: also our RoCE address (default: the address of
+    /// the TCP connection).
     #[arg(short = 'B', long, default_value = "0.0.0.0")]
     pub bind: String,
     /// Port of the RDMA (iWARP) listener.
@@ -206,6 +237,8 @@ pub struct LatRow {
 /// Everything one client run measured.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Report {
+    /// `iwarp` or `roce`.
+    pub transport: &'static str,
     /// `loopback` or `client`.
     pub mode: &'static str,
     /// The server's RDMA address.
@@ -214,6 +247,9 @@ pub struct Report {
     pub device: String,
     /// MPA parameters.
     pub mpa: Option<MpaInfo>,
+    /// RoCE: path MTU and counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roce: Option<roce::RoceInfo>,
     /// Requests outstanding in bandwidth tests.
     pub tx_depth: u32,
     /// `block` or `busy`.
@@ -278,6 +314,11 @@ impl PerfArgs {
                 "give --loopback, --server or the server's HOST".into(),
             ));
         }
+        if self.perftest && self.transport == Transport::Iwarp && !self.server {
+            return Err(PerfError::Usage(
+                "--perftest: iWARP serves perftest clients (--server), RoCE is a client of a perftest server (HOST)".into(),
+            ));
+        }
         if self.size == Some(0) {
             return Err(PerfError::Usage("--size must be at least 1".into()));
         }
@@ -318,10 +359,12 @@ fn measure(
     mode: &'static str,
 ) -> Result<Report, PerfError> {
     let mut report = Report {
+        transport: "iwarp",
         mode,
         server: String::new(),
         device: softrdma::TCP_DEVICE_NAME.to_owned(),
         mpa: None,
+        roce: None,
         tx_depth: args.tx_depth,
         completion_wait: if args.busy { "busy" } else { "block" },
         bw: Vec::new(),
@@ -476,6 +519,9 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
 /// Entry point of `softrdma perf`.
 pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     args.check()?;
+    if args.transport == Transport::Roce {
+        return roce::run(args);
+    }
     if args.server {
         return run_server(args);
     }
@@ -504,12 +550,36 @@ const RULE: &str = "------------------------------------------------------------
 pub fn render(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
+    let roce = r.transport == "roce";
+    let base = if roce { "raw UDP" } else { "raw TCP" };
     let _ = writeln!(s, "{RULE}");
     let _ = writeln!(
         s,
-        " softrdma perf: iWARP over TCP, device {}, {} {}",
-        r.device, r.mode, r.server
+        " softrdma perf: {}, device {}, {} {}",
+        if roce {
+            "RoCEv2 (InfiniBand RC over UDP)"
+        } else {
+            "iWARP over TCP"
+        },
+        r.device,
+        r.mode,
+        r.server
     );
+    if let Some(x) = &r.roce {
+        let _ = writeln!(
+            s,
+            " path MTU {}, tx depth {}, completions: {}; client requester: {} packets, {} retransmitted ({} timeouts, {} sequence NAKs, {} RNR NAKs); {} bad ICRC",
+            x.pmtu,
+            r.tx_depth,
+            r.completion_wait,
+            x.packets,
+            x.retransmitted,
+            x.timeouts,
+            x.seq_naks,
+            x.rnr_naks,
+            x.bad_icrc
+        );
+    }
     if let Some(m) = &r.mpa {
         let _ = writeln!(
             s,
@@ -523,13 +593,20 @@ pub fn render(r: &Report) -> String {
             r.completion_wait
         );
     }
+    let _ = if roce {
+        writeln!(
+            s,
+            " raw UDP: path-MTU datagrams, 512 unacknowledged at most (bandwidth), and a UDP ping-pong (latency) of the same message size, same run"
+        )
+    } else {
+        writeln!(
+            s,
+            " raw TCP: one blocking TCP stream (bandwidth) and a TCP ping-pong (latency) of the same message size, same run"
+        )
+    };
     let _ = writeln!(
         s,
-        " raw TCP: one blocking TCP stream (bandwidth) and a TCP ping-pong (latency) of the same message size, same run"
-    );
-    let _ = writeln!(
-        s,
-        " MB = 2^20 octets, Gb = 10^9 bits, ratio = softrdma / raw TCP"
+        " MB = 2^20 octets, Gb = 10^9 bits, ratio = softrdma / {base}"
     );
     if !r.bw.is_empty() {
         let _ = writeln!(s, "{RULE}");
@@ -542,7 +619,7 @@ pub fn render(r: &Report) -> String {
             "BW average[Gb/s]",
             "BW average[MB/sec]",
             "MsgRate[Mpps]",
-            "raw TCP[Gb/s]",
+            format!("{base}[Gb/s]"),
             "ratio"
         );
         for b in &r.bw {
