@@ -304,6 +304,15 @@ impl IbQp {
         self.responder.counters()
     }
 
+    /// Caps the RC send window (PSNs unacknowledged) at `window`, e.g. to what the peer's
+    /// socket buffer holds; applies now and to later RTR → RTS transitions.
+    pub fn set_window(&mut self, window: u32) {
+        self.send.window = window.max(1);
+        if let Some(r) = &mut self.requester {
+            r.set_window(self.send.window);
+        }
+    }
+
     /// Send requests posted and not completed.
     pub fn sq_outstanding(&self) -> usize {
         self.requester.as_ref().map_or(0, |r| r.outstanding())

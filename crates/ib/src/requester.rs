@@ -311,6 +311,13 @@ impl Requester {
         self.rnr_left = cfg.rnr_retry;
     }
 
+    /// Changes the most PSNs kept unacknowledged.
+    pub fn set_window(&mut self, window: u32) {
+        self.cfg.window = window.max(1);
+        self.cwnd = self.cwnd.min(self.cfg.window);
+        self.ssthresh = self.ssthresh.min(self.cfg.window);
+    }
+
     /// Counters.
     pub fn counters(&self) -> RequesterCounters {
         self.counters

@@ -41,6 +41,9 @@ pub enum Error {
     /// Receive requests go to the QP's shared receive queue, not to the QP.
     #[error("the QP takes its receive buffers from a shared receive queue")]
     SrqAttached,
+    /// `modify_qp` refused the transition or an attribute (InfiniBand QPs).
+    #[error("modify_qp: {0}")]
+    Modify(#[from] softrdma_ib::ModifyError),
     /// The context's progress thread is gone.
     #[error("the device context was closed")]
     ContextClosed,

@@ -124,6 +124,10 @@ pub(crate) struct RoceShared {
     ahs: RwLock<Vec<SocketAddr>>,
     next_qpn: AtomicU32,
     counters: AtomicCounters,
+    /// The receive buffer the kernel granted (octets of kernel memory).
+    rcvbuf: usize,
+    /// Largest RC window the driver allows.
+    caps_window: u32,
     alive: AtomicBool,
 }
 
@@ -133,6 +137,7 @@ struct Engine {
     remote: Option<SocketAddr>,
 
     scratch: Vec<u8>,
+    dgram: Vec<u8>,
     wcs: Vec<WorkCompletion>,
 }
 
@@ -156,6 +161,7 @@ impl RoceShared {
         let _ = sock.set_recv_buffer_size(cfg.recv_buffer);
         let _ = sock.set_send_buffer_size(cfg.recv_buffer);
         sock.bind(&SocketAddr::new(cfg.addr, cfg.port).into())?;
+        let rcvbuf = sock.recv_buffer_size().unwrap_or(208 * 1024);
         let socket: UdpSocket = sock.into();
         let local = socket.local_addr()?;
         let raw = match (cfg.raw_tx, cfg.addr) {
@@ -186,6 +192,8 @@ impl RoceShared {
             // QPN 0 and 1 are special (SMI/GSI); rxe starts at 0x11.
             next_qpn: AtomicU32::new(0x11),
             counters: AtomicCounters::default(),
+            rcvbuf,
+            caps_window: 1024,
             alive: AtomicBool::new(true),
         });
         let weak = Arc::downgrade(&shared);
@@ -208,7 +216,7 @@ impl RoceShared {
     /// Sends everything the QP has to send, then moves its completions to the CQs.
     fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant) {
         let mut out = std::mem::take(&mut e.scratch);
-        let mut dgram = Vec::with_capacity(MAX_DATAGRAM);
+        let mut dgram = std::mem::take(&mut e.dgram);
         while let Some(tx) = e.qp.poll_transmit(now, &mut out) {
             let dest = match tx.dest {
                 Some(ud) => self.ahs.read().get(ud.ah as usize).copied(),
@@ -257,6 +265,7 @@ impl RoceShared {
             };
         }
         e.scratch = out;
+        e.dgram = dgram;
         while let Some(wc) = e.qp.poll_send_completion() {
             e.wcs.push(wc);
         }
@@ -447,6 +456,12 @@ impl Context {
         Ok(self.roce()?.local)
     }
 
+    /// Whether IPv4 datagrams leave through the raw socket (exact ICRC for strict peers) or
+    /// the UDP socket (see [`RawTx`]).
+    pub fn roce_raw_tx(&self) -> Result<bool, Error> {
+        Ok(self.roce()?.raw.is_some())
+    }
+
     /// Driver counters of a RoCE context.
     pub fn roce_counters(&self) -> Result<RoceCounters, Error> {
         let c = &self.roce()?.counters;
@@ -527,6 +542,7 @@ impl Pd {
                 qp,
                 remote: None,
                 scratch: Vec::new(),
+                dgram: Vec::with_capacity(MAX_DATAGRAM),
                 wcs: Vec::new(),
             }),
             send_cq: attr.send_cq.shared.clone(),
@@ -593,16 +609,17 @@ impl RoceQp {
                 "RTR needs the path (RoceQp::set_remote)",
             ));
         }
-        e.qp.modify(attr)
-            .map_err(|_| Error::InvalidArgument("modify_qp refused"))?;
+        e.qp.modify(attr)?;
+        if let Some(m) = attr.pmtu {
+            // Go-back-N resends whatever overflowed the peer's socket buffer: keep a window
+            // it can hold (a datagram costs about 2.25 times its size in kernel memory). The
+            // peer's buffer is not known; ours is the estimate.
+            let w = (self.driver.rcvbuf * 4 / 9 / m as usize).clamp(16, 1 << 20) as u32;
+            e.qp.set_window(self.driver.caps_window.min(w));
+        }
         // Error flushes: deliver those completions now.
         self.driver.flush(&self.shared, &mut e, Instant::now());
         Ok(())
-    }
-
-    /// `ibv_modify_qp` with the verbs error detail.
-    pub fn try_modify(&self, attr: &QpAttr) -> Result<(), softrdma_ib::ModifyError> {
-        self.shared.engine.lock().qp.modify(attr)
     }
 
     /// Posts a send request and sends what may leave now (`ibv_post_send`).
