@@ -60,3 +60,45 @@ fn write_and_read_64_mib_pmtu_4096() {
     );
     assert_eq!((c.packets, c.retransmitted), (LEN as u64 / 4096 + 1, 0));
 }
+
+/// UC: one 64 MiB SEND and one 64 MiB RDMA WRITE over the lossless simulated network.
+#[test]
+fn uc_send_and_write_64_mib() {
+    let mut s = Sim::new(
+        QpType::Uc,
+        2 * LEN,
+        &Setup::default(),
+        Faults::default(),
+        65,
+    );
+    let (k0, k1) = (s.n[0].key, s.n[1].key);
+    let data = pattern(65, LEN);
+    s.n[0].fill(0, &data);
+    s.n[1]
+        .qp
+        .post_recv(softrdma_ib::RecvWr::new(
+            7,
+            vec![Sge::new(k1, LEN as u64, LEN as u32)],
+        ))
+        .unwrap();
+    s.n[0]
+        .qp
+        .post_send(SendWr::send(1, vec![Sge::new(k0, 0, LEN as u32)]))
+        .unwrap();
+    s.run_until(1_000_000, |s| !s.n[1].recvs.is_empty());
+    let r = s.n[1].recvs[0];
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len as usize),
+        (7, WcStatus::Success, LEN)
+    );
+    assert!(s.n[1].read(LEN, LEN) == data, "SEND data differs");
+    s.n[1].fill(0, &vec![0; 4096]);
+    s.n[0]
+        .qp
+        .post_send(SendWr::write(2, vec![Sge::new(k0, 0, LEN as u32)], k1, 0))
+        .unwrap();
+    s.run_idle(1_000_000);
+    assert!(s.n[1].read(0, LEN) == data, "WRITE data differs");
+    let w: Vec<_> = s.n[0].sends.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(w, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+}

@@ -46,7 +46,9 @@ pub struct RoceConfig {
     pub addr: IpAddr,
     /// UDP port, 4791 unless two contexts must share an address in tests.
     pub port: u16,
-    /// Socket receive buffer asked for (the kernel may cap it at `net.core.rmem_max`).
+    /// Socket receive buffer asked for: capped at `net.core.rmem_max` unless the process has
+    /// `CAP_NET_ADMIN` (`SO_RCVBUFFORCE`). RC adapts its window to it; UC and UD, which have
+    /// no flow control, lose what a burst overflows.
     pub recv_buffer: usize,
     /// How IPv4 datagrams are sent (see [`RawTx`]).
     pub raw_tx: RawTx,
@@ -159,6 +161,15 @@ impl RoceShared {
         let sock =
             socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
         let _ = sock.set_recv_buffer_size(cfg.recv_buffer);
+        if sock.recv_buffer_size().unwrap_or(0) < cfg.recv_buffer {
+            // Above net.core.rmem_max: SO_RCVBUFFORCE works with CAP_NET_ADMIN; without it
+            // the capped size stands (UC/UD bursts larger than it are lost at the socket).
+            let _ = nix::sys::socket::setsockopt(
+                &sock,
+                nix::sys::socket::sockopt::RcvBufForce,
+                &cfg.recv_buffer,
+            );
+        }
         let _ = sock.set_send_buffer_size(cfg.recv_buffer);
         sock.bind(&SocketAddr::new(cfg.addr, cfg.port).into())?;
         let rcvbuf = sock.recv_buffer_size().unwrap_or(208 * 1024);
@@ -454,6 +465,12 @@ impl Context {
     /// The socket address RoCE datagrams arrive at.
     pub fn roce_local_addr(&self) -> Result<SocketAddr, Error> {
         Ok(self.roce()?.local)
+    }
+
+    /// The receive buffer the kernel granted the context's socket (octets of kernel memory,
+    /// `SO_RCVBUF` as read back).
+    pub fn roce_recv_buffer(&self) -> Result<usize, Error> {
+        Ok(self.roce()?.rcvbuf)
     }
 
     /// Whether IPv4 datagrams leave through the raw socket (exact ICRC for strict peers) or
