@@ -38,10 +38,6 @@ struct Side {
 }
 
 impl Side {
-    fn new(ip: Ipv4Addr, ty: QpType, mr_len: usize, raw_tx: RawTx) -> Side {
-        Side::with_buffer(ip, ty, mr_len, raw_tx, 4 << 20)
-    }
-
     fn with_buffer(ip: Ipv4Addr, ty: QpType, mr_len: usize, raw_tx: RawTx, rcvbuf: usize) -> Side {
         let mut cfg = RoceConfig::new(IpAddr::V4(ip));
         cfg.recv_buffer = rcvbuf;
