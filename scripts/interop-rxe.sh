@@ -10,7 +10,10 @@
 #   {rc,uc}_pingpong-s<size>-host-server    softrdma pingpong server     vs  guest ibv_*_pingpong client
 #   ud_pingpong-s<size>-{guest,host}-server the same for UD (sizes 1..1024: rxe's port MTU)
 #   ib_{write,read,atomic}_bw-guest-server  guest ib_*_bw (TCP OOB, no -R)  vs  softrdma perf client
-#   lossy-rc_pingpong-...                   the RC pingpong cases with netem loss (see --loss)
+#   lossy-rc_pingpong-...                   the RC pingpong cases with loss (see --loss): netem on the
+#                                           guest's egress, and an nft drop rule for host -> guest
+#                                           (needs `apt-get install nftables` on the host; the kernel
+#                                           has nf_tables built in even where it lacks sch_netem)
 #
 # Every case runs with -c (validate): the pingpong client zeroes byte 0 of each 4 KiB page, the
 # server checks those bytes and prints "invalid data in page N" (its exit status stays 0, so
