@@ -98,6 +98,12 @@ fn pair_with(ty: QpType, mr_len: usize, raw_tx: RawTx) -> (Side, Side) {
 fn pair_buffers(ty: QpType, mr_len: usize, raw_tx: RawTx, rcvbuf: usize) -> (Side, Side) {
     let a = Side::with_buffer(Ipv4Addr::new(127, 0, 0, 1), ty, mr_len, raw_tx, rcvbuf);
     let b = Side::with_buffer(Ipv4Addr::new(127, 0, 0, 2), ty, mr_len, raw_tx, rcvbuf);
+    bring_up(&a, &b, ty);
+    (a, b)
+}
+
+/// Both QPs to RTS facing each other.
+fn bring_up(a: &Side, b: &Side, ty: QpType) {
     for (me, peer, psn, peer_psn) in [
         (&a, &b, 0x12_3456, 0xFF_FFF0),
         (&b, &a, 0xFF_FFF0, 0x12_3456),
@@ -137,7 +143,6 @@ fn pair_buffers(ty: QpType, mr_len: usize, raw_tx: RawTx, rcvbuf: usize) -> (Sid
             })
             .unwrap();
     }
-    (a, b)
 }
 
 fn sizes() -> Vec<usize> {
@@ -396,4 +401,63 @@ fn ud_send_every_size_up_to_pmtu() {
         "the good datagram took the receive"
     );
     assert_eq!(b.qp.counters().0.bad_qkey, 1);
+}
+
+/// RoCEv2 over IPv6 (GIDs are the addresses themselves): RC SEND, WRITE and READ and a UD
+/// datagram between two contexts on ::1; the ICRC is checked in full (no Identification).
+#[test]
+fn ipv6_rc_and_ud() {
+    let v6 = |ty: QpType| {
+        let mut cfg = RoceConfig::new(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST));
+        cfg.port = 0;
+        let ctx = Context::open_roce(cfg).unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(4096, None);
+        let qp = pd
+            .create_roce_qp(RoceQpInitAttr::new(ty, &cq, &cq))
+            .unwrap();
+        let mr = pd
+            .alloc_mr(
+                2 * MIB,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+        assert!(
+            !ctx.roce_raw_tx().unwrap(),
+            "IPv6 always uses the UDP socket"
+        );
+        Side {
+            ctx,
+            pd,
+            cq,
+            qp,
+            mr,
+        }
+    };
+    let (a, b) = (v6(QpType::Rc), v6(QpType::Rc));
+    bring_up(&a, &b, QpType::Rc);
+    send_recv(&a, &b, 5000, 1);
+    write(&a, &b, MIB, 2);
+    read(&a, &b, PMTU + 1, 3);
+    assert_eq!(b.ctx.roce_counters().unwrap().bad_icrc, 0);
+
+    let (a, b) = (v6(QpType::Ud), v6(QpType::Ud));
+    bring_up(&a, &b, QpType::Ud);
+    let ah = a.pd.create_ah_port(b.addr()).unwrap();
+    a.mr.copy_in(0, b"over IPv6").unwrap();
+    b.qp.post_recv(RecvWr::new(1, vec![b.mr.sge(0, 200)]))
+        .unwrap();
+    a.qp.post_send(SendWr::send(1, vec![a.mr.sge(0, 9)]).to(UdDest {
+        ah: ah.id(),
+        remote_qpn: b.qp.qp_num(),
+        remote_qkey: QKEY,
+    }))
+    .unwrap();
+    let r = b.wait(1)[0];
+    assert_eq!((r.status, r.byte_len), (WcStatus::Success, 49));
+    assert_eq!(b.bytes(40, 9), b"over IPv6");
+    // The GRH area holds the IPv6 header: version 6, source ::1.
+    let grh = b.bytes(0, 40);
+    assert_eq!(grh[0] >> 4, 6);
+    assert_eq!(grh[8..24], std::net::Ipv6Addr::LOCALHOST.octets());
 }
