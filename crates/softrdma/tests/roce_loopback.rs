@@ -461,3 +461,62 @@ fn ipv6_rc_and_ud() {
     assert_eq!(grh[0] >> 4, 6);
     assert_eq!(grh[8..24], std::net::Ipv6Addr::LOCALHOST.octets());
 }
+
+/// A forged datagram from a plain UDP socket: a SEND Only to `qpn` at `psn`, with an ICRC
+/// computed for the socket's own addresses (so it verifies) unless `corrupt`.
+fn forge(from: &std::net::UdpSocket, to: SocketAddr, qpn: u32, psn: u32, corrupt: bool) {
+    use softrdma_wire::ib::{BthRepr, Opcode, PacketRepr};
+    use softrdma_wire::icrc::{Endpoints, icrc_for};
+    let payload = b"forged";
+    let p = PacketRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, qpn, psn), payload);
+    let mut buf = vec![0u8; p.buffer_len()];
+    let n = p.emit(&mut buf).unwrap();
+    buf.truncate(n);
+    let ep = Endpoints::from_socket_addrs(from.local_addr().unwrap(), to);
+    let icrc = icrc_for(&ep, 0, &buf);
+    buf.extend_from_slice(&icrc.to_le_bytes());
+    if corrupt {
+        buf[n - 1] ^= 0x10;
+    }
+    from.send_to(&buf, to).unwrap();
+}
+
+/// What the driver drops before the engine, each counted: a bad ICRC (IBT-X-20), a packet for
+/// a QP that does not exist (IBT-C9-39), and a well-formed packet to an RC QP from an address
+/// other than its path's (IBT-C9-47.1.1: on RoCEv2 the source IP stands for the SGID). None
+/// consumes a receive or moves the expected PSN: the real SEND that follows lands normally.
+#[test]
+fn ibt_x_20_c9_39_c9_47_1_1_driver_drops() {
+    let (a, b) = pair(QpType::Rc, 1 << 16);
+    b.qp.post_recv(RecvWr::new(1, vec![b.mr.sge(0, 100)]))
+        .unwrap();
+    let rogue = std::net::UdpSocket::bind("127.0.0.3:0").unwrap();
+    let to = b.addr();
+    let qpn = b.qp.qp_num();
+    let before = b.ctx.roce_counters().unwrap();
+    // The expected PSN of b's QP is a's sq_psn (0x12_3456).
+    forge(&rogue, to, qpn, 0x12_3456, true);
+    forge(&rogue, to, qpn ^ 0x40, 0x12_3456, false);
+    forge(&rogue, to, qpn, 0x12_3456, false);
+    // The genuine SEND behind them, on the same path as the forgeries (datagrams from
+    // different sockets may be read in any order, so wait on the counters first).
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while b.ctx.roce_counters().unwrap().rx_packets < before.rx_packets + 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "forged datagrams never arrived"
+        );
+        std::thread::yield_now();
+    }
+    let c = b.ctx.roce_counters().unwrap();
+    assert_eq!(c.bad_icrc - before.bad_icrc, 1, "{c:?}");
+    assert_eq!(c.unknown_qp - before.unknown_qp, 1, "{c:?}");
+    assert_eq!(c.wrong_source - before.wrong_source, 1, "{c:?}");
+    a.mr.copy_in(0, b"genuine").unwrap();
+    a.qp.post_send(SendWr::send(9, vec![a.mr.sge(0, 7)]))
+        .unwrap();
+    let r = b.wait(1)[0];
+    assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::Success, 7));
+    assert_eq!(b.bytes(0, 7), b"genuine");
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+}
