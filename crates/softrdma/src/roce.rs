@@ -15,12 +15,14 @@
 //! hash of the QP pair); otherwise through the UDP socket, from its port.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use parking_lot::{Mutex, RwLock};
 use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState as IbQpState, QpType};
 use softrdma_iwarp::verbs_types::{RecvWr, SendWr, WorkCompletion};
@@ -35,6 +37,10 @@ use crate::device::{Context, Pd};
 
 /// Largest datagram the driver reads: PMTU 4096 plus every header.
 const MAX_DATAGRAM: usize = 4096 + 128;
+
+/// Datagrams handed to the kernel per `sendmmsg` / taken per `recvmmsg`.
+const SEND_BATCH: usize = 64;
+const RECV_BATCH: usize = 32;
 
 /// How long the receive thread blocks when no timer is armed (it checks for shutdown).
 const IDLE_WAIT: Duration = Duration::from_millis(50);
@@ -139,7 +145,9 @@ struct Engine {
     remote: Option<SocketAddr>,
 
     scratch: Vec<u8>,
+    /// Datagrams of one flush, back to back, and where each starts and ends and goes.
     dgram: Vec<u8>,
+    batch: Vec<(usize, usize, SocketAddr, bool)>,
     wcs: Vec<WorkCompletion>,
 }
 
@@ -228,6 +236,9 @@ impl RoceShared {
     fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant) {
         let mut out = std::mem::take(&mut e.scratch);
         let mut dgram = std::mem::take(&mut e.dgram);
+        let mut batch = std::mem::take(&mut e.batch);
+        dgram.clear();
+        batch.clear();
         while let Some(tx) = e.qp.poll_transmit(now, &mut out) {
             let dest = match tx.dest {
                 Some(ud) => self.ahs.read().get(ud.ah as usize).copied(),
@@ -238,8 +249,9 @@ impl RoceShared {
                 continue;
             };
             let payload = &out[..tx.len];
-            let sent = match (&self.raw, self.local.ip(), dest.ip()) {
-                (Some(raw), IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let start = dgram.len();
+            let raw = match (&self.raw, self.local.ip(), dest.ip()) {
+                (Some(_), IpAddr::V4(src), IpAddr::V4(dst)) => {
                     let src_port = match tx.dest {
                         Some(ud) => rocev2_src_port(rocev2_flow_label(q.qpn, ud.remote_qpn)),
                         None => rocev2_src_port(rocev2_flow_label(q.qpn, e.qp.dest_qp())),
@@ -256,27 +268,29 @@ impl RoceShared {
                         dst_port: dest.port(),
                     };
                     ipv4_udp_frame(&mut dgram, src, dst, id, src_port, dest.port(), payload);
-                    let icrc = icrc_for(&ep, id, payload);
-                    dgram.extend_from_slice(&icrc.to_le_bytes());
-                    raw.send_to(&dgram, &SocketAddr::new(dest.ip(), 0).into())
+                    dgram.extend_from_slice(&icrc_for(&ep, id, payload).to_le_bytes());
+                    true
                 }
                 _ => {
-                    dgram.clear();
-                    dgram.extend_from_slice(payload);
                     // Through the UDP socket: the kernel's Identification is unknown; ID 0 is
                     // what a peer that recovers it needs least work for.
-                    let icrc = icrc_for(&self.endpoints(dest, self.local.port()), 0, &dgram);
-                    dgram.extend_from_slice(&icrc.to_le_bytes());
-                    self.socket.send_to(&dgram, dest)
+                    let ep = self.endpoints(dest, self.local.port());
+                    dgram.extend_from_slice(payload);
+                    dgram.extend_from_slice(&icrc_for(&ep, 0, payload).to_le_bytes());
+                    false
                 }
             };
-            match sent {
-                Ok(_) => self.counters.tx_packets.fetch_add(1, Ordering::Relaxed),
-                Err(_) => self.counters.tx_errors.fetch_add(1, Ordering::Relaxed),
-            };
+            batch.push((start, dgram.len(), dest, raw));
+            if batch.len() == SEND_BATCH {
+                self.send_batch(&dgram, &batch);
+                dgram.clear();
+                batch.clear();
+            }
         }
+        self.send_batch(&dgram, &batch);
         e.scratch = out;
         e.dgram = dgram;
+        e.batch = batch;
         while let Some(wc) = e.qp.poll_send_completion() {
             e.wcs.push(wc);
         }
@@ -286,10 +300,65 @@ impl RoceShared {
         }
         q.recv_cq.push(&mut e.wcs);
     }
+
+    /// Sends datagrams `buf[start..end]` to their destinations with as few `sendmmsg` calls
+    /// as the socket changes allow. A datagram the kernel refuses (a full buffer) is counted
+    /// and left to the transport's retransmission.
+    fn send_batch(&self, buf: &[u8], batch: &[(usize, usize, SocketAddr, bool)]) {
+        let mut rest = batch;
+        while let Some(&(_, _, _, raw)) = rest.first() {
+            let n = rest.iter().take_while(|b| b.3 == raw).count();
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            let fd = match (raw, &self.raw) {
+                (true, Some(r)) => r.as_raw_fd(),
+                _ => self.socket.as_raw_fd(),
+            };
+            let slices: Vec<[IoSlice<'_>; 1]> = group
+                .iter()
+                .map(|&(s, e, _, _)| [IoSlice::new(&buf[s..e])])
+                .collect();
+            let addrs: Vec<Option<SockaddrStorage>> = group
+                .iter()
+                .map(|&(_, _, d, raw)| {
+                    // A raw IPv4 socket takes the destination address with port 0.
+                    let d = if raw { SocketAddr::new(d.ip(), 0) } else { d };
+                    Some(SockaddrStorage::from(d))
+                })
+                .collect();
+            let mut done = 0;
+            while done < group.len() {
+                let mut hdrs =
+                    MultiHeaders::<SockaddrStorage>::preallocate(group.len() - done, None);
+                let sent = sendmmsg(
+                    fd,
+                    &mut hdrs,
+                    slices[done..].iter(),
+                    &addrs[done..],
+                    [],
+                    MsgFlags::empty(),
+                )
+                .map(|r| r.count());
+                match sent {
+                    Ok(k) if k > 0 => {
+                        self.counters
+                            .tx_packets
+                            .fetch_add(k as u64, Ordering::Relaxed);
+                        done += k;
+                    }
+                    _ => {
+                        // The first unsent datagram failed: count it and go on with the rest.
+                        self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
+                        done += 1;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// IPv4 (20 octets, DF, TTL 64, checksum left to the kernel) | UDP (checksum 0, as rxe) |
-/// payload, into `out`.
+/// payload, appended to `out`.
 fn ipv4_udp_frame(
     out: &mut Vec<u8>,
     src: std::net::Ipv4Addr,
@@ -300,7 +369,6 @@ fn ipv4_udp_frame(
     payload: &[u8],
 ) {
     let udp_len = (8 + payload.len() + 4) as u16;
-    out.clear();
     out.extend_from_slice(&[0x45, 0]);
     out.extend_from_slice(&(20 + udp_len).to_be_bytes());
     out.extend_from_slice(&id.to_be_bytes());
@@ -349,10 +417,14 @@ fn grh_image(src: SocketAddr, dst: SocketAddr, len: usize) -> [u8; 40] {
 }
 
 fn rx_loop(weak: Weak<RoceShared>, sock: UdpSocket) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut bufs: Vec<Vec<u8>> = (0..RECV_BATCH).map(|_| vec![0u8; MAX_DATAGRAM]).collect();
+    let mut hdrs = MultiHeaders::<SockaddrStorage>::preallocate(RECV_BATCH, None);
+    let mut got: Vec<(usize, Option<SocketAddr>)> = Vec::with_capacity(RECV_BATCH);
+    let mut touched: Vec<Arc<RoceQpShared>> = Vec::new();
     let mut verifier = IcrcVerifier::default();
     let mut wait = IDLE_WAIT;
     let mut set_wait = Duration::ZERO;
+    let fd = sock.as_raw_fd();
     loop {
         // One setsockopt per change of the deadline, not per datagram; a deadline that moved
         // earlier is honoured by rounding the wait down to whole milliseconds.
@@ -361,27 +433,64 @@ fn rx_loop(weak: Weak<RoceShared>, sock: UdpSocket) {
             let _ = sock.set_read_timeout(Some(want));
             set_wait = want;
         }
-        let got = sock.recv_from(&mut buf);
+        // Up to RECV_BATCH datagrams per call: block for the first (SO_RCVTIMEO), take what
+        // else is queued.
+        got.clear();
+        {
+            let mut iovs: Vec<[IoSliceMut<'_>; 1]> = bufs
+                .iter_mut()
+                .map(|b| [IoSliceMut::new(&mut b[..])])
+                .collect();
+            if let Ok(res) = recvmmsg(
+                fd,
+                &mut hdrs,
+                iovs.iter_mut(),
+                MsgFlags::MSG_WAITFORONE,
+                None,
+            ) {
+                got.extend(res.map(|r| (r.bytes, r.address.and_then(|a| socket_addr(&a)))));
+            }
+        }
         let Some(d) = weak.upgrade() else { return };
         if !d.alive.load(Ordering::Acquire) {
             return;
         }
         let now = Instant::now();
-        match got {
-            Ok((n, peer)) => d.receive(&buf[..n], peer, now, &mut verifier),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => {}
+        for (i, &(n, peer)) in got.iter().enumerate() {
+            let Some(peer) = peer else { continue };
+            if let Some(q) = d.receive(&bufs[i][..n], peer, now, &mut verifier)
+                && !touched.iter().any(|t| Arc::ptr_eq(t, &q))
+            {
+                touched.push(q);
+            }
+        }
+        for q in touched.drain(..) {
+            let mut e = q.engine.lock();
+            d.flush(&q, &mut e, now);
         }
         wait = d.run_timers(Instant::now());
     }
 }
 
+fn socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = a.as_sockaddr_in() {
+        Some(SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+    } else {
+        a.as_sockaddr_in6()
+            .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
+    }
+}
+
 impl RoceShared {
-    fn receive(&self, dgram: &[u8], peer: SocketAddr, now: Instant, v: &mut IcrcVerifier) {
+    /// Checks and hands one datagram to its QP; returns the QP, to be flushed once the
+    /// whole batch is in (its ACKs coalesce).
+    fn receive(
+        &self,
+        dgram: &[u8],
+        peer: SocketAddr,
+        now: Instant,
+        v: &mut IcrcVerifier,
+    ) -> Option<Arc<RoceQpShared>> {
         self.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
         let ep = Endpoints {
             src: peer.ip(),
@@ -391,24 +500,25 @@ impl RoceShared {
         };
         if dgram.len() < 16 || matches!(v.verify(&ep, dgram), IcrcCheck::Invalid) {
             self.counters.bad_icrc.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
         let Ok(pkt) = PacketRepr::parse(&dgram[..dgram.len() - 4]) else {
             self.counters.malformed.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         };
         let Some(q) = self.qps.read().get(&pkt.bth.dest_qp).cloned() else {
             self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         };
         let mut e = q.engine.lock();
         if e.qp.qp_type() != QpType::Ud && e.remote.is_some_and(|r| r.ip() != peer.ip()) {
             self.counters.wrong_source.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
         let grh = grh_image(peer, self.local, dgram.len());
         e.qp.handle_packet(&pkt, &grh, now);
-        self.flush(&q, &mut e, now);
+        drop(e);
+        Some(q)
     }
 
     /// Fires due timers; returns how long until the next one.
@@ -559,7 +669,8 @@ impl Pd {
                 qp,
                 remote: None,
                 scratch: Vec::new(),
-                dgram: Vec::with_capacity(MAX_DATAGRAM),
+                dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
+                batch: Vec::with_capacity(SEND_BATCH),
                 wcs: Vec::new(),
             }),
             send_cq: attr.send_cq.shared.clone(),
