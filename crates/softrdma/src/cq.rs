@@ -34,7 +34,16 @@ struct CqState {
     overflows: u64,
 }
 
+/// A driver that can make progress in the polling thread (RoCE: read and process datagrams
+/// without waiting for its receive thread).
+pub(crate) trait Progress: Send + Sync {
+    /// Processes what has arrived, without blocking.
+    fn progress(&self);
+}
+
 pub(crate) struct CqShared {
+    /// Drivers of the QPs that complete into this queue (see [`Progress`]).
+    pub(crate) progress: Mutex<Vec<Weak<dyn Progress>>>,
     id: u32,
     capacity: usize,
     state: Mutex<CqState>,
@@ -105,6 +114,7 @@ impl Cq {
     pub(crate) fn new(capacity: usize, channel: Option<&CompletionChannel>) -> Cq {
         Cq {
             shared: Arc::new(CqShared {
+                progress: Mutex::new(Vec::new()),
                 id: NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed),
                 capacity: capacity.max(1),
                 state: Mutex::new(CqState {
@@ -153,7 +163,12 @@ impl Cq {
 
     /// Moves up to `max` completions, oldest first, to the end of `out` (`ibv_poll_cq`);
     /// returns how many.
+    ///
+    /// On an empty queue fed by RoCE QPs, the calling thread first reads and processes the
+    /// datagrams that have arrived (a busy-polling caller then sees a completion without any
+    /// thread hand-off, as with a hardware CQ).
     pub fn poll(&self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        self.drive();
         let mut s = self.shared.state.lock();
         let n = max.min(s.entries.len());
         out.extend(s.entries.drain(..n));
@@ -162,7 +177,24 @@ impl Cq {
 
     /// The oldest completion, if any.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
+        self.drive();
         self.shared.state.lock().entries.pop_front()
+    }
+
+    fn drive(&self) {
+        if !self.shared.state.lock().entries.is_empty() {
+            return;
+        }
+        let drivers: Vec<_> = self
+            .shared
+            .progress
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for d in drivers {
+            d.progress();
+        }
     }
 
     /// Arms the queue (`ibv_req_notify_cq`): the next completion added after this call — with

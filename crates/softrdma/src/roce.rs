@@ -17,11 +17,12 @@
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use parking_lot::{Mutex, RwLock};
 use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState as IbQpState, QpType};
@@ -127,6 +128,8 @@ pub(crate) struct RoceShared {
     /// IPv4 raw sender (see [`RawTx`]).
     raw: Option<socket2::Socket>,
     next_ip_id: std::sync::atomic::AtomicU16,
+    /// Held while datagrams are read and processed (receive thread or a polling caller).
+    rx_lock: Mutex<()>,
     local: SocketAddr,
     qps: RwLock<HashMap<u32, Arc<RoceQpShared>>>,
     ahs: RwLock<Vec<SocketAddr>>,
@@ -205,6 +208,7 @@ impl RoceShared {
             socket,
             raw,
             next_ip_id: std::sync::atomic::AtomicU16::new(1),
+            rx_lock: Mutex::new(()),
             local,
             qps: RwLock::new(HashMap::new()),
             ahs: RwLock::new(Vec::new()),
@@ -416,57 +420,113 @@ fn grh_image(src: SocketAddr, dst: SocketAddr, len: usize) -> [u8; 40] {
     g
 }
 
-fn rx_loop(weak: Weak<RoceShared>, sock: UdpSocket) {
-    let mut bufs: Vec<Vec<u8>> = (0..RECV_BATCH).map(|_| vec![0u8; MAX_DATAGRAM]).collect();
-    let mut hdrs = MultiHeaders::<SockaddrStorage>::preallocate(RECV_BATCH, None);
-    let mut got: Vec<(usize, Option<SocketAddr>)> = Vec::with_capacity(RECV_BATCH);
-    let mut touched: Vec<Arc<RoceQpShared>> = Vec::new();
-    let mut verifier = IcrcVerifier::default();
-    let mut wait = IDLE_WAIT;
-    let mut set_wait = Duration::ZERO;
-    let fd = sock.as_raw_fd();
-    loop {
-        // One setsockopt per change of the deadline, not per datagram; a deadline that moved
-        // earlier is honoured by rounding the wait down to whole milliseconds.
-        let want = Duration::from_millis(wait.as_millis() as u64).max(Duration::from_micros(100));
-        if want != set_wait {
-            let _ = sock.set_read_timeout(Some(want));
-            set_wait = want;
+/// Receive buffers of one thread (the receive thread's own, or a polling caller's).
+struct RxBufs {
+    bufs: Vec<Vec<u8>>,
+    hdrs: MultiHeaders<SockaddrStorage>,
+    got: Vec<(usize, Option<SocketAddr>)>,
+    touched: Vec<Arc<RoceQpShared>>,
+    verifier: IcrcVerifier,
+}
+
+impl RxBufs {
+    fn new() -> RxBufs {
+        RxBufs {
+            bufs: (0..RECV_BATCH).map(|_| vec![0u8; MAX_DATAGRAM]).collect(),
+            hdrs: MultiHeaders::preallocate(RECV_BATCH, None),
+            got: Vec::with_capacity(RECV_BATCH),
+            touched: Vec::new(),
+            verifier: IcrcVerifier::default(),
         }
-        // Up to RECV_BATCH datagrams per call: block for the first (SO_RCVTIMEO), take what
-        // else is queued.
-        got.clear();
-        {
-            let mut iovs: Vec<[IoSliceMut<'_>; 1]> = bufs
-                .iter_mut()
-                .map(|b| [IoSliceMut::new(&mut b[..])])
-                .collect();
-            if let Ok(res) = recvmmsg(
-                fd,
-                &mut hdrs,
-                iovs.iter_mut(),
-                MsgFlags::MSG_WAITFORONE,
-                None,
-            ) {
-                got.extend(res.map(|r| (r.bytes, r.address.and_then(|a| socket_addr(&a)))));
+    }
+}
+
+thread_local! {
+    /// Buffers of threads that drive a RoCE context from `Cq::poll`.
+    static CALLER_RX: std::cell::RefCell<Option<RxBufs>> = const { std::cell::RefCell::new(None) };
+}
+
+impl RoceShared {
+    /// Reads what is queued on the socket (without blocking), up to a few batches, and
+    /// processes it. The caller holds `rx_lock`: datagrams are handled in arrival order.
+    fn drain_socket(&self, rx: &mut RxBufs) -> usize {
+        let fd = self.socket.as_raw_fd();
+        let mut total = 0;
+        for _ in 0..4 {
+            rx.got.clear();
+            {
+                let mut iovs: Vec<[IoSliceMut<'_>; 1]> = rx
+                    .bufs
+                    .iter_mut()
+                    .map(|b| [IoSliceMut::new(&mut b[..])])
+                    .collect();
+                if let Ok(res) = recvmmsg(
+                    fd,
+                    &mut rx.hdrs,
+                    iovs.iter_mut(),
+                    MsgFlags::MSG_DONTWAIT,
+                    None,
+                ) {
+                    rx.got
+                        .extend(res.map(|r| (r.bytes, r.address.and_then(|a| socket_addr(&a)))));
+                }
+            }
+            if rx.got.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            for i in 0..rx.got.len() {
+                let (n, peer) = rx.got[i];
+                let Some(peer) = peer else { continue };
+                if let Some(q) = self.receive(&rx.bufs[i][..n], peer, now, &mut rx.verifier)
+                    && !rx.touched.iter().any(|t| Arc::ptr_eq(t, &q))
+                {
+                    rx.touched.push(q);
+                }
+            }
+            for q in rx.touched.drain(..) {
+                let mut e = q.engine.lock();
+                self.flush(&q, &mut e, now);
+            }
+            total += rx.got.len();
+            if rx.got.len() < RECV_BATCH {
+                break;
             }
         }
+        total
+    }
+}
+
+impl crate::cq::Progress for RoceShared {
+    fn progress(&self) {
+        // The receive thread is handling datagrams right now: nothing to add.
+        let Some(_g) = self.rx_lock.try_lock() else {
+            return;
+        };
+        CALLER_RX.with(|c| {
+            let mut c = c.borrow_mut();
+            let rx = c.get_or_insert_with(RxBufs::new);
+            self.drain_socket(rx);
+        });
+    }
+}
+
+fn rx_loop(weak: Weak<RoceShared>, sock: UdpSocket) {
+    let mut rx = RxBufs::new();
+    let mut wait = IDLE_WAIT;
+    loop {
+        // Wait for readiness without holding the receive lock, so a thread polling a CQ can
+        // take the datagram first (no hand-off); then read under the lock.
+        let ms = wait.as_millis().clamp(1, 1000) as u16;
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        let ready = poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0);
         let Some(d) = weak.upgrade() else { return };
         if !d.alive.load(Ordering::Acquire) {
             return;
         }
-        let now = Instant::now();
-        for (i, &(n, peer)) in got.iter().enumerate() {
-            let Some(peer) = peer else { continue };
-            if let Some(q) = d.receive(&bufs[i][..n], peer, now, &mut verifier)
-                && !touched.iter().any(|t| Arc::ptr_eq(t, &q))
-            {
-                touched.push(q);
-            }
-        }
-        for q in touched.drain(..) {
-            let mut e = q.engine.lock();
-            d.flush(&q, &mut e, now);
+        if ready > 0 {
+            let _g = d.rx_lock.lock();
+            d.drain_socket(&mut rx);
         }
         wait = d.run_timers(Instant::now());
     }
@@ -677,6 +737,15 @@ impl Pd {
             recv_cq: attr.recv_cq.shared.clone(),
         });
         d.qps.write().insert(qpn, shared.clone());
+        // Polling either CQ may drive this context's receive path.
+        for cq in [&attr.send_cq, &attr.recv_cq] {
+            let mut p = cq.shared.progress.lock();
+            let w: Weak<dyn crate::cq::Progress> =
+                Arc::downgrade(&d) as Weak<dyn crate::cq::Progress>;
+            if !p.iter().any(|x| x.ptr_eq(&w)) {
+                p.push(w);
+            }
+        }
         Ok(RoceQp { shared, driver: d })
     }
 
