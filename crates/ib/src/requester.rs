@@ -489,11 +489,16 @@ impl Requester {
     }
 
     /// Moves the queue to the error state: every request completes with
-    /// `WorkRequestFlushed` (C10-? / IBA 10.3.1: the Error state flushes).
+    /// `WorkRequestFlushed` (IBA 10.3.1: the Error state flushes).
     pub fn flush(&mut self) {
         self.error = true;
         self.timer = None;
         self.rnr_until = None;
+        self.flush_queue();
+    }
+
+    /// Completes every queued request with `WorkRequestFlushed` and empties the queue.
+    fn flush_queue(&mut self) {
         while let Some(w) = self.sq.pop_front() {
             self.completions.push_back(WorkCompletion::new(
                 w.wr_id,
@@ -751,17 +756,7 @@ impl Requester {
             self.completions
                 .push_back(WorkCompletion::new(w.wr_id, status, w.op.wc_opcode(), 0));
         }
-        self.tx_pkt = 0;
-        while let Some(w) = self.sq.pop_front() {
-            self.completions.push_back(WorkCompletion::new(
-                w.wr_id,
-                WcStatus::WorkRequestFlushed,
-                w.op.wc_opcode(),
-                0,
-            ));
-        }
-        self.queued_psns = 0;
-        self.tx_idx = 0;
+        self.flush_queue();
         self.sqe = true;
     }
 

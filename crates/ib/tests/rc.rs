@@ -3,22 +3,10 @@
 
 mod sim;
 
-use sim::{Faults, Setup, Sim};
+use sim::{Faults, Setup, Sim, pattern};
 use softrdma_ib::{QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus};
 
 const PMTU: usize = 1024;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn sizes() -> Vec<usize> {
     vec![0, 1, PMTU - 1, PMTU, PMTU + 1, 1 << 20]
