@@ -870,10 +870,15 @@ impl Responder {
                 }
             }
             _ => {
-                // SEND / WRITE: re-ACK everything up to ePSN - 1, do not re-execute or consume
-                // a receive WQE (rxe `duplicate_request`).
+                // SEND / WRITE: do not re-execute or consume a receive WQE; acknowledge as a new
+                // request would be, i.e. when AckReq asks (C9-105 / 9.7.5.1.5; rxe since 6.x),
+                // with everything up to ePSN - 1. An ACK for every duplicate packet reaches a
+                // requester in the middle of its go-back and completes the message under it:
+                // Linux rxe stalls for good when that happens (seen against rxe 6.12 with loss).
                 self.counters.duplicates += 1;
-                self.push_ack(psn_sub(self.epsn, 1), Syndrome::ACK, self.msn);
+                if pkt.bth.ack_req {
+                    self.push_ack(psn_sub(self.epsn, 1), Syndrome::ACK, self.msn);
+                }
             }
         }
     }

@@ -106,6 +106,12 @@ fn req<'a>(op: Opcode, psn: u32, payload: &'a [u8]) -> PacketRepr<'a> {
     PacketRepr::new(BthRepr::new(op, QPN, psn), payload)
 }
 
+/// The same packet with AckReq set (what requesters put on a message's last packet).
+fn acked(mut p: PacketRepr<'_>) -> PacketRepr<'_> {
+    p.bth.ack_req = true;
+    p
+}
+
 fn with_reth(mut p: PacketRepr<'_>, key: Key, va: u64, len: u32) -> PacketRepr<'_> {
     p.reth = Some(RethRepr {
         va,
@@ -637,7 +643,8 @@ fn ext_psn_03_sequence_error_once() {
 }
 
 /// EXT-PSN-03: duplicate SEND and WRITE are re-ACKed (ePSN - 1) without re-executing or
-/// consuming a WQE.
+/// consuming a WQE — when AckReq asks, as for a new request (C9-105); a duplicate without
+/// AckReq (the First/Middle of a message being resent) gets no ACK of its own.
 #[test]
 fn ext_psn_03_duplicate_send_write_reacked() {
     let mut e = env(7);
@@ -654,14 +661,16 @@ fn ext_psn_03_duplicate_send_write_reacked() {
     e.completions();
     e.buf.copy_in(0, b"cccc").unwrap();
     e.feed(&req(Opcode::RC_SEND_ONLY, 7, b"aaaa"));
+    assert!(e.responses().is_empty(), "no AckReq, no ACK");
+    e.feed(&acked(req(Opcode::RC_SEND_ONLY, 7, b"aaaa")));
     let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
     assert_eq!(r, vec![ack(8, 2)]);
-    e.feed(&with_reth(
+    e.feed(&acked(with_reth(
         req(Opcode::RC_RDMA_WRITE_ONLY, 8, b"bbbb"),
         e.key,
         0x1000,
         4,
-    ));
+    )));
     let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
     assert_eq!(r, vec![ack(8, 2)]);
     assert_eq!(e.mem(0, 4), b"cccc", "duplicate WRITE not re-executed");
@@ -686,7 +695,7 @@ fn ext_psn_01_wrap() {
     assert_eq!(r[0], ack(0xFF_FFFE, 1));
     assert_eq!((r[1].1, r[2].1), (0xFF_FFFF, 0));
     // 0xFFFFFF is now a duplicate, not ahead.
-    e.feed(&req(Opcode::RC_SEND_ONLY, 0xFF_FFFE, b"a"));
+    e.feed(&acked(req(Opcode::RC_SEND_ONLY, 0xFF_FFFE, b"a")));
     let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
     assert_eq!(r, vec![ack(0, 2)]);
 }
