@@ -352,6 +352,52 @@ pub fn run_client(
     Ok(report)
 }
 
+/// One perf client, whatever the transport: its RDMA tests and the raw baseline they are
+/// compared with (TCP for iWARP, UDP for RoCE).
+pub(crate) trait Measure {
+    /// Bandwidth of `test` with `size`-octet messages.
+    fn bw(&mut self, test: Test, size: u32, limit: Limit) -> Result<Bw, PerfError>;
+    /// Round-trip samples (ns) of the latency `test`.
+    fn lat(
+        &mut self,
+        test: Test,
+        size: u32,
+        limit: Limit,
+        warmup: u64,
+    ) -> Result<Vec<u64>, PerfError>;
+    /// Bandwidth of the raw baseline.
+    fn raw_bw(&mut self, size: u32, limit: Limit) -> Result<Bw, PerfError>;
+    /// Round-trip samples (ns) of the raw baseline's ping-pong.
+    fn raw_rtt(&mut self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError>;
+}
+
+/// The iWARP client with its raw TCP server.
+struct IwarpMeasure<'a> {
+    client: &'a mut Client,
+    tcp: SocketAddr,
+}
+
+impl Measure for IwarpMeasure<'_> {
+    fn bw(&mut self, test: Test, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+        self.client.bw(test, size, limit)
+    }
+    fn lat(
+        &mut self,
+        test: Test,
+        size: u32,
+        limit: Limit,
+        warmup: u64,
+    ) -> Result<Vec<u64>, PerfError> {
+        self.client.lat(test, size, limit, warmup)
+    }
+    fn raw_bw(&mut self, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+        tcp::bw(self.tcp, size, limit)
+    }
+    fn raw_rtt(&mut self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError> {
+        tcp::ping_pong(self.tcp, size, limit, warmup)
+    }
+}
+
 fn measure(
     args: &PerfArgs,
     client: &mut Client,
@@ -370,12 +416,23 @@ fn measure(
         bw: Vec::new(),
         lat: Vec::new(),
     };
+    measure_into(args, &mut IwarpMeasure { client, tcp }, &mut report)?;
+    Ok(report)
+}
+
+/// Runs the bandwidth and latency tests `args` asks for, each beside the raw baseline of the
+/// same size measured in the same run, into `report`.
+pub(crate) fn measure_into(
+    args: &PerfArgs,
+    c: &mut impl Measure,
+    report: &mut Report,
+) -> Result<(), PerfError> {
     if !args.lat {
         let limit = args.limit(5000);
         for size in args.sizes(65536) {
-            let raw = tcp::bw(tcp, size, limit)?;
+            let raw = c.raw_bw(size, limit)?;
             for (test, _) in args.ops() {
-                let rdma = client.bw(test, size, limit)?;
+                let rdma = c.bw(test, size, limit)?;
                 report.bw.push(BwRow {
                     test,
                     bytes: size,
@@ -389,10 +446,10 @@ fn measure(
     if !args.bw {
         let limit = args.limit(1000);
         for size in args.sizes(64) {
-            let mut raw_rtt = tcp::ping_pong(tcp, size, limit, WARMUP)?;
+            let mut raw_rtt = c.raw_rtt(size, limit, WARMUP)?;
             for (_, test) in args.ops() {
                 let half = test != Test::ReadLat;
-                let mut s = client.lat(test, size, limit, WARMUP)?;
+                let mut s = c.lat(test, size, limit, WARMUP)?;
                 let rdma = Lat::from_nanos(&mut s, if half { 2.0 } else { 1.0 });
                 let raw = tcp::lat(&mut raw_rtt, half);
                 if let (Some(rdma), Some(raw)) = (rdma, raw) {
@@ -412,7 +469,7 @@ fn measure(
             }
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Runs `--loopback`: a server (RDMA and raw TCP) on threads of this process and the client.

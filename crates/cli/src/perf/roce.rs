@@ -59,8 +59,8 @@ pub mod perftest;
 
 pub use self::perftest::{PerftestResult, PerftestTest, perftest_client};
 use super::proto::Test;
-use super::stats::{Bw, Lat};
-use super::{BwRow, LatRow, Limit, PerfArgs, PerfError, Report, WARMUP};
+use super::stats::Bw;
+use super::{Limit, PerfArgs, PerfError, Report};
 use crate::verbs_util::{WaitMode, spin_until, wait_some};
 
 /// First octets of every message of the RoCE perf session.
@@ -1252,49 +1252,29 @@ fn measure(args: &PerfArgs, c: &mut Client, mode: &'static str) -> Result<Report
         bw: Vec::new(),
         lat: Vec::new(),
     };
-    if !args.lat {
-        let limit = args.limit(5000);
-        for size in args.sizes(65536) {
-            let raw = c.udp_bw(size, limit)?;
-            for (test, _) in args.ops() {
-                let rdma = c.bw(test, size, limit)?;
-                report.bw.push(BwRow {
-                    test,
-                    bytes: size,
-                    rdma,
-                    raw_tcp: raw,
-                    ratio: rdma.gbit_s / raw.gbit_s,
-                });
-            }
-        }
-    }
-    if !args.bw {
-        let limit = args.limit(1000);
-        for size in args.sizes(64) {
-            let mut raw_rtt = c.udp_lat(size, limit, WARMUP)?;
-            for (_, test) in args.ops() {
-                let half = test != Test::ReadLat;
-                let mut s = c.lat(test, size, limit, WARMUP)?;
-                let rdma = Lat::from_nanos(&mut s, if half { 2.0 } else { 1.0 });
-                let raw = Lat::from_nanos(&mut raw_rtt, if half { 2.0 } else { 1.0 });
-                if let (Some(rdma), Some(raw)) = (rdma, raw) {
-                    report.lat.push(LatRow {
-                        test,
-                        bytes: size,
-                        rdma,
-                        raw_tcp: raw,
-                        basis: if half {
-                            "half_round_trip"
-                        } else {
-                            "round_trip"
-                        },
-                        ratio: rdma.t_typical / raw.t_typical,
-                    });
-                }
-            }
-        }
-    }
+    super::measure_into(args, c, &mut report)?;
     Ok(report)
+}
+
+impl super::Measure for Client {
+    fn bw(&mut self, test: Test, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+        Client::bw(self, test, size, limit)
+    }
+    fn lat(
+        &mut self,
+        test: Test,
+        size: u32,
+        limit: Limit,
+        warmup: u64,
+    ) -> Result<Vec<u64>, PerfError> {
+        Client::lat(self, test, size, limit, warmup)
+    }
+    fn raw_bw(&mut self, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+        self.udp_bw(size, limit)
+    }
+    fn raw_rtt(&mut self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError> {
+        self.udp_lat(size, limit, warmup)
+    }
 }
 
 /// Runs the client against the RoCE perf server at `addr`.
