@@ -9,6 +9,7 @@
 //! `--transport roce` measures the same tests over RoCEv2 beside raw UDP, and speaks
 //! perftest's TCP exchange to `ib_write_bw`-style servers, see [`roce`].
 
+mod lat;
 pub mod perftest;
 pub mod proto;
 mod rdma;

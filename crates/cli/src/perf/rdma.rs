@@ -21,6 +21,7 @@ use softrdma::{
     WcStatus, WorkCompletion,
 };
 
+use super::lat::{LatLoop, SAFETY, check};
 use super::proto::{RemoteBuf, Reply, Request, Test};
 use super::stats::Bw;
 use super::{Limit, PerfError};
@@ -30,9 +31,6 @@ use crate::verbs_util::{WaitMode, spin_until, wait_some};
 const REMOTE: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
-
-/// Safety net for a wait that should end within milliseconds.
-const SAFETY: Duration = Duration::from_secs(30);
 
 /// wr_id bit of the client's credit receives.
 const CREDIT: u64 = 1 << 63;
@@ -56,17 +54,6 @@ pub struct RdmaOpts {
     pub rx_depth: u32,
     /// Blocking or busy-polling waits.
     pub wait: WaitMode,
-}
-
-fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
-    if wc.status == WcStatus::Success {
-        Ok(())
-    } else {
-        Err(PerfError::Completion(format!(
-            "{:?} of wr_id {:#x} completed with {:?}",
-            wc.opcode, wc.wr_id, wc.status
-        )))
-    }
 }
 
 /// The client's end of a session: one context, one connection per test.
@@ -300,81 +287,19 @@ impl Client {
         } else {
             SendFlags::empty()
         };
-        let mut samples = Vec::new();
-        let mut wcs = Vec::with_capacity(8);
-        let start = Instant::now();
-        let mut i = 0u64;
-        loop {
-            match limit {
-                Limit::Iters(k) if i >= k + warmup => break,
-                Limit::Duration(d) if i >= warmup && start.elapsed() >= d => break,
-                _ => {}
-            }
-            let t0 = match test {
-                Test::SendLat => {
-                    let t0 = Instant::now();
-                    t.qp.post_send(SendWr::send(i, vec![local.sge(0, size)]).with_flags(inline))?;
-                    let mut got = false;
-                    while !got {
-                        wcs.clear();
-                        wait_some(&t.cq, o.wait, 8, SAFETY, &mut wcs)?;
-                        for wc in &wcs {
-                            check(wc)?;
-                            got |= wc.opcode == WcOpcode::Recv;
-                        }
-                    }
-                    t.qp.post_recv(RecvWr::new(1, vec![sink.sge(0, size)]))?;
-                    t0
-                }
-                Test::WriteLat => {
-                    let tag = (i % 255) as u8 + 1;
-                    local.copy_in(n - 1, &[tag])?;
-                    let t0 = Instant::now();
-                    t.qp.post_send(
-                        SendWr::write(i, vec![local.sge(0, size)], rkey, t.server.addr)
-                            .with_flags(inline),
-                    )?;
-                    let mut b = [0u8; 1];
-                    let arrived = spin_until(SAFETY, || {
-                        sink.copy_out(n - 1, &mut b).is_ok() && b[0] == tag
-                            || t.qp.state().is_dead()
-                    });
-                    if !arrived || b[0] != tag {
-                        return Err(PerfError::Protocol(format!(
-                            "the server's RDMA Write {i} did not arrive (QP {:?})",
-                            t.qp.state()
-                        )));
-                    }
-                    t0
-                }
-                _ => {
-                    let t0 = Instant::now();
-                    t.qp.post_send(SendWr::read(
-                        i,
-                        Some(local.sge(0, size)),
-                        rkey,
-                        t.server.addr,
-                    ))?;
-                    let mut got = false;
-                    while !got {
-                        wcs.clear();
-                        wait_some(&t.cq, o.wait, 8, SAFETY, &mut wcs)?;
-                        for wc in &wcs {
-                            check(wc)?;
-                            got |= wc.opcode == WcOpcode::RdmaRead;
-                        }
-                    }
-                    t0
-                }
-            };
-            let dt = t0.elapsed();
-            if i >= warmup {
-                samples.push(dt.as_nanos() as u64);
-            }
-            i += 1;
+        let samples = LatLoop {
+            qp: &t.qp,
+            cq: &t.cq,
+            local: &local,
+            sink: &sink,
+            rkey,
+            raddr: t.server.addr,
+            flags: inline,
+            wait: o.wait,
         }
+        .run(test, size, limit, warmup);
         let _ = t.qp.disconnect();
-        Ok(samples)
+        samples
     }
 
     /// Ends the session: a request the server rejects.

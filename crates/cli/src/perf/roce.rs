@@ -52,12 +52,13 @@ use std::time::{Duration, Instant};
 use softrdma::ib::{QpAttr, QpCaps, QpState, QpType};
 use softrdma::{
     Access, Context, Cq, Key, Mr, RecvWr, RoceConfig, RoceQp, RoceQpInitAttr, SendFlags, SendWr,
-    WcOpcode, WcStatus, WorkCompletion,
+    WcOpcode,
 };
 
 pub mod perftest;
 
 pub use self::perftest::{PerftestResult, PerftestTest, perftest_client};
+use super::lat::{LatLoop, SAFETY, check};
 use super::proto::Test;
 use super::stats::Bw;
 use super::{Limit, PerfArgs, PerfError, Report};
@@ -83,8 +84,6 @@ const RD_ATOMIC: u8 = 16;
 const INLINE_MAX: u32 = 256;
 /// wr_id of the final, delivery-confirming Read.
 const SYNC: u64 = 1 << 62;
-/// Safety net for a wait that should end within milliseconds.
-const SAFETY: Duration = Duration::from_secs(30);
 /// How often server loops look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
 /// Every remote right.
@@ -307,17 +306,6 @@ fn open_ctx(ip: IpAddr, port: u16) -> Result<Context, PerfError> {
             "cannot open a RoCE context on {ip} port {port}: {e}"
         ))
     })
-}
-
-fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
-    if wc.status == WcStatus::Success {
-        Ok(())
-    } else {
-        Err(PerfError::Completion(format!(
-            "{:?} of wr_id {:#x} completed with {:?}",
-            wc.opcode, wc.wr_id, wc.status
-        )))
-    }
 }
 
 fn random_psn() -> u32 {
@@ -945,87 +933,19 @@ impl Client {
         } else {
             SendFlags::SIGNALED
         };
-        let wait = self.o.wait;
-        let mut samples = Vec::new();
-        let mut wcs = Vec::with_capacity(8);
-        let start = Instant::now();
-        let mut i = 0u64;
-        loop {
-            match limit {
-                Limit::Iters(k) if i >= k + warmup => break,
-                Limit::Duration(d) if i >= warmup && start.elapsed() >= d => break,
-                _ => {}
-            }
-            let t0 = match test {
-                Test::SendLat => {
-                    let t0 = Instant::now();
-                    t.qp.post_send(SendWr::send(i, vec![local.sge(0, size)]).with_flags(inline))?;
-                    let mut got = false;
-                    while !got {
-                        wcs.clear();
-                        wait_some(&t.cq, wait, 8, SAFETY, &mut wcs)?;
-                        for wc in &wcs {
-                            check(wc)?;
-                            got |= wc.opcode == WcOpcode::Recv;
-                        }
-                    }
-                    t.qp.post_recv(RecvWr::new(1, vec![sink.sge(0, size)]))?;
-                    t0
-                }
-                Test::WriteLat => {
-                    let tag = (i % 255) as u8 + 1;
-                    local.copy_in(n - 1, &[tag])?;
-                    let t0 = Instant::now();
-                    t.qp.post_send(
-                        SendWr::write(i, vec![local.sge(0, size)], rkey, t.server.addr)
-                            .with_flags(inline),
-                    )?;
-                    let mut b = [0u8; 1];
-                    let arrived = spin_until(SAFETY, || {
-                        sink.copy_out(n - 1, &mut b).is_ok() && b[0] == tag
-                            || t.qp.state() == QpState::Error
-                    });
-                    if !arrived || b[0] != tag {
-                        return Err(PerfError::Protocol(format!(
-                            "the server's RDMA Write {i} did not arrive (QP {:?})",
-                            t.qp.state()
-                        )));
-                    }
-                    wcs.clear();
-                    t.cq.poll(16, &mut wcs);
-                    for wc in &wcs {
-                        check(wc)?;
-                    }
-                    t0
-                }
-                _ => {
-                    let t0 = Instant::now();
-                    t.qp.post_send(SendWr::read(
-                        i,
-                        Some(local.sge(0, size)),
-                        rkey,
-                        t.server.addr,
-                    ))?;
-                    let mut got = false;
-                    while !got {
-                        wcs.clear();
-                        wait_some(&t.cq, wait, 8, SAFETY, &mut wcs)?;
-                        for wc in &wcs {
-                            check(wc)?;
-                            got |= wc.opcode == WcOpcode::RdmaRead;
-                        }
-                    }
-                    t0
-                }
-            };
-            let dt = t0.elapsed();
-            if i >= warmup {
-                samples.push(dt.as_nanos() as u64);
-            }
-            i += 1;
+        let samples = LatLoop {
+            qp: &t.qp,
+            cq: &t.cq,
+            local: &local,
+            sink: &sink,
+            rkey,
+            raddr: t.server.addr,
+            flags: inline,
+            wait: self.o.wait,
         }
+        .run(test, size, limit, warmup);
         self.end(Some(&t))?;
-        Ok(samples)
+        samples
     }
 
     /// Opens the server's raw UDP socket for `kind`; ours, connected to it.
