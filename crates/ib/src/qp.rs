@@ -560,11 +560,7 @@ impl IbQp {
             match &mut self.requester {
                 Some(r) => {
                     r.handle_response(pkt, now);
-                    if r.is_error() && self.state != QpState::Error {
-                        // §13.3: a fatal NAK or exhausted retries put the QP in Error.
-                        self.state = QpState::Error;
-                        self.responder.flush();
-                    }
+                    self.follow_send_queue();
                 }
                 None => self.counters.bad_state += 1,
             }
@@ -584,13 +580,7 @@ impl IbQp {
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
             let r = self.requester.as_mut()?;
             let tx = r.poll_transmit(now, out);
-            if r.is_error() && self.state != QpState::Error {
-                self.state = QpState::Error;
-                self.responder.flush();
-            } else if r.is_sqe() {
-                // IBA 10.3.1: a UC/UD send error stops the send queue only.
-                self.state = QpState::Sqe;
-            }
+            self.follow_send_queue();
             return tx;
         }
         None
@@ -615,10 +605,22 @@ impl IbQp {
     pub fn handle_timeout(&mut self, now: Instant) {
         if let Some(r) = &mut self.requester {
             r.handle_timeout(now);
-            if r.is_error() && self.state != QpState::Error {
+            self.follow_send_queue();
+        }
+    }
+
+    /// The QP state after the send queue acted: a fatal NAK or exhausted retries put the QP
+    /// in Error (§13.3), receives flushed too; a UC/UD send error stops only the send queue
+    /// (SQE, IBA 10.3.1).
+    fn follow_send_queue(&mut self) {
+        let Some(r) = &self.requester else { return };
+        if r.is_error() {
+            if self.state != QpState::Error {
                 self.state = QpState::Error;
                 self.responder.flush();
             }
+        } else if r.is_sqe() && matches!(self.state, QpState::Rts | QpState::Sqd) {
+            self.state = QpState::Sqe;
         }
     }
 

@@ -142,55 +142,20 @@ enum Data {
 }
 
 impl Data {
-    fn gather(&self, mut off: usize, mut out: &mut [u8]) -> Result<(), WcStatus> {
+    fn gather(&self, off: usize, out: &mut [u8]) -> Result<(), WcStatus> {
         match self {
             Data::Inline(v) => {
                 out.copy_from_slice(&v[off..off + out.len()]);
                 Ok(())
             }
-            Data::Sgl(ts) => {
-                for t in ts {
-                    if out.is_empty() {
-                        break;
-                    }
-                    if off >= t.len() {
-                        off -= t.len();
-                        continue;
-                    }
-                    let n = (t.len() - off).min(out.len());
-                    let (head, tail) = out.split_at_mut(n);
-                    t.copy_out(off, head)
-                        .map_err(|_| WcStatus::LocalProtection)?;
-                    out = tail;
-                    off = 0;
-                }
-                Ok(())
-            }
+            Data::Sgl(ts) => crate::sgl::gather(ts, off, out),
         }
     }
 
-    fn scatter(&self, mut off: usize, mut data: &[u8]) -> Result<(), WcStatus> {
-        let Data::Sgl(ts) = self else {
-            return Err(WcStatus::LocalQpOperation);
-        };
-        for t in ts {
-            if data.is_empty() {
-                break;
-            }
-            if off >= t.len() {
-                off -= t.len();
-                continue;
-            }
-            let n = (t.len() - off).min(data.len());
-            t.place(off, &data[..n])
-                .map_err(|_| WcStatus::LocalProtection)?;
-            data = &data[n..];
-            off = 0;
-        }
-        if data.is_empty() {
-            Ok(())
-        } else {
-            Err(WcStatus::LocalLength)
+    fn scatter(&self, off: usize, data: &[u8]) -> Result<(), WcStatus> {
+        match self {
+            Data::Sgl(ts) => crate::sgl::scatter(ts, off, data),
+            Data::Inline(_) => Err(WcStatus::LocalQpOperation),
         }
     }
 }
@@ -251,6 +216,8 @@ pub struct Requester {
     dup_head: bool,
     /// UC/UD send queue error (SQE): requests are flushed until resumed.
     sqe: bool,
+    /// Scratch for the payload of the packet being built.
+    payload: Vec<u8>,
     timer: Option<Instant>,
     rnr_until: Option<Instant>,
     noack_pkts: u32,
@@ -274,6 +241,7 @@ impl Requester {
             cwnd_acc: 0,
             dup_head: false,
             sqe: false,
+            payload: Vec::new(),
             cfg,
             keys,
             sq: VecDeque::new(),
@@ -782,9 +750,11 @@ impl Requester {
         let pmtu = self.cfg.pmtu;
         let svc = self.cfg.service;
         let k = self.tx_pkt;
+        // One payload buffer for every packet (no allocation per packet).
+        let mut payload = std::mem::take(&mut self.payload);
+        payload.clear();
         let w = &self.sq[self.tx_idx];
         let dest_qp = w.ud.map_or(self.cfg.dest_qp, |u| u.remote_qpn);
-        let mut payload = Vec::new();
         let (op, last) = match w.op {
             WrOpcode::RdmaRead { .. } => (Operation::RdmaReadRequest, true),
             WrOpcode::AtomicCmpSwap { .. } => (Operation::CompareSwap, true),
@@ -929,6 +899,7 @@ impl Requester {
         out.resize(p.buffer_len(), 0);
         let n = p.emit(out).expect("request repr is well-formed");
         out.truncate(n);
+        self.payload = payload;
         Ok((n, last))
     }
 

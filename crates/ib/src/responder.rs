@@ -95,28 +95,12 @@ struct Rwqe {
 
 impl Rwqe {
     /// Scatters `data` at message offset `off`; `LocalLength` when it does not fit,
-    /// `LocalProtection` when a buffer
-    /// was revoked.
-    fn place(&self, mut off: u64, mut data: &[u8]) -> Result<(), WcStatus> {
+    /// `LocalProtection` when a buffer was revoked.
+    fn place(&self, off: u64, data: &[u8]) -> Result<(), WcStatus> {
         if off + data.len() as u64 > self.total {
             return Err(WcStatus::LocalLength);
         }
-        for t in &self.sges {
-            if data.is_empty() {
-                break;
-            }
-            let len = t.len() as u64;
-            if off >= len {
-                off -= len;
-                continue;
-            }
-            let n = ((len - off) as usize).min(data.len());
-            t.place(off as usize, &data[..n])
-                .map_err(|_| WcStatus::LocalProtection)?;
-            data = &data[n..];
-            off = 0;
-        }
-        Ok(())
+        crate::sgl::scatter(&self.sges, off as usize, data)
     }
 }
 
@@ -180,6 +164,8 @@ pub struct Responder {
     responses: VecDeque<Pending>,
     completions: VecDeque<WorkCompletion>,
     counters: ResponderCounters,
+    /// Scratch for the payload of a READ response.
+    read_buf: Vec<u8>,
 }
 
 /// The outcome of checking/executing one expected packet.
@@ -220,6 +206,7 @@ impl Responder {
             responses: VecDeque::new(),
             completions: VecDeque::new(),
             counters: ResponderCounters::default(),
+            read_buf: Vec::new(),
         }
     }
 
@@ -916,7 +903,9 @@ impl Responder {
     pub fn poll_response(&mut self, out: &mut Vec<u8>) -> Option<usize> {
         let dest = self.cfg.dest_qp;
         let pending = self.responses.pop_front()?;
-        let mut data = Vec::new();
+        // One buffer for every READ response (no allocation per packet).
+        let mut data = std::mem::take(&mut self.read_buf);
+        data.clear();
         let repr = match pending {
             Pending::Ack { psn, syndrome, msn } => {
                 let mut p = PacketRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest, psn), &[]);
@@ -981,6 +970,7 @@ impl Responder {
         out.resize(repr.buffer_len(), 0);
         let n = repr.emit(out).expect("response repr is well-formed");
         out.truncate(n);
+        self.read_buf = data;
         Some(n)
     }
 }

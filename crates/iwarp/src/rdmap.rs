@@ -437,7 +437,7 @@ impl RdmapEngine {
             return Err(PostError::ReadsDisabled);
         }
         if self.state != QpState::Rts {
-            self.flush_now(wr.wr_id, op_kind(&wr.opcode));
+            self.flush_now(wr.wr_id, wr.opcode.wc_opcode());
             return Ok(());
         }
         if self.sq.len() >= self.cfg.sq_depth as usize {
@@ -700,10 +700,6 @@ impl RdmapEngine {
         self.events.push_back(QpEvent::LocalError(t));
         self.abort(fault.sq, fault.rq);
     }
-}
-
-fn op_kind(op: &WrOpcode) -> WcOpcode {
-    op.wc_opcode()
 }
 
 fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {

@@ -30,9 +30,7 @@ use softrdma_iwarp::connection::{
 };
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState, RdmapEngine};
 use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
-use softrdma_iwarp::verbs_types::{
-    PostError, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
-};
+use softrdma_iwarp::verbs_types::{PostError, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_memory::{Access, Buffer, PdId, QpId};
 
 use crate::Error;
@@ -510,7 +508,7 @@ fn flush_orphan(ctx: &CtxShared, qp: &QpShared) {
     for item in sq {
         match item {
             SqItem::Send { wr, .. } => {
-                send.push(flushed(wr.wr_id, wc_opcode(&wr.opcode)));
+                send.push(flushed(wr.wr_id, wr.opcode.wc_opcode()));
             }
             SqItem::Invalidate { key, reply } => {
                 let _ = reply.send(ctx.keys.invalidate_local(key, qp.pd));
@@ -534,10 +532,6 @@ fn flushed(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
 
 fn error_wc(wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
     WorkCompletion::new(wr_id, status, opcode, 0)
-}
-
-fn wc_opcode(op: &WrOpcode) -> WcOpcode {
-    op.wc_opcode()
 }
 
 /// The status of a request the engine refused when the thread handed it over (its key
@@ -854,7 +848,7 @@ impl Conn {
         }
         for (wr, inline) in sends {
             let wr_id = wr.wr_id;
-            let opcode = wc_opcode(&wr.opcode);
+            let opcode = wr.opcode.wc_opcode();
             match post_send(ctx, &qp, engine, wr, inline) {
                 Ok(()) => self.sq_in_engine += 1,
                 Err(e) => {

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -30,7 +30,10 @@ use softrdma_iwarp::verbs_types::{RecvWr, SendWr, WorkCompletion};
 use softrdma_memory::KeyTable;
 use softrdma_wire::ib::PacketRepr;
 use softrdma_wire::icrc::{Endpoints, IcrcCheck, IcrcVerifier, icrc_for};
-use softrdma_wire::rocev2::{ROCEV2_UDP_PORT, gid_from_ip, rocev2_flow_label, rocev2_src_port};
+use softrdma_wire::rocev2::{
+    ICRC_LEN, IPV4_HEADER_LEN, Ipv4Repr, Ipv6Repr, ROCEV2_UDP_PORT, UDP_HEADER_LEN, UdpHeader,
+    UdpRepr, gid_from_ip, rocev2_flow_label, rocev2_src_port,
+};
 
 use crate::Error;
 use crate::cq::{Cq, CqShared};
@@ -38,6 +41,9 @@ use crate::device::{Context, Pd};
 
 /// Largest datagram the driver reads: PMTU 4096 plus every header.
 const MAX_DATAGRAM: usize = 4096 + 128;
+
+/// Largest RC window (PSNs unacknowledged) the driver allows.
+const MAX_WINDOW: u32 = 1024;
 
 /// Datagrams handed to the kernel per `sendmmsg` / taken per `recvmmsg`.
 const SEND_BATCH: usize = 64;
@@ -137,8 +143,6 @@ pub(crate) struct RoceShared {
     counters: AtomicCounters,
     /// The receive buffer the kernel granted (octets of kernel memory).
     rcvbuf: usize,
-    /// Largest RC window the driver allows.
-    caps_window: u32,
     alive: AtomicBool,
 }
 
@@ -216,7 +220,6 @@ impl RoceShared {
             next_qpn: AtomicU32::new(0x11),
             counters: AtomicCounters::default(),
             rcvbuf,
-            caps_window: 1024,
             alive: AtomicBool::new(true),
         });
         let weak = Arc::downgrade(&shared);
@@ -225,15 +228,6 @@ impl RoceShared {
             .name("softrdma-roce-rx".into())
             .spawn(move || rx_loop(weak, sock))?;
         Ok(shared)
-    }
-
-    fn endpoints(&self, peer: SocketAddr, src_port: u16) -> Endpoints {
-        Endpoints {
-            src: self.local.ip(),
-            dst: peer.ip(),
-            src_port,
-            dst_port: peer.port(),
-        }
     }
 
     /// Sends everything the QP has to send, then moves its completions to the CQs.
@@ -254,8 +248,8 @@ impl RoceShared {
             };
             let payload = &out[..tx.len];
             let start = dgram.len();
-            let raw = match (&self.raw, self.local.ip(), dest.ip()) {
-                (Some(_), IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let raw = match (&self.raw, self.local.ip(), dest) {
+                (Some(_), IpAddr::V4(src), SocketAddr::V4(dst)) => {
                     let src_port = match tx.dest {
                         Some(ud) => rocev2_src_port(rocev2_flow_label(q.qpn, ud.remote_qpn)),
                         None => rocev2_src_port(rocev2_flow_label(q.qpn, e.qp.dest_qp())),
@@ -265,20 +259,16 @@ impl RoceShared {
                         // The kernel would pick its own Identification for 0 (raw(7)).
                         id = self.next_ip_id.fetch_add(1, Ordering::Relaxed);
                     }
-                    let ep = Endpoints {
-                        src: IpAddr::V4(src),
-                        dst: IpAddr::V4(dst),
-                        src_port,
-                        dst_port: dest.port(),
-                    };
-                    ipv4_udp_frame(&mut dgram, src, dst, id, src_port, dest.port(), payload);
+                    let src = SocketAddrV4::new(src, src_port);
+                    let ep = Endpoints::from_socket_addrs(src.into(), dest);
+                    ipv4_udp_frame(&mut dgram, src, dst, id, payload);
                     dgram.extend_from_slice(&icrc_for(&ep, id, payload).to_le_bytes());
                     true
                 }
                 _ => {
                     // Through the UDP socket: the kernel's Identification is unknown; ID 0 is
                     // what a peer that recovers it needs least work for.
-                    let ep = self.endpoints(dest, self.local.port());
+                    let ep = Endpoints::from_socket_addrs(self.local, dest);
                     dgram.extend_from_slice(payload);
                     dgram.extend_from_slice(&icrc_for(&ep, 0, payload).to_le_bytes());
                     false
@@ -361,63 +351,61 @@ impl RoceShared {
     }
 }
 
-/// IPv4 (20 octets, DF, TTL 64, checksum left to the kernel) | UDP (checksum 0, as rxe) |
-/// payload, appended to `out`.
+/// IPv4 (20 octets, DF, TTL 64, as rxe) | UDP (checksum 0, as rxe) | payload, appended to
+/// `out`; the ICRC follows.
 fn ipv4_udp_frame(
     out: &mut Vec<u8>,
-    src: std::net::Ipv4Addr,
-    dst: std::net::Ipv4Addr,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
     id: u16,
-    src_port: u16,
-    dst_port: u16,
     payload: &[u8],
 ) {
-    let udp_len = (8 + payload.len() + 4) as u16;
-    out.extend_from_slice(&[0x45, 0]);
-    out.extend_from_slice(&(20 + udp_len).to_be_bytes());
-    out.extend_from_slice(&id.to_be_bytes());
-    out.extend_from_slice(&[0x40, 0, 64, 17, 0, 0]);
-    out.extend_from_slice(&src.octets());
-    out.extend_from_slice(&dst.octets());
-    out.extend_from_slice(&src_port.to_be_bytes());
-    out.extend_from_slice(&dst_port.to_be_bytes());
-    out.extend_from_slice(&udp_len.to_be_bytes());
-    out.extend_from_slice(&[0, 0]);
+    let udp_len = UDP_HEADER_LEN + payload.len() + ICRC_LEN;
+    let ip = Ipv4Repr {
+        total_len: (IPV4_HEADER_LEN + udp_len) as u16,
+        ident: id,
+        ..Ipv4Repr::new_udp(*src.ip(), *dst.ip())
+    };
+    let udp = UdpRepr {
+        length: udp_len as u16,
+        ..UdpRepr::rocev2(src.port())
+    };
+    let at = out.len();
+    out.resize(at + IPV4_HEADER_LEN + UDP_HEADER_LEN, 0);
+    let n = ip
+        .emit(&mut out[at..])
+        .expect("a 20-octet IPv4 header fits");
+    udp.emit(&mut out[at + n..]).expect("a UDP header fits");
+    UdpHeader::new_unchecked(&mut out[at + n..]).set_dst_port(dst.port());
     out.extend_from_slice(payload);
 }
 
+/// The 40-octet GRH area of a UD receive: rxe puts an IPv4 header in its last 20 octets, an
+/// IPv6 header fills it; `len` is the UDP payload's length.
 fn grh_image(src: SocketAddr, dst: SocketAddr, len: usize) -> [u8; 40] {
-    // rxe: an IPv4 header fills the last 20 octets of the 40-octet GRH area; IPv6 all 40.
     let mut g = [0u8; 40];
+    let udp_len = UDP_HEADER_LEN + len;
     match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = &mut g[20..];
-            h[0] = 0x45;
-            h[2..4].copy_from_slice(&((20 + 8 + len) as u16).to_be_bytes());
-            h[6] = 0x40;
-            h[8] = 64;
-            h[9] = 17;
-            h[12..16].copy_from_slice(&s.octets());
-            h[16..20].copy_from_slice(&d.octets());
-            let mut sum = 0u32;
-            for c in h.chunks(2) {
-                sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-            }
-            while sum > 0xFFFF {
-                sum = (sum & 0xFFFF) + (sum >> 16);
-            }
-            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            let ip = Ipv4Repr {
+                total_len: (IPV4_HEADER_LEN + udp_len) as u16,
+                ..Ipv4Repr::new_udp(s, d)
+            };
+            ip.emit(&mut g[20..]).expect("a 20-octet IPv4 header fits");
         }
         (s, d) => {
-            g[0] = 0x60;
-            g[4..6].copy_from_slice(&((8 + len) as u16).to_be_bytes());
-            g[6] = 17;
-            g[7] = 64;
-            g[8..24].copy_from_slice(&gid_from_ip(s));
-            g[24..40].copy_from_slice(&gid_from_ip(d));
+            let ip = Ipv6Repr {
+                payload_len: udp_len as u16,
+                ..Ipv6Repr::new_udp(ipv6_of(s), ipv6_of(d))
+            };
+            ip.emit(&mut g).expect("a 40-octet IPv6 header fits");
         }
     }
     g
+}
+
+fn ipv6_of(a: IpAddr) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::from(gid_from_ip(a))
 }
 
 /// Receive buffers of one thread (the receive thread's own, or a polling caller's).
@@ -552,12 +540,7 @@ impl RoceShared {
         v: &mut IcrcVerifier,
     ) -> Option<Arc<RoceQpShared>> {
         self.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-        let ep = Endpoints {
-            src: peer.ip(),
-            dst: self.local.ip(),
-            src_port: peer.port(),
-            dst_port: self.local.port(),
-        };
+        let ep = Endpoints::from_socket_addrs(peer, self.local);
         if dgram.len() < 16 || matches!(v.verify(&ep, dgram), IcrcCheck::Invalid) {
             self.counters.bad_icrc.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -812,7 +795,7 @@ impl RoceQp {
             // it can hold (a datagram costs about 2.25 times its size in kernel memory). The
             // peer's buffer is not known; ours is the estimate.
             let w = (self.driver.rcvbuf * 4 / 9 / m as usize).clamp(16, 1 << 20) as u32;
-            e.qp.set_window(self.driver.caps_window.min(w));
+            e.qp.set_window(w.min(MAX_WINDOW));
         }
         // Error flushes: deliver those completions now.
         self.driver.flush(&self.shared, &mut e, Instant::now());
