@@ -8,7 +8,6 @@
 pub mod qp;
 pub mod requester;
 pub mod responder;
-mod sgl;
 
 pub use qp::{IbQp, ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, pkey_matches};
 pub use requester::{Requester, RequesterConfig, RequesterCounters, Tx};

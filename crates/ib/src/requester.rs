@@ -28,9 +28,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrdma_memory::{Access, KeyTable, PdId, Target};
+use softrdma_memory::{AccessError, KeyTable, PdId};
 use softrdma_verbs_types::{
-    PostError, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion, WrOpcode,
+    IB_MAX_MESSAGE, Payload, PostError, SendFlags, SendLimits, SendWr, UdDest, WcStatus,
+    WorkCompletion, WrOpcode, check_send,
 };
 use softrdma_wire::ib::Opcode;
 use softrdma_wire::ib::{
@@ -136,26 +137,26 @@ pub struct Tx {
     pub dest: Option<UdDest>,
 }
 
-enum Data {
-    Sgl(Vec<Target>),
-    Inline(Vec<u8>),
+/// Payload access with the requester's completion statuses.
+trait PayloadExt {
+    fn gather_wc(&self, off: usize, out: &mut [u8]) -> Result<(), WcStatus>;
+    fn scatter_wc(&self, off: usize, data: &[u8]) -> Result<(), WcStatus>;
 }
 
-impl Data {
-    fn gather(&self, off: usize, out: &mut [u8]) -> Result<(), WcStatus> {
-        match self {
-            Data::Inline(v) => {
-                out.copy_from_slice(&v[off..off + out.len()]);
-                Ok(())
-            }
-            Data::Sgl(ts) => crate::sgl::gather(ts, off, out),
-        }
+impl PayloadExt for Payload {
+    fn gather_wc(&self, off: usize, out: &mut [u8]) -> Result<(), WcStatus> {
+        self.gather(off as u64, out)
+            .map_err(|_| WcStatus::LocalProtection)
     }
 
-    fn scatter(&self, off: usize, data: &[u8]) -> Result<(), WcStatus> {
+    /// READ and ATOMIC responses land in the request's entries (never inline).
+    fn scatter_wc(&self, off: usize, data: &[u8]) -> Result<(), WcStatus> {
         match self {
-            Data::Sgl(ts) => crate::sgl::scatter(ts, off, data),
-            Data::Inline(_) => Err(WcStatus::LocalQpOperation),
+            Payload::Sgl(s) => s.scatter(off as u64, data).map_err(|e| match e {
+                AccessError::Bounds => WcStatus::LocalLength,
+                _ => WcStatus::LocalProtection,
+            }),
+            Payload::Inline(_) => Err(WcStatus::LocalQpOperation),
         }
     }
 }
@@ -163,7 +164,7 @@ impl Data {
 struct Wqe {
     wr_id: u64,
     op: WrOpcode,
-    data: Data,
+    data: Payload,
     len: u32,
     signaled: bool,
     solicited: bool,
@@ -333,98 +334,47 @@ impl Requester {
         if (svc == Service::Ud) != wr.ud.is_some() {
             return Err(PostError::Destination);
         }
-        if wr.sg_list.len() > self.cfg.max_sge as usize {
-            return Err(PostError::TooManySge {
-                max: self.cfg.max_sge as usize,
-            });
+        let lim = SendLimits {
+            max_sge: self.cfg.max_sge,
+            max_read_sge: self.cfg.max_sge,
+            max_inline: self.cfg.max_inline,
+            max_message: IB_MAX_MESSAGE,
+        };
+        let sink = wr.opcode.is_read_or_atomic();
+        if sink && self.cfg.max_rd_atomic == 0 {
+            return Err(PostError::ReadsDisabled);
         }
-        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        // IBA 9.4: a message is at most 2^31 octets (DMA Length is 32 bits, verbs cap at 2^31).
-        if total > 1 << 31 {
-            return Err(PostError::MessageTooLong);
-        }
-        let len = total as u32;
-        let is_atomic = matches!(
-            wr.opcode,
-            WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. }
-        );
-        if is_atomic {
-            let aligned = match wr.opcode {
-                WrOpcode::AtomicCmpSwap { remote_addr, .. }
-                | WrOpcode::AtomicFetchAdd { remote_addr, .. } => remote_addr % 8 == 0,
-                _ => false,
-            };
-            if wr.sg_list.len() != 1 || len != 8 || !aligned {
-                return Err(PostError::AtomicShape);
-            }
-        }
+        let c = check_send(wr, &lim, &self.keys, self.cfg.pd)?;
+        let len = c.len;
         // UD: one packet per message (9.8.4).
         if svc == Service::Ud && len > self.cfg.pmtu {
             return Err(PostError::MessageTooLong);
         }
-        let sink = wr.opcode.is_read_or_atomic();
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        if inline && (sink || len > self.cfg.max_inline) {
-            return Err(PostError::Inline {
-                max: self.cfg.max_inline,
-            });
-        }
-        if sink && self.cfg.max_rd_atomic == 0 {
-            return Err(PostError::ReadsDisabled);
-        }
-        let npsn = match wr.opcode {
+        let npsn = match c.opcode {
             WrOpcode::RdmaRead { .. } => read_psn_count(len, self.cfg.pmtu),
-            _ if is_atomic => 1,
+            WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. } => 1,
             _ => len.div_ceil(self.cfg.pmtu).max(1),
         };
         if self.error || self.sqe {
-            self.completions.push_back(WorkCompletion::new(
-                wr.wr_id,
-                WcStatus::WorkRequestFlushed,
-                wr.opcode.wc_opcode(),
-                0,
-            ));
+            self.completions.push_back(c.flushed());
             return Ok(());
         }
         if self.sq.len() >= self.cfg.sq_depth as usize || self.queued_psns + npsn > MAX_QUEUED_PSNS
         {
             return Err(PostError::QueueFull);
         }
-        let need = if sink {
-            Access::LOCAL_WRITE
-        } else {
-            Access::empty()
-        };
-        let mut targets = Vec::with_capacity(wr.sg_list.len());
-        for (i, s) in wr.sg_list.iter().enumerate() {
-            let t = self
-                .keys
-                .check_local(s.lkey, self.cfg.pd, need, s.addr, u64::from(s.length))
-                .map_err(|error| PostError::LocalProtection { sge: i, error })?;
-            targets.push(t);
-        }
-        let mut data = Data::Sgl(targets);
-        if inline {
-            let mut bytes = vec![0u8; len as usize];
-            data.gather(0, &mut bytes)
-                .map_err(|_| PostError::LocalProtection {
-                    sge: 0,
-                    error: softrdma_memory::AccessError::Invalidated,
-                })?;
-            data = Data::Inline(bytes);
-        }
         let first_psn = self.next_psn;
         self.next_psn = psn_add(self.next_psn, npsn);
         self.queued_psns += npsn;
         self.sq.push_back(Wqe {
-            wr_id: wr.wr_id,
-            op: wr.opcode,
-            data,
+            wr_id: c.wr_id,
+            op: c.opcode,
+            signaled: c.signaled(),
+            solicited: c.flags.contains(SendFlags::SOLICITED),
+            fence: c.flags.contains(SendFlags::FENCE),
+            ud: c.ud,
+            data: c.payload,
             len,
-            signaled: wr.flags.contains(SendFlags::SIGNALED),
-            solicited: wr.flags.contains(SendFlags::SOLICITED),
-            fence: wr.flags.contains(SendFlags::FENCE),
-            ud: wr.ud,
             first_psn,
             npsn,
         });
@@ -764,7 +714,7 @@ impl Requester {
                 let start = (k * pmtu) as usize;
                 let plen = (w.len as usize - start.min(w.len as usize)).min(pmtu as usize);
                 payload.resize(plen, 0);
-                w.data.gather(start, &mut payload)?;
+                w.data.gather_wc(start, &mut payload)?;
                 let only = n == 1;
                 let last = k + 1 == n;
                 let send = !matches!(
@@ -1013,7 +963,7 @@ impl Requester {
                     return;
                 }
                 // The original value lands in host order, as verbs users read it.
-                let r = w.data.scatter(0, &ack.orig_remote_data.to_ne_bytes());
+                let r = w.data.scatter_wc(0, &ack.orig_remote_data.to_ne_bytes());
                 let w = self.pop_front();
                 self.rd_done(&w);
                 match r {
@@ -1115,7 +1065,7 @@ impl Requester {
             self.fail(WcStatus::BadResponse);
             return false;
         }
-        if let Err(s) = w.data.scatter(off as usize, pkt.payload) {
+        if let Err(s) = w.data.scatter_wc(off as usize, pkt.payload) {
             self.fail(s);
             return false;
         }

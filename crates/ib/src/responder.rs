@@ -27,8 +27,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use softrdma_iwarp::verbs_types::{PostError, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_memory::{Access, AccessError, IbNak, Key, KeyTable, PdId, QpId, Target};
+use softrdma_verbs_types::{
+    CheckedRecv, PostError, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, check_recv,
+};
 use softrdma_wire::ib::{
     AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, PSN_MASK, PacketRepr,
     PsnRegion, RnrTimer, Service, Syndrome, psn_add, psn_diff, psn_in_window, psn_region, psn_sub,
@@ -87,20 +89,20 @@ pub struct ResponderCounters {
 }
 
 /// A receive WQE with its scatter list checked at post time.
-struct Rwqe {
-    wr_id: u64,
-    sges: Vec<Target>,
-    total: u64,
-}
+struct Rwqe(CheckedRecv);
 
 impl Rwqe {
+    fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+
     /// Scatters `data` at message offset `off`; `LocalLength` when it does not fit,
     /// `LocalProtection` when a buffer was revoked.
     fn place(&self, off: u64, data: &[u8]) -> Result<(), WcStatus> {
-        if off + data.len() as u64 > self.total {
-            return Err(WcStatus::LocalLength);
-        }
-        crate::sgl::scatter(&self.sges, off as usize, data)
+        self.0.sgl.scatter(off, data).map_err(|e| match e {
+            AccessError::Bounds => WcStatus::LocalLength,
+            _ => WcStatus::LocalProtection,
+        })
     }
 }
 
@@ -269,30 +271,11 @@ impl Responder {
 
     /// Posts a receive WQE; every entry is checked with `check_local(LOCAL_WRITE)` now.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        let mut sges = Vec::with_capacity(wr.sg_list.len());
-        let mut total = 0u64;
-        for (i, s) in wr.sg_list.iter().enumerate() {
-            let t = self
-                .keys
-                .check_local(
-                    s.lkey,
-                    self.cfg.pd,
-                    Access::LOCAL_WRITE,
-                    s.addr,
-                    s.length as u64,
-                )
-                .map_err(|error| PostError::LocalProtection { sge: i, error })?;
-            total += s.length as u64;
-            sges.push(t);
-        }
-        if total > u32::MAX as u64 {
+        let r = check_recv(wr, u32::MAX, &self.keys, self.cfg.pd)?;
+        if r.sgl.len() > u64::from(u32::MAX) {
             return Err(PostError::MessageTooLong);
         }
-        self.rq.push_back(Rwqe {
-            wr_id: wr.wr_id,
-            sges,
-            total,
-        });
+        self.rq.push_back(Rwqe(r));
         Ok(())
     }
 
@@ -405,7 +388,7 @@ impl Responder {
         match placed {
             Ok(()) => {
                 let mut wc = WorkCompletion::new(
-                    wqe.wr_id,
+                    wqe.wr_id(),
                     WcStatus::Success,
                     WcOpcode::Recv,
                     (40 + pkt.payload.len()) as u32,
@@ -611,7 +594,7 @@ impl Responder {
         }
         self.msn = psn_add(self.msn, 1);
         self.completions.push_back(WorkCompletion {
-            wr_id: wqe.wr_id,
+            wr_id: wqe.wr_id(),
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
             byte_len: off as u32,
@@ -666,7 +649,7 @@ impl Responder {
             // Checked non-empty before placement (RNR otherwise).
             if let Some(wqe) = self.rq.pop_front() {
                 self.completions.push_back(WorkCompletion {
-                    wr_id: wqe.wr_id,
+                    wr_id: wqe.wr_id(),
                     status: WcStatus::Success,
                     opcode: WcOpcode::RecvRdmaWithImm,
                     byte_len: len as u32,
@@ -895,7 +878,7 @@ impl Responder {
 
     fn complete_error(&mut self, wqe: Rwqe, status: WcStatus) {
         self.completions
-            .push_back(WorkCompletion::new(wqe.wr_id, status, WcOpcode::Recv, 0));
+            .push_back(WorkCompletion::new(wqe.wr_id(), status, WcOpcode::Recv, 0));
     }
 
     /// Writes the next response packet (BTH .. pad, no ICRC) into `out` (cleared first) and

@@ -35,12 +35,13 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use softrdma_memory::{Access, Key, KeyTable, PdId, QpId, Target};
+use softrdma_memory::{Key, KeyTable, PdId, QpId, Target};
 use softrdma_wire::mpa;
 use softrdma_wire::rdmap::{LlpError, ReadRequestRepr, TerminateRepr};
 
 use crate::verbs_types::{
-    PostError, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    CheckedRecv, CheckedSend, IWARP_MAX_MESSAGE, Payload, PostError, RecvWr, SendFlags, SendLimits,
+    SendWr, Sgl, WcOpcode, WcStatus, WorkCompletion, WrOpcode, check_recv,
 };
 
 mod rx;
@@ -150,13 +151,6 @@ pub struct QpCounters {
     pub terminates_rx: u64,
 }
 
-/// Source octets of a Send or Write: grants from `check_local` or bytes copied at post.
-#[derive(Debug)]
-enum Gather {
-    Sgl(Vec<Target>),
-    Inline(Vec<u8>),
-}
-
 #[derive(Debug)]
 enum SqOp {
     Send {
@@ -202,7 +196,7 @@ struct SqEntry {
     seq: u64,
     wr_id: u64,
     op: SqOp,
-    data: Gather,
+    data: Payload,
     len: u32,
     signaled: bool,
     fence: bool,
@@ -237,8 +231,7 @@ struct InboundRead {
 #[derive(Debug)]
 struct RecvEntry {
     wr_id: u64,
-    sges: Vec<Target>,
-    capacity: u64,
+    sgl: Sgl,
 }
 
 /// The Send being received on QN 0 and the receive WQE it consumed.
@@ -401,65 +394,28 @@ impl RdmapEngine {
     /// `KeyTable::check_local` now (the sink of a Read needs `LOCAL_WRITE`); `INLINE` data is
     /// copied now. In the Error or Closed state the request is accepted and flushed at once.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
-        // Immediate data and atomics are InfiniBand operations (RFC 7306 atomics are not
-        // implemented by Linux siw); datagrams do not exist on iWARP.
-        if matches!(
-            wr.opcode,
-            WrOpcode::SendWithImm { .. }
-                | WrOpcode::RdmaWriteWithImm { .. }
-                | WrOpcode::AtomicCmpSwap { .. }
-                | WrOpcode::AtomicFetchAdd { .. }
-        ) {
-            return Err(PostError::Unsupported);
-        }
-        if wr.ud.is_some() {
-            return Err(PostError::Destination);
-        }
-        let is_read = matches!(wr.opcode, WrOpcode::RdmaRead { .. });
-        let max_sge = if is_read {
-            1
-        } else {
-            self.cfg.max_sge as usize
-        };
-        if wr.sg_list.len() > max_sge {
-            return Err(PostError::TooManySge { max: max_sge });
-        }
-        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        // RFC 5040 §5.1-§5.3: a message carries at most 2^32 - 1 octets.
-        let len = u32::try_from(total).map_err(|_| PostError::MessageTooLong)?;
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        if inline && (is_read || len > self.cfg.max_inline) {
-            return Err(PostError::Inline {
-                max: self.cfg.max_inline,
-            });
-        }
-        if is_read && self.cfg.ord == 0 {
+        let lim = send_limits(self.cfg.max_sge, self.cfg.max_inline);
+        let c = check_send(wr, &lim, &self.keys, self.cfg.pd)?;
+        self.post_checked(c)
+    }
+
+    /// Posts a request already checked with [`check_send`] (by a driver, in the posting
+    /// thread, with this QP's limits), so the engine's owner never waits on a key check.
+    pub fn post_checked(&mut self, c: CheckedSend) -> Result<(), PostError> {
+        if c.opcode.is_read_or_atomic() && self.cfg.ord == 0 {
             return Err(PostError::ReadsDisabled);
         }
         if self.state != QpState::Rts {
-            self.flush_now(wr.wr_id, wr.opcode.wc_opcode());
+            self.completions.push_back(c.flushed());
             return Ok(());
         }
         if self.sq.len() >= self.cfg.sq_depth as usize {
             return Err(PostError::QueueFull);
         }
-        let need = if is_read {
-            Access::LOCAL_WRITE
-        } else {
-            Access::empty()
-        };
-        let targets = self.check_sges(&wr.sg_list, need)?;
-        let data = if inline {
-            let mut bytes = vec![0u8; len as usize];
-            let data = Gather::Sgl(targets);
-            tx::gather(&data, 0, &mut bytes)
-                .map_err(|error| PostError::LocalProtection { sge: 0, error })?;
-            Gather::Inline(bytes)
-        } else {
-            Gather::Sgl(targets)
-        };
-        let solicited = wr.flags.contains(SendFlags::SOLICITED);
-        let (op, data) = match wr.opcode {
+        let signaled = c.signaled();
+        let solicited = c.flags.contains(SendFlags::SOLICITED);
+        let data = c.payload;
+        let (op, data) = match c.opcode {
             WrOpcode::Send => (
                 SqOp::Send {
                     solicited,
@@ -482,11 +438,8 @@ impl RdmapEngine {
                 data,
             ),
             WrOpcode::RdmaRead { remote_addr, rkey } => {
-                let sink = match data {
-                    Gather::Sgl(t) => t.into_iter().next(),
-                    Gather::Inline(_) => None,
-                };
-                let first = wr.sg_list.first();
+                let sink = data.sgl().and_then(|s| s.first().cloned());
+                let first = c.first_sge;
                 (
                     SqOp::Read {
                         rkey,
@@ -496,7 +449,7 @@ impl RdmapEngine {
                         sink_to: first.map_or(0, |s| s.addr),
                         sink,
                     },
-                    Gather::Inline(Vec::new()),
+                    Payload::Inline(Vec::new()),
                 )
             }
             WrOpcode::SendWithImm { .. }
@@ -508,12 +461,12 @@ impl RdmapEngine {
         self.next_seq += 1;
         self.sq.push_back(SqEntry {
             seq,
-            wr_id: wr.wr_id,
+            wr_id: c.wr_id,
             op,
             data,
-            len,
-            signaled: wr.flags.contains(SendFlags::SIGNALED),
-            fence: wr.flags.contains(SendFlags::FENCE),
+            len: c.len,
+            signaled,
+            fence: c.flags.contains(SendFlags::FENCE),
             state: SqState::Queued,
         });
         Ok(())
@@ -523,23 +476,22 @@ impl RdmapEngine {
     /// `KeyTable::check_local` with `LOCAL_WRITE` now. In the Error or Closed state the
     /// request is accepted and flushed at once.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        let max = self.cfg.max_sge as usize;
-        if wr.sg_list.len() > max {
-            return Err(PostError::TooManySge { max });
-        }
+        let r = check_recv(wr, self.cfg.max_sge, &self.keys, self.cfg.pd)?;
+        self.post_checked_recv(r)
+    }
+
+    /// Posts a receive already checked with [`check_recv`].
+    pub fn post_checked_recv(&mut self, r: CheckedRecv) -> Result<(), PostError> {
         if self.state != QpState::Rts {
-            self.flush_now(wr.wr_id, WcOpcode::Recv);
+            self.completions.push_back(r.flushed());
             return Ok(());
         }
         if self.rq_len() >= self.cfg.rq_depth as usize {
             return Err(PostError::QueueFull);
         }
-        let sges = self.check_sges(&wr.sg_list, Access::LOCAL_WRITE)?;
-        let capacity = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         self.rq.push_back(RecvEntry {
-            wr_id: wr.wr_id,
-            sges,
-            capacity,
+            wr_id: r.wr_id,
+            sgl: r.sgl,
         });
         Ok(())
     }
@@ -603,26 +555,6 @@ impl RdmapEngine {
             QpState::Rts => self.responder_ready() || self.sq_ready(),
             QpState::Error | QpState::Closed => false,
         }
-    }
-
-    fn check_sges(
-        &self,
-        sges: &[crate::verbs_types::Sge],
-        need: Access,
-    ) -> Result<Vec<Target>, PostError> {
-        sges.iter()
-            .enumerate()
-            .map(|(i, s)| {
-                self.keys
-                    .check_local(s.lkey, self.cfg.pd, need, s.addr, u64::from(s.length))
-                    .map_err(|error| PostError::LocalProtection { sge: i, error })
-            })
-            .collect()
-    }
-
-    fn flush_now(&mut self, wr_id: u64, opcode: WcOpcode) {
-        self.completions
-            .push_back(wc(wr_id, WcStatus::WorkRequestFlushed, opcode, 0));
     }
 
     /// Hands completed send-queue entries to the CQ, oldest first, stopping at the first one
@@ -700,6 +632,42 @@ impl RdmapEngine {
         self.events.push_back(QpEvent::LocalError(t));
         self.abort(fault.sq, fault.rq);
     }
+}
+
+/// iWARP's send-queue limits for a QP's capacities: a Read's sink is one entry (RFC 5040
+/// §4.4 names it with one STag and offset), a message at most 2^32 − 1 octets.
+pub fn send_limits(max_sge: u32, max_inline: u32) -> SendLimits {
+    SendLimits {
+        max_sge,
+        max_read_sge: 1,
+        max_inline,
+        max_message: IWARP_MAX_MESSAGE,
+    }
+}
+
+/// Checks a send request for an iWARP QP: the transport's rules, then the common ones
+/// ([`crate::verbs_types::check_send`]).
+pub fn check_send(
+    wr: SendWr,
+    lim: &SendLimits,
+    keys: &KeyTable,
+    pd: PdId,
+) -> Result<CheckedSend, PostError> {
+    // Immediate data and atomics are InfiniBand operations (RFC 7306 atomics are not
+    // implemented by Linux siw); datagrams do not exist on iWARP.
+    if matches!(
+        wr.opcode,
+        WrOpcode::SendWithImm { .. }
+            | WrOpcode::RdmaWriteWithImm { .. }
+            | WrOpcode::AtomicCmpSwap { .. }
+            | WrOpcode::AtomicFetchAdd { .. }
+    ) {
+        return Err(PostError::Unsupported);
+    }
+    if wr.ud.is_some() {
+        return Err(PostError::Destination);
+    }
+    crate::verbs_types::check_send(wr, lim, keys, pd)
 }
 
 fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use softrdma_iwarp::verbs_types::{WcStatus, WorkCompletion};
+use softrdma_verbs_types::{WcStatus, WorkCompletion};
 
 use crate::Error;
 

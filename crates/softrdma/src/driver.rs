@@ -28,10 +28,10 @@ use mio::{Events, Interest, Poll, Token};
 use softrdma_iwarp::connection::{
     ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, FpduSizing,
 };
-use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState, RdmapEngine};
+use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState};
 use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
-use softrdma_iwarp::verbs_types::{PostError, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
-use softrdma_memory::{Access, Buffer, PdId, QpId};
+use softrdma_memory::{PdId, QpId};
+use softrdma_verbs_types::{CheckedRecv, PostError, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::Error;
 use crate::cm::{Connection, FpduSize, ListenerShared, PendingRequest, prepare_stream};
@@ -126,7 +126,7 @@ struct Conn {
     /// Receives handed to the engine before that (so an FPDU right behind the MPA Reply
     /// finds them); they go back to the QP's queue if the startup fails, as the QP goes
     /// back to `Init`.
-    early_rq: Vec<RecvWr>,
+    early_rq: Vec<CheckedRecv>,
     /// Events of the stream, published with the state and the completions.
     qp_events: Vec<QpEvent>,
     tx: Vec<u8>,
@@ -507,9 +507,7 @@ fn flush_orphan(ctx: &CtxShared, qp: &QpShared) {
     let mut send = Vec::new();
     for item in sq {
         match item {
-            SqItem::Send { wr, .. } => {
-                send.push(flushed(wr.wr_id, wr.opcode.wc_opcode()));
-            }
+            SqItem::Send(wr) => send.push(wr.flushed()),
             SqItem::Invalidate { key, reply } => {
                 let _ = reply.send(ctx.keys.invalidate_local(key, qp.pd));
                 continue;
@@ -517,17 +515,10 @@ fn flush_orphan(ctx: &CtxShared, qp: &QpShared) {
         }
         qp.sq_retired.fetch_add(1, Ordering::AcqRel);
     }
-    let mut recv: Vec<WorkCompletion> = rq
-        .iter()
-        .map(|wr| flushed(wr.wr_id, WcOpcode::Recv))
-        .collect();
+    let mut recv: Vec<WorkCompletion> = rq.iter().map(|wr| wr.flushed()).collect();
     qp.rq_retired.fetch_add(recv.len() as u64, Ordering::AcqRel);
     qp.send_cq.push(&mut send);
     qp.recv_cq.push(&mut recv);
-}
-
-fn flushed(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
-    error_wc(wr_id, WcStatus::WorkRequestFlushed, opcode)
 }
 
 fn error_wc(wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
@@ -673,7 +664,7 @@ impl Conn {
             return;
         };
         let wr_id = wr.wr_id;
-        match self.iw.engine_mut().post_recv(wr) {
+        match self.iw.engine_mut().post_checked_recv(wr) {
             Ok(()) => self.rq_in_engine += 1,
             Err(e) => {
                 let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
@@ -806,9 +797,9 @@ impl Conn {
             self.local_waiting = false;
             while established && let Some(item) = sub.sq.front() {
                 match item {
-                    SqItem::Send { .. } => {
-                        if let Some(SqItem::Send { wr, inline }) = sub.sq.pop_front() {
-                            sends.push((wr, inline));
+                    SqItem::Send(_) => {
+                        if let Some(SqItem::Send(wr)) = sub.sq.pop_front() {
+                            sends.push(wr);
                         }
                     }
                     SqItem::Invalidate { .. } => {
@@ -834,7 +825,7 @@ impl Conn {
         for wr in recvs {
             let wr_id = wr.wr_id;
             let copy = (!established).then(|| wr.clone());
-            match engine.post_recv(wr) {
+            match engine.post_checked_recv(wr) {
                 Ok(()) => {
                     self.rq_in_engine += 1;
                     self.early_rq.extend(copy);
@@ -846,10 +837,10 @@ impl Conn {
                 }
             }
         }
-        for (wr, inline) in sends {
+        for wr in sends {
             let wr_id = wr.wr_id;
             let opcode = wr.opcode.wc_opcode();
-            match post_send(ctx, &qp, engine, wr, inline) {
+            match engine.post_checked(wr) {
                 Ok(()) => self.sq_in_engine += 1,
                 Err(e) => {
                     qp.sq_retired.fetch_add(1, Ordering::AcqRel);
@@ -995,32 +986,4 @@ impl Conn {
             self.dead = true;
         }
     }
-}
-
-/// Hands one send request to the engine; an `INLINE` request's octets (copied at post time)
-/// go through a short-lived private region the engine copies from at once.
-fn post_send(
-    ctx: &CtxShared,
-    qp: &QpShared,
-    engine: &mut RdmapEngine,
-    mut wr: SendWr,
-    inline: Option<Vec<u8>>,
-) -> Result<(), PostError> {
-    let Some(bytes) = inline else {
-        return engine.post_send(wr);
-    };
-    if bytes.is_empty() {
-        wr.sg_list.clear();
-        return engine.post_send(wr);
-    }
-    let len = bytes.len();
-    let buf = Buffer::from_vec(bytes);
-    let key = ctx
-        .keys
-        .reg_mr(qp.pd, buf, 0, len, 0, Access::empty())
-        .map_err(|_| PostError::Inline { max: 0 })?;
-    wr.sg_list = vec![softrdma_iwarp::verbs_types::Sge::new(key, 0, len as u32)];
-    let r = engine.post_send(wr);
-    let _ = ctx.keys.dereg_mr(key);
-    r
 }

@@ -3,8 +3,8 @@
 use std::io;
 
 use softrdma_iwarp::startup::StartupError;
-use softrdma_iwarp::verbs_types::PostError;
 use softrdma_memory::MemError;
+use softrdma_verbs_types::PostError;
 
 use crate::qp::QpState;
 

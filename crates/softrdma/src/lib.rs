@@ -72,11 +72,11 @@ pub mod ib {
 
 pub use softrdma_iwarp::rdmap::{QpCounters, QpEvent};
 pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
-pub use softrdma_iwarp::verbs_types::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode,
-};
 pub use softrdma_memory::{
     Access, AccessError, Buffer, BufferReadGuard, BufferWriteGuard, Key, KeyState, MemError,
     MrFlags, MwType, PdId, QpId,
+};
+pub use softrdma_verbs_types::{
+    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode,
 };

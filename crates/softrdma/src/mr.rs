@@ -9,11 +9,11 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use softrdma_iwarp::verbs_types::Sge;
 use softrdma_memory::{
     Access, Buffer, BufferReadGuard, BufferWriteGuard, Key, KeyState, MemError, MrFlags, MwType,
     PdId, QpId,
 };
+use softrdma_verbs_types::Sge;
 
 use crate::Error;
 use crate::device::{CtxShared, Pd};

@@ -13,8 +13,11 @@ use std::sync::mpsc::{SyncSender, sync_channel};
 
 use parking_lot::Mutex;
 use softrdma_iwarp::rdmap::{QpCounters, QpEvent};
-use softrdma_iwarp::verbs_types::{PostError, RecvWr, SendFlags, SendWr, Sge, WrOpcode};
-use softrdma_memory::{Access, Key, KeyTable, MemError, PdId};
+use softrdma_iwarp::rdmap::{check_send, send_limits};
+use softrdma_memory::{Key, KeyTable, MemError, PdId};
+use softrdma_verbs_types::{
+    CheckedRecv, CheckedSend, PostError, RecvWr, SendFlags, SendWr, check_recv,
+};
 
 use crate::Error;
 use crate::cm::Connection;
@@ -118,9 +121,8 @@ impl QpInitAttr {
 
 /// A send-queue entry waiting for the progress thread.
 pub(crate) enum SqItem {
-    /// A work request for the engine; `inline` holds the octets of an `INLINE` request,
-    /// copied at post time.
-    Send { wr: SendWr, inline: Option<Vec<u8>> },
+    /// A work request for the engine, checked (and `INLINE` octets copied) at post time.
+    Send(CheckedSend),
     /// Local Invalidate, run once every earlier request completed.
     Invalidate {
         key: Key,
@@ -131,7 +133,7 @@ pub(crate) enum SqItem {
 #[derive(Default)]
 pub(crate) struct Submissions {
     pub(crate) sq: VecDeque<SqItem>,
-    pub(crate) rq: VecDeque<RecvWr>,
+    pub(crate) rq: VecDeque<CheckedRecv>,
 }
 
 pub(crate) struct QpShared {
@@ -247,24 +249,6 @@ impl Pd {
     }
 }
 
-/// Checks a request's SGEs the way the engine will (`KeyTable::check_local`).
-fn check_sges(keys: &KeyTable, pd: PdId, sges: &[Sge], need: Access) -> Result<(), PostError> {
-    for (i, s) in sges.iter().enumerate() {
-        keys.check_local(s.lkey, pd, need, s.addr, u64::from(s.length))
-            .map_err(|error| PostError::LocalProtection { sge: i, error })?;
-    }
-    Ok(())
-}
-
-fn check_recv(keys: &KeyTable, pd: PdId, wr: &RecvWr, max_sge: u32) -> Result<(), PostError> {
-    if wr.sg_list.len() > max_sge as usize {
-        return Err(PostError::TooManySge {
-            max: max_sge as usize,
-        });
-    }
-    check_sges(keys, pd, &wr.sg_list, Access::LOCAL_WRITE)
-}
-
 impl Qp {
     /// The QP number (also the RDMAP stream's `QpId` for type 2 windows).
     pub fn qp_num(&self) -> u32 {
@@ -319,7 +303,7 @@ impl Qp {
         if s.sq_sig_all {
             wr.flags |= SendFlags::SIGNALED;
         }
-        let inline = self.check_send(&wr)?;
+        let wr = self.check_send(wr)?;
         {
             let mut sub = s.sub.lock();
             let outstanding =
@@ -327,7 +311,7 @@ impl Qp {
             if outstanding >= u64::from(s.cap.max_send_wr) {
                 return Err(PostError::QueueFull.into());
             }
-            sub.sq.push_back(SqItem::Send { wr, inline });
+            sub.sq.push_back(SqItem::Send(wr));
             s.sq_posted.fetch_add(1, Ordering::Release);
         }
         self.ctx.schedule(&self.shared);
@@ -346,51 +330,15 @@ impl Qp {
         Ok(())
     }
 
-    /// The engine's post-time checks; returns the inline octets of an `INLINE` request.
-    fn check_send(&self, wr: &SendWr) -> Result<Option<Vec<u8>>, Error> {
+    /// The engine's post-time checks (iWARP rules and the common ones), in the posting
+    /// thread; `INLINE` octets are copied now.
+    fn check_send(&self, wr: SendWr) -> Result<CheckedSend, Error> {
         let s = &self.shared;
-        let is_read = matches!(wr.opcode, WrOpcode::RdmaRead { .. });
-        let max_sge = if is_read {
-            1
-        } else {
-            s.cap.max_send_sge as usize
-        };
-        if wr.sg_list.len() > max_sge {
-            return Err(PostError::TooManySge { max: max_sge }.into());
-        }
-        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        let len = u32::try_from(total).map_err(|_| PostError::MessageTooLong)?;
-        let inline = wr.flags.contains(SendFlags::INLINE);
-        if inline && (is_read || len > s.cap.max_inline_data) {
-            return Err(PostError::Inline {
-                max: s.cap.max_inline_data,
-            }
-            .into());
-        }
-        if is_read && s.ord.load(Ordering::Acquire) == 0 {
+        if wr.opcode.is_read_or_atomic() && s.ord.load(Ordering::Acquire) == 0 {
             return Err(PostError::ReadsDisabled.into());
         }
-        let need = if is_read {
-            Access::LOCAL_WRITE
-        } else {
-            Access::empty()
-        };
-        check_sges(&self.ctx.keys, s.pd, &wr.sg_list, need)?;
-        if !inline {
-            return Ok(None);
-        }
-        let mut bytes = vec![0u8; len as usize];
-        let mut at = 0;
-        for (i, sge) in wr.sg_list.iter().enumerate() {
-            let n = sge.length as usize;
-            self.ctx
-                .keys
-                .check_local(sge.lkey, s.pd, Access::empty(), sge.addr, n as u64)
-                .and_then(|t| t.copy_out(0, &mut bytes[at..at + n]))
-                .map_err(|error| PostError::LocalProtection { sge: i, error })?;
-            at += n;
-        }
-        Ok(Some(bytes))
+        let lim = send_limits(s.cap.max_send_sge, s.cap.max_inline_data);
+        Ok(check_send(wr, &lim, &self.ctx.keys, s.pd)?)
     }
 
     /// Posts a receive buffer for one inbound Send (`ibv_post_recv`). Receives may be
@@ -401,7 +349,7 @@ impl Qp {
         if s.srq.is_some() {
             return Err(Error::SrqAttached);
         }
-        check_recv(&self.ctx.keys, s.pd, &wr, s.cap.max_recv_sge)?;
+        let wr = check_recv(wr, s.cap.max_recv_sge, &self.ctx.keys, s.pd)?;
         {
             let mut sub = s.sub.lock();
             let outstanding =
@@ -470,7 +418,7 @@ pub(crate) struct SrqShared {
     pub(crate) pd: PdId,
     pub(crate) attr: SrqAttr,
     keys: Arc<KeyTable>,
-    pub(crate) queue: Mutex<VecDeque<RecvWr>>,
+    pub(crate) queue: Mutex<VecDeque<CheckedRecv>>,
 }
 
 /// A shared receive queue (`ibv_srq`): receive buffers for several QPs of one domain. A
@@ -494,7 +442,7 @@ impl Srq {
     /// Posts a receive buffer (`ibv_post_srq_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
         let s = &self.shared;
-        check_recv(&s.keys, s.pd, &wr, s.attr.max_sge)?;
+        let wr = check_recv(wr, s.attr.max_sge, &s.keys, s.pd)?;
         let mut q = s.queue.lock();
         if q.len() >= s.attr.max_wr as usize {
             return Err(PostError::QueueFull.into());

@@ -26,8 +26,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use parking_lot::{Mutex, RwLock};
 use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState as IbQpState, QpType};
-use softrdma_iwarp::verbs_types::{RecvWr, SendWr, WorkCompletion};
 use softrdma_memory::KeyTable;
+use softrdma_verbs_types::{RecvWr, SendWr, WorkCompletion};
 use softrdma_wire::ib::PacketRepr;
 use softrdma_wire::icrc::{Endpoints, IcrcCheck, IcrcVerifier, icrc_for};
 use softrdma_wire::rocev2::{

@@ -12,6 +12,13 @@ use core::ops::{BitOr, BitOrAssign};
 
 use softrdma_memory::{AccessError, Key};
 
+mod check;
+
+pub use check::{
+    CheckedRecv, CheckedSend, IB_MAX_MESSAGE, IWARP_MAX_MESSAGE, Payload, SendLimits, Sgl,
+    check_recv, check_send,
+};
+
 /// One scatter/gather entry: `length` bytes at virtual address `addr` of the region `lkey`
 /// (`ibv_sge`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

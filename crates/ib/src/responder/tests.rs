@@ -1,8 +1,8 @@
 //! Responder conformance tests: packets built with the wire codecs, responses parsed back.
 
 use super::*;
-use softrdma_iwarp::verbs_types::Sge;
 use softrdma_memory::Buffer;
+use softrdma_verbs_types::Sge;
 use softrdma_wire::ib::{AtomicEthRepr, IethRepr, ImmDtRepr, RethRepr};
 
 const PMTU: u32 = 256;

@@ -5,7 +5,7 @@
 //! codec's [`Violation`](softrdma_wire::rdmap::Violation)s) → queue / buffer (MSN, MO,
 //! length, IRD) → STag, range, rights, wrap (the key table's order).
 
-use softrdma_memory::{Access, AccessError, Key, KeyState, Target};
+use softrdma_memory::{Access, AccessError, Key, KeyState};
 use softrdma_wire::ddp::{self, DDP_VERSION, TaggedBufferError, UntaggedBufferError};
 use softrdma_wire::rdmap::{
     Body, MASK_OPCODE, MASK_RV, Opcode, Queue, ReadRequestRepr, RemoteOperationError,
@@ -35,31 +35,6 @@ fn msn_fault(d: u32, available: usize) -> Fault {
         Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)
     } else {
         Fault::untagged(UntaggedBufferError::InvalidMsnRange)
-    }
-}
-
-/// Places `src` at message offset `off` of a scatter list (the one copy on receive). Every
-/// grant is re-validated by the memory crate (RDMAP-120).
-fn scatter(sges: &[Target], off: u32, src: &[u8]) -> Result<(), AccessError> {
-    let mut skip = off as usize;
-    let mut done = 0;
-    for t in sges {
-        if done == src.len() {
-            break;
-        }
-        if skip >= t.len() {
-            skip -= t.len();
-            continue;
-        }
-        let n = (t.len() - skip).min(src.len() - done);
-        t.place(skip, &src[done..done + n])?;
-        done += n;
-        skip = 0;
-    }
-    if done == src.len() {
-        Ok(())
-    } else {
-        Err(AccessError::Bounds)
     }
 }
 
@@ -252,12 +227,15 @@ impl RdmapEngine {
         }
         // RDMAP-61: longer than the receive buffer.
         let end = u64::from(mo) + payload.len() as u64;
-        if end > active.entry.capacity || end > u64::from(u32::MAX) {
+        if end > active.entry.sgl.len() || end > u64::from(u32::MAX) {
             return Err(
                 at(Fault::untagged(UntaggedBufferError::MessageTooLong)).rq(WcStatus::LocalLength)
             );
         }
-        scatter(&active.entry.sges, mo, payload)
+        active
+            .entry
+            .sgl
+            .scatter(u64::from(mo), payload)
             .map_err(|_| Fault::local().rq(WcStatus::LocalProtection))?;
         active.received = end as u32;
         self.counters.payload_rx += payload.len() as u64;

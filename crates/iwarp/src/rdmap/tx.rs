@@ -1,48 +1,12 @@
 //! Transmit path: send queue and Read Responses → DDP segments of at most MULPDU octets
 //! (RFC 5041 §5), and the one Terminate (RFC 5040 §5.4).
 
-use softrdma_memory::AccessError;
 use softrdma_wire::ddp::{self, DDP_VERSION, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 use softrdma_wire::rdmap::{Control, Opcode, Queue, READ_REQUEST_HEADER_LEN, ReadRequestRepr};
 
 use super::term::{self, Fault};
-use super::{Gather, OutboundRead, QpState, RdmapEngine, SqOp, SqState};
+use super::{OutboundRead, QpState, RdmapEngine, SqOp, SqState};
 use crate::verbs_types::WcStatus;
-
-/// Copies `dst.len()` octets of `data`, starting at message offset `off`, into `dst`
-/// (gather list → segment payload: the one copy on transmit).
-pub(super) fn gather(data: &Gather, off: u32, dst: &mut [u8]) -> Result<(), AccessError> {
-    match data {
-        Gather::Inline(bytes) => {
-            let start = off as usize;
-            match bytes.get(start..start + dst.len()) {
-                Some(src) => dst.copy_from_slice(src),
-                None => return Err(AccessError::Bounds),
-            }
-        }
-        Gather::Sgl(targets) => {
-            let mut skip = off as usize;
-            let mut filled = 0;
-            for t in targets {
-                if filled == dst.len() {
-                    break;
-                }
-                if skip >= t.len() {
-                    skip -= t.len();
-                    continue;
-                }
-                let n = (t.len() - skip).min(dst.len() - filled);
-                t.copy_out(skip, &mut dst[filled..filled + n])?;
-                filled += n;
-                skip = 0;
-            }
-            if filled != dst.len() {
-                return Err(AccessError::Bounds);
-            }
-        }
-    }
-    Ok(())
-}
 
 /// Grows `out` by `len` zeroed octets and returns the offset of the first.
 fn grow(out: &mut Vec<u8>, len: usize) -> usize {
@@ -235,7 +199,9 @@ impl RdmapEngine {
                 start = grow(out, TAGGED_HEADER_LEN + n as usize);
                 let to = raddr.wrapping_add(u64::from(off));
                 self.put_tagged(&mut out[start..], Opcode::RdmaWrite, rkey.0, to, last);
-                let r = gather(&e.data, off, &mut out[start + TAGGED_HEADER_LEN..]);
+                let r = e
+                    .data
+                    .gather(u64::from(off), &mut out[start + TAGGED_HEADER_LEN..]);
                 if r.is_err() {
                     return self.fail_tx(out, start, seq);
                 }
@@ -260,7 +226,9 @@ impl RdmapEngine {
                 let inv = invalidate.map_or(0, |k| k.0);
                 let msn = self.tx_msn[0];
                 self.put_untagged(&mut out[start..], opcode, inv, Queue::Send, msn, off, last);
-                let r = gather(&e.data, off, &mut out[start + UNTAGGED_HEADER_LEN..]);
+                let r = e
+                    .data
+                    .gather(u64::from(off), &mut out[start + UNTAGGED_HEADER_LEN..]);
                 if r.is_err() {
                     return self.fail_tx(out, start, seq);
                 }
