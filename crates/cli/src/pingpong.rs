@@ -48,10 +48,10 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpCaps, QpState, QpType};
+use softrdma::ib::{QpAttr, QpState, QpType};
 use softrdma::{
-    Access, Ah, CompletionChannel, Context, Cq, MemError, Mr, Pd, RecvWr, RoceConfig, RoceQp,
-    RoceQpInitAttr, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
+    Access, Ah, CompletionChannel, Context, Cq, MemError, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr,
+    RoceConfig, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 
 use crate::verbs_util::{WaitMode, wait_some};
@@ -354,7 +354,7 @@ struct Pp {
     pd: Pd,
     cq: Cq,
     channel: Option<CompletionChannel>,
-    qp: RoceQp,
+    qp: Qp,
     mr: Mr,
     ah: Option<Ah>,
     /// Offset of the message in the buffer (UD: after the GRH area).
@@ -381,17 +381,17 @@ impl Pp {
         };
         let cq = ctx.create_cq(o.rx_depth as usize + 1, channel.as_ref());
         let ud = o.qp_type == QpType::Ud;
-        let cap = QpCaps {
+        let cap = QpCap {
             max_send_wr: 1,
             max_recv_wr: o.rx_depth,
             max_send_sge: 1,
             max_recv_sge: 1,
-            ..QpCaps::default()
+            ..QpCap::default()
         };
         let inline = o.size <= cap.max_inline_data;
-        let qp = pd.create_roce_qp(RoceQpInitAttr {
+        let qp = pd.create_qp(QpInitAttr {
             cap,
-            ..RoceQpInitAttr::new(o.qp_type, &cq, &cq)
+            ..QpInitAttr::typed(o.qp_type, &cq, &cq)
         })?;
         let off = if ud { GRH_LEN } else { 0 };
         let mr = pd.alloc_mr(o.size as usize + off, Access::LOCAL_WRITE)?;
@@ -476,7 +476,7 @@ impl Pp {
         match self.o.qp_type {
             QpType::Rc | QpType::Uc => {
                 let rc = self.o.qp_type == QpType::Rc;
-                self.qp.set_remote(addr);
+                self.qp.set_remote(addr)?;
                 self.qp
                     .modify(&QpAttr {
                         state: Some(QpState::Rtr),

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 
 use clap::Parser;
-use softrdma::ib::{QpAttr, QpState, QpType};
+use softrdma::ib::{QpAttr, QpState};
 use softrdma::*;
 use softrdma_cli::perf::{self, PerfArgs, proto::Test};
 
@@ -204,9 +204,7 @@ fn perftest_server(listener: &TcpListener, ip: Ipv4Addr, test: &str) -> Seen {
     let ctx = Context::open_roce(RoceConfig::new(IpAddr::V4(ip))).unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(64, None);
-    let qp = pd
-        .create_roce_qp(RoceQpInitAttr::new(QpType::Rc, &cq, &cq))
-        .unwrap();
+    let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
     let len = 2 * 65536;
     let mr = pd
         .alloc_mr(
@@ -241,7 +239,8 @@ fn perftest_server(listener: &TcpListener, ip: Ipv4Addr, test: &str) -> Seen {
         client.out_reads, want_reads,
         "{test}: the client's out_reads"
     );
-    qp.set_remote(SocketAddr::new(gid_to_ip(&client.gid), 4791));
+    qp.set_remote(SocketAddr::new(gid_to_ip(&client.gid), 4791))
+        .unwrap();
     qp.modify(&QpAttr {
         state: Some(QpState::Init),
         access: Some(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC),

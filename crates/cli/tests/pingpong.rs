@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use softrdma::ib::{QpAttr, QpCaps, QpState, QpType};
+use softrdma::ib::{QpAttr, QpState, QpType};
 use softrdma::*;
 
 const SAFETY: Duration = Duration::from_secs(60);
@@ -278,7 +278,7 @@ struct Peer {
     ctx: Context,
     pd: Pd,
     cq: Cq,
-    qp: RoceQp,
+    qp: Qp,
     mr: Mr,
     ty: QpType,
     size: u32,
@@ -293,13 +293,13 @@ impl Peer {
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(RX_DEPTH as usize + 1, None);
         let qp = pd
-            .create_roce_qp(RoceQpInitAttr {
-                cap: QpCaps {
+            .create_qp(QpInitAttr {
+                cap: QpCap {
                     max_send_wr: 1,
                     max_recv_wr: RX_DEPTH,
-                    ..QpCaps::default()
+                    ..QpCap::default()
                 },
-                ..RoceQpInitAttr::new(ty, &cq, &cq)
+                ..QpInitAttr::typed(ty, &cq, &cq)
             })
             .unwrap();
         let off = if ty == QpType::Ud { 40 } else { 0 };
@@ -360,7 +360,7 @@ impl Peer {
             self.ah = Some(self.pd.create_ah(addr.ip()).unwrap());
             return;
         }
-        self.qp.set_remote(addr);
+        self.qp.set_remote(addr).unwrap();
         self.qp
             .modify(&QpAttr {
                 state: Some(QpState::Rtr),

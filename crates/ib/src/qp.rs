@@ -166,6 +166,8 @@ pub struct QpCounters {
     pub bad_qkey: u64,
     /// Malformed for its opcode (no DETH on UD etc.).
     pub malformed: u64,
+    /// Packets that passed every check and went to the requester or responder.
+    pub accepted: u64,
 }
 
 /// The receive-side path attributes set at INIT → RTR.
@@ -553,9 +555,11 @@ impl IbQp {
                 self.counters.bad_qkey += 1; // C9-50
                 return;
             }
+            self.counters.accepted += 1;
             self.responder.handle_datagram(pkt, grh);
             return;
         }
+        self.counters.accepted += 1;
         if op.operation().is_response() {
             match &mut self.requester {
                 Some(r) => {

@@ -544,7 +544,11 @@ fn ibt_c9_43_pkey_mismatch_dropped_before_any_ack() {
             s.inject(1, &p);
             let why = format!("{ty:?} QP {mine:#x} packet {theirs:#x}");
             if ok {
-                assert_eq!(counters(&s), QpCounters::default(), "{why}");
+                let accepted = QpCounters {
+                    accepted: 1,
+                    ..QpCounters::default()
+                };
+                assert_eq!(counters(&s), accepted, "{why}");
                 assert_eq!(s.n[1].recvs.len(), 1, "{why}");
             } else {
                 assert_eq!(
@@ -673,6 +677,7 @@ fn ibt_c9_34_random_headers_through_the_pipeline() {
                 expect.bad_qkey += 1;
                 true
             } else {
+                expect.accepted += 1;
                 false
             };
             assert_eq!(s.n[1].qp.counters(), expect, "{ty:?} {p:?}");

@@ -7,23 +7,21 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpState, QpType};
+use softrdma::ib::{QpAttr, QpState};
 use softrdma::*;
 
-fn side(ip: Ipv4Addr) -> (Context, Pd, Cq, RoceQp) {
+fn side(ip: Ipv4Addr) -> (Context, Pd, Cq, Qp) {
     let mut cfg = RoceConfig::new(IpAddr::V4(ip));
     cfg.port = 0;
     let ctx = Context::open_roce(cfg).expect("open");
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(1 << 16, None);
-    let qp = pd
-        .create_roce_qp(RoceQpInitAttr::new(QpType::Rc, &cq, &cq))
-        .expect("qp");
+    let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).expect("qp");
     (ctx, pd, cq, qp)
 }
 
-fn up(me: &RoceQp, peer: &RoceQp, peer_addr: std::net::SocketAddr) {
-    me.set_remote(peer_addr);
+fn up(me: &Qp, peer: &Qp, peer_addr: std::net::SocketAddr) {
+    me.set_remote(peer_addr).unwrap();
     me.modify(&QpAttr::state(QpState::Init)).unwrap();
     me.modify(&QpAttr {
         state: Some(QpState::Rtr),

@@ -1,43 +1,112 @@
 //! Devices, contexts and protection domains (`ibv_device`, `ibv_context`, `ibv_pd`).
+//!
+//! A device is a transport: the iWARP/TCP device, or a RoCEv2 device on one local address
+//! (as `ibv_devices` lists siw and one rxe per netdev). Everything opened on a context —
+//! domains, regions, windows, CQs, QPs — is the same type whatever the device.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-use softrdma_iwarp::rdmap::QpEvent;
 use softrdma_memory::{KeyTable, PdId};
+use softrdma_wire::rocev2::{ROCEV2_UDP_PORT, gid_from_ip};
 
 use crate::Error;
 use crate::cq::{CompletionChannel, Cq};
-use crate::driver::{self, Cmd};
-use crate::qp::QpShared;
+use crate::event::{AsyncEvent, EventQueue};
+use crate::roce::{Ah, RoceConfig, RoceCounters, RoceShared};
+use crate::tcp::TcpShared;
 
 /// Name of the TCP (iWARP) device.
 pub const TCP_DEVICE_NAME: &str = "softrdma_tcp0";
 
-/// Async events kept per context before the oldest are dropped.
-const ASYNC_EVENT_LIMIT: usize = 4096;
+/// The transport of a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// iWARP (RFC 5040/5041/5044) over TCP.
+    Iwarp,
+    /// InfiniBand transport over UDP (RoCEv2).
+    Roce,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    Tcp,
+    Roce(RoceConfig),
+}
 
 /// A device (`ibv_device`): a transport driver that contexts are opened on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Device {
     name: String,
+    kind: Kind,
 }
 
 impl Device {
-    /// Every device this build offers (`ibv_get_device_list`): the TCP (iWARP) driver.
+    /// Every device this machine offers (`ibv_get_device_list`): the TCP (iWARP) device,
+    /// then a RoCEv2 device per usable local address (every IPv4 address and every IPv6
+    /// address that is not link-local), named `softrdma_roce_<interface>` (with `_<n>` for an
+    /// interface's further addresses).
     pub fn list() -> Vec<Device> {
-        vec![Device::tcp()]
+        let mut out = vec![Device::tcp()];
+        let mut seen: Vec<(String, IpAddr)> = Vec::new();
+        if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
+            for ifa in addrs {
+                let Some(ip) = ifa.address.as_ref().and_then(ip_of) else {
+                    continue;
+                };
+                if let IpAddr::V6(v6) = ip
+                    && v6.is_unicast_link_local()
+                {
+                    continue; // needs a scope id, which a GID cannot carry
+                }
+                if seen
+                    .iter()
+                    .any(|(n, a)| *n == ifa.interface_name && *a == ip)
+                {
+                    continue;
+                }
+                let n = seen
+                    .iter()
+                    .filter(|(name, _)| *name == ifa.interface_name)
+                    .count();
+                let name = match n {
+                    0 => format!("softrdma_roce_{}", ifa.interface_name),
+                    n => format!("softrdma_roce_{}_{n}", ifa.interface_name),
+                };
+                seen.push((ifa.interface_name.clone(), ip));
+                out.push(Device {
+                    name,
+                    kind: Kind::Roce(RoceConfig::new(ip)),
+                });
+            }
+        }
+        out
     }
 
     /// The TCP (iWARP) device.
     pub fn tcp() -> Device {
         Device {
             name: TCP_DEVICE_NAME.to_owned(),
+            kind: Kind::Tcp,
         }
+    }
+
+    /// A RoCEv2 device with explicit settings (address, UDP port, buffers).
+    pub fn roce(cfg: RoceConfig) -> Device {
+        Device {
+            name: format!("softrdma_roce_{}", cfg.addr),
+            kind: Kind::Roce(cfg),
+        }
+    }
+
+    /// The first listed RoCEv2 device on `ip`, or one made for it.
+    pub fn roce_on(ip: IpAddr) -> Device {
+        Device::list()
+            .into_iter()
+            .find(|d| d.roce_config().is_some_and(|c| c.addr == ip))
+            .unwrap_or_else(|| Device::roce(RoceConfig::new(ip)))
     }
 
     /// The device's name (`ibv_get_device_name`).
@@ -45,113 +114,84 @@ impl Device {
         &self.name
     }
 
-    /// Opens a context (`ibv_open_device`): a key table and a progress thread.
+    /// The device's transport.
+    pub fn transport(&self) -> Transport {
+        match self.kind {
+            Kind::Tcp => Transport::Iwarp,
+            Kind::Roce(_) => Transport::Roce,
+        }
+    }
+
+    /// A RoCEv2 device's settings.
+    pub fn roce_config(&self) -> Option<&RoceConfig> {
+        match &self.kind {
+            Kind::Roce(c) => Some(c),
+            Kind::Tcp => None,
+        }
+    }
+
+    /// Opens a context (`ibv_open_device`): a key table and the transport's driver.
     pub fn open(&self) -> Result<Context, Error> {
-        Context::open_device(self)
+        let keys = Arc::new(KeyTable::new());
+        let events = Arc::new(EventQueue::default());
+        let driver = match &self.kind {
+            Kind::Tcp => Driver::Tcp(TcpShared::start(keys.clone(), events.clone())?),
+            Kind::Roce(cfg) => Driver::Roce(RoceShared::open(cfg)?),
+        };
+        Ok(Context {
+            shared: Arc::new(CtxShared {
+                device: self.clone(),
+                keys,
+                events,
+                next_pd: AtomicU32::new(1),
+                driver,
+            }),
+        })
     }
 }
 
-/// An asynchronous event (`ibv_async_event` / `rdma_cm_event`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AsyncEvent {
-    /// The QP's connection reached full operation (`RDMA_CM_EVENT_ESTABLISHED`).
-    Established {
-        /// The QP.
-        qp_num: u32,
-    },
-    /// The QP's TCP connection ended: the peer closed it, it was lost, or it was closed
-    /// after a Terminate (`RDMA_CM_EVENT_DISCONNECTED`).
-    Disconnected {
-        /// The QP.
-        qp_num: u32,
-    },
-    /// An event of the RDMAP stream: a Terminate sent or received, an LLP error
-    /// (`IBV_EVENT_QP_FATAL` and friends).
-    Qp {
-        /// The QP.
-        qp_num: u32,
-        /// What the engine reported.
-        event: QpEvent,
-    },
+fn ip_of(a: &nix::sys::socket::SockaddrStorage) -> Option<IpAddr> {
+    if let Some(v4) = a.as_sockaddr_in() {
+        Some(IpAddr::V4(v4.ip()))
+    } else {
+        a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+    }
+}
+
+/// The transport driver of a context.
+pub(crate) enum Driver {
+    Tcp(Arc<TcpShared>),
+    Roce(Arc<RoceShared>),
 }
 
 pub(crate) struct CtxShared {
     pub(crate) device: Device,
     pub(crate) keys: Arc<KeyTable>,
-    waker: mio::Waker,
-    pub(crate) cmds: Mutex<Vec<Cmd>>,
-    pub(crate) ready: Mutex<Vec<Arc<QpShared>>>,
+    pub(crate) events: Arc<EventQueue>,
     next_pd: AtomicU32,
-    next_qp: AtomicU32,
-    next_token: AtomicUsize,
-    /// Cleared when the progress thread exits.
-    pub(crate) alive: AtomicBool,
-    events: Mutex<VecDeque<AsyncEvent>>,
-    events_cond: Condvar,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// The RoCEv2 driver of a context opened with `Context::open_roce`.
-    pub(crate) roce: std::sync::OnceLock<Arc<crate::roce::RoceShared>>,
+    pub(crate) driver: Driver,
 }
 
 impl CtxShared {
-    /// Queues a command for the progress thread.
-    pub(crate) fn command(&self, cmd: Cmd) -> Result<(), Error> {
-        if !self.alive.load(Ordering::Acquire) {
-            return Err(Error::ContextClosed);
-        }
-        self.cmds.lock().push(cmd);
-        self.wake();
-        Ok(())
-    }
-
-    /// Tells the progress thread that `qp` has new work requests (once until it looks).
-    pub(crate) fn schedule(&self, qp: &Arc<QpShared>) {
-        if !qp.scheduled.swap(true, Ordering::AcqRel) {
-            self.ready.lock().push(qp.clone());
-            self.wake();
+    pub(crate) fn tcp(&self) -> Result<&Arc<TcpShared>, Error> {
+        match &self.driver {
+            Driver::Tcp(t) => Ok(t),
+            Driver::Roce(_) => Err(Error::Unsupported("an iWARP (TCP) operation")),
         }
     }
 
-    pub(crate) fn wake(&self) {
-        // Fails only if the poll instance is gone, i.e. the thread exited.
-        let _ = self.waker.wake();
-    }
-
-    pub(crate) fn token(&self) -> mio::Token {
-        mio::Token(self.next_token.fetch_add(1, Ordering::Relaxed))
-    }
-
-    pub(crate) fn next_qp_num(&self) -> u32 {
-        self.next_qp.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub(crate) fn post_event(&self, ev: AsyncEvent) {
-        let mut q = self.events.lock();
-        if q.len() >= ASYNC_EVENT_LIMIT {
-            q.pop_front();
-        }
-        q.push_back(ev);
-        drop(q);
-        self.events_cond.notify_all();
-    }
-}
-
-impl Drop for CtxShared {
-    fn drop(&mut self) {
-        self.alive.store(false, Ordering::Release);
-        self.wake();
-        if let Some(h) = self.thread.lock().take()
-            && h.thread().id() != std::thread::current().id()
-        {
-            let _ = h.join();
+    pub(crate) fn roce(&self) -> Result<&Arc<RoceShared>, Error> {
+        match &self.driver {
+            Driver::Roce(r) => Ok(r),
+            Driver::Tcp(_) => Err(Error::Unsupported("a RoCE operation")),
         }
     }
 }
 
-/// An open device (`ibv_context`): owns the key table (STags of every region and window
-/// registered through it) and one progress thread that runs every connection of the
-/// context (`mio`/epoll). Cheap to clone; the thread stops when the last handle to the
-/// context or to anything created from it is gone.
+/// An open device (`ibv_context`): owns the key table (keys of every region and window
+/// registered through it) and the transport's driver — the iWARP progress thread and its
+/// connections, or the RoCEv2 UDP socket and its receive thread. Cheap to clone; the driver
+/// stops when the last handle to the context or to anything created from it is gone.
 #[derive(Clone)]
 pub struct Context {
     pub(crate) shared: Arc<CtxShared>,
@@ -166,40 +206,24 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens the TCP device.
+    /// Opens the TCP (iWARP) device.
     pub fn open() -> Result<Context, Error> {
         Device::tcp().open()
     }
 
-    fn open_device(device: &Device) -> Result<Context, Error> {
-        let poll = mio::Poll::new()?;
-        let waker = mio::Waker::new(poll.registry(), driver::WAKER)?;
-        let shared = Arc::new(CtxShared {
-            device: device.clone(),
-            keys: Arc::new(KeyTable::new()),
-            waker,
-            cmds: Mutex::new(Vec::new()),
-            ready: Mutex::new(Vec::new()),
-            next_pd: AtomicU32::new(1),
-            next_qp: AtomicU32::new(1),
-            next_token: AtomicUsize::new(driver::FIRST_TOKEN),
-            alive: AtomicBool::new(true),
-            events: Mutex::new(VecDeque::new()),
-            events_cond: Condvar::new(),
-            thread: Mutex::new(None),
-            roce: std::sync::OnceLock::new(),
-        });
-        let weak: Weak<CtxShared> = Arc::downgrade(&shared);
-        let handle = std::thread::Builder::new()
-            .name("softrdma-progress".into())
-            .spawn(move || driver::run(weak, poll))?;
-        *shared.thread.lock() = Some(handle);
-        Ok(Context { shared })
+    /// Opens a RoCEv2 device with `cfg` (`ibv_open_device` on an rxe device).
+    pub fn open_roce(cfg: RoceConfig) -> Result<Context, Error> {
+        Device::roce(cfg).open()
     }
 
     /// The device this context was opened on.
     pub fn device(&self) -> &Device {
         &self.shared.device
+    }
+
+    /// The context's transport.
+    pub fn transport(&self) -> Transport {
+        self.shared.device.transport()
     }
 
     /// The context's key table (every STag of its regions and windows).
@@ -228,27 +252,41 @@ impl Context {
 
     /// The next asynchronous event, without blocking.
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.shared.events.lock().pop_front()
+        self.shared.events.try_pop()
     }
 
     /// Blocks for the next asynchronous event (`ibv_get_async_event`); `None` after
     /// `timeout`.
     pub fn get_async_event(&self, timeout: Duration) -> Option<AsyncEvent> {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.shared.events.lock();
-        loop {
-            if let Some(ev) = q.pop_front() {
-                return Some(ev);
-            }
-            if self
-                .shared
-                .events_cond
-                .wait_until(&mut q, deadline)
-                .timed_out()
-            {
-                return q.pop_front();
-            }
-        }
+        self.shared.events.pop_timeout(timeout)
+    }
+
+    /// The GID of a RoCE context (`ibv_query_gid`): the IPv4-mapped or IPv6 address it
+    /// listens on.
+    pub fn roce_gid(&self) -> Result<[u8; 16], Error> {
+        Ok(gid_from_ip(self.shared.roce()?.local.ip()))
+    }
+
+    /// The socket address RoCE datagrams arrive at.
+    pub fn roce_local_addr(&self) -> Result<SocketAddr, Error> {
+        Ok(self.shared.roce()?.local)
+    }
+
+    /// The receive buffer the kernel granted a RoCE context's socket (octets of kernel
+    /// memory, `SO_RCVBUF` as read back).
+    pub fn roce_recv_buffer(&self) -> Result<usize, Error> {
+        Ok(self.shared.roce()?.rcvbuf)
+    }
+
+    /// Whether IPv4 datagrams leave through the raw socket (exact ICRC for strict peers) or
+    /// the UDP socket (see [`RawTx`](crate::RawTx)).
+    pub fn roce_raw_tx(&self) -> Result<bool, Error> {
+        Ok(self.shared.roce()?.raw.is_some())
+    }
+
+    /// Driver counters of a RoCE context.
+    pub fn roce_counters(&self) -> Result<RoceCounters, Error> {
+        Ok(self.shared.roce()?.counters())
     }
 }
 
@@ -277,5 +315,16 @@ impl Pd {
         Context {
             shared: self.ctx.clone(),
         }
+    }
+
+    /// Creates an address handle for UD sends to `ip` on port 4791 (`ibv_create_ah`); RoCE
+    /// only.
+    pub fn create_ah(&self, ip: IpAddr) -> Result<Ah, Error> {
+        self.create_ah_port(SocketAddr::new(ip, ROCEV2_UDP_PORT))
+    }
+
+    /// As [`Pd::create_ah`] with a UDP port other than 4791 (tests on one host).
+    pub fn create_ah_port(&self, addr: SocketAddr) -> Result<Ah, Error> {
+        Ok(self.ctx.roce()?.create_ah(addr))
     }
 }

@@ -6,7 +6,7 @@ use softrdma_iwarp::startup::StartupError;
 use softrdma_memory::MemError;
 use softrdma_verbs_types::PostError;
 
-use crate::qp::QpState;
+use crate::state::QpState;
 
 /// Errors of the verbs API and the TCP driver.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +44,9 @@ pub enum Error {
     /// `modify_qp` refused the transition or an attribute (InfiniBand QPs).
     #[error("modify_qp: {0}")]
     Modify(#[from] softrdma_ib::ModifyError),
+    /// The transport or QP type cannot do this (what, in words).
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
     /// The context's progress thread is gone.
     #[error("the device context was closed")]
     ContextClosed,

@@ -1,4 +1,4 @@
-//! softrdma's verbs API and its TCP (iWARP) driver.
+//! softrdma's verbs API: one surface over iWARP (TCP) and RoCEv2 (UDP).
 //!
 //! Names follow libibverbs and librdmacm, so a verbs user finds their way:
 //!
@@ -43,34 +43,44 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Floors, top-down: the API (device, mr, qp, cm) over the transport drivers (tcp, roce)
+// over what every layer shares (cq, srq, event, state, error); no module imports one above.
 mod cm;
 mod cq;
 mod device;
-mod driver;
 mod error;
+mod event;
 mod mr;
 mod qp;
 mod roce;
+mod srq;
+mod state;
+mod tcp;
 
-pub use cm::{
-    AcceptParams, ConnRequest, ConnectParams, Connection, FALLBACK_EMSS, FpduSize, ListenParams,
-    Listener,
-};
+pub use cm::{ConnRequest, Listener};
 pub use cq::{CompletionChannel, Cq};
-pub use device::{AsyncEvent, Context, Device, Pd, TCP_DEVICE_NAME};
+pub use device::{Context, Device, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
+pub use event::AsyncEvent;
 pub use mr::{Mr, MrAttr, Mw};
-pub use qp::{Qp, QpCap, QpInitAttr, QpState, Srq, SrqAttr};
-pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, RoceQp, RoceQpInitAttr, gid_to_ip};
-/// The InfiniBand QP types, states and attributes of RoCE QPs.
+pub use qp::{Qp, QpInitAttr};
+pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_to_ip};
+pub use srq::{Srq, SrqAttr};
+pub use state::{QpCounters, QpState, TransportCounters};
+pub use tcp::{
+    AcceptParams, ConnectParams, ConnectionInfo, FALLBACK_EMSS, FpduSize, ListenParams, QpCap,
+};
+/// InfiniBand attributes of RoCE QPs (`ibv_qp_attr` for [`Qp::modify`], whose `state` is
+/// the InfiniBand subset of [`QpState`], comparable with it) and the engine's own counters.
 pub mod ib {
     pub use softrdma_ib::{
-        ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, RequesterCounters,
+        ModifyError, QpAttr, QpCounters as HeaderCounters, QpState, QpType, RequesterCounters,
         ResponderCounters,
     };
 }
 
-pub use softrdma_iwarp::rdmap::{QpCounters, QpEvent};
+pub use softrdma_ib::QpType;
+pub use softrdma_iwarp::rdmap::{QpCounters as RdmapCounters, QpEvent};
 pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
 pub use softrdma_memory::{
     Access, AccessError, Buffer, BufferReadGuard, BufferWriteGuard, Key, KeyState, MemError,

@@ -428,7 +428,7 @@ fn many_outstanding_in_order() {
 }
 
 /// Send, Write and Read of a few sizes over one connection with the given MPA options.
-fn exercise(cp: ConnectParams, lp: ListenParams, fpdu: FpduSize) -> (Connection, Side, Side) {
+fn exercise(cp: ConnectParams, lp: ListenParams, fpdu: FpduSize) -> (ConnectionInfo, Side, Side) {
     let (client, server) = pair_with(
         cp,
         lp,

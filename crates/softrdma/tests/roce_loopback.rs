@@ -33,7 +33,7 @@ struct Side {
     ctx: Context,
     pd: Pd,
     cq: Cq,
-    qp: RoceQp,
+    qp: Qp,
     mr: Mr,
 }
 
@@ -46,9 +46,7 @@ impl Side {
         let ctx = Context::open_roce(cfg).unwrap();
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(1 << 16, None);
-        let qp = pd
-            .create_roce_qp(RoceQpInitAttr::new(ty, &cq, &cq))
-            .unwrap();
+        let qp = pd.create_qp(QpInitAttr::typed(ty, &cq, &cq)).unwrap();
         let mr = pd
             .alloc_mr(
                 mr_len,
@@ -111,7 +109,7 @@ fn bring_up(a: &Side, b: &Side, ty: QpType) {
         let conn = ty != QpType::Ud;
         let rc = ty == QpType::Rc;
         if conn {
-            me.qp.set_remote(peer.addr());
+            me.qp.set_remote(peer.addr()).unwrap();
         }
         me.qp
             .modify(&QpAttr {
@@ -400,7 +398,7 @@ fn ud_send_every_size_up_to_pmtu() {
         (77, 60),
         "the good datagram took the receive"
     );
-    assert_eq!(b.qp.counters().0.bad_qkey, 1);
+    assert_eq!(b.qp.counters().ib_header().bad_qkey, 1);
 }
 
 /// RoCEv2 over IPv6 (GIDs are the addresses themselves): RC SEND, WRITE and READ and a UD
@@ -413,9 +411,7 @@ fn ipv6_rc_and_ud() {
         let ctx = Context::open_roce(cfg).unwrap();
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(4096, None);
-        let qp = pd
-            .create_roce_qp(RoceQpInitAttr::new(ty, &cq, &cq))
-            .unwrap();
+        let qp = pd.create_qp(QpInitAttr::typed(ty, &cq, &cq)).unwrap();
         let mr = pd
             .alloc_mr(
                 2 * MIB,

@@ -50,21 +50,6 @@ impl LatQp for softrdma::Qp {
     }
 }
 
-impl LatQp for softrdma::RoceQp {
-    fn post_send(&self, wr: SendWr) -> Result<(), softrdma::Error> {
-        softrdma::RoceQp::post_send(self, wr)
-    }
-    fn post_recv(&self, wr: RecvWr) -> Result<(), softrdma::Error> {
-        softrdma::RoceQp::post_recv(self, wr)
-    }
-    fn dead(&self) -> bool {
-        self.state() == softrdma::ib::QpState::Error
-    }
-    fn describe(&self) -> String {
-        format!("{:?}", self.state())
-    }
-}
-
 /// One latency test on a connected QP whose peer serves `test`.
 pub(crate) struct LatLoop<'a, Q: LatQp> {
     pub qp: &'a Q,

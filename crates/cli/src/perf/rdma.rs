@@ -16,8 +16,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    AcceptParams, Access, AsyncEvent, ConnRequest, ConnectParams, Connection, Context, Cq, Error,
-    FpduSize, Listener, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode,
+    AcceptParams, Access, AsyncEvent, ConnRequest, ConnectParams, ConnectionInfo, Context, Cq,
+    Error, FpduSize, Listener, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode,
     WcStatus, WorkCompletion,
 };
 
@@ -62,7 +62,7 @@ pub struct Client {
     addr: SocketAddr,
     opts: RdmaOpts,
     /// The first test's connection (what MPA negotiated, the MULPDU).
-    pub first_conn: Option<Connection>,
+    pub first_conn: Option<ConnectionInfo>,
 }
 
 /// A connected test.

@@ -1,5 +1,5 @@
 //! `softrdma perf --transport roce`: RDMA Write, RDMA Read and Send over RoCEv2 (RC QPs of
-//! [`softrdma::RoceQp`]), beside raw UDP measured in the same run.
+//! [`softrdma::Qp`]), beside raw UDP measured in the same run.
 //!
 //! **Session.** The client opens one TCP connection to the server (`-p`, 18515) and runs
 //! every test over it; `--loopback` runs the server on a thread of this process with RoCE
@@ -49,9 +49,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpCaps, QpState, QpType};
+use softrdma::ib::{QpAttr, QpState};
 use softrdma::{
-    Access, Context, Cq, Key, Mr, RecvWr, RoceConfig, RoceQp, RoceQpInitAttr, SendFlags, SendWr,
+    Access, Context, Cq, Key, Mr, Qp, QpCap, QpInitAttr, RecvWr, RoceConfig, SendFlags, SendWr,
     WcOpcode,
 };
 
@@ -312,15 +312,7 @@ fn random_psn() -> u32 {
     crate::pingpong::random_psn()
 }
 
-/// The RC window (PSNs in flight) for `pmtu`: 2 MiB of payload. The engine's default of
-/// 1024 PSNs at PMTU 4096 is 4 MiB of datagrams whose skbs take about 9 KiB each, more
-/// than the 4 MiB socket buffer (8 MiB accounted) of the receiving context takes on
-/// loopback: a burst overruns it and go-back-N resends the window.
-fn rc_window(pmtu: u32) -> u32 {
-    ((2u32 << 20) / pmtu.max(256)).clamp(64, 1024)
-}
-
-/// An RC QP in INIT with `access`, its window sized for `pmtu` ([`rc_window`]).
+/// An RC QP in INIT with `access` (the driver sizes its window at RTR).
 fn create_rc(
     pd: &softrdma::Pd,
     cq: &Cq,
@@ -328,17 +320,17 @@ fn create_rc(
     recv: u32,
     access: Access,
     pmtu: u32,
-) -> Result<RoceQp, PerfError> {
-    let qp = pd.create_roce_qp(RoceQpInitAttr {
-        cap: QpCaps {
+) -> Result<Qp, PerfError> {
+    let _ = pmtu;
+    let qp = pd.create_qp(QpInitAttr {
+        cap: QpCap {
             max_send_wr: send,
             max_recv_wr: recv,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: INLINE_MAX,
-            window: rc_window(pmtu),
         },
-        ..RoceQpInitAttr::new(QpType::Rc, cq, cq)
+        ..QpInitAttr::new(cq, cq)
     })?;
     qp.modify(&QpAttr {
         state: Some(QpState::Init),
@@ -351,7 +343,7 @@ fn create_rc(
 /// RTR and RTS facing `peer` (as perftest's `ctx_connect`).
 #[allow(clippy::too_many_arguments)]
 fn connect_rc(
-    qp: &RoceQp,
+    qp: &Qp,
     peer: SocketAddr,
     peer_qpn: u32,
     peer_psn: u32,
@@ -360,7 +352,7 @@ fn connect_rc(
     dest_rd_atomic: u8,
     rd_atomic: u8,
 ) -> Result<(), PerfError> {
-    qp.set_remote(peer);
+    qp.set_remote(peer)?;
     qp.modify(&QpAttr {
         state: Some(QpState::Rtr),
         pmtu: Some(pmtu),
@@ -541,7 +533,7 @@ fn udp_serve(sock: &UdpSocket, bw: bool, stop: &AtomicBool) -> Result<u64, PerfE
 struct ServerTest {
     test: Test,
     cq: Cq,
-    qp: RoceQp,
+    qp: Qp,
     buf: Mr,
     src: Mr,
     size: u32,
@@ -737,7 +729,7 @@ pub struct Client {
 
 /// A connected test QP.
 struct TestQp {
-    qp: RoceQp,
+    qp: Qp,
     cq: Cq,
     server: Msg,
 }
@@ -787,7 +779,7 @@ impl Client {
         &mut self,
         test: Test,
         size: u32,
-        qp: RoceQp,
+        qp: Qp,
         cq: Cq,
         buf: Option<&Mr>,
     ) -> Result<TestQp, PerfError> {
@@ -825,7 +817,7 @@ impl Client {
     /// Ends a test: `End`, and the server's `End` once it tore its side down.
     fn end(&mut self, t: Option<&TestQp>) -> Result<Msg, PerfError> {
         if let Some(t) = t {
-            let (_, r, _) = t.qp.counters();
+            let r = t.qp.counters().ib_requester();
             self.info.packets += r.packets;
             self.info.retransmitted += r.retransmitted;
             self.info.timeouts += r.timeouts;
@@ -880,7 +872,7 @@ impl Client {
                     posted += 1;
                 }
                 if !batch.is_empty() {
-                    t.qp.post_send_list(batch)?;
+                    t.qp.post_send_list(batch).map_err(|(_, e)| e)?;
                 }
                 if posted >= total || deadline.is_some_and(|d| Instant::now() >= d) {
                     stopping = true;

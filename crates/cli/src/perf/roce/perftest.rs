@@ -367,7 +367,7 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
             posted += 1;
         }
         if !batch.is_empty() {
-            qp.post_send_list(batch)?;
+            qp.post_send_list(batch).map_err(|(_, e)| e)?;
         }
         wcs.clear();
         wait_some(&cq, args.wait(), 64, SAFETY, &mut wcs)?;

@@ -26,7 +26,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use parking_lot::{Mutex, RwLock};
 use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState as IbQpState, QpType};
-use softrdma_memory::KeyTable;
+use softrdma_memory::{KeyTable, PdId};
 use softrdma_verbs_types::{RecvWr, SendWr, WorkCompletion};
 use softrdma_wire::ib::PacketRepr;
 use softrdma_wire::icrc::{Endpoints, IcrcCheck, IcrcVerifier, icrc_for};
@@ -36,8 +36,8 @@ use softrdma_wire::rocev2::{
 };
 
 use crate::Error;
-use crate::cq::{Cq, CqShared};
-use crate::device::{Context, Pd};
+use crate::cq::{CqShared, Progress};
+use crate::state::QpCounters;
 
 /// Largest datagram the driver reads: PMTU 4096 plus every header.
 const MAX_DATAGRAM: usize = 4096 + 128;
@@ -132,17 +132,17 @@ struct AtomicCounters {
 pub(crate) struct RoceShared {
     socket: UdpSocket,
     /// IPv4 raw sender (see [`RawTx`]).
-    raw: Option<socket2::Socket>,
+    pub(crate) raw: Option<socket2::Socket>,
     next_ip_id: std::sync::atomic::AtomicU16,
     /// Held while datagrams are read and processed (receive thread or a polling caller).
     rx_lock: Mutex<()>,
-    local: SocketAddr,
+    pub(crate) local: SocketAddr,
     qps: RwLock<HashMap<u32, Arc<RoceQpShared>>>,
     ahs: RwLock<Vec<SocketAddr>>,
     next_qpn: AtomicU32,
     counters: AtomicCounters,
     /// The receive buffer the kernel granted (octets of kernel memory).
-    rcvbuf: usize,
+    pub(crate) rcvbuf: usize,
     alive: AtomicBool,
 }
 
@@ -158,7 +158,7 @@ struct Engine {
     wcs: Vec<WorkCompletion>,
 }
 
-struct RoceQpShared {
+pub(crate) struct RoceQpShared {
     qpn: u32,
     engine: Mutex<Engine>,
     send_cq: Arc<CqShared>,
@@ -166,7 +166,7 @@ struct RoceQpShared {
 }
 
 impl RoceShared {
-    fn open(cfg: &RoceConfig) -> Result<Arc<RoceShared>, Error> {
+    pub(crate) fn open(cfg: &RoceConfig) -> Result<Arc<RoceShared>, Error> {
         if cfg.addr.is_unspecified() {
             return Err(Error::InvalidArgument(
                 "RoCE needs a specific local address (it is covered by the ICRC)",
@@ -485,7 +485,7 @@ impl RoceShared {
     }
 }
 
-impl crate::cq::Progress for RoceShared {
+impl Progress for RoceShared {
     fn progress(&self) {
         // The receive thread is handling datagrams right now: nothing to add.
         let Some(_g) = self.rx_lock.try_lock() else {
@@ -590,53 +590,12 @@ impl Drop for RoceShared {
     }
 }
 
-impl Context {
-    /// Opens a RoCEv2 context on `cfg.addr` (`ibv_open_device` on an rxe device): the verbs
-    /// objects of [`Context`] plus InfiniBand QPs over UDP ([`Pd::create_roce_qp`]).
-    pub fn open_roce(cfg: RoceConfig) -> Result<Context, Error> {
-        let ctx = Context::open()?;
-        let d = RoceShared::open(&cfg)?;
-        ctx.shared
-            .roce
-            .set(d)
-            .map_err(|_| Error::InvalidArgument("context already has a RoCE driver"))?;
-        Ok(ctx)
-    }
-
-    pub(crate) fn roce(&self) -> Result<&Arc<RoceShared>, Error> {
-        self.shared.roce.get().ok_or(Error::InvalidArgument(
-            "not a RoCE context (Context::open_roce)",
-        ))
-    }
-
-    /// The GID of this RoCE context (`ibv_query_gid`): the IPv4-mapped or IPv6 address it
-    /// listens on.
-    pub fn roce_gid(&self) -> Result<[u8; 16], Error> {
-        Ok(gid_from_ip(self.roce()?.local.ip()))
-    }
-
-    /// The socket address RoCE datagrams arrive at.
-    pub fn roce_local_addr(&self) -> Result<SocketAddr, Error> {
-        Ok(self.roce()?.local)
-    }
-
-    /// The receive buffer the kernel granted the context's socket (octets of kernel memory,
-    /// `SO_RCVBUF` as read back).
-    pub fn roce_recv_buffer(&self) -> Result<usize, Error> {
-        Ok(self.roce()?.rcvbuf)
-    }
-
-    /// Whether IPv4 datagrams leave through the raw socket (exact ICRC for strict peers) or
-    /// the UDP socket (see [`RawTx`]).
-    pub fn roce_raw_tx(&self) -> Result<bool, Error> {
-        Ok(self.roce()?.raw.is_some())
-    }
-
-    /// Driver counters of a RoCE context.
-    pub fn roce_counters(&self) -> Result<RoceCounters, Error> {
-        let c = &self.roce()?.counters;
+impl RoceShared {
+    /// The driver's counters.
+    pub(crate) fn counters(&self) -> RoceCounters {
+        let c = &self.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Ok(RoceCounters {
+        RoceCounters {
             tx_packets: l(&c.tx_packets),
             rx_packets: l(&c.rx_packets),
             bad_icrc: l(&c.bad_icrc),
@@ -644,7 +603,134 @@ impl Context {
             unknown_qp: l(&c.unknown_qp),
             wrong_source: l(&c.wrong_source),
             tx_errors: l(&c.tx_errors),
-        })
+        }
+    }
+
+    /// Creates an InfiniBand QP in the Reset state; polling either CQ may drive this
+    /// driver's receive path.
+    pub(crate) fn create_qp(
+        self: &Arc<Self>,
+        qp_type: QpType,
+        pd: PdId,
+        cap: QpCaps,
+        keys: Arc<KeyTable>,
+        send_cq: &Arc<CqShared>,
+        recv_cq: &Arc<CqShared>,
+    ) -> Arc<RoceQpShared> {
+        let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
+        let qp = IbQp::new(qpn, qp_type, pd, cap, keys);
+        let shared = Arc::new(RoceQpShared {
+            qpn,
+            engine: Mutex::new(Engine {
+                qp,
+                remote: None,
+                scratch: Vec::new(),
+                dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
+                batch: Vec::with_capacity(SEND_BATCH),
+                wcs: Vec::new(),
+            }),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+        });
+        self.qps.write().insert(qpn, shared.clone());
+        for cq in [send_cq, recv_cq] {
+            let mut p = cq.progress.lock();
+            let w: Weak<dyn Progress> = Arc::downgrade(self) as Weak<dyn Progress>;
+            if !p.iter().any(|x| x.ptr_eq(&w)) {
+                p.push(w);
+            }
+        }
+        shared
+    }
+
+    /// Removes a QP (`ibv_destroy_qp`).
+    pub(crate) fn destroy_qp(&self, qpn: u32) {
+        self.qps.write().remove(&qpn);
+    }
+
+    /// An address handle for UD sends to `addr` (`ibv_create_ah`).
+    pub(crate) fn create_ah(&self, addr: SocketAddr) -> Ah {
+        let mut ahs = self.ahs.write();
+        let id = ahs.len() as u32;
+        ahs.push(addr);
+        Ah { id, addr }
+    }
+
+    /// Sets the path of a connected QP.
+    pub(crate) fn set_remote(&self, q: &RoceQpShared, addr: SocketAddr) {
+        q.engine.lock().remote = Some(addr);
+    }
+
+    /// `ibv_modify_qp`. For RC/UC the path must be set before RTR.
+    pub(crate) fn modify(&self, q: &RoceQpShared, attr: &QpAttr) -> Result<(), Error> {
+        let mut e = q.engine.lock();
+        if attr.state == Some(IbQpState::Rtr) && e.qp.qp_type() != QpType::Ud && e.remote.is_none()
+        {
+            return Err(Error::InvalidArgument(
+                "RTR needs the path (Qp::set_remote)",
+            ));
+        }
+        e.qp.modify(attr)?;
+        if let Some(m) = attr.pmtu {
+            // Go-back-N resends whatever overflowed the peer's socket buffer: keep a window
+            // it can hold (a datagram costs about 2.25 times its size in kernel memory). The
+            // peer's buffer is not known; ours is the estimate.
+            let w = (self.rcvbuf * 4 / 9 / m as usize).clamp(16, 1 << 20) as u32;
+            e.qp.set_window(w.min(MAX_WINDOW));
+        }
+        // Error flushes: deliver those completions now.
+        self.flush(q, &mut e, Instant::now());
+        Ok(())
+    }
+
+    /// Posts send requests and sends what may leave now (one lock, one flush); stops at the
+    /// first refused one and returns its index.
+    pub(crate) fn post_send(
+        &self,
+        q: &RoceQpShared,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<(), (usize, Error)> {
+        let mut e = q.engine.lock();
+        let mut res = Ok(());
+        for (i, wr) in wrs.into_iter().enumerate() {
+            if let Err(err) = e.qp.post_send(wr) {
+                res = Err((i, err.into()));
+                break;
+            }
+        }
+        self.flush(q, &mut e, Instant::now());
+        res
+    }
+
+    /// Posts a receive request (in the Error state it completes flushed at once).
+    pub(crate) fn post_recv(&self, q: &RoceQpShared, wr: RecvWr) -> Result<(), Error> {
+        let mut e = q.engine.lock();
+        e.qp.post_recv(wr)?;
+        self.flush(q, &mut e, Instant::now());
+        Ok(())
+    }
+}
+
+impl RoceQpShared {
+    pub(crate) fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub(crate) fn state(&self) -> IbQpState {
+        self.engine.lock().qp.state()
+    }
+
+    pub(crate) fn sq_outstanding(&self) -> usize {
+        self.engine.lock().qp.sq_outstanding()
+    }
+
+    pub(crate) fn counters(&self) -> QpCounters {
+        let e = self.engine.lock();
+        QpCounters::from_ib(
+            e.qp.counters(),
+            e.qp.requester_counters(),
+            e.qp.responder_counters(),
+        )
     }
 }
 
@@ -664,200 +750,6 @@ impl Ah {
     /// Where it points.
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-}
-
-/// Creation attributes of a RoCE QP (`ibv_qp_init_attr`).
-#[derive(Clone, Debug)]
-pub struct RoceQpInitAttr {
-    /// RC, UC or UD.
-    pub qp_type: QpType,
-    /// Completions of send requests.
-    pub send_cq: Cq,
-    /// Completions of receive requests.
-    pub recv_cq: Cq,
-    /// Queue sizes.
-    pub cap: QpCaps,
-}
-
-impl RoceQpInitAttr {
-    /// A QP of `qp_type` with default capacities.
-    pub fn new(qp_type: QpType, send_cq: &Cq, recv_cq: &Cq) -> Self {
-        RoceQpInitAttr {
-            qp_type,
-            send_cq: send_cq.clone(),
-            recv_cq: recv_cq.clone(),
-            cap: QpCaps::default(),
-        }
-    }
-}
-
-impl Pd {
-    fn roce(&self) -> Result<Arc<RoceShared>, Error> {
-        Ok(self.context().roce()?.clone())
-    }
-
-    fn keys(&self) -> Arc<KeyTable> {
-        self.ctx.keys.clone()
-    }
-
-    /// Creates an InfiniBand QP on a RoCE context (`ibv_create_qp`), in the Reset state.
-    pub fn create_roce_qp(&self, attr: RoceQpInitAttr) -> Result<RoceQp, Error> {
-        let d = self.roce()?;
-        let qpn = d.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
-        let qp = IbQp::new(qpn, attr.qp_type, self.id, attr.cap, self.keys());
-        let shared = Arc::new(RoceQpShared {
-            qpn,
-            engine: Mutex::new(Engine {
-                qp,
-                remote: None,
-                scratch: Vec::new(),
-                dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
-                batch: Vec::with_capacity(SEND_BATCH),
-                wcs: Vec::new(),
-            }),
-            send_cq: attr.send_cq.shared.clone(),
-            recv_cq: attr.recv_cq.shared.clone(),
-        });
-        d.qps.write().insert(qpn, shared.clone());
-        // Polling either CQ may drive this context's receive path.
-        for cq in [&attr.send_cq, &attr.recv_cq] {
-            let mut p = cq.shared.progress.lock();
-            let w: Weak<dyn crate::cq::Progress> =
-                Arc::downgrade(&d) as Weak<dyn crate::cq::Progress>;
-            if !p.iter().any(|x| x.ptr_eq(&w)) {
-                p.push(w);
-            }
-        }
-        Ok(RoceQp { shared, driver: d })
-    }
-
-    /// Creates an address handle for UD sends to `ip` (port 4791) (`ibv_create_ah`).
-    pub fn create_ah(&self, ip: IpAddr) -> Result<Ah, Error> {
-        self.create_ah_port(SocketAddr::new(ip, ROCEV2_UDP_PORT))
-    }
-
-    /// As [`Pd::create_ah`] with a UDP port other than 4791 (tests on one host).
-    pub fn create_ah_port(&self, addr: SocketAddr) -> Result<Ah, Error> {
-        let d = self.roce()?;
-        let mut ahs = d.ahs.write();
-        let id = ahs.len() as u32;
-        ahs.push(addr);
-        Ok(Ah { id, addr })
-    }
-}
-
-/// An InfiniBand queue pair over RoCEv2 (`ibv_qp` of an rxe device). Dropping it destroys the
-/// QP (`ibv_destroy_qp`).
-pub struct RoceQp {
-    shared: Arc<RoceQpShared>,
-    driver: Arc<RoceShared>,
-}
-
-impl std::fmt::Debug for RoceQp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RoceQp")
-            .field("qpn", &self.shared.qpn)
-            .finish()
-    }
-}
-
-impl RoceQp {
-    /// The QP number.
-    pub fn qp_num(&self) -> u32 {
-        self.shared.qpn
-    }
-
-    /// The current state.
-    pub fn state(&self) -> IbQpState {
-        self.shared.engine.lock().qp.state()
-    }
-
-    /// Sets the path of a connected QP: the peer's IP (its GID) and UDP port (4791 unless
-    /// testing on one host). Needed before RTR (`ibv_qp_attr.ah_attr`).
-    pub fn set_remote(&self, addr: SocketAddr) {
-        let mut e = self.shared.engine.lock();
-        e.remote = Some(addr);
-    }
-
-    /// `ibv_modify_qp`. For RC/UC the path must be set ([`RoceQp::set_remote`]) before RTR.
-    pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
-        let mut e = self.shared.engine.lock();
-        if attr.state == Some(IbQpState::Rtr) && e.qp.qp_type() != QpType::Ud && e.remote.is_none()
-        {
-            return Err(Error::InvalidArgument(
-                "RTR needs the path (RoceQp::set_remote)",
-            ));
-        }
-        e.qp.modify(attr)?;
-        if let Some(m) = attr.pmtu {
-            // Go-back-N resends whatever overflowed the peer's socket buffer: keep a window
-            // it can hold (a datagram costs about 2.25 times its size in kernel memory). The
-            // peer's buffer is not known; ours is the estimate.
-            let w = (self.driver.rcvbuf * 4 / 9 / m as usize).clamp(16, 1 << 20) as u32;
-            e.qp.set_window(w.min(MAX_WINDOW));
-        }
-        // Error flushes: deliver those completions now.
-        self.driver.flush(&self.shared, &mut e, Instant::now());
-        Ok(())
-    }
-
-    /// Posts a send request and sends what may leave now (`ibv_post_send`).
-    pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
-        let mut e = self.shared.engine.lock();
-        e.qp.post_send(wr)?;
-        self.driver.flush(&self.shared, &mut e, Instant::now());
-        Ok(())
-    }
-
-    /// Posts several send requests, then sends (one lock, one flush).
-    pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), Error> {
-        let mut e = self.shared.engine.lock();
-        let mut res = Ok(());
-        for wr in wrs {
-            if let Err(err) = e.qp.post_send(wr) {
-                res = Err(err.into());
-                break;
-            }
-        }
-        self.driver.flush(&self.shared, &mut e, Instant::now());
-        res
-    }
-
-    /// Posts a receive request (`ibv_post_recv`).
-    pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
-        let mut e = self.shared.engine.lock();
-        e.qp.post_recv(wr)?;
-        // In the Error state the request completes (flushed) at once.
-        self.driver.flush(&self.shared, &mut e, Instant::now());
-        Ok(())
-    }
-
-    /// Send requests posted and not completed.
-    pub fn sq_outstanding(&self) -> usize {
-        self.shared.engine.lock().qp.sq_outstanding()
-    }
-
-    /// Engine counters: header-pipeline drops, requester and responder.
-    pub fn counters(
-        &self,
-    ) -> (
-        softrdma_ib::QpCounters,
-        softrdma_ib::RequesterCounters,
-        softrdma_ib::ResponderCounters,
-    ) {
-        let e = self.shared.engine.lock();
-        (
-            e.qp.counters(),
-            e.qp.requester_counters(),
-            e.qp.responder_counters(),
-        )
-    }
-}
-
-impl Drop for RoceQp {
-    fn drop(&mut self) {
-        self.driver.qps.write().remove(&self.shared.qpn);
     }
 }
 

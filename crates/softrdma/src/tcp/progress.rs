@@ -1,4 +1,4 @@
-//! The TCP driver: one progress thread per context, `mio` (epoll) underneath.
+//! The iWARP progress thread: one per context, `mio` (epoll) underneath.
 //!
 //! The thread owns every socket and, per socket, one sans-IO iWARP [`IwConn`] (MPA startup,
 //! FPDU framing and the QP's RDMAP engine, glued together there); it moves bytes, time and
@@ -29,14 +29,17 @@ use softrdma_iwarp::connection::{
     ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, FpduSizing,
 };
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState};
-use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
+use softrdma_iwarp::startup::{Negotiated, Role};
 use softrdma_memory::{PdId, QpId};
 use softrdma_verbs_types::{CheckedRecv, PostError, WcOpcode, WcStatus, WorkCompletion};
 
+use super::{
+    Cmd, ConnectionInfo, FpduSize, ListenerShared, PendingRequest, SqItem, TcpQp, TcpShared,
+    prepare_stream,
+};
 use crate::Error;
-use crate::cm::{Connection, FpduSize, ListenerShared, PendingRequest, prepare_stream};
-use crate::device::{AsyncEvent, CtxShared};
-use crate::qp::{QpShared, QpState, SqItem};
+use crate::event::AsyncEvent;
+use crate::state::{QpCounters, QpState};
 
 /// The waker's token.
 pub(crate) const WAKER: Token = Token(0);
@@ -51,42 +54,6 @@ const RX_BUDGET: usize = 4 * 1024 * 1024;
 const TX_HIGH: usize = 256 * 1024;
 /// Below this many unsent octets the transmit buffer is compacted and refilled.
 const TX_LOW: usize = 64 * 1024;
-
-/// Work for the progress thread.
-pub(crate) enum Cmd {
-    Listen {
-        token: Token,
-        listener: TcpListener,
-        shared: Arc<ListenerShared>,
-    },
-    Unlisten(Token),
-    Connect {
-        qp: Arc<QpShared>,
-        stream: TcpStream,
-        /// Checked by the caller; its timeout runs from `started`.
-        startup: StartupConfig,
-        started: Instant,
-        emss: u32,
-        fpdu: FpduSize,
-        reply: SyncSender<Result<Connection, Error>>,
-    },
-    Accept {
-        token: Token,
-        qp: Arc<QpShared>,
-        private_data: Vec<u8>,
-        ird: u16,
-        ord: u16,
-        fpdu: FpduSize,
-        early_fpdus: bool,
-        reply: SyncSender<Result<Connection, Error>>,
-    },
-    Reject {
-        token: Token,
-        private_data: Vec<u8>,
-    },
-    Disconnect(Arc<QpShared>),
-    Destroy(Arc<QpShared>),
-}
 
 struct Listening {
     listener: TcpListener,
@@ -119,8 +86,8 @@ struct Conn {
     /// Responder before the ULP's decision.
     listener: Option<Arc<ListenerShared>>,
     /// The blocked `connect` or `accept`.
-    reply: Option<SyncSender<Result<Connection, Error>>>,
-    qp: Option<Arc<QpShared>>,
+    reply: Option<SyncSender<Result<ConnectionInfo, Error>>>,
+    qp: Option<Arc<TcpQp>>,
     /// The connection's `Established` event was handled: the QP is connected.
     established: bool,
     /// Receives handed to the engine before that (so an FPDU right behind the MPA Reply
@@ -154,7 +121,7 @@ struct Driver {
 }
 
 /// The progress thread's body.
-pub(crate) fn run(ctx: Weak<CtxShared>, poll: Poll) {
+pub(crate) fn run(ctx: Weak<TcpShared>, poll: Poll) {
     let mut d = Driver {
         poll,
         conns: HashMap::new(),
@@ -210,7 +177,7 @@ pub(crate) fn run(ctx: Weak<CtxShared>, poll: Poll) {
     }
 }
 
-fn shut_down(ctx: &CtxShared) {
+fn shut_down(ctx: &TcpShared) {
     ctx.alive.store(false, Ordering::Release);
     // Dropping the commands drops their reply senders: blocked callers see the context
     // closed.
@@ -229,14 +196,14 @@ impl Driver {
             .map(|d| d.saturating_duration_since(now))
     }
 
-    fn commands(&mut self, ctx: &CtxShared, now: Instant) {
+    fn commands(&mut self, ctx: &TcpShared, now: Instant) {
         let cmds = std::mem::take(&mut *ctx.cmds.lock());
         for cmd in cmds {
             self.command(ctx, cmd, now);
         }
     }
 
-    fn command(&mut self, ctx: &CtxShared, cmd: Cmd, now: Instant) {
+    fn command(&mut self, ctx: &TcpShared, cmd: Cmd, now: Instant) {
         match cmd {
             Cmd::Listen {
                 token,
@@ -390,7 +357,7 @@ impl Driver {
     }
 
     /// QPs with new work requests.
-    fn ready(&mut self, ctx: &CtxShared, _now: Instant) {
+    fn ready(&mut self, ctx: &TcpShared, _now: Instant) {
         let ready = std::mem::take(&mut *ctx.ready.lock());
         for qp in ready {
             qp.scheduled.store(false, Ordering::Release);
@@ -407,7 +374,7 @@ impl Driver {
         }
     }
 
-    fn accept_all(&mut self, ctx: &CtxShared, token: Token, now: Instant) {
+    fn accept_all(&mut self, ctx: &TcpShared, token: Token, now: Instant) {
         loop {
             let Some(l) = self.listeners.get(&token) else {
                 return;
@@ -446,7 +413,7 @@ impl Driver {
         }
     }
 
-    fn conn_event(&mut self, ctx: &CtxShared, token: Token, readable: bool, now: Instant) {
+    fn conn_event(&mut self, ctx: &TcpShared, token: Token, readable: bool, now: Instant) {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
@@ -457,7 +424,7 @@ impl Driver {
         c.pump(ctx, &mut self.bufs);
     }
 
-    fn timeouts(&mut self, ctx: &CtxShared, now: Instant) {
+    fn timeouts(&mut self, ctx: &TcpShared, now: Instant) {
         for c in self.conns.values_mut() {
             if c.iw.poll_timeout().is_some_and(|d| d <= now) {
                 c.iw.handle_timeout(now);
@@ -468,7 +435,7 @@ impl Driver {
     }
 
     /// Removes dead connections.
-    fn reap(&mut self, ctx: &CtxShared) {
+    fn reap(&mut self, ctx: &TcpShared) {
         let dead: Vec<Token> = self
             .conns
             .iter()
@@ -499,7 +466,7 @@ impl Driver {
 }
 
 /// Completes every queued request of a QP without a live engine as flushed.
-fn flush_orphan(ctx: &CtxShared, qp: &QpShared) {
+fn flush_orphan(ctx: &TcpShared, qp: &TcpQp) {
     let (sq, rq) = {
         let mut sub = qp.sub.lock();
         (std::mem::take(&mut sub.sq), std::mem::take(&mut sub.rq))
@@ -536,7 +503,7 @@ fn post_error_status(e: &PostError) -> WcStatus {
 
 /// The engine's queue sizes from the QP's capabilities; MULPDU, IRD, ORD and the RDMAP
 /// version come from the MPA negotiation.
-fn qp_config(qp: &QpShared) -> QpConfig {
+fn qp_config(qp: &TcpQp) -> QpConfig {
     let mut cfg = QpConfig::new(qp.pd, QpId(qp.qpn));
     cfg.sq_depth = qp.cap.max_send_wr;
     let srq_attr = qp.srq.as_ref().map(|s| s.attr);
@@ -597,7 +564,7 @@ impl Conn {
         })
     }
 
-    fn read(&mut self, ctx: &CtxShared, bufs: &mut Bufs, now: Instant) {
+    fn read(&mut self, ctx: &TcpShared, bufs: &mut Bufs, now: Instant) {
         let mut budget = RX_BUDGET;
         while !self.eof && !self.dead {
             match self.stream.read(&mut bufs.rx) {
@@ -640,7 +607,7 @@ impl Conn {
         }
     }
 
-    fn on_bytes(&mut self, ctx: &CtxShared, bytes: &[u8], now: Instant) {
+    fn on_bytes(&mut self, ctx: &TcpShared, bytes: &[u8], now: Instant) {
         if self.discard_rx {
             return;
         }
@@ -660,7 +627,7 @@ impl Conn {
     fn srq_recv(&mut self) {
         let Some(qp) = &self.qp else { return };
         let Some(srq) = &qp.srq else { return };
-        let Some(wr) = srq.queue.lock().pop_front() else {
+        let Some(wr) = srq.take() else {
             return;
         };
         let wr_id = wr.wr_id;
@@ -674,7 +641,7 @@ impl Conn {
     }
 
     /// The connection's events: startup decisions and outcomes, errors of the stream.
-    fn events(&mut self, ctx: &CtxShared) {
+    fn events(&mut self, ctx: &TcpShared) {
         while let Some(ev) = self.iw.poll_event() {
             match ev {
                 ConnEvent::ConnectRequest {
@@ -707,7 +674,7 @@ impl Conn {
     }
 
     /// Full Operation: the QP is connected; the blocked `connect` or `accept` returns.
-    fn on_established(&mut self, ctx: &CtxShared, negotiated: Negotiated, mulpdu: u16) {
+    fn on_established(&mut self, ctx: &TcpShared, negotiated: Negotiated, mulpdu: u16) {
         let Some(qp) = self.qp.clone() else {
             // A connection only gets this far with its QP attached.
             self.dead = true;
@@ -716,7 +683,7 @@ impl Conn {
         self.established = true;
         self.early_rq.clear();
         qp.ord.store(u32::from(negotiated.ord), Ordering::Release);
-        let info = Connection {
+        let info = ConnectionInfo {
             local_addr: self.local,
             peer_addr: self.peer,
             negotiated,
@@ -752,7 +719,7 @@ impl Conn {
         self.dead = true;
     }
 
-    fn disconnect(&mut self, ctx: &CtxShared, bufs: &mut Bufs) {
+    fn disconnect(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
         if self.established {
             self.iw.close();
             self.discard_rx = true;
@@ -766,7 +733,7 @@ impl Conn {
     }
 
     /// Moves queued work requests into the engine, transmits, hands out completions.
-    fn pump(&mut self, ctx: &CtxShared, bufs: &mut Bufs) {
+    fn pump(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
         if self.dead {
             return;
         }
@@ -785,7 +752,7 @@ impl Conn {
 
     /// Submission queues → engine. Before the connection is up only receives go in (sends
     /// wait for it, and stay queued if it fails).
-    fn feed(&mut self, ctx: &CtxShared) {
+    fn feed(&mut self, ctx: &TcpShared) {
         let Some(qp) = self.qp.clone() else {
             return;
         };
@@ -860,7 +827,7 @@ impl Conn {
         }
     }
 
-    fn transmit(&mut self, ctx: &CtxShared) {
+    fn transmit(&mut self, ctx: &TcpShared) {
         loop {
             self.fill_tx();
             if self.tx_off == self.tx.len() || !self.flush_tx(ctx) {
@@ -888,7 +855,7 @@ impl Conn {
     }
 
     /// Writes the transmit buffer; `true` when it is empty afterwards.
-    fn flush_tx(&mut self, _ctx: &CtxShared) -> bool {
+    fn flush_tx(&mut self, _ctx: &TcpShared) -> bool {
         while self.tx_off < self.tx.len() {
             match self.stream.write(&self.tx[self.tx_off..]) {
                 Ok(0) => {
@@ -917,7 +884,7 @@ impl Conn {
     }
 
     /// Engine → CQs, events, state, counters.
-    fn harvest(&mut self, ctx: &CtxShared, bufs: &mut Bufs) {
+    fn harvest(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
         let Some(qp) = self.qp.as_ref().filter(|_| self.established) else {
             return;
         };
@@ -963,7 +930,7 @@ impl Conn {
                 event: ev,
             });
         }
-        let counters = engine.counters();
+        let counters = QpCounters::from_iwarp(engine.counters());
         let mut c = qp.counters.lock();
         if *c != counters {
             *c = counters;

@@ -1,0 +1,678 @@
+//! iWARP over TCP: the driver of an iWARP device (MPA, DDP and RDMAP run by the sans-IO
+//! engine of `softrdma_iwarp`; this module owns the sockets and the threads).
+//!
+//! The API layer talks to it through [`TcpShared`]: commands (listen, connect, accept,
+//! reject, disconnect, destroy), per-QP submission queues ([`TcpQp`]) and a ready list; the
+//! progress thread ([`progress`]) moves bytes, time and events, and hands completions to CQs
+//! and events to the context's queue.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::Token;
+use mio::net::TcpListener;
+use parking_lot::{Condvar, Mutex};
+use softrdma_iwarp::rdmap::{MAX_MULPDU, MIN_MULPDU, QpEvent};
+use softrdma_iwarp::rdmap::{check_send, send_limits};
+use softrdma_iwarp::startup::{
+    DEFAULT_TIMEOUT, Negotiated, PeerParams, Rtr, RtrSet, Startup, StartupConfig, StartupError,
+};
+use softrdma_memory::{Key, KeyTable, MemError, PdId};
+use softrdma_verbs_types::{
+    CheckedRecv, CheckedSend, PostError, RecvWr, SendFlags, SendWr, check_recv,
+};
+use softrdma_wire::mpa::{self, MAX_PRIVATE_DATA, REV_2};
+
+use crate::Error;
+use crate::cq::CqShared;
+use crate::event::{AsyncEvent, EventQueue};
+use crate::srq::SrqShared;
+use crate::state::{QpCounters, QpState};
+
+pub(crate) mod progress;
+
+/// The state the API layer shares with the progress thread of one iWARP context.
+pub(crate) struct TcpShared {
+    pub(crate) keys: Arc<KeyTable>,
+    pub(crate) events: Arc<EventQueue>,
+    waker: mio::Waker,
+    pub(crate) cmds: Mutex<Vec<Cmd>>,
+    pub(crate) ready: Mutex<Vec<Arc<TcpQp>>>,
+    next_token: AtomicUsize,
+    next_qp: AtomicU32,
+    /// Cleared when the progress thread exits.
+    pub(crate) alive: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl TcpShared {
+    /// Starts the progress thread of a new context.
+    pub(crate) fn start(
+        keys: Arc<KeyTable>,
+        events: Arc<EventQueue>,
+    ) -> Result<Arc<TcpShared>, Error> {
+        let poll = mio::Poll::new()?;
+        let waker = mio::Waker::new(poll.registry(), progress::WAKER)?;
+        let shared = Arc::new(TcpShared {
+            keys,
+            events,
+            waker,
+            cmds: Mutex::new(Vec::new()),
+            ready: Mutex::new(Vec::new()),
+            next_token: AtomicUsize::new(progress::FIRST_TOKEN),
+            next_qp: AtomicU32::new(1),
+            alive: AtomicBool::new(true),
+            thread: Mutex::new(None),
+        });
+        let weak: Weak<TcpShared> = Arc::downgrade(&shared);
+        let handle = std::thread::Builder::new()
+            .name("softrdma-progress".into())
+            .spawn(move || progress::run(weak, poll))?;
+        *shared.thread.lock() = Some(handle);
+        Ok(shared)
+    }
+
+    /// Queues a command for the progress thread.
+    pub(crate) fn command(&self, cmd: Cmd) -> Result<(), Error> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(Error::ContextClosed);
+        }
+        self.cmds.lock().push(cmd);
+        self.wake();
+        Ok(())
+    }
+
+    /// Tells the progress thread that `qp` has new work requests (once until it looks).
+    pub(crate) fn schedule(&self, qp: &Arc<TcpQp>) {
+        if !qp.scheduled.swap(true, Ordering::AcqRel) {
+            self.ready.lock().push(qp.clone());
+            self.wake();
+        }
+    }
+
+    pub(crate) fn wake(&self) {
+        // Fails only if the poll instance is gone, i.e. the thread exited.
+        let _ = self.waker.wake();
+    }
+
+    pub(crate) fn token(&self) -> mio::Token {
+        mio::Token(self.next_token.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn next_qp_num(&self) -> u32 {
+        self.next_qp.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn post_event(&self, ev: AsyncEvent) {
+        self.events.post(ev);
+    }
+}
+
+impl Drop for TcpShared {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::Release);
+        self.wake();
+        if let Some(h) = self.thread.lock().take()
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+}
+
+/// EMSS assumed when `TCP_MAXSEG` cannot be read: an Ethernet MTU less IPv4 and TCP headers.
+pub const FALLBACK_EMSS: u32 = 1460;
+
+/// Extra time a blocking call waits beyond the MPA timeout before giving up on the
+/// progress thread (a safety net, not a protocol timer).
+const REPLY_GRACE: Duration = Duration::from_secs(5);
+
+/// How large the FPDUs this side sends may be (MULPDU, RFC 5044 §4.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FpduSize {
+    /// No larger than the connection's MSS (`TCP_MAXSEG`): what hardware peers need.
+    #[default]
+    PathMss,
+    /// The largest MULPDU (64768 octets) whatever the MSS: fewer, larger FPDUs for soft
+    /// peers.
+    Largest,
+    /// This MULPDU (clamped to 128..=64768).
+    Mulpdu(u16),
+}
+
+impl FpduSize {
+    /// The MULPDU for a connection with `emss` and Markers on transmit or not.
+    pub fn mulpdu(self, emss: u32, markers: bool) -> u16 {
+        match self {
+            FpduSize::PathMss => mpa::mulpdu(emss, markers),
+            FpduSize::Largest => MAX_MULPDU,
+            FpduSize::Mulpdu(m) => m.clamp(MIN_MULPDU, MAX_MULPDU),
+        }
+    }
+}
+
+/// How [`Qp::connect`] negotiates (`rdma_conn_param` plus the MPA knobs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// Private data for the responder (at most 508 octets with revision 2, 512 with 1).
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Reads we serve at a time (`responder_resources`), at most 16383.
+    pub ird: u16,
+    /// Outbound RDMA Reads we keep outstanding (`initiator_depth`), at most 16383.
+    pub ord: u16,
+    /// MPA revision, 1 or 2.
+    pub rev: u8,
+    /// Ask for CRC32c (on if either side asks).
+    pub crc: bool,
+    /// Ask for Markers in the stream we receive.
+    pub markers: bool,
+    /// RFC 6581 peer-to-peer mode: our first FPDU is a zero-length RDMA Write (RTR), after
+    /// which the responder may send.
+    pub p2p: bool,
+    /// FPDU size policy.
+    pub fpdu: FpduSize,
+    /// Bound on TCP connect plus MPA negotiation.
+    pub timeout: Duration,
+}
+
+impl Default for ConnectParams {
+    /// No private data, IRD = ORD = 16, revision 2, no CRC, no Markers, client-server,
+    /// MSS-sized FPDUs, 10 s.
+    fn default() -> ConnectParams {
+        ConnectParams {
+            private_data: Vec::new(),
+            ird: 16,
+            ord: 16,
+            rev: REV_2,
+            crc: false,
+            markers: false,
+            p2p: false,
+            fpdu: FpduSize::PathMss,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// What a listener's MPA responder takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenParams {
+    /// Highest MPA revision taken (2 also answers revision 1 requests with revision 1).
+    pub rev: u8,
+    /// Ask for CRC32c (on if either side asks).
+    pub crc: bool,
+    /// Ask for Markers in the stream we receive.
+    pub markers: bool,
+    /// Take RFC 6581 peer-to-peer requests (RTR: zero-length Write or Read).
+    pub p2p: bool,
+    /// Client-server mode: send FPDUs right after the Reply instead of waiting for the
+    /// initiator's first FPDU, as Linux siw does. Breaks RFC 5044 §7.1.2 r4 (MPA-73),
+    /// which hardware initiators may rely on; off by default.
+    pub early_fpdus: bool,
+    /// Bound on the wait for an MPA Request after the TCP accept.
+    pub timeout: Duration,
+    /// TCP listen backlog.
+    pub backlog: u32,
+}
+
+impl Default for ListenParams {
+    fn default() -> ListenParams {
+        ListenParams {
+            rev: REV_2,
+            crc: false,
+            markers: false,
+            p2p: true,
+            early_fpdus: false,
+            timeout: DEFAULT_TIMEOUT,
+            backlog: 128,
+        }
+    }
+}
+
+impl ListenParams {
+    pub(crate) fn startup_config(&self) -> StartupConfig {
+        StartupConfig {
+            rev: self.rev,
+            crc: self.crc,
+            markers: self.markers,
+            p2p: self.p2p.then_some(RtrSet::WRITE_OR_READ),
+            timeout: self.timeout,
+            ..StartupConfig::default()
+        }
+    }
+}
+
+/// How [`ConnRequest::accept`] answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptParams {
+    /// Private data for the initiator.
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Reads we serve at a time.
+    pub ird: u16,
+    /// Outbound RDMA Reads we keep outstanding (capped by the initiator's IRD).
+    pub ord: u16,
+    /// FPDU size policy.
+    pub fpdu: FpduSize,
+}
+
+impl Default for AcceptParams {
+    fn default() -> AcceptParams {
+        AcceptParams {
+            private_data: Vec::new(),
+            ird: 16,
+            ord: 16,
+            fpdu: FpduSize::PathMss,
+        }
+    }
+}
+
+/// An established iWARP connection's parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    /// Our address.
+    pub local_addr: SocketAddr,
+    /// The peer's address.
+    pub peer_addr: SocketAddr,
+    /// What MPA negotiated (revision, CRC, Markers per direction, IRD, ORD, RTR, the
+    /// peer's private data).
+    pub negotiated: Negotiated,
+    /// The connection's effective MSS.
+    pub emss: u32,
+    /// The largest ULPDU we send.
+    pub mulpdu: u16,
+}
+
+pub(crate) fn check_private_data(rev: u8, len: usize) -> Result<(), Error> {
+    let limit = if rev == REV_2 {
+        MAX_PRIVATE_DATA - 4
+    } else {
+        MAX_PRIVATE_DATA
+    };
+    if len > limit {
+        return Err(Error::Startup(StartupError::PrivateDataTooLong {
+            len,
+            limit,
+        }));
+    }
+    Ok(())
+}
+
+/// TCP settings of every connection: no Nagle delay; the EMSS for the MULPDU.
+pub(crate) fn prepare_stream(stream: &TcpStream) -> Result<u32, Error> {
+    stream.set_nodelay(true)?;
+    let emss = socket2::SockRef::from(stream)
+        .tcp_mss()
+        .ok()
+        .filter(|&m| m > 0)
+        .unwrap_or(FALLBACK_EMSS);
+    stream.set_nonblocking(true)?;
+    Ok(emss)
+}
+
+pub(crate) struct PendingRequest {
+    pub(crate) token: mio::Token,
+    pub(crate) local_addr: SocketAddr,
+    pub(crate) peer_addr: SocketAddr,
+    pub(crate) private_data: Vec<u8>,
+    pub(crate) params: PeerParams,
+    pub(crate) early_fpdus: bool,
+}
+
+pub(crate) struct ListenerShared {
+    pub(crate) params: ListenParams,
+    queue: Mutex<VecDeque<PendingRequest>>,
+    cond: Condvar,
+    closed: AtomicBool,
+}
+
+impl ListenerShared {
+    pub(crate) fn push(&self, req: PendingRequest) {
+        self.queue.lock().push_back(req);
+        self.cond.notify_all();
+    }
+
+    pub(crate) fn drain(&self) -> Vec<PendingRequest> {
+        self.queue.lock().drain(..).collect()
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.cond.notify_all();
+    }
+
+    pub(crate) fn new(params: ListenParams) -> ListenerShared {
+        ListenerShared {
+            params,
+            queue: Mutex::new(VecDeque::new()),
+            cond: Condvar::new(),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn try_pop(&self) -> Option<PendingRequest> {
+        self.queue.lock().pop_front()
+    }
+
+    /// The next request; `None` deadline: wait forever.
+    pub(crate) fn wait(&self, deadline: Option<Instant>) -> Result<PendingRequest, Error> {
+        let mut q = self.queue.lock();
+        loop {
+            if let Some(req) = q.pop_front() {
+                return Ok(req);
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return Err(Error::ContextClosed);
+            }
+            match deadline {
+                None => self.cond.wait(&mut q),
+                Some(d) => {
+                    if self.cond.wait_until(&mut q, d).timed_out() && q.is_empty() {
+                        return Err(Error::Timeout);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Work for the progress thread.
+pub(crate) enum Cmd {
+    Listen {
+        token: Token,
+        listener: TcpListener,
+        shared: Arc<ListenerShared>,
+    },
+    Unlisten(Token),
+    Connect {
+        qp: Arc<TcpQp>,
+        stream: mio::net::TcpStream,
+        /// Checked by the caller; its timeout runs from `started`.
+        startup: StartupConfig,
+        started: Instant,
+        emss: u32,
+        fpdu: FpduSize,
+        reply: SyncSender<Result<ConnectionInfo, Error>>,
+    },
+    Accept {
+        token: Token,
+        qp: Arc<TcpQp>,
+        private_data: Vec<u8>,
+        ird: u16,
+        ord: u16,
+        fpdu: FpduSize,
+        early_fpdus: bool,
+        reply: SyncSender<Result<ConnectionInfo, Error>>,
+    },
+    Reject {
+        token: Token,
+        private_data: Vec<u8>,
+    },
+    Disconnect(Arc<TcpQp>),
+    Destroy(Arc<TcpQp>),
+}
+
+/// Queue sizes of a QP (`ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send requests posted and not yet completed.
+    pub max_send_wr: u32,
+    /// Receive requests posted and not yet consumed.
+    pub max_recv_wr: u32,
+    /// SGEs per send request.
+    pub max_send_sge: u32,
+    /// SGEs per receive request.
+    pub max_recv_sge: u32,
+    /// Largest `INLINE` send.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    /// 256 requests each way, 16 SGEs, 256 octets inline.
+    fn default() -> QpCap {
+        QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 16,
+            max_recv_sge: 16,
+            max_inline_data: 256,
+        }
+    }
+}
+
+/// A send-queue entry waiting for the progress thread.
+pub(crate) enum SqItem {
+    /// A work request for the engine, checked (and `INLINE` octets copied) at post time.
+    Send(CheckedSend),
+    /// Local Invalidate, run once every earlier request completed.
+    Invalidate {
+        key: Key,
+        reply: SyncSender<Result<(), MemError>>,
+    },
+}
+
+#[derive(Default)]
+pub(crate) struct Submissions {
+    pub(crate) sq: VecDeque<SqItem>,
+    pub(crate) rq: VecDeque<CheckedRecv>,
+}
+
+pub(crate) struct TcpQp {
+    pub(crate) qpn: u32,
+    pub(crate) pd: PdId,
+    pub(crate) cap: QpCap,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    pub(crate) srq: Option<Arc<SrqShared>>,
+    pub(crate) sub: Mutex<Submissions>,
+    /// Queued in the context's ready list and not yet looked at.
+    pub(crate) scheduled: AtomicBool,
+    pub(crate) state: AtomicU8,
+    /// Send requests accepted by `post_send` (written under `sub`).
+    pub(crate) sq_posted: AtomicU64,
+    /// Send requests completed, with or without a completion (progress thread).
+    pub(crate) sq_retired: AtomicU64,
+    pub(crate) rq_posted: AtomicU64,
+    pub(crate) rq_retired: AtomicU64,
+    /// Negotiated ORD (`u32::MAX` before the connection).
+    pub(crate) ord: AtomicU32,
+    pub(crate) conn: Mutex<Option<ConnectionInfo>>,
+    pub(crate) counters: Mutex<QpCounters>,
+    pub(crate) last_event: Mutex<Option<QpEvent>>,
+}
+
+impl TcpQp {
+    pub(crate) fn state(&self) -> QpState {
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// Moves the state from `from` to `to`; `false` if it was not `from`.
+    pub(crate) fn transition(&self, from: QpState, to: QpState) -> bool {
+        self.state
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+impl TcpQp {
+    /// A QP in [`QpState::Init`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qpn: u32,
+        pd: PdId,
+        cap: QpCap,
+        sq_sig_all: bool,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+        srq: Option<Arc<SrqShared>>,
+    ) -> TcpQp {
+        TcpQp {
+            qpn,
+            pd,
+            cap,
+            sq_sig_all,
+            send_cq,
+            recv_cq,
+            srq,
+            sub: Mutex::new(Submissions::default()),
+            scheduled: AtomicBool::new(false),
+            state: AtomicU8::new(QpState::Init as u8),
+            sq_posted: AtomicU64::new(0),
+            sq_retired: AtomicU64::new(0),
+            rq_posted: AtomicU64::new(0),
+            rq_retired: AtomicU64::new(0),
+            ord: AtomicU32::new(u32::MAX),
+            conn: Mutex::new(None),
+            counters: Mutex::new(QpCounters::default()),
+            last_event: Mutex::new(None),
+        }
+    }
+
+    /// Send requests posted and not yet completed.
+    pub(crate) fn sq_outstanding(&self) -> u64 {
+        self.sq_posted
+            .load(Ordering::Acquire)
+            .saturating_sub(self.sq_retired.load(Ordering::Acquire))
+    }
+
+    /// Queues a checked send request for the engine (which the progress thread alone owns).
+    pub(crate) fn post_send(
+        self: &Arc<Self>,
+        drv: &TcpShared,
+        mut wr: SendWr,
+    ) -> Result<(), Error> {
+        if self.sq_sig_all {
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        if wr.opcode.is_read_or_atomic() && self.ord.load(Ordering::Acquire) == 0 {
+            return Err(PostError::ReadsDisabled.into());
+        }
+        let lim = send_limits(self.cap.max_send_sge, self.cap.max_inline_data);
+        let wr = check_send(wr, &lim, &drv.keys, self.pd)?;
+        {
+            let mut sub = self.sub.lock();
+            let outstanding =
+                self.sq_posted.load(Ordering::Relaxed) - self.sq_retired.load(Ordering::Acquire);
+            if outstanding >= u64::from(self.cap.max_send_wr) {
+                return Err(PostError::QueueFull.into());
+            }
+            sub.sq.push_back(SqItem::Send(wr));
+            self.sq_posted.fetch_add(1, Ordering::Release);
+        }
+        drv.schedule(self);
+        Ok(())
+    }
+
+    /// Queues a checked receive request.
+    pub(crate) fn post_recv(self: &Arc<Self>, drv: &TcpShared, wr: RecvWr) -> Result<(), Error> {
+        if self.srq.is_some() {
+            return Err(Error::SrqAttached);
+        }
+        let wr = check_recv(wr, self.cap.max_recv_sge, &drv.keys, self.pd)?;
+        {
+            let mut sub = self.sub.lock();
+            let outstanding =
+                self.rq_posted.load(Ordering::Relaxed) - self.rq_retired.load(Ordering::Acquire);
+            if outstanding >= u64::from(self.cap.max_recv_wr) {
+                return Err(PostError::QueueFull.into());
+            }
+            sub.rq.push_back(wr);
+            self.rq_posted.fetch_add(1, Ordering::Release);
+        }
+        drv.schedule(self);
+        Ok(())
+    }
+
+    /// Local Invalidate in send-queue order; returns when it ran.
+    pub(crate) fn invalidate(self: &Arc<Self>, drv: &TcpShared, key: Key) -> Result<(), Error> {
+        let (reply, rx) = sync_channel(1);
+        self.sub
+            .lock()
+            .sq
+            .push_back(SqItem::Invalidate { key, reply });
+        drv.schedule(self);
+        match rx.recv() {
+            Ok(r) => r.map_err(Error::Mem),
+            Err(_) => Err(Error::ContextClosed),
+        }
+    }
+}
+
+impl TcpShared {
+    /// TCP connect, then MPA negotiation as initiator run by the progress thread
+    /// (`rdma_connect`); the QP is `Connecting`.
+    pub(crate) fn connect(
+        &self,
+        qp: &Arc<TcpQp>,
+        addr: impl ToSocketAddrs,
+        params: &ConnectParams,
+    ) -> Result<ConnectionInfo, Error> {
+        let start = Instant::now();
+        let cfg = StartupConfig {
+            rev: params.rev,
+            crc: params.crc,
+            markers: params.markers,
+            ird: params.ird,
+            ord: params.ord,
+            p2p: params.p2p.then_some(RtrSet::only(Rtr::ZeroLengthWrite)),
+            private_data: params.private_data.clone(),
+            timeout: params.timeout,
+            allow_early_fpdus: true,
+        };
+        // Refuse a bad configuration before touching the network.
+        Startup::initiator(cfg.clone(), start)?;
+        let mut last = None;
+        let mut stream = None;
+        for a in addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&a, params.timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = match (stream, last) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(e.into()),
+            (None, None) => return Err(Error::InvalidArgument("address resolved to nothing")),
+        };
+        let emss = prepare_stream(&stream)?;
+        let remaining = params.timeout.saturating_sub(start.elapsed());
+        let (reply, rx) = sync_channel(1);
+        self.command(Cmd::Connect {
+            qp: qp.clone(),
+            stream: mio::net::TcpStream::from_std(stream),
+            startup: StartupConfig {
+                timeout: remaining,
+                ..cfg
+            },
+            started: Instant::now(),
+            emss,
+            fpdu: params.fpdu,
+            reply,
+        })?;
+        wait_reply(rx, params.timeout)
+    }
+}
+
+/// Waits for the progress thread's answer to a blocking command.
+pub(crate) fn wait_reply<T>(
+    rx: std::sync::mpsc::Receiver<Result<T, Error>>,
+    timeout: Duration,
+) -> Result<T, Error> {
+    match rx.recv_timeout(timeout + REPLY_GRACE) {
+        Ok(r) => r,
+        Err(RecvTimeoutError::Timeout) => Err(Error::Timeout),
+        Err(RecvTimeoutError::Disconnected) => Err(Error::ContextClosed),
+    }
+}
