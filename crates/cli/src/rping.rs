@@ -27,8 +27,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use softrdma::{
-    AcceptParams, Access, Buffer, ConnectParams, Context, Cq, Key, ListenParams, Listener,
-    MemError, Mr, MrAttr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus,
+    AcceptParams, Access, Buffer, ConnectParams, ConnectionInfo, Context, Cq, Key, ListenParams,
+    Listener, MemError, Mr, MrAttr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
@@ -427,14 +427,10 @@ pub fn client(
     if o.debug {
         writeln!(
             out,
-            "connected {} -> {}: MPA rev {} CRC {} IRD {} ORD {} MULPDU {}",
+            "connected {} -> {}: {}",
             conn.local_addr,
             conn.peer_addr,
-            conn.negotiated.rev,
-            conn.negotiated.crc,
-            conn.negotiated.ird,
-            conn.negotiated.ord,
-            conn.mulpdu
+            describe(&conn)
         )?;
     }
     // Not synchronisation between our own parts: room for a peer that is still installing
@@ -515,15 +511,7 @@ pub fn serve_one(
         },
     )?;
     if o.debug {
-        writeln!(
-            out,
-            "accepted {peer}: MPA rev {} CRC {} IRD {} ORD {} MULPDU {}",
-            conn.negotiated.rev,
-            conn.negotiated.crc,
-            conn.negotiated.ird,
-            conn.negotiated.ord,
-            conn.mulpdu
-        )?;
+        writeln!(out, "accepted {peer}: {}", describe(&conn))?;
     }
     let go_ahead = [0u8; INFO_LEN];
     let mut stats = Stats::default();
@@ -709,5 +697,16 @@ mod tests {
         let b = i.encode();
         assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 0, 0, 0, 64]);
         assert_eq!(Info::decode(&b), i);
+    }
+}
+
+/// The negotiated parameters of a connection, for `-d`.
+fn describe(conn: &ConnectionInfo) -> String {
+    match conn.iwarp() {
+        Some(c) => format!(
+            "MPA rev {} CRC {} IRD {} ORD {} MULPDU {}",
+            c.negotiated.rev, c.negotiated.crc, conn.ird, conn.ord, c.mulpdu
+        ),
+        None => format!("IRD {} ORD {}", conn.ird, conn.ord),
     }
 }

@@ -19,13 +19,11 @@ use std::time::{Duration, Instant};
 use softrdma_iwarp::startup::{MAX_IRD_ORD, PeerParams, Startup};
 
 use crate::Error;
+use crate::connparams::{AcceptParams, ConnectionInfo, ListenParams};
 use crate::device::Context;
 use crate::qp::Qp;
 use crate::state::QpState;
-use crate::tcp::{
-    AcceptParams, Cmd, ConnectionInfo, ListenParams, ListenerShared, PendingRequest, TcpShared,
-    check_private_data, wait_reply,
-};
+use crate::tcp::{Cmd, ListenerShared, PendingRequest, TcpShared, check_private_data, wait_reply};
 
 /// A connection request a listener received: the TCP connection is up and a valid MPA
 /// Request arrived. Answer with [`accept`](ConnRequest::accept) or

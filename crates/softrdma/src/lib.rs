@@ -44,8 +44,9 @@
 #![warn(missing_docs)]
 
 // Floors, top-down: the API (device, mr, qp, cm) over the transport drivers (tcp, roce)
-// over what every layer shares (cq, srq, event, state, error); no module imports one above.
+// over what every layer shares (connparams, cq, srq, event, state, error); no module imports one above.
 mod cm;
+mod connparams;
 mod cq;
 mod device;
 mod error;
@@ -58,6 +59,10 @@ mod state;
 mod tcp;
 
 pub use cm::{ConnRequest, Listener};
+pub use connparams::{
+    AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, FALLBACK_EMSS, FpduSize,
+    IwarpConnection, ListenParams, QpCap,
+};
 pub use cq::{CompletionChannel, Cq};
 pub use device::{Context, Device, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
@@ -67,9 +72,6 @@ pub use qp::{Qp, QpInitAttr};
 pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_to_ip};
 pub use srq::{Srq, SrqAttr};
 pub use state::{QpCounters, QpState, TransportCounters};
-pub use tcp::{
-    AcceptParams, ConnectParams, ConnectionInfo, FALLBACK_EMSS, FpduSize, ListenParams, QpCap,
-};
 /// InfiniBand attributes of RoCE QPs (`ibv_qp_attr` for [`Qp::modify`], whose `state` is
 /// the InfiniBand subset of [`QpState`], comparable with it) and the engine's own counters.
 pub mod ib {

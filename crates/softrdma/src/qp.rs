@@ -18,12 +18,13 @@ use softrdma_memory::{Key, MemError, PdId};
 use softrdma_verbs_types::{RecvWr, SendWr};
 
 use crate::Error;
+use crate::connparams::{ConnectParams, ConnectionInfo, QpCap};
 use crate::cq::Cq;
 use crate::device::{CtxShared, Driver, Pd};
 use crate::roce::RoceQpShared;
 use crate::srq::{Srq, SrqAttr};
 use crate::state::{QpCounters, QpState};
-use crate::tcp::{Cmd, ConnectParams, ConnectionInfo, QpCap, TcpQp};
+use crate::tcp::{Cmd, TcpQp};
 
 /// What [`Pd::create_qp`] needs (`ibv_qp_init_attr`).
 #[derive(Clone, Debug)]

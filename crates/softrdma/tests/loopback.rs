@@ -129,9 +129,18 @@ fn pair_prepared<T>(
         let req = listener.accept_timeout(*TIMEOUT).unwrap();
         let sc = req.accept(&server.qp, ap).unwrap();
         let cc = c.join().unwrap();
-        assert_eq!(cc.negotiated.crc, sc.negotiated.crc);
-        assert_eq!(cc.negotiated.markers_tx, sc.negotiated.markers_rx);
-        assert_eq!(cc.negotiated.markers_rx, sc.negotiated.markers_tx);
+        assert_eq!(
+            cc.iwarp().unwrap().negotiated.crc,
+            sc.iwarp().unwrap().negotiated.crc
+        );
+        assert_eq!(
+            cc.iwarp().unwrap().negotiated.markers_tx,
+            sc.iwarp().unwrap().negotiated.markers_rx
+        );
+        assert_eq!(
+            cc.iwarp().unwrap().negotiated.markers_rx,
+            sc.iwarp().unwrap().negotiated.markers_tx
+        );
     });
     assert_eq!(client.qp.state(), QpState::Rts);
     (client, server, prepared)
@@ -521,7 +530,7 @@ fn crc_and_markers_matrix() {
             ..ListenParams::default()
         };
         let (conn, client, server) = exercise(cp, lp, FpduSize::PathMss);
-        let n = &conn.negotiated;
+        let n = &conn.iwarp().unwrap().negotiated;
         assert_eq!(n.crc, crc_c || crc_s);
         assert_eq!(n.markers_rx, mk_c);
         assert_eq!(n.markers_tx, mk_s);
@@ -539,7 +548,7 @@ fn mpa_revision_1() {
         ..ConnectParams::default()
     };
     let (conn, _c, _s) = exercise(cp, ListenParams::default(), FpduSize::PathMss);
-    assert_eq!(conn.negotiated.rev, 1);
+    assert_eq!(conn.iwarp().unwrap().negotiated.rev, 1);
 }
 
 /// FENCE: a Send of the buffer an earlier RDMA Read fills waits for the Read Response, so
@@ -593,11 +602,17 @@ fn fpdu_sizes() {
             ..ConnectParams::default()
         };
         let (conn, _c, _s) = exercise(cp, ListenParams::default(), fpdu);
-        assert_eq!(conn.mulpdu, fpdu.mulpdu(conn.emss, false));
+        assert_eq!(
+            conn.iwarp().unwrap().mulpdu,
+            fpdu.mulpdu(conn.iwarp().unwrap().emss, false)
+        );
     }
     let (client, _server) = pair();
     let conn = client.qp.connection().unwrap();
-    assert!(conn.mulpdu as u32 + 6 <= conn.emss, "{conn:?}");
+    assert!(
+        conn.iwarp().unwrap().mulpdu as u32 + 6 <= conn.iwarp().unwrap().emss,
+        "{conn:?}"
+    );
 }
 
 /// MPA-71, MPA-67: the responder rejects with private data; the initiator sees it and its
@@ -655,11 +670,17 @@ fn reject_then_accept() {
             )
             .unwrap();
         let cc = c.join().unwrap().unwrap();
-        assert_eq!(cc.negotiated.peer_private_data, b"welcome");
-        assert_eq!(sc.negotiated.peer_private_data, b"again");
+        assert_eq!(cc.iwarp().unwrap().negotiated.peer_private_data, b"welcome");
+        assert_eq!(sc.iwarp().unwrap().negotiated.peer_private_data, b"again");
         // RFC 6581: the responder's ORD is capped by the initiator's IRD.
-        assert_eq!((sc.negotiated.ird, sc.negotiated.ord), (7, 3));
-        assert_eq!(cc.negotiated.ird, 3);
+        assert_eq!(
+            (
+                sc.iwarp().unwrap().negotiated.ird,
+                sc.iwarp().unwrap().negotiated.ord
+            ),
+            (7, 3)
+        );
+        assert_eq!(cc.iwarp().unwrap().negotiated.ird, 3);
     });
     assert_eq!(client.qp.state(), QpState::Rts);
     assert_eq!(server.qp.state(), QpState::Rts);
@@ -691,7 +712,14 @@ fn peer_to_peer_responder_sends_first() {
         QpCap::default(),
     );
     assert_eq!(
-        client.qp.connection().unwrap().negotiated.rtr,
+        client
+            .qp
+            .connection()
+            .unwrap()
+            .iwarp()
+            .unwrap()
+            .negotiated
+            .rtr,
         Some(Rtr::ZeroLengthWrite)
     );
     let m = server.mr(64);

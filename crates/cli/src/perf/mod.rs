@@ -342,13 +342,17 @@ pub fn run_client(
     client.bye();
     let _ = tcp::bye(tcp);
     let mut report = r?;
-    report.mpa = client.first_conn.as_ref().map(|c| MpaInfo {
-        rev: c.negotiated.rev,
-        crc: c.negotiated.crc,
-        markers: c.negotiated.markers_tx || c.negotiated.markers_rx,
-        mulpdu: c.mulpdu,
-        emss: c.emss,
-    });
+    report.mpa = client
+        .first_conn
+        .as_ref()
+        .and_then(|c| c.iwarp())
+        .map(|c| MpaInfo {
+            rev: c.negotiated.rev,
+            crc: c.negotiated.crc,
+            markers: c.negotiated.markers_tx || c.negotiated.markers_rx,
+            mulpdu: c.mulpdu,
+            emss: c.emss,
+        });
     report.server = rdma.to_string();
     Ok(report)
 }

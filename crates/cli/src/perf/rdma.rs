@@ -107,7 +107,7 @@ impl Client {
             ..ConnectParams::default()
         };
         let conn = qp.connect(self.addr, params)?;
-        let reply = Reply::parse(&conn.negotiated.peer_private_data).ok_or_else(|| {
+        let reply = Reply::parse(&conn.peer_private_data).ok_or_else(|| {
             PerfError::Protocol("the server's MPA Reply is not a softrdma perf reply".into())
         })?;
         if self.first_conn.is_none() {

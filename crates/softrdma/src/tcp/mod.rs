@@ -18,18 +18,19 @@ use std::time::{Duration, Instant};
 use mio::Token;
 use mio::net::TcpListener;
 use parking_lot::{Condvar, Mutex};
-use softrdma_iwarp::rdmap::{MAX_MULPDU, MIN_MULPDU, QpEvent};
+use softrdma_iwarp::rdmap::QpEvent;
 use softrdma_iwarp::rdmap::{check_send, send_limits};
-use softrdma_iwarp::startup::{
-    DEFAULT_TIMEOUT, Negotiated, PeerParams, Rtr, RtrSet, Startup, StartupConfig, StartupError,
-};
+use softrdma_iwarp::startup::{PeerParams, Rtr, RtrSet, Startup, StartupConfig, StartupError};
 use softrdma_memory::{Key, KeyTable, MemError, PdId};
 use softrdma_verbs_types::{
     CheckedRecv, CheckedSend, PostError, RecvWr, SendFlags, SendWr, check_recv,
 };
-use softrdma_wire::mpa::{self, MAX_PRIVATE_DATA, REV_2};
+use softrdma_wire::mpa::{MAX_PRIVATE_DATA, REV_2};
 
 use crate::Error;
+use crate::connparams::{
+    ConnectParams, ConnectionInfo, FALLBACK_EMSS, FpduSize, ListenParams, QpCap,
+};
 use crate::cq::CqShared;
 use crate::event::{AsyncEvent, EventQueue};
 use crate::srq::SrqShared;
@@ -126,113 +127,9 @@ impl Drop for TcpShared {
     }
 }
 
-/// EMSS assumed when `TCP_MAXSEG` cannot be read: an Ethernet MTU less IPv4 and TCP headers.
-pub const FALLBACK_EMSS: u32 = 1460;
-
 /// Extra time a blocking call waits beyond the MPA timeout before giving up on the
 /// progress thread (a safety net, not a protocol timer).
 const REPLY_GRACE: Duration = Duration::from_secs(5);
-
-/// How large the FPDUs this side sends may be (MULPDU, RFC 5044 §4.5).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FpduSize {
-    /// No larger than the connection's MSS (`TCP_MAXSEG`): what hardware peers need.
-    #[default]
-    PathMss,
-    /// The largest MULPDU (64768 octets) whatever the MSS: fewer, larger FPDUs for soft
-    /// peers.
-    Largest,
-    /// This MULPDU (clamped to 128..=64768).
-    Mulpdu(u16),
-}
-
-impl FpduSize {
-    /// The MULPDU for a connection with `emss` and Markers on transmit or not.
-    pub fn mulpdu(self, emss: u32, markers: bool) -> u16 {
-        match self {
-            FpduSize::PathMss => mpa::mulpdu(emss, markers),
-            FpduSize::Largest => MAX_MULPDU,
-            FpduSize::Mulpdu(m) => m.clamp(MIN_MULPDU, MAX_MULPDU),
-        }
-    }
-}
-
-/// How [`Qp::connect`] negotiates (`rdma_conn_param` plus the MPA knobs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConnectParams {
-    /// Private data for the responder (at most 508 octets with revision 2, 512 with 1).
-    pub private_data: Vec<u8>,
-    /// Inbound RDMA Reads we serve at a time (`responder_resources`), at most 16383.
-    pub ird: u16,
-    /// Outbound RDMA Reads we keep outstanding (`initiator_depth`), at most 16383.
-    pub ord: u16,
-    /// MPA revision, 1 or 2.
-    pub rev: u8,
-    /// Ask for CRC32c (on if either side asks).
-    pub crc: bool,
-    /// Ask for Markers in the stream we receive.
-    pub markers: bool,
-    /// RFC 6581 peer-to-peer mode: our first FPDU is a zero-length RDMA Write (RTR), after
-    /// which the responder may send.
-    pub p2p: bool,
-    /// FPDU size policy.
-    pub fpdu: FpduSize,
-    /// Bound on TCP connect plus MPA negotiation.
-    pub timeout: Duration,
-}
-
-impl Default for ConnectParams {
-    /// No private data, IRD = ORD = 16, revision 2, no CRC, no Markers, client-server,
-    /// MSS-sized FPDUs, 10 s.
-    fn default() -> ConnectParams {
-        ConnectParams {
-            private_data: Vec::new(),
-            ird: 16,
-            ord: 16,
-            rev: REV_2,
-            crc: false,
-            markers: false,
-            p2p: false,
-            fpdu: FpduSize::PathMss,
-            timeout: DEFAULT_TIMEOUT,
-        }
-    }
-}
-
-/// What a listener's MPA responder takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListenParams {
-    /// Highest MPA revision taken (2 also answers revision 1 requests with revision 1).
-    pub rev: u8,
-    /// Ask for CRC32c (on if either side asks).
-    pub crc: bool,
-    /// Ask for Markers in the stream we receive.
-    pub markers: bool,
-    /// Take RFC 6581 peer-to-peer requests (RTR: zero-length Write or Read).
-    pub p2p: bool,
-    /// Client-server mode: send FPDUs right after the Reply instead of waiting for the
-    /// initiator's first FPDU, as Linux siw does. Breaks RFC 5044 §7.1.2 r4 (MPA-73),
-    /// which hardware initiators may rely on; off by default.
-    pub early_fpdus: bool,
-    /// Bound on the wait for an MPA Request after the TCP accept.
-    pub timeout: Duration,
-    /// TCP listen backlog.
-    pub backlog: u32,
-}
-
-impl Default for ListenParams {
-    fn default() -> ListenParams {
-        ListenParams {
-            rev: REV_2,
-            crc: false,
-            markers: false,
-            p2p: true,
-            early_fpdus: false,
-            timeout: DEFAULT_TIMEOUT,
-            backlog: 128,
-        }
-    }
-}
 
 impl ListenParams {
     pub(crate) fn startup_config(&self) -> StartupConfig {
@@ -245,46 +142,6 @@ impl ListenParams {
             ..StartupConfig::default()
         }
     }
-}
-
-/// How [`ConnRequest::accept`] answers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AcceptParams {
-    /// Private data for the initiator.
-    pub private_data: Vec<u8>,
-    /// Inbound RDMA Reads we serve at a time.
-    pub ird: u16,
-    /// Outbound RDMA Reads we keep outstanding (capped by the initiator's IRD).
-    pub ord: u16,
-    /// FPDU size policy.
-    pub fpdu: FpduSize,
-}
-
-impl Default for AcceptParams {
-    fn default() -> AcceptParams {
-        AcceptParams {
-            private_data: Vec::new(),
-            ird: 16,
-            ord: 16,
-            fpdu: FpduSize::PathMss,
-        }
-    }
-}
-
-/// An established iWARP connection's parameters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConnectionInfo {
-    /// Our address.
-    pub local_addr: SocketAddr,
-    /// The peer's address.
-    pub peer_addr: SocketAddr,
-    /// What MPA negotiated (revision, CRC, Markers per direction, IRD, ORD, RTR, the
-    /// peer's private data).
-    pub negotiated: Negotiated,
-    /// The connection's effective MSS.
-    pub emss: u32,
-    /// The largest ULPDU we send.
-    pub mulpdu: u16,
 }
 
 pub(crate) fn check_private_data(rev: u8, len: usize) -> Result<(), Error> {
@@ -414,34 +271,6 @@ pub(crate) enum Cmd {
     },
     Disconnect(Arc<TcpQp>),
     Destroy(Arc<TcpQp>),
-}
-
-/// Queue sizes of a QP (`ibv_qp_cap`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpCap {
-    /// Send requests posted and not yet completed.
-    pub max_send_wr: u32,
-    /// Receive requests posted and not yet consumed.
-    pub max_recv_wr: u32,
-    /// SGEs per send request.
-    pub max_send_sge: u32,
-    /// SGEs per receive request.
-    pub max_recv_sge: u32,
-    /// Largest `INLINE` send.
-    pub max_inline_data: u32,
-}
-
-impl Default for QpCap {
-    /// 256 requests each way, 16 SGEs, 256 octets inline.
-    fn default() -> QpCap {
-        QpCap {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            max_send_sge: 16,
-            max_recv_sge: 16,
-            max_inline_data: 256,
-        }
-    }
 }
 
 /// A send-queue entry waiting for the progress thread.

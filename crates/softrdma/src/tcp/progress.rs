@@ -33,11 +33,9 @@ use softrdma_iwarp::startup::{Negotiated, Role};
 use softrdma_memory::{PdId, QpId};
 use softrdma_verbs_types::{CheckedRecv, PostError, WcOpcode, WcStatus, WorkCompletion};
 
-use super::{
-    Cmd, ConnectionInfo, FpduSize, ListenerShared, PendingRequest, SqItem, TcpQp, TcpShared,
-    prepare_stream,
-};
+use super::{Cmd, ListenerShared, PendingRequest, SqItem, TcpQp, TcpShared, prepare_stream};
 use crate::Error;
+use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
 use crate::event::AsyncEvent;
 use crate::state::{QpCounters, QpState};
 
@@ -686,9 +684,14 @@ impl Conn {
         let info = ConnectionInfo {
             local_addr: self.local,
             peer_addr: self.peer,
-            negotiated,
-            emss: self.emss,
-            mulpdu,
+            peer_private_data: negotiated.peer_private_data.clone(),
+            ird: negotiated.ird,
+            ord: negotiated.ord,
+            detail: ConnectionDetail::Iwarp(IwarpConnection {
+                negotiated,
+                emss: self.emss,
+                mulpdu,
+            }),
         };
         *qp.conn.lock() = Some(info.clone());
         qp.set_state(QpState::Rts);

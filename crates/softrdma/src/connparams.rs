@@ -1,0 +1,218 @@
+//! Connection parameters of the connection manager, shared by both transports' drivers.
+//! MPA knobs (revision, CRC, Markers, peer-to-peer, FPDU size) only matter on iWARP.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use softrdma_iwarp::rdmap::{MAX_MULPDU, MIN_MULPDU};
+use softrdma_iwarp::startup::{DEFAULT_TIMEOUT, Negotiated};
+use softrdma_wire::mpa::{self, REV_2};
+
+/// EMSS assumed when `TCP_MAXSEG` cannot be read: an Ethernet MTU less IPv4 and TCP headers.
+pub const FALLBACK_EMSS: u32 = 1460;
+
+/// How large the FPDUs this side sends may be (MULPDU, RFC 5044 §4.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FpduSize {
+    /// No larger than the connection's MSS (`TCP_MAXSEG`): what hardware peers need.
+    #[default]
+    PathMss,
+    /// The largest MULPDU (64768 octets) whatever the MSS: fewer, larger FPDUs for soft
+    /// peers.
+    Largest,
+    /// This MULPDU (clamped to 128..=64768).
+    Mulpdu(u16),
+}
+
+impl FpduSize {
+    /// The MULPDU for a connection with `emss` and Markers on transmit or not.
+    pub fn mulpdu(self, emss: u32, markers: bool) -> u16 {
+        match self {
+            FpduSize::PathMss => mpa::mulpdu(emss, markers),
+            FpduSize::Largest => MAX_MULPDU,
+            FpduSize::Mulpdu(m) => m.clamp(MIN_MULPDU, MAX_MULPDU),
+        }
+    }
+}
+
+/// How [`Qp::connect`] negotiates (`rdma_conn_param` plus the MPA knobs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// Private data for the responder (at most 508 octets with revision 2, 512 with 1).
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Reads we serve at a time (`responder_resources`), at most 16383.
+    pub ird: u16,
+    /// Outbound RDMA Reads we keep outstanding (`initiator_depth`), at most 16383.
+    pub ord: u16,
+    /// MPA revision, 1 or 2.
+    pub rev: u8,
+    /// Ask for CRC32c (on if either side asks).
+    pub crc: bool,
+    /// Ask for Markers in the stream we receive.
+    pub markers: bool,
+    /// RFC 6581 peer-to-peer mode: our first FPDU is a zero-length RDMA Write (RTR), after
+    /// which the responder may send.
+    pub p2p: bool,
+    /// FPDU size policy.
+    pub fpdu: FpduSize,
+    /// Bound on TCP connect plus MPA negotiation.
+    pub timeout: Duration,
+}
+
+impl Default for ConnectParams {
+    /// No private data, IRD = ORD = 16, revision 2, no CRC, no Markers, client-server,
+    /// MSS-sized FPDUs, 10 s.
+    fn default() -> ConnectParams {
+        ConnectParams {
+            private_data: Vec::new(),
+            ird: 16,
+            ord: 16,
+            rev: REV_2,
+            crc: false,
+            markers: false,
+            p2p: false,
+            fpdu: FpduSize::PathMss,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// What a listener's MPA responder takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenParams {
+    /// Highest MPA revision taken (2 also answers revision 1 requests with revision 1).
+    pub rev: u8,
+    /// Ask for CRC32c (on if either side asks).
+    pub crc: bool,
+    /// Ask for Markers in the stream we receive.
+    pub markers: bool,
+    /// Take RFC 6581 peer-to-peer requests (RTR: zero-length Write or Read).
+    pub p2p: bool,
+    /// Client-server mode: send FPDUs right after the Reply instead of waiting for the
+    /// initiator's first FPDU, as Linux siw does. Breaks RFC 5044 §7.1.2 r4 (MPA-73),
+    /// which hardware initiators may rely on; off by default.
+    pub early_fpdus: bool,
+    /// Bound on the wait for an MPA Request after the TCP accept.
+    pub timeout: Duration,
+    /// TCP listen backlog.
+    pub backlog: u32,
+}
+
+impl Default for ListenParams {
+    fn default() -> ListenParams {
+        ListenParams {
+            rev: REV_2,
+            crc: false,
+            markers: false,
+            p2p: true,
+            early_fpdus: false,
+            timeout: DEFAULT_TIMEOUT,
+            backlog: 128,
+        }
+    }
+}
+
+/// How [`ConnRequest::accept`] answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptParams {
+    /// Private data for the initiator.
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Reads we serve at a time.
+    pub ird: u16,
+    /// Outbound RDMA Reads we keep outstanding (capped by the initiator's IRD).
+    pub ord: u16,
+    /// FPDU size policy.
+    pub fpdu: FpduSize,
+}
+
+impl Default for AcceptParams {
+    fn default() -> AcceptParams {
+        AcceptParams {
+            private_data: Vec::new(),
+            ird: 16,
+            ord: 16,
+            fpdu: FpduSize::PathMss,
+        }
+    }
+}
+
+/// An established connection's parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    /// Our address (iWARP: the TCP connection's; RoCE: our UDP endpoint).
+    pub local_addr: SocketAddr,
+    /// The peer's address.
+    pub peer_addr: SocketAddr,
+    /// The private data the peer sent with its request or reply.
+    pub peer_private_data: Vec<u8>,
+    /// Inbound RDMA Reads (and atomics) served at a time, as agreed.
+    pub ird: u16,
+    /// Outbound RDMA Reads (and atomics) outstanding at a time, as agreed.
+    pub ord: u16,
+    /// What only one transport has.
+    pub detail: ConnectionDetail,
+}
+
+/// The transport-specific part of [`ConnectionInfo`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConnectionDetail {
+    /// An iWARP connection.
+    Iwarp(IwarpConnection),
+    /// A RoCE connection.
+    Roce {
+        /// The peer's QP number.
+        remote_qpn: u32,
+        /// The path MTU in use.
+        pmtu: u32,
+    },
+}
+
+/// What an iWARP connection negotiated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IwarpConnection {
+    /// What MPA negotiated (revision, CRC, Markers per direction, IRD, ORD, RTR, the
+    /// peer's private data).
+    pub negotiated: Negotiated,
+    /// The connection's effective MSS.
+    pub emss: u32,
+    /// The largest ULPDU we send.
+    pub mulpdu: u16,
+}
+
+impl ConnectionInfo {
+    /// The iWARP part (`None` on RoCE).
+    pub fn iwarp(&self) -> Option<&IwarpConnection> {
+        match &self.detail {
+            ConnectionDetail::Iwarp(c) => Some(c),
+            ConnectionDetail::Roce { .. } => None,
+        }
+    }
+}
+
+/// Queue sizes of a QP (`ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send requests posted and not yet completed.
+    pub max_send_wr: u32,
+    /// Receive requests posted and not yet consumed.
+    pub max_recv_wr: u32,
+    /// SGEs per send request.
+    pub max_send_sge: u32,
+    /// SGEs per receive request.
+    pub max_recv_sge: u32,
+    /// Largest `INLINE` send.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    /// 256 requests each way, 16 SGEs, 256 octets inline.
+    fn default() -> QpCap {
+        QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 16,
+            max_recv_sge: 16,
+            max_inline_data: 256,
+        }
+    }
+}
