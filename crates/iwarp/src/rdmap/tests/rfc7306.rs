@@ -555,6 +555,27 @@ fn ibt_x_12_misaligned_atomic_is_rdma_protection_ff() {
     assert!(t.bytes().iter().all(|&b| b == 0));
 }
 
+/// RDMAP-99: the requester's 8-octet entry was deregistered while the atomic was out: the
+/// Atomic Response cannot be placed, a local error (Terminate 0/0/0 without headers) fails
+/// the atomic LocalProtection; the atomic did execute at B, once.
+#[test]
+fn rdmap_99_atomic_sink_gone_is_a_local_error() {
+    let mut p = Pair::new(1024);
+    let t = Mr::new(&p.kb, PD, 8, 0x4000, ATOMIC);
+    let sink = Mr::new(&p.ka, PD, 8, 0x8000, Access::LOCAL_WRITE);
+    p.a.post_send(SendWr::fetch_add(1, sink.sge(0, 8), t.key, t.iova, 1))
+        .unwrap();
+    p.ka.dereg_mr(sink.key).unwrap();
+    p.drive();
+    assert_a_terminated(&mut p, &terminate(0, 0, 0, None, None));
+    assert_eq!(
+        p.cq_a(),
+        vec![wc(1, WcStatus::LocalProtection, WcOpcode::FetchAdd, 0)]
+    );
+    assert_eq!(word(&t, 0), 1);
+    assert!(sink.bytes().iter().all(|&b| b == 0));
+}
+
 /// RDMAP-104 for RFC 7306 §5 operations the responder does not execute: Swap, a FetchAdd
 /// with an Add Mask, a CmpSwap with partial masks, an undefined Atomic Operation code →
 /// 0/2/0x06 before anything is touched; A's request fails RemoteInvalidRequest.
