@@ -16,8 +16,8 @@
 //! header fields) and urdma's `proto.h` (opcodes 0x8..0xB, Atomic Request on
 //! QN 1, Atomic Response on QN 3); `spec/rdmap.md` §13.4 marks them medium
 //! confidence. Atomic Operation codes: FetchAdd 0, Swap 1, CmpSwap 2 as RFC 7306
-//! §4 lists them; Wireshark names 0 and 2 the same way, urdma (which never
-//! interoperated with another RFC 7306 peer) numbers its CmpSwap 1.
+//! §5 lists them; Wireshark names 0 and 2 the same way, urdma numbers its
+//! CmpSwap 1 (so the two do not interoperate on CmpSwap).
 
 use crate::ddp::{self, DdpError};
 use crate::error::{Error, Layer, Result, need};
@@ -1008,7 +1008,7 @@ impl TerminateRepr {
 }
 
 wire_enum! {
-    /// RFC 7306 §4 (Atomic Request Header): Atomic Operation code, the low 4 bits of the
+    /// RFC 7306 §5 (Atomic Request Header): Atomic Operation code, the low 4 bits of the
     /// first word. 0x3..0xF are undefined: `TryFrom` gives `Error::Unknown` with
     /// [`FIELD_ATOMIC_OPCODE`] ([`Violation::UndefinedAtomicOpcode`]).
     pub enum AtomicOpcode: u8 => (Layer::Rdmap, FIELD_ATOMIC_OPCODE) {
