@@ -666,6 +666,17 @@ pub fn run(args: &RpingArgs) -> i32 {
     }
 }
 
+/// The negotiated parameters of a connection, for `-d`.
+fn describe(conn: &ConnectionInfo) -> String {
+    match conn.iwarp() {
+        Some(c) => format!(
+            "MPA rev {} CRC {} IRD {} ORD {} MULPDU {}",
+            c.negotiated.rev, c.negotiated.crc, conn.ird, conn.ord, c.mulpdu
+        ),
+        None => format!("IRD {} ORD {}", conn.ird, conn.ord),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -697,16 +708,5 @@ mod tests {
         let b = i.encode();
         assert_eq!(b, [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 0, 0, 0, 64]);
         assert_eq!(Info::decode(&b), i);
-    }
-}
-
-/// The negotiated parameters of a connection, for `-d`.
-fn describe(conn: &ConnectionInfo) -> String {
-    match conn.iwarp() {
-        Some(c) => format!(
-            "MPA rev {} CRC {} IRD {} ORD {} MULPDU {}",
-            c.negotiated.rev, c.negotiated.crc, conn.ird, conn.ord, c.mulpdu
-        ),
-        None => format!("IRD {} ORD {}", conn.ird, conn.ord),
     }
 }

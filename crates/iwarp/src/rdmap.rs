@@ -6,11 +6,14 @@
 //! clock or a thread.
 //!
 //! ```text
-//!  post_send ─► send queue ─► DDP segments (QN 0 Send, QN 1 Read Request, tagged Write) ─┐
-//!  inbound Read Requests (≤ IRD) ─► Read Response segments (tagged) ──────────────────────┤─► poll_ulpdu
+//!  post_send ─► send queue ─► DDP segments (QN 0 Send / Immediate Data, QN 1 Read or Atomic
+//!                             Request, tagged Write) ─────────────────────────────────────┐
+//!  inbound Read / Atomic Requests (≤ IRD) ─► Read Response segments (tagged), Atomic      │
+//!                                            Responses (QN 3), in request order ──────────┤─► poll_ulpdu
 //!  first error ─► one Terminate (QN 2), then nothing (RDMAP-73) ──────────────────────────┘
 //!  handle_ulpdu ─► DV / QN / RV / opcode checks ─► tagged placement (check_remote per segment)
-//!                                              └─► untagged: QN 0 receive WQE, QN 1 IRD slot, QN 2
+//!                                              └─► untagged: QN 0 receive WQE, QN 1 IRD slot, QN 2,
+//!                                                  QN 3 outstanding atomic
 //! ```
 //!
 //! Decisions (see `spec/rdmap.md` for the ambiguities they settle):
@@ -31,13 +34,39 @@
 //!   the RFC 5040 layout; received ones are read in either layout (`TerminateLayout::detect`).
 //! * The Terminate's DDP Segment Length is the length DDP handed up: the segment's octets after
 //!   its DDP header (RFC 5040 §4.8).
+//!
+//! RFC 7306 (atomics, immediate data) between two softrdma peers. Nothing is negotiated: Linux
+//! siw never sends these messages, and they go out only when the ULP posts one of the four
+//! verbs operations below.
+//! * Atomics (RFC 7306 §5): an Atomic Request on QN 1, sharing the Read Request MSN sequence,
+//!   ORD at the requester and the IRD slots at the responder with RDMA Reads (a QN 1 buffer
+//!   is an IRD slot); Request Identifier = the request's QN 1 MSN. The responder checks the
+//!   target through `check_remote` (`REMOTE_ATOMIC`, 8 octets, 8-aligned), executes it once,
+//!   when the request is accepted in order (in order with Sends and Writes, IBT-C9-28), and
+//!   queues the Atomic Response (QN 3, own MSN) behind earlier Read Responses. The requester
+//!   matches each response to its oldest outstanding atomic by MSN and Request Identifier,
+//!   places the original value (host order) into the 8-octet sink and completes
+//!   `FetchAdd` / `CompSwap`. A fence waits for Reads and atomics (IBT-C9-31). Executed: FetchAdd
+//!   with Add Mask 0 and CmpSwap with all-ones Compare and Swap Masks (the verbs forms);
+//!   Swap, other masks and undefined codes are refused (0/2/0x06).
+//! * Immediate Data (RFC 7306 §6): QN 0 messages of 8 octets that take an untagged buffer
+//!   (a receive WQE). The octets are ULP data to RDMAP; this ULP (the verbs layer) puts the
+//!   32-bit immediate, big-endian, in octets 0..4 and a word in octets 4..8 (see
+//!   [`IMM_SEND_FOLLOWS`]). Write with immediate = RDMA Write, then Immediate Data whose word
+//!   is the Write's length: the WQE completes `RecvRdmaWithImm` with `byte_len` = that length,
+//!   as InfiniBand reports it (nothing is placed in the receive buffer, IBT-X-08). Send with
+//!   immediate = Immediate Data with the word's `IMM_SEND_FOLLOWS` bit, which takes the WQE,
+//!   then the Send, placed in that same WQE, which completes `Recv` with the immediate and the
+//!   Send's `byte_len`: one WQE per verbs operation, as the verbs user expects (the two
+//!   messages use two QN 0 MSNs). The solicited flag makes the Immediate Data 0x9. The sender
+//!   completes once, after its last message.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use softrdma_memory::{Key, KeyTable, PdId, QpId, Target};
 use softrdma_wire::mpa;
-use softrdma_wire::rdmap::{LlpError, ReadRequestRepr, TerminateRepr};
+use softrdma_wire::rdmap::{AtomicResponseRepr, LlpError, ReadRequestRepr, TerminateRepr};
 
 use crate::verbs_types::{
     CheckedRecv, CheckedSend, IWARP_MAX_MESSAGE, Payload, PostError, RecvWr, SendFlags, SendLimits,
@@ -151,6 +180,21 @@ pub struct QpCounters {
     pub terminates_rx: u64,
 }
 
+/// The word in octets 4..8 of our Immediate Data: this bit set means "a Send follows and
+/// belongs to the same receive WQE" (Send with immediate); clear, the other 31 bits are the
+/// length of the RDMA Write it follows (Write with immediate).
+pub const IMM_SEND_FOLLOWS: u32 = 0x8000_0000;
+/// Longest RDMA Write with immediate: its length must fit the word's 31 bits.
+pub const MAX_WRITE_WITH_IMM: u32 = IMM_SEND_FOLLOWS - 1;
+
+/// The 8 octets of an Immediate Data message (RFC 7306 §6) as this ULP fills them.
+fn imm_octets(imm: u32, word: u32) -> [u8; 8] {
+    let mut o = [0u8; 8];
+    o[..4].copy_from_slice(&imm.to_be_bytes());
+    o[4..].copy_from_slice(&word.to_be_bytes());
+    o
+}
+
 #[derive(Debug)]
 enum SqOp {
     Send {
@@ -169,15 +213,67 @@ enum SqOp {
         /// `None` for a zero-length Read without an entry.
         sink: Option<Target>,
     },
+    /// RFC 7306 §5: one Atomic Request.
+    Atomic {
+        rkey: Key,
+        raddr: u64,
+        op: AtomicOp,
+        /// The 8-octet local entry for the original value (taken when the request goes out).
+        sink: Option<Target>,
+    },
+    /// RDMA Write, then Immediate Data carrying `imm` and the Write's length.
+    WriteImm {
+        rkey: Key,
+        raddr: u64,
+        imm: u32,
+        solicited: bool,
+        /// Every Write segment went out; the Immediate Data is next.
+        data_done: bool,
+    },
+    /// Immediate Data announcing a Send, then the Send.
+    SendImm {
+        imm: u32,
+        solicited: bool,
+        /// The Immediate Data went out; the Send's segments are next.
+        imm_done: bool,
+    },
+}
+
+/// The atomic operations the verbs post (IBA §9.4.5 semantics, RFC 7306 §5 encoding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AtomicOp {
+    FetchAdd { add: u64 },
+    CmpSwap { compare: u64, swap: u64 },
 }
 
 impl SqOp {
     fn wc_opcode(&self) -> WcOpcode {
         match self {
-            SqOp::Send { .. } => WcOpcode::Send,
-            SqOp::Write { .. } => WcOpcode::RdmaWrite,
+            SqOp::Send { .. } | SqOp::SendImm { .. } => WcOpcode::Send,
+            SqOp::Write { .. } | SqOp::WriteImm { .. } => WcOpcode::RdmaWrite,
             SqOp::Read { .. } => WcOpcode::RdmaRead,
+            SqOp::Atomic {
+                op: AtomicOp::FetchAdd { .. },
+                ..
+            } => WcOpcode::FetchAdd,
+            SqOp::Atomic {
+                op: AtomicOp::CmpSwap { .. },
+                ..
+            } => WcOpcode::CompSwap,
         }
+    }
+
+    /// Part of this request is already on the wire although no data segment is half sent
+    /// (`sq_tx_off` is 0): the Write of a Write with immediate, or the Immediate Data of a
+    /// Send with immediate.
+    fn partly_sent(&self) -> bool {
+        matches!(
+            self,
+            SqOp::WriteImm {
+                data_done: true,
+                ..
+            } | SqOp::SendImm { imm_done: true, .. }
+        )
     }
 }
 
@@ -216,6 +312,24 @@ struct OutboundRead {
     sink: Option<Target>,
 }
 
+/// An Atomic Request this side sent and whose response has not arrived (ORD accounting).
+#[derive(Debug)]
+struct OutboundAtomic {
+    seq: u64,
+    /// MSN of its Atomic Request on QN 1, which is also its Request Identifier.
+    msn: u32,
+    sink: Option<Target>,
+}
+
+/// One IRD slot in use: a response this side owes, in request order (RFC 5040 §5.2.2,
+/// RFC 7306 §5).
+#[derive(Debug)]
+enum Response {
+    Read(InboundRead),
+    /// An executed Atomic Request: the Atomic Response to send.
+    Atomic(AtomicResponseRepr),
+}
+
 /// An inbound RDMA Read Request being answered (IRD accounting).
 #[derive(Debug)]
 struct InboundRead {
@@ -239,6 +353,9 @@ struct RecvEntry {
 struct ActiveRecv {
     entry: RecvEntry,
     received: u32,
+    /// The immediate (and its solicited flag) of the Immediate Data that took this WQE and
+    /// announced the Send (Send with immediate).
+    imm: Option<(u32, bool)>,
 }
 
 /// One queue pair's DDP/RDMAP state.
@@ -257,20 +374,22 @@ pub struct RdmapEngine {
     sq_tx: usize,
     /// Octets of `sq[sq_tx]` already segmented.
     sq_tx_off: u32,
-    /// Next MSN on QN 0 and QN 1 (RFC 5041 §5.1: from 1, modulo 2^32).
-    tx_msn: [u32; 2],
+    /// Next MSN on QN 0, 1 and 3, by QN (RFC 5041 §5.1: from 1, modulo 2^32); QN 2 is
+    /// unused (the one Terminate always has MSN 1).
+    tx_msn: [u32; 4],
     outbound_reads: VecDeque<OutboundRead>,
+    outbound_atomics: VecDeque<OutboundAtomic>,
 
-    // Responder (RFC 5040 §5.2.2).
-    inbound_reads: VecDeque<InboundRead>,
+    // Responder (RFC 5040 §5.2.2, RFC 7306 §5): Read Responses and Atomic Responses owed.
+    responses: VecDeque<Response>,
     /// Round-robin between Read Responses and the send queue.
     prefer_responder: bool,
 
     // Receive side.
     rq: VecDeque<RecvEntry>,
     rx_send: Option<ActiveRecv>,
-    /// Next expected MSN on QN 0, 1, 2.
-    rx_msn: [u32; 3],
+    /// Next expected MSN on QN 0, 1, 2, 3.
+    rx_msn: [u32; 4],
 
     // Terminate (RFC 5040 §5.4).
     term_pending: Option<TerminateRepr>,
@@ -300,13 +419,14 @@ impl RdmapEngine {
             next_seq: 0,
             sq_tx: 0,
             sq_tx_off: 0,
-            tx_msn: [1, 1],
+            tx_msn: [1; 4],
             outbound_reads: VecDeque::new(),
-            inbound_reads: VecDeque::new(),
+            outbound_atomics: VecDeque::new(),
+            responses: VecDeque::new(),
             prefer_responder: true,
             rq: VecDeque::new(),
             rx_send: None,
-            rx_msn: [1, 1, 1],
+            rx_msn: [1; 4],
             term_pending: None,
             term_sent: None,
             term_received: None,
@@ -374,9 +494,24 @@ impl RdmapEngine {
         self.outbound_reads.len()
     }
 
-    /// Inbound RDMA Read Requests accepted and not yet fully answered (≤ IRD, RDMAP-91).
+    /// Outbound Atomic Requests on the wire without their response (with the Reads,
+    /// ≤ ORD).
+    pub fn outstanding_atomics(&self) -> usize {
+        self.outbound_atomics.len()
+    }
+
+    /// Inbound RDMA Read Requests accepted and not yet fully answered (with the atomics,
+    /// ≤ IRD, RDMAP-91).
     pub fn inbound_reads(&self) -> usize {
-        self.inbound_reads.len()
+        self.responses
+            .iter()
+            .filter(|r| matches!(r, Response::Read(_)))
+            .count()
+    }
+
+    /// Inbound Atomic Requests executed whose Atomic Response is not sent yet.
+    pub fn inbound_atomics(&self) -> usize {
+        self.responses.len() - self.inbound_reads()
     }
 
     /// Send requests posted and not yet completed.
@@ -390,9 +525,11 @@ impl RdmapEngine {
     }
 
     /// Posts a send-queue request: Send (SE with [`SendFlags::SOLICITED`]), Send with
-    /// Invalidate, RDMA Write or RDMA Read. Every gather entry is checked through
-    /// `KeyTable::check_local` now (the sink of a Read needs `LOCAL_WRITE`); `INLINE` data is
-    /// copied now. In the Error or Closed state the request is accepted and flushed at once.
+    /// Invalidate, RDMA Write, RDMA Read, and the RFC 7306 ones: Send and RDMA Write with
+    /// immediate, atomic Fetch and Add and Compare and Swap (see the module documentation).
+    /// Every gather entry is checked through `KeyTable::check_local` now (the sink of a Read
+    /// or an atomic needs `LOCAL_WRITE`); `INLINE` data is copied now. In the Error or Closed
+    /// state the request is accepted and flushed at once.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
         let lim = send_limits(self.cfg.max_sge, self.cfg.max_inline);
         let c = check_send(wr, &lim, &self.keys, self.cfg.pd)?;
@@ -413,7 +550,9 @@ impl RdmapEngine {
             return Err(PostError::QueueFull);
         }
         let signaled = c.signaled();
+        let fence = c.flags.contains(SendFlags::FENCE);
         let solicited = c.flags.contains(SendFlags::SOLICITED);
+        let (wr_id, len, first) = (c.wr_id, c.len, c.first_sge);
         let data = c.payload;
         let (op, data) = match c.opcode {
             WrOpcode::Send => (
@@ -438,8 +577,7 @@ impl RdmapEngine {
                 data,
             ),
             WrOpcode::RdmaRead { remote_addr, rkey } => {
-                let sink = data.sgl().and_then(|s| s.first().cloned());
-                let first = c.first_sge;
+                let sink = first_target(data);
                 (
                     SqOp::Read {
                         rkey,
@@ -452,21 +590,66 @@ impl RdmapEngine {
                     Payload::Inline(Vec::new()),
                 )
             }
-            WrOpcode::SendWithImm { .. }
-            | WrOpcode::RdmaWriteWithImm { .. }
-            | WrOpcode::AtomicCmpSwap { .. }
-            | WrOpcode::AtomicFetchAdd { .. } => return Err(PostError::Unsupported),
+            WrOpcode::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => (
+                SqOp::Atomic {
+                    rkey,
+                    raddr: remote_addr,
+                    op: AtomicOp::FetchAdd { add },
+                    sink: first_target(data),
+                },
+                Payload::Inline(Vec::new()),
+            ),
+            WrOpcode::AtomicCmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => (
+                SqOp::Atomic {
+                    rkey,
+                    raddr: remote_addr,
+                    op: AtomicOp::CmpSwap { compare, swap },
+                    sink: first_target(data),
+                },
+                Payload::Inline(Vec::new()),
+            ),
+            WrOpcode::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (
+                SqOp::WriteImm {
+                    rkey,
+                    raddr: remote_addr,
+                    imm,
+                    solicited,
+                    data_done: false,
+                },
+                data,
+            ),
+            WrOpcode::SendWithImm { imm } => (
+                SqOp::SendImm {
+                    imm,
+                    solicited,
+                    imm_done: false,
+                },
+                data,
+            ),
         };
         let seq = self.next_seq;
         self.next_seq += 1;
         self.sq.push_back(SqEntry {
             seq,
-            wr_id: c.wr_id,
+            wr_id,
             op,
             data,
-            len: c.len,
+            len,
             signaled,
-            fence: c.flags.contains(SendFlags::FENCE),
+            fence,
             state: SqState::Queued,
         });
         Ok(())
@@ -598,7 +781,8 @@ impl RdmapEngine {
         self.sq_tx = 0;
         self.sq_tx_off = 0;
         self.outbound_reads.clear();
-        self.inbound_reads.clear();
+        self.outbound_atomics.clear();
+        self.responses.clear();
         if let Some(active) = self.rx_send.take() {
             let status = rq.unwrap_or(WcStatus::WorkRequestFlushed);
             let len = if status == WcStatus::WorkRequestFlushed {
@@ -634,6 +818,32 @@ impl RdmapEngine {
     }
 }
 
+fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
+    WorkCompletion::new(wr_id, status, opcode, byte_len)
+}
+
+/// The one local entry of a Read or an atomic (`None` for a zero-length Read).
+fn first_target(data: Payload) -> Option<Target> {
+    data.sgl().and_then(|s| s.first().cloned())
+}
+
+/// The iWARP-specific acceptance rules of a send-queue request, before the common ones
+/// (which include the RFC 7306 §5 atomic shape: one 64-bit word at an 8-aligned Tagged
+/// Offset into exactly one 8-octet local entry). Datagrams do not exist on iWARP. A Write
+/// with immediate tells its length in 31 bits ([`MAX_WRITE_WITH_IMM`]).
+fn iwarp_accepts(wr: &SendWr) -> Result<(), PostError> {
+    if wr.ud.is_some() {
+        return Err(PostError::Destination);
+    }
+    if let WrOpcode::RdmaWriteWithImm { .. } = wr.opcode {
+        let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if total > u64::from(MAX_WRITE_WITH_IMM) {
+            return Err(PostError::MessageTooLong);
+        }
+    }
+    Ok(())
+}
+
 /// iWARP's send-queue limits for a QP's capacities: a Read's sink is one entry (RFC 5040
 /// §4.4 names it with one STag and offset), a message at most 2^32 − 1 octets.
 pub fn send_limits(max_sge: u32, max_inline: u32) -> SendLimits {
@@ -653,23 +863,6 @@ pub fn check_send(
     keys: &KeyTable,
     pd: PdId,
 ) -> Result<CheckedSend, PostError> {
-    // Immediate data and atomics are InfiniBand operations (RFC 7306 atomics are not
-    // implemented by Linux siw); datagrams do not exist on iWARP.
-    if matches!(
-        wr.opcode,
-        WrOpcode::SendWithImm { .. }
-            | WrOpcode::RdmaWriteWithImm { .. }
-            | WrOpcode::AtomicCmpSwap { .. }
-            | WrOpcode::AtomicFetchAdd { .. }
-    ) {
-        return Err(PostError::Unsupported);
-    }
-    if wr.ud.is_some() {
-        return Err(PostError::Destination);
-    }
+    iwarp_accepts(&wr)?;
     crate::verbs_types::check_send(wr, lim, keys, pd)
-}
-
-fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
-    WorkCompletion::new(wr_id, status, opcode, byte_len)
 }

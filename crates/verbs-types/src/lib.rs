@@ -65,13 +65,13 @@ pub enum WrOpcode {
         /// Data Source STag.
         rkey: Key,
     },
-    /// IBA §9.4.1: SEND with immediate data (InfiniBand only).
+    /// IBA §9.4.1: SEND with immediate data (iWARP: RFC 7306 Immediate Data, softrdma peers).
     SendWithImm {
         /// Immediate data, host order (big-endian in the ImmDt header).
         imm: u32,
     },
     /// IBA §9.4.3: RDMA WRITE with immediate data; consumes a receive WQE at the peer
-    /// (InfiniBand only).
+    /// (iWARP: the Write then an RFC 7306 Immediate Data message, softrdma peers).
     RdmaWriteWithImm {
         /// Target virtual address.
         remote_addr: u64,
@@ -81,7 +81,7 @@ pub enum WrOpcode {
         imm: u32,
     },
     /// IBA §9.4.5: ATOMIC Compare and Swap of the 8 octets at `remote_addr` (8-byte aligned);
-    /// the original value lands in the one local 8-octet entry (InfiniBand RC only).
+    /// the original value lands in the one local 8-octet entry (RC; iWARP: RFC 7306 §5).
     AtomicCmpSwap {
         /// Target virtual address, 8-byte aligned.
         remote_addr: u64,
@@ -92,7 +92,7 @@ pub enum WrOpcode {
         /// Value stored when equal.
         swap: u64,
     },
-    /// IBA §9.4.5: ATOMIC Fetch and Add (InfiniBand RC only).
+    /// IBA §9.4.5: ATOMIC Fetch and Add (RC; iWARP: RFC 7306 §5).
     AtomicFetchAdd {
         /// Target virtual address, 8-byte aligned.
         remote_addr: u64,
@@ -403,11 +403,11 @@ pub enum WcOpcode {
     /// An inbound Send consumed this receive request.
     Recv,
     /// An inbound RDMA Write with immediate consumed this receive request
-    /// (`IBV_WC_RECV_RDMA_WITH_IMM`; InfiniBand only, iWARP has no immediate data).
+    /// (`IBV_WC_RECV_RDMA_WITH_IMM`).
     RecvRdmaWithImm,
-    /// ATOMIC Compare and Swap (InfiniBand).
+    /// ATOMIC Compare and Swap.
     CompSwap,
-    /// ATOMIC Fetch and Add (InfiniBand).
+    /// ATOMIC Fetch and Add.
     FetchAdd,
 }
 
@@ -439,7 +439,7 @@ pub struct WorkCompletion {
     /// The local STag the peer invalidated (Recv with `flags.with_invalidate`).
     pub invalidated_key: Option<Key>,
     /// Immediate data, host order (`IBV_WC_WITH_IMM`; InfiniBand SEND / RDMA WRITE with
-    /// immediate; always `None` on iWARP).
+    /// immediate, or their RFC 7306 mapping on iWARP).
     pub imm: Option<u32>,
     /// UD receive: the sender's QP number (`ibv_wc.src_qp`).
     pub src_qp: Option<u32>,
@@ -486,8 +486,8 @@ pub enum PostError {
         /// The QP's inline limit.
         max: u32,
     },
-    /// The operation does not exist on this transport or QP type (immediate data or
-    /// atomics on iWARP, READ on UC, anything but SEND on UD).
+    /// The operation does not exist on this transport or QP type (READ or atomics on UC,
+    /// anything but SEND on UD).
     #[error("operation not supported by this transport or QP type")]
     Unsupported,
     /// A UD send without a destination, or a connected-QP send with one.

@@ -15,7 +15,9 @@
 //! against Wireshark's `packet-iwarp-ddp-rdmap.c` (opcodes 0xA/0xB, Atomic
 //! header fields) and urdma's `proto.h` (opcodes 0x8..0xB, Atomic Request on
 //! QN 1, Atomic Response on QN 3); `spec/rdmap.md` §13.4 marks them medium
-//! confidence.
+//! confidence. Atomic Operation codes: FetchAdd 0, Swap 1, CmpSwap 2 as RFC 7306
+//! §5 lists them; Wireshark names 0 and 2 the same way, urdma numbers its
+//! CmpSwap 1 (so the two do not interoperate on CmpSwap).
 
 use crate::ddp::{self, DdpError};
 use crate::error::{Error, Layer, Result, need};
@@ -52,6 +54,8 @@ pub const ATOMIC_RESPONSE_HEADER_LEN: usize = 12;
 pub const FIELD_OPCODE: &str = "RDMAP OpCode";
 /// `Error::Unknown::field` of a QN that names no RDMAP queue (see [`classify`]).
 pub const FIELD_QN: &str = "DDP Queue Number";
+/// `Error::Unknown::field` of an undefined RFC 7306 Atomic Operation code (see [`classify`]).
+pub const FIELD_ATOMIC_OPCODE: &str = "RDMAP Atomic Operation code";
 
 wire_enum! {
     /// RFC 5040 §4.2 Figure 4 (0x0..0x7, RDMAP-17) and RFC 7306 (0x8..0xB).
@@ -1004,8 +1008,10 @@ impl TerminateRepr {
 }
 
 wire_enum! {
-    /// RFC 7306: Atomic Operation code (the low 4 bits of the first word).
-    pub enum AtomicOpcode: u8 => (Layer::Rdmap, "RDMAP Atomic Operation code") {
+    /// RFC 7306 §5 (Atomic Request Header): Atomic Operation code, the low 4 bits of the
+    /// first word. 0x3..0xF are undefined: `TryFrom` gives `Error::Unknown` with
+    /// [`FIELD_ATOMIC_OPCODE`] ([`Violation::UndefinedAtomicOpcode`]).
+    pub enum AtomicOpcode: u8 => (Layer::Rdmap, FIELD_ATOMIC_OPCODE) {
         FetchAdd = 0x0,
         Swap = 0x1,
         CompareSwap = 0x2,
@@ -1275,6 +1281,11 @@ pub enum Violation {
     /// Octets after a fixed-size RDMAP header, or non-zero octets after a
     /// Terminate Header (RDMAP-22): 0/2/0xFF Unspecified.
     TrailingOctets,
+    /// An Atomic Request whose Atomic Operation code RFC 7306 does not define
+    /// (0x3..0xF): an operation the Responder cannot execute. RFC 7306 adds no
+    /// Terminate code (the IANA RDMAP error registry has none from it), so the
+    /// nearest RFC 5040 one: 0/2/0x06 Unexpected OpCode.
+    UndefinedAtomicOpcode,
 }
 
 impl Violation {
@@ -1286,6 +1297,7 @@ impl Violation {
         Violation::UndefinedQueue,
         Violation::NotSingleSegment,
         Violation::TrailingOctets,
+        Violation::UndefinedAtomicOpcode,
     ];
 
     /// The `Error::Malformed::reason` of the violations reported as `Malformed`.
@@ -1297,6 +1309,7 @@ impl Violation {
             Violation::UndefinedQueue => "DDP queue number names no RDMAP queue",
             Violation::NotSingleSegment => "RDMAP header message is not one DDP segment at MO 0",
             Violation::TrailingOctets => "unexpected octets after the RDMAP header",
+            Violation::UndefinedAtomicOpcode => "undefined RFC 7306 Atomic Operation code",
         }
     }
 
@@ -1305,7 +1318,8 @@ impl Violation {
         match self {
             Violation::ReservedOpcode
             | Violation::TaggedFlagMismatch
-            | Violation::QueueMismatch => {
+            | Violation::QueueMismatch
+            | Violation::UndefinedAtomicOpcode => {
                 TerminateCode::RdmaRemoteOperation(RemoteOperationError::UnexpectedOpcode)
             }
             Violation::UndefinedQueue => TerminateCode::Ddp(DdpError::UntaggedBuffer(
@@ -1335,6 +1349,11 @@ pub fn classify(err: &Error) -> Option<Violation> {
             ..
         } if field == FIELD_OPCODE => Some(Violation::ReservedOpcode),
         Error::Unknown {
+            layer: Layer::Rdmap,
+            field,
+            ..
+        } if field == FIELD_ATOMIC_OPCODE => Some(Violation::UndefinedAtomicOpcode),
+        Error::Unknown {
             layer: Layer::Ddp,
             field,
             ..
@@ -1359,6 +1378,7 @@ pub fn classify(err: &Error) -> Option<Violation> {
 /// | T flag vs opcode (row 2) | `Malformed { Rdmap, TaggedFlagMismatch }` | 0/2/0x06 |
 /// | QN vs opcode (row 2, ambiguity 10) | `Malformed { Rdmap, QueueMismatch }` | 0/2/0x06 |
 /// | QN not 0..=3 (row 1) | `Unknown { Ddp, FIELD_QN }` | 1/2/0x01 Invalid QN |
+/// | Atomic Operation code 0x3..0xF (RFC 7306) | `Unknown { Rdmap, FIELD_ATOMIC_OPCODE }` | 0/2/0x06 |
 /// | header message split | `Malformed { Rdmap, NotSingleSegment }` | 0/2/0xFF |
 /// | extra octets (RDMAP-22) | `Malformed { Rdmap, TrailingOctets }` | 0/2/0xFF |
 ///
@@ -2221,13 +2241,30 @@ mod tests {
         // Atomic Operation codes 0..2 are defined; 3..15 are not.
         let ops: Vec<u8> = AtomicOpcode::ALL.iter().map(|&o| o.into()).collect();
         assert_eq!(ops, [0, 1, 2]);
-        req[18 + 3] = 0x03;
+        for code in 0x03..=0x0F {
+            req[18 + 3] = code;
+            let err = Segment::parse(&req).unwrap_err();
+            assert_eq!(
+                err,
+                Error::Unknown {
+                    layer: Layer::Rdmap,
+                    field: FIELD_ATOMIC_OPCODE,
+                    value: code.into(),
+                }
+            );
+            assert_eq!(classify(&err), Some(Violation::UndefinedAtomicOpcode));
+            assert_eq!(
+                terminate_code_for(&err),
+                Some(TerminateCode::RdmaRemoteOperation(
+                    RemoteOperationError::UnexpectedOpcode
+                ))
+            );
+        }
+        // The code is checked only once the header is whole: a truncated request is
+        // Truncated, not an undefined operation.
         assert!(matches!(
-            Segment::parse(&req),
-            Err(Error::Unknown {
-                layer: Layer::Rdmap,
-                ..
-            })
+            Segment::parse(&req[..18 + ATOMIC_REQUEST_HEADER_LEN - 1]),
+            Err(Error::Truncated { .. })
         ));
         // The 28 reserved bits are kept.
         req[18..22].copy_from_slice(&[0xab, 0xcd, 0xef, 0x11]);

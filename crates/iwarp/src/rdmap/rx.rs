@@ -8,12 +8,16 @@
 use softrdma_memory::{Access, AccessError, Key, KeyState};
 use softrdma_wire::ddp::{self, DDP_VERSION, TaggedBufferError, UntaggedBufferError};
 use softrdma_wire::rdmap::{
-    Body, MASK_OPCODE, MASK_RV, Opcode, Queue, ReadRequestRepr, RemoteOperationError,
-    RemoteProtectionError, Segment, TerminateCode, TerminateRepr, terminate_code_for,
+    AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr, Body, ImmediateDataRepr, MASK_OPCODE,
+    MASK_RV, Opcode, Queue, ReadRequestRepr, RemoteOperationError, RemoteProtectionError, Segment,
+    TerminateCode, TerminateRepr, terminate_code_for,
 };
 
 use super::term::{self, Fault};
-use super::{ActiveRecv, InboundRead, QpEvent, QpState, RdmapEngine, SqOp, SqState, wc};
+use super::{
+    ActiveRecv, IMM_SEND_FOLLOWS, InboundRead, QpEvent, QpState, RdmapEngine, Response, SqOp,
+    SqState, wc,
+};
 use crate::verbs_types::{WcOpcode, WcStatus};
 
 /// T = 0 and OpCode 7: handled as a Terminate whatever else is wrong with it (RDMAP-71).
@@ -74,7 +78,10 @@ impl RdmapEngine {
                 Fault::untagged(UntaggedBufferError::InvalidDdpVersion)
             }));
         }
-        if hdr.qn().is_some_and(|qn| qn > u32::from(Queue::Terminate)) {
+        if hdr
+            .qn()
+            .is_some_and(|qn| qn > u32::from(Queue::AtomicResponse))
+        {
             return Err(at(Fault::untagged(UntaggedBufferError::InvalidQn)));
         }
         // RFC 5040 §7.2 (RDMAP-105): the negotiated RDMAP version.
@@ -83,13 +90,9 @@ impl RdmapEngine {
                 RemoteOperationError::InvalidRdmapVersion,
             )));
         }
-        // RFC 5040 §7.2 (RDMAP-104): RFC 7306 opcodes (0x8..0xB) are not negotiated on
-        // this stream and 0xC..0xF are reserved: Unexpected OpCode, whatever follows.
-        if hdr.rsvd_ulp()[0] & MASK_OPCODE > Opcode::Terminate as u8 {
-            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
-        }
-        // RFC 5040 §7.2 (RDMAP-104, RDMAP-108): opcode consistent with T and QN (Figure 4),
-        // RDMAP header of the right size.
+        // RFC 5040 §7.2 (RDMAP-104, RDMAP-108): a defined opcode (0xC..0xF are reserved;
+        // RFC 7306 §4 defines 0x8..0xB), consistent with T and QN (Figure 4, RFC 7306 §4),
+        // RDMAP header of the right size, Atomic Operation code defined.
         let seg = Segment::parse(ulpdu).map_err(|e| {
             let code = terminate_code_for(&e).unwrap_or(TerminateCode::RdmaRemoteOperation(
                 RemoteOperationError::Unspecified,
@@ -110,8 +113,12 @@ impl RdmapEngine {
                 payload,
             } => self.rx_send(&hdr, seg_len, payload, true, Some(invalidate_stag)),
             Body::RdmaReadRequest(req) => self.rx_read_request(&hdr, seg_len, req),
-            // RFC 7306 messages (and a Terminate, handled before) are not expected here.
-            _ => Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode))),
+            Body::ImmediateData(i) => self.rx_immediate(&hdr, seg_len, i, false),
+            Body::ImmediateDataWithSe(i) => self.rx_immediate(&hdr, seg_len, i, true),
+            Body::AtomicRequest(req) => self.rx_atomic_request(&hdr, seg_len, req),
+            Body::AtomicResponse(resp) => self.rx_atomic_response(&hdr, seg_len, resp),
+            // A Terminate was handled before.
+            Body::Terminate(_) => Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode))),
         }
     }
 
@@ -217,11 +224,20 @@ impl RdmapEngine {
             let Some(entry) = self.rq.pop_front() else {
                 return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
             };
-            self.rx_send = Some(ActiveRecv { entry, received: 0 });
+            self.rx_send = Some(ActiveRecv {
+                entry,
+                received: 0,
+                imm: None,
+            });
         }
         let Some(active) = self.rx_send.as_mut() else {
             return Err(Fault::local());
         };
+        // The Send an Immediate Data announced (Send with immediate) is a plain Send or
+        // Send with SE: nothing else may take its WQE.
+        if active.imm.is_some() && invalidate.is_some() {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        }
         if mo != active.received {
             return Err(at(Fault::untagged(UntaggedBufferError::InvalidMo)));
         }
@@ -249,6 +265,10 @@ impl RdmapEngine {
             active.received,
         );
         done.flags.solicited = solicited;
+        if let Some((imm, se)) = active.imm {
+            done.imm = Some(imm);
+            done.flags.solicited |= se;
+        }
         if let Some(stag) = invalidate {
             // RFC 5040 §6 / §7.2 rows 4-5 (RDMAP-106, -107, -121): the STag must be valid and
             // invalidatable by this stream; the key table applies IBA o9-5.2.2 rules 1-9.
@@ -288,8 +308,9 @@ impl RdmapEngine {
         let ddp::Repr::Untagged { msn, .. } = *hdr else {
             return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
         };
-        // RFC 5040 §6.1: the IRD slots are QN 1's buffers; the excess finds none.
-        let available = usize::from(self.cfg.ird).saturating_sub(self.inbound_reads.len());
+        // RFC 5040 §6.1: the IRD slots are QN 1's buffers (shared with Atomic Requests,
+        // RFC 7306 §5); the excess finds none.
+        let available = usize::from(self.cfg.ird).saturating_sub(self.responses.len());
         let d = msn.wrapping_sub(self.rx_msn[1]);
         if d != 0 {
             return Err(at(msn_fault(d, available)));
@@ -313,13 +334,180 @@ impl RdmapEngine {
             );
             Some(checked.map_err(|e| at(term::read_source_fault(e)).read_request(req))?)
         };
-        self.inbound_reads.push_back(InboundRead {
+        self.responses.push_back(Response::Read(InboundRead {
             req,
             ddp: *hdr,
             seg_len,
             source,
             sent: 0,
-        });
+        }));
+        Ok(())
+    }
+
+    /// RFC 7306 §6: Immediate Data on QN 0, in the MSN sequence of the Sends; it takes the
+    /// next receive WQE (none: DDP "no buffer", as for a Send). Octets 0..4 are the
+    /// immediate, octets 4..8 our word ([`IMM_SEND_FOLLOWS`]): with the bit, the WQE waits for
+    /// the announced Send; without it, the Immediate Data completes a Write with immediate
+    /// (`RecvRdmaWithImm`, `byte_len` = the Write's length, nothing placed).
+    fn rx_immediate(
+        &mut self,
+        hdr: &ddp::Repr,
+        seg_len: u16,
+        imm: ImmediateDataRepr,
+        solicited: bool,
+    ) -> Result<(), Fault> {
+        let at = |f: Fault| f.segment(*hdr, seg_len);
+        let ddp::Repr::Untagged { msn, .. } = *hdr else {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        };
+        let d = msn.wrapping_sub(self.rx_msn[0]);
+        if d != 0 {
+            return Err(at(msn_fault(d, self.rq_len())));
+        }
+        if self.rx_send.is_some() {
+            // The WQE in use waits for the Send an Immediate Data announced.
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        }
+        let Some(entry) = self.rq.pop_front() else {
+            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
+        };
+        self.rx_msn[0] = msn.wrapping_add(1);
+        let [i0, i1, i2, i3, w0, w1, w2, w3] = imm.immediate_data;
+        let value = u32::from_be_bytes([i0, i1, i2, i3]);
+        let word = u32::from_be_bytes([w0, w1, w2, w3]);
+        if word & IMM_SEND_FOLLOWS != 0 {
+            self.rx_send = Some(ActiveRecv {
+                entry,
+                received: 0,
+                imm: Some((value, solicited)),
+            });
+            return Ok(());
+        }
+        let mut done = wc(
+            entry.wr_id,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            word,
+        );
+        done.imm = Some(value);
+        done.flags.solicited = solicited;
+        self.completions.push_back(done);
+        Ok(())
+    }
+
+    /// RFC 7306 §5: Atomic Request on QN 1, in the Read Requests' MSN sequence and IRD slots.
+    /// Checked in RFC 5040 §7.2's order (operation, queue and buffer, then the target through
+    /// `check_remote` with `REMOTE_ATOMIC`: STag, PD, rights, wrap, bounds, alignment), then
+    /// executed exactly once, now, in order with every earlier message of the stream
+    /// (IBT-C9-28, IBT-X-15): a repeated or skipped MSN or a Request Identifier still
+    /// awaiting its response is refused before anything is touched, and any error kills the
+    /// stream. The Atomic Response waits behind earlier Read Responses.
+    fn rx_atomic_request(
+        &mut self,
+        hdr: &ddp::Repr,
+        seg_len: u16,
+        req: AtomicRequestRepr,
+    ) -> Result<(), Fault> {
+        let at = |f: Fault| f.segment(*hdr, seg_len);
+        let ddp::Repr::Untagged { msn, .. } = *hdr else {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        };
+        // The operations the verbs define: FetchAdd on the whole word (Add Mask 0) and
+        // CmpSwap comparing and swapping every bit. Swap and masked forms are refused like
+        // an undefined code (the wire crate's `Violation::UndefinedAtomicOpcode`).
+        let op = match req.opcode {
+            AtomicOpcode::FetchAdd if req.add_or_swap_mask == 0 => Exec::Add(req.add_or_swap_data),
+            AtomicOpcode::CompareSwap
+                if req.add_or_swap_mask == u64::MAX && req.compare_mask == u64::MAX =>
+            {
+                Exec::CmpSwap(req.compare_data, req.add_or_swap_data)
+            }
+            _ => return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode))),
+        };
+        let available = usize::from(self.cfg.ird).saturating_sub(self.responses.len());
+        let d = msn.wrapping_sub(self.rx_msn[1]);
+        if d != 0 {
+            return Err(at(msn_fault(d, available)));
+        }
+        if available == 0 {
+            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
+        }
+        let id = req.request_identifier;
+        if self
+            .responses
+            .iter()
+            .any(|r| matches!(r, Response::Atomic(a) if a.original_request_identifier == id))
+        {
+            // Two responses with one identifier could not be told apart.
+            return Err(at(Fault::operation(RemoteOperationError::Unspecified)));
+        }
+        self.rx_msn[1] = msn.wrapping_add(1);
+        // RFC 7306 §8: the target's checks and codes are the Read source's (Remote
+        // Protection); a misaligned one is Remote Protection / Unspecified.
+        let fault = |e: AccessError| at(term::read_source_fault(e));
+        let target = self
+            .keys
+            .check_remote(
+                Key(req.remote_stag),
+                self.cfg.pd,
+                self.cfg.qp,
+                Access::REMOTE_ATOMIC,
+                req.remote_tagged_offset,
+                8,
+            )
+            .map_err(fault)?;
+        // The memory crate runs the read-modify-write under the buffer's lock: atomic with
+        // respect to every other QP sharing the region (IBT-o9-17). Host order.
+        let original = match op {
+            Exec::Add(add) => target.fetch_add(0, add),
+            Exec::CmpSwap(compare, swap) => target.compare_swap(0, compare, swap),
+        }
+        .map_err(fault)?;
+        self.responses
+            .push_back(Response::Atomic(AtomicResponseRepr {
+                original_request_identifier: id,
+                original_remote_data_value: original,
+            }));
+        Ok(())
+    }
+
+    /// RFC 7306 §5: Atomic Response on QN 3 (its own MSN sequence; the outstanding atomics
+    /// are its buffers: none left is DDP "no buffer"). It answers the oldest outstanding
+    /// atomic, whose Request Identifier it must carry; the original value lands, host order,
+    /// in that request's 8-octet entry and the request completes (in submission order,
+    /// RDMAP-81).
+    fn rx_atomic_response(
+        &mut self,
+        hdr: &ddp::Repr,
+        seg_len: u16,
+        resp: AtomicResponseRepr,
+    ) -> Result<(), Fault> {
+        let at = |f: Fault| f.segment(*hdr, seg_len);
+        let ddp::Repr::Untagged { msn, .. } = *hdr else {
+            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
+        };
+        let d = msn.wrapping_sub(self.rx_msn[3]);
+        if d != 0 {
+            return Err(at(msn_fault(d, self.outbound_atomics.len())));
+        }
+        let Some(atomic) = self.outbound_atomics.front() else {
+            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
+        };
+        let seq = atomic.seq;
+        if resp.original_request_identifier != atomic.msn {
+            return Err(at(Fault::operation(RemoteOperationError::Unspecified))
+                .sq(seq, WcStatus::RemoteOperation));
+        }
+        let value = resp.original_remote_data_value.to_ne_bytes();
+        let placed = match &atomic.sink {
+            Some(sink) => sink.place(0, &value),
+            None => Err(AccessError::Bounds),
+        };
+        // Our own entry went away after the post: a local error (RDMAP-99).
+        placed.map_err(|_| Fault::local().sq(seq, WcStatus::LocalProtection))?;
+        self.outbound_atomics.pop_front();
+        self.rx_msn[3] = msn.wrapping_add(1);
+        self.complete_sq(seq, WcStatus::Success);
         Ok(())
     }
 
@@ -399,9 +587,15 @@ impl RdmapEngine {
         {
             return Some((read.seq, status));
         }
-        let current = (self.sq_tx_off > 0)
-            .then(|| self.sq.get(self.sq_tx))
-            .flatten();
+        let started = self.sq_started();
+        let current = started.then(|| self.sq.get(self.sq_tx)).flatten();
+        // The QN 0 MSNs the current request used: a Send's (while its segments go out), a
+        // Send with immediate's Immediate Data and Send.
+        let send_msn = |e: &super::SqEntry, msn: u32| match e.op {
+            SqOp::Send { .. } => msn == self.tx_msn[0],
+            SqOp::SendImm { .. } => msn == self.tx_msn[0] || msn == self.tx_msn[0].wrapping_sub(1),
+            _ => false,
+        };
         match t.ddp.map(|d| d.header) {
             // The quoted opcode says which of our sequences the MSN belongs to.
             Some(ddp::Repr::Untagged { rsvd_ulp, msn, .. }) => {
@@ -411,17 +605,25 @@ impl RdmapEngine {
                         .iter()
                         .find(|rd| rd.msn == msn)
                         .map(|rd| (rd.seq, status)),
+                    Ok(Opcode::AtomicRequest) => self
+                        .outbound_atomics
+                        .iter()
+                        .find(|a| a.msn == msn)
+                        .map(|a| (a.seq, status)),
                     Ok(op) if op.queue() == Some(Queue::Send) => current
-                        .filter(|e| matches!(e.op, SqOp::Send { .. }) && msn == self.tx_msn[0])
+                        .filter(|e| send_msn(e, msn))
                         .map(|e| (e.seq, status)),
                     _ => None,
                 }
             }
             Some(ddp::Repr::Tagged { stag, .. }) => current
-                .filter(|e| matches!(e.op, SqOp::Write { rkey, .. } if rkey.0 == stag))
+                .filter(|e| {
+                    matches!(e.op, SqOp::Write { rkey, .. } | SqOp::WriteImm { rkey, .. }
+                        if rkey.0 == stag)
+                })
                 .map(|e| (e.seq, status)),
             None => {
-                let handed = self.sq_tx + usize::from(self.sq_tx_off > 0);
+                let handed = self.sq_tx + usize::from(started);
                 self.sq
                     .iter()
                     .take(handed)
@@ -430,6 +632,14 @@ impl RdmapEngine {
             }
         }
     }
+}
+
+/// An atomic the responder executes.
+#[derive(Clone, Copy, Debug)]
+enum Exec {
+    Add(u64),
+    /// (compare, swap)
+    CmpSwap(u64, u64),
 }
 
 #[cfg(test)]

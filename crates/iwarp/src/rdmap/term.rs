@@ -122,7 +122,8 @@ pub(super) fn tagged_sink_fault(e: AccessError) -> Fault {
 }
 
 /// RFC 5040 §7.2 checks 4a-4e (RDMAP-109..113) and the derived rights check (RDMAP-114) of
-/// a Read Request's source: RDMA Remote Protection codes.
+/// a Read Request's source, and the same checks of an Atomic Request's target (RFC 7306 §8
+/// adds no codes; a misaligned target is Unspecified): RDMA Remote Protection codes.
 pub(super) fn read_source_fault(e: AccessError) -> Fault {
     Fault::protection(match e {
         AccessError::InvalidKey | AccessError::Invalidated => RemoteProtectionError::InvalidStag,

@@ -4,6 +4,7 @@
 mod data;
 mod errors;
 mod pair;
+mod rfc7306;
 
 use crate::verbs_types::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -59,8 +60,9 @@ mod props {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
-        /// RDMAP-103, RDMAP-69, RDMAP-73: any sequence of hostile ULPDUs never panics; the
-        /// engine answers with at most one Terminate, which parses, and then nothing.
+        /// RDMAP-103, RDMAP-69, RDMAP-73: any sequence of hostile ULPDUs (RFC 7306 opcodes
+        /// and QN 3 included) never panics; the engine answers with at most one Terminate,
+        /// which parses, and then nothing.
         #[test]
         fn hostile_ulpdus_never_panic(
             inputs in proptest::collection::vec(
@@ -69,8 +71,9 @@ mod props {
             )
         ) {
             let mut p = Pair::new(128);
+            // Every remote right, so that hostile RFC 7306 Atomic Requests reach execution.
             let m = Mr::new(&p.kb, PD, 4096, 0, Access::LOCAL_WRITE | Access::REMOTE_WRITE
-                | Access::REMOTE_READ);
+                | Access::REMOTE_READ | Access::REMOTE_ATOMIC);
             p.b.post_recv(RecvWr::new(1, vec![m.sge(0, 64)])).unwrap();
             for u in &inputs {
                 p.inject(Dir::AtoB, u);

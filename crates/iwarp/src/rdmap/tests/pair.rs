@@ -151,6 +151,11 @@ impl Pair {
     pub fn with(a: QpConfig, b: QpConfig) -> Pair {
         let ka = Arc::new(KeyTable::with_seed(0xA));
         let kb = Arc::new(KeyTable::with_seed(0xB));
+        Pair::with_tables(a, b, ka, kb)
+    }
+
+    /// As [`with`](Pair::with) over given key tables (several pairs may share one side's).
+    pub fn with_tables(a: QpConfig, b: QpConfig, ka: Arc<KeyTable>, kb: Arc<KeyTable>) -> Pair {
         Pair {
             a: RdmapEngine::new(a, ka.clone()),
             b: RdmapEngine::new(b, kb.clone()),
