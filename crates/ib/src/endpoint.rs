@@ -46,9 +46,12 @@
 //!   destination are IPv4: IPv4 header (IHL 5, DF, TTL 64, TOS 0, our Identification: a
 //!   counter that skips 0, since a raw socket replaces 0 with the kernel's own) ‖ UDP header
 //!   (source port: rxe's per-QP port, `rocev2_src_port(rocev2_flow_label(src QPN, BTH
-//!   DestQP))`; checksum 0, as rxe) ‖ payload ‖ ICRC over exactly that header. Byte for byte
-//!   what Linux rxe sends (the tests rebuild captured rxe packets). Send it through an
-//!   `IPPROTO_RAW` socket to [`Transmit::socket_addr`] (port 0).
+//!   DestQP))`; checksum 0, as rxe) ‖ payload ‖ ICRC over exactly that header. For a QP
+//!   connected without rdma_cm that is octet for octet what Linux rxe sends (the tests
+//!   rebuild captured rxe packets); rxe derives the port of rdma_cm connections and of UD
+//!   address handles from a flow label of their own, so there only the port differs (any
+//!   port verifies: the receiver hashes the one it sees). Send it through an `IPPROTO_RAW`
+//!   socket to [`Transmit::socket_addr`] (port 0).
 //!
 //! IPv6 always takes the UDP form. A connected QP's packets go to its path
 //! ([`RoceEndpoint::set_path`]); a UD send goes to its work request's address handle
@@ -71,7 +74,9 @@
 //!     let ep = ep.read();
 //!     for (buf, peer) in batch {
 //!         let Ok(inc) = ep.handle(peer, buf, &mut verifier) else { continue }; // counted
-//!         let q = qps.get(&inc.qpn);                    // the driver's own QPN → QP map
+//!         // The driver's own QPN → QP map; a QP being created or destroyed may be missing:
+//!         // drop the packet (register after inserting, remove before destroying).
+//!         let Some(q) = qps.get(&inc.qpn) else { continue };
 //!         q.engine.lock().qp.handle_packet(&inc.packet, &inc.grh, now);
 //!         touched.insert(q);
 //!     }
@@ -265,16 +270,6 @@ impl Transmit {
         self.start..self.end
     }
 
-    /// Its length.
-    pub fn len(&self) -> usize {
-        self.end - self.start
-    }
-
-    /// Never true (a datagram holds at least a BTH and the ICRC); for clippy's sake.
-    pub fn is_empty(&self) -> bool {
-        self.end == self.start
-    }
-
     /// The transport packet within the buffer (BTH .. pad: no IP, UDP or ICRC), e.g. for a
     /// packet log.
     pub fn packet_range(&self) -> Range<usize> {
@@ -282,7 +277,7 @@ impl Transmit {
             SocketKind::Udp => 0,
             SocketKind::RawIpv4 => IPV4_HEADER_LEN + UDP_HEADER_LEN,
         };
-        self.start + head..self.end - ICRC_LEN
+        self.start.saturating_add(head)..self.end.saturating_sub(ICRC_LEN)
     }
 
     /// The address to give `sendto`/`sendmmsg`: `dest` for the UDP socket; `dest` with port
@@ -576,8 +571,7 @@ impl RoceEndpoint {
                 // BTH DestQP is the path's or the UD request's remote QPN).
                 let port = rocev2_src_port(rocev2_flow_label(src_qpn, bth.dest_qp()));
                 let id = self.next_ipv4_id();
-                emit_raw_ipv4(out, SocketAddrV4::new(src, port), dst, id, payload)
-                    .ok_or(bad_len)?;
+                emit_raw_ipv4(out, SocketAddrV4::new(src, port), dst, id, payload)?;
                 SocketKind::RawIpv4
             }
             _ => {
@@ -643,17 +637,19 @@ fn emit_udp_payload(out: &mut Vec<u8>, ep: &Endpoints, payload: &[u8]) {
 
 /// Appends a whole RoCEv2 IPv4 packet as rxe sends it: IPv4 (IHL 5, TOS 0, Identification
 /// `ident`, DF, TTL 64, checksum) ‖ UDP (`src` port to `dst` port, checksum 0) ‖ `payload`
-/// (BTH .. pad) ‖ ICRC. `None`, with nothing appended, for a payload longer than
-/// `MAX_IPV4_PAYLOAD_LEN`. The form [`RoceEndpoint::encapsulate`] builds for a raw socket.
+/// (BTH .. pad) ‖ ICRC; returns the octets appended. [`TxError::BadLength`], with nothing
+/// appended, for a payload longer than `MAX_IPV4_PAYLOAD_LEN`. The form
+/// [`RoceEndpoint::encapsulate`] builds for a raw socket.
 pub fn emit_raw_ipv4(
     out: &mut Vec<u8>,
     src: SocketAddrV4,
     dst: SocketAddrV4,
     ident: u16,
     payload: &[u8],
-) -> Option<()> {
+) -> Result<usize, TxError> {
+    let bad_len = TxError::BadLength(payload.len());
     if payload.len() > MAX_IPV4_PAYLOAD_LEN {
-        return None;
+        return Err(bad_len);
     }
     let udp_len = UDP_HEADER_LEN + payload.len() + ICRC_LEN;
     let ip = Ipv4Repr {
@@ -669,13 +665,13 @@ pub fn emit_raw_ipv4(
     };
     let mut hdr = [0u8; IPV4_HEADER_LEN + UDP_HEADER_LEN];
     // Both fit their fixed sizes: emit cannot fail here.
-    ip.emit(&mut hdr[..IPV4_HEADER_LEN]).ok()?;
-    udp.emit(&mut hdr[IPV4_HEADER_LEN..]).ok()?;
+    ip.emit(&mut hdr[..IPV4_HEADER_LEN]).map_err(|_| bad_len)?;
+    udp.emit(&mut hdr[IPV4_HEADER_LEN..]).map_err(|_| bad_len)?;
     out.extend_from_slice(&hdr);
     out.extend_from_slice(payload);
     let ep = Endpoints::from_socket_addrs(src.into(), dst.into());
     out.extend_from_slice(&icrc_for(&ep, ident, payload).to_le_bytes());
-    Some(())
+    Ok(hdr.len() + payload.len() + ICRC_LEN)
 }
 
 /// The 40-octet GRH area of a UD receive from `src` to `dst` of a `len`-octet UDP payload

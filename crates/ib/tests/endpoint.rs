@@ -211,7 +211,8 @@ fn raw_form_rebuilds_every_captured_packet() {
     for c in &caps {
         out.clear();
         out.extend_from_slice(b"prefix");
-        emit_raw_ipv4(&mut out, c.src, c.dst, c.ident, c.payload()).unwrap();
+        let n = emit_raw_ipv4(&mut out, c.src, c.dst, c.ident, c.payload()).unwrap();
+        assert_eq!(n, c.ip.len());
         assert_eq!(&out[..6], b"prefix", "appended");
         assert_eq!(out[6..], c.ip[..], "{}", c.name);
     }
