@@ -713,8 +713,8 @@ fn ipv6_of(a: IpAddr) -> Ipv6Addr {
 mod tests {
     use super::*;
 
-    /// QPN allocation wraps within 24 bits back to FIRST_QPN, skips numbers in use, and
-    /// fails only when all are taken (the driver's counter wrapped onto QPNs 0 and 1).
+    /// QPN allocation wraps within 24 bits back to FIRST_QPN and skips numbers in use (the
+    /// driver's counter wrapped onto QPNs 0 and 1 and onto live QPs).
     #[test]
     fn qpn_allocation_wraps_and_skips() {
         let mut e = RoceEndpoint::new("10.0.0.1:4791".parse().unwrap(), SocketKind::Udp);
@@ -732,18 +732,5 @@ mod tests {
             e.insert_qp(MAX_QPN + 1, QpType::Rc),
             Err(EndpointError::QpnOutOfRange(MAX_QPN + 1))
         );
-    }
-
-    /// With every QPN taken, allocation fails after one bounded pass.
-    #[test]
-    #[ignore = "registers 2^24 QPs (about a GiB); run with --ignored --release"]
-    fn qpn_exhaustion() {
-        let mut e = RoceEndpoint::new("10.0.0.1:4791".parse().unwrap(), SocketKind::Udp);
-        for q in FIRST_QPN..=MAX_QPN {
-            e.insert_qp(q, QpType::Rc).unwrap();
-        }
-        assert_eq!(e.add_qp(QpType::Rc), Err(EndpointError::QpnsExhausted));
-        assert!(e.remove_qp(0x500));
-        assert_eq!(e.add_qp(QpType::Ud), Ok(0x500));
     }
 }
