@@ -60,7 +60,7 @@
 //!
 //! # A driver
 //!
-//! ```ignore
+//! ```text
 //! // Setup (write lock): one endpoint per bound address.
 //! let ep = RwLock::new(RoceEndpoint::new(local, if raw_ok { SocketKind::RawIpv4 } else { SocketKind::Udp }));
 //! let qpn = ep.write().add_qp(QpType::Rc)?;             // ibv_create_qp: the QPN for IbQp::new
