@@ -46,6 +46,7 @@ def main():
             l4 = ip[ihl:]
             if proto == 17 and len(l4) >= 8 and struct.unpack(">H", l4[2:4])[0] == 4791:
                 save("rocev2", ip, seen)
+                save("roce_endpoint", ip, seen)
                 transport = l4[8:-4]
                 save("ib_packet", transport, seen)
                 if len(transport) > 12 and transport[0] in (0x00, 0x04, 0x05, 0x17):

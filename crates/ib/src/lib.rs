@@ -1,14 +1,20 @@
 //! Sans-IO InfiniBand transport engine (IBA Vol. 1 ch. 9), in the roles of the
 //! spec and Linux rxe: requester and completer ([`requester`]), responder
 //! ([`responder`]), tied together with the QP state machine and the header
-//! validation pipeline in [`qp`] (see `DESIGN.md`). RC, UC and UD.
+//! validation pipeline in [`qp`] (see `DESIGN.md`). RC, UC and UD. [`endpoint`] is the RoCEv2
+//! endpoint between a UDP socket and the QPs: ICRC, demultiplexing, encapsulation.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod endpoint;
 pub mod qp;
 pub mod requester;
 pub mod responder;
 
+pub use endpoint::{
+    DropReason, EndpointCounters, EndpointError, Incoming, RoceEndpoint, SocketKind, Transmit,
+    TxError,
+};
 pub use qp::{IbQp, ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, pkey_matches};
 pub use requester::{Requester, RequesterConfig, RequesterCounters, Tx};
 pub use responder::{Responder, ResponderConfig, ResponderCounters};

@@ -1,26 +1,65 @@
-//! A seeded simulated network between two [`IbQp`]s: every packet is wrapped in real RoCEv2
-//! (IPv4 | UDP | BTH .. | ICRC) and checked on arrival as a driver does, with loss,
-//! duplication, reordering and corruption drawn from a seeded RNG and virtual time, so a
-//! failing seed replays exactly. Optionally every packet is logged ([`Sim::capture`]: what
-//! each side put on the wire and what was delivered) and chosen packets are dropped
-//! ([`Sim::drop_filter`]) for targeted fault injection.
+//! A seeded simulated network between two [`IbQp`]s, each behind its own [`RoceEndpoint`] as
+//! in the UDP driver: the sending endpoint wraps every packet in RoCEv2 (by default the raw
+//! IPv4 form, IPv4 | UDP | BTH .. | ICRC, as a driver with a raw socket sends; see [`Wire`]),
+//! the network delivers the UDP payload and the sender's address as a UDP socket would, and
+//! the receiving endpoint checks the ICRC, parses and demultiplexes it as the driver does.
+//! Loss, duplication, reordering and corruption are drawn from a seeded RNG and virtual time,
+//! so a failing seed replays exactly; corruption flips a bit of the UDP payload and is caught
+//! (and counted) by the receiving endpoint's ICRC check. Optionally every packet is logged
+//! ([`Sim::capture`]: what each side put on the wire and what was delivered) and chosen
+//! packets are dropped ([`Sim::drop_filter`]) for targeted fault injection.
 
 #![allow(dead_code)]
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState, QpType, WorkCompletion};
+use softrdma_ib::{
+    DropReason, IbQp, QpAttr, QpCaps, QpState, QpType, RoceEndpoint, SocketKind, Transmit, UdDest,
+    WorkCompletion,
+};
 use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId};
 use softrdma_wire::ib::{Opcode, PacketRepr, RethRepr, Syndrome};
-use softrdma_wire::rocev2::{IpRepr, Ipv4Repr, RoceV2Repr, UdpChecksum, UdpRepr};
+use softrdma_wire::icrc::IcrcVerifier;
+use softrdma_wire::rocev2::{Ipv4Repr, ROCEV2_UDP_PORT, UDP_HEADER_LEN, UdpRepr};
 
 pub const ADDR: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
+pub const ADDR6: [Ipv6Addr; 2] = [
+    Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1),
+    Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2),
+];
+
+/// How the two endpoints talk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wire {
+    /// IPv4, whole packets through raw sockets (our Identification, rxe's source ports).
+    #[default]
+    Ipv4Raw,
+    /// IPv4 through UDP sockets (ICRC over Identification 0, recovered on receive).
+    Ipv4Udp,
+    /// IPv6 (always the UDP form, full ICRC).
+    Ipv6,
+}
+
+impl Wire {
+    /// The socket address of side `i`.
+    pub fn addr(self, i: usize) -> SocketAddr {
+        let ip = match self {
+            Wire::Ipv4Raw | Wire::Ipv4Udp => IpAddr::V4(ADDR[i]),
+            Wire::Ipv6 => IpAddr::V6(ADDR6[i]),
+        };
+        SocketAddr::new(ip, ROCEV2_UDP_PORT)
+    }
+}
+
+/// Address handles every endpoint of the simulator has, all to the other side (tests name
+/// both 0 and 1 in their `UdDest`s).
+pub const AHS: u32 = 2;
 
 /// Fault probabilities per packet.
 #[derive(Clone, Copy, Debug, Default)]
@@ -93,7 +132,28 @@ struct InFlight {
     at: Instant,
     seq: u64,
     to: usize,
+    /// What the sender gave its socket: a whole IPv4 packet (raw) or the UDP payload.
+    kind: SocketKind,
+    /// The sender's UDP socket address (what the receiving socket reports for `Udp`).
+    from: SocketAddr,
     bytes: Vec<u8>,
+}
+
+impl InFlight {
+    /// What the receiving UDP socket returns: the sender's address and the UDP payload.
+    fn received(&self) -> (SocketAddr, &[u8]) {
+        match self.kind {
+            SocketKind::Udp => (self.from, &self.bytes),
+            SocketKind::RawIpv4 => {
+                // Faults never touch the IP and UDP headers (a kernel drops what breaks them).
+                let ip = Ipv4Repr::parse(&self.bytes).expect("IPv4 header intact");
+                let l4 = &self.bytes[ip.buffer_len()..];
+                let udp = UdpRepr::parse(l4).expect("UDP header intact");
+                let src = SocketAddr::new(IpAddr::V4(ip.src_addr), udp.src_port);
+                (src, &l4[UDP_HEADER_LEN..usize::from(udp.length)])
+            }
+        }
+    }
 }
 
 impl PartialEq for InFlight {
@@ -265,17 +325,23 @@ pub fn connect(n: &mut Node, me: usize, peer_qpn: u32, s: &Setup) {
 
 pub struct Sim {
     pub n: [Node; 2],
+    /// Each side's RoCEv2 endpoint (its QP registered, the path and [`AHS`] address handles
+    /// to the other side).
+    pub ep: [RoceEndpoint; 2],
+    pub wire: Wire,
+    verifier: [IcrcVerifier; 2],
     pub now: Instant,
     pub faults: Faults,
     pub stats: NetStats,
     rng: StdRng,
-    wire: BinaryHeap<Reverse<InFlight>>,
+    net: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     /// Serialisation time per packet and one-way latency.
     pub per_packet: Duration,
     pub latency: Duration,
     link_free: [Instant; 2],
     scratch: Vec<u8>,
+    dgram: Vec<u8>,
     /// Transmissions are paused on a side (to starve or overflow on purpose).
     pub hold: [bool; 2],
     start: Instant,
@@ -288,10 +354,38 @@ pub struct Sim {
 
 impl Sim {
     pub fn new(ty: QpType, len: usize, setup: &Setup, faults: Faults, seed: u64) -> Sim {
+        Sim::new_on(Wire::default(), ty, len, setup, faults, seed)
+    }
+
+    /// As [`Sim::new`] over `wire`.
+    pub fn new_on(
+        wire: Wire,
+        ty: QpType,
+        len: usize,
+        setup: &Setup,
+        faults: Faults,
+        seed: u64,
+    ) -> Sim {
         let mut a = Node::new(ty, 0x11, len, seed);
         let mut b = Node::new(ty, 0x22, len, seed ^ 0x5555);
         connect(&mut a, 0, 0x22, setup);
         connect(&mut b, 1, 0x11, setup);
+        let kind = match wire {
+            Wire::Ipv4Raw => SocketKind::RawIpv4,
+            Wire::Ipv4Udp | Wire::Ipv6 => SocketKind::Udp,
+        };
+        let ep = [0, 1].map(|i| {
+            let mut ep = RoceEndpoint::new(wire.addr(i), kind);
+            let qpn = [0x11, 0x22][i];
+            ep.insert_qp(qpn, ty).unwrap();
+            if ty != QpType::Ud {
+                ep.set_path(qpn, wire.addr(1 - i)).unwrap();
+            }
+            for id in 0..AHS {
+                assert_eq!(ep.create_ah(wire.addr(1 - i)), Ok(id));
+            }
+            ep
+        });
         if std::env::var_os("SIM_TRACE").is_some() {
             let _ = tracing_subscriber::fmt()
                 .with_max_level(tracing::Level::TRACE)
@@ -302,16 +396,20 @@ impl Sim {
         let now = Instant::now();
         Sim {
             n: [a, b],
+            ep,
+            wire,
+            verifier: [IcrcVerifier::new(), IcrcVerifier::new()],
             now,
             faults,
             stats: NetStats::default(),
             rng: StdRng::seed_from_u64(seed),
-            wire: BinaryHeap::new(),
+            net: BinaryHeap::new(),
             seq: 0,
             per_packet: Duration::from_nanos(300),
             latency: Duration::from_micros(5),
             link_free: [now; 2],
             scratch: Vec::new(),
+            dgram: Vec::new(),
             hold: [false; 2],
             start: now,
             capture: false,
@@ -320,28 +418,20 @@ impl Sim {
         }
     }
 
-    fn encap(&self, from: usize, pkt: &[u8]) -> Vec<u8> {
-        let p = PacketRepr::parse(pkt).expect("engine emits parseable packets");
-        let r = RoceV2Repr {
-            ip: IpRepr::Ipv4(Ipv4Repr::new_udp(ADDR[from], ADDR[1 - from])),
-            udp: UdpRepr::rocev2(0xC000 | from as u16),
-            packet: p,
-        };
-        let mut out = vec![0; r.buffer_len()];
-        let n = r.emit(&mut out, UdpChecksum::Zero).unwrap();
-        out.truncate(n);
-        out
-    }
-
     /// Virtual time since the simulation started.
     pub fn elapsed(&self) -> Duration {
         self.now.duration_since(self.start)
     }
 
-    fn send(&mut self, from: usize, bytes: Vec<u8>) {
+    /// Puts the datagram `t` of `buf` that side `from` encapsulated on the wire.
+    fn send(&mut self, from: usize, buf: &[u8], t: Transmit) {
+        assert_eq!(t.dest, self.wire.addr(1 - from), "routed to the other side");
+        let bytes = &buf[t.range()];
+        // The part of the packet corruption may hit: the UDP payload (BTH .. ICRC).
+        let covered = t.packet_range().start - t.start;
         self.stats.sent += 1;
         let f = self.faults;
-        let p = PacketRepr::parse(&bytes[28..bytes.len() - 4]).unwrap();
+        let p = PacketRepr::parse(&buf[t.packet_range()]).unwrap();
         if self.capture {
             self.log.push(Rec::of(true, from, self.elapsed(), &p));
         }
@@ -354,7 +444,6 @@ impl Sim {
         if self.rng.random_bool(f.loss) {
             self.stats.lost += 1;
             if std::env::var_os("SIM_TRACE").is_some() {
-                let p = PacketRepr::parse(&bytes[28..bytes.len() - 4]).unwrap();
                 eprintln!(
                     "LOST {from} {:?} psn {}",
                     p.bth.opcode.operation(),
@@ -377,17 +466,19 @@ impl Sim {
             1
         };
         for i in 0..copies {
-            let mut b = bytes.clone();
+            let mut b = bytes.to_vec();
             if self.rng.random_bool(f.corrupt) {
                 self.stats.corrupted += 1;
-                let at = self.rng.random_range(28..b.len());
+                let at = self.rng.random_range(covered..b.len());
                 b[at] ^= 1 << self.rng.random_range(0..8);
             }
             self.seq += 1;
-            self.wire.push(Reverse(InFlight {
+            self.net.push(Reverse(InFlight {
                 at: at + Duration::from_nanos(i * 700),
                 seq: self.seq,
                 to: 1 - from,
+                kind: t.kind,
+                from: self.ep[from].local(),
                 bytes: b,
             }));
         }
@@ -399,21 +490,35 @@ impl Sim {
             if self.hold[side] {
                 continue;
             }
-            let mut out = std::mem::take(&mut self.scratch);
-            while let Some(tx) = self.n[side].qp.poll_transmit(self.now, &mut out) {
-                let bytes = self.encap(side, &out[..tx.len]);
-                self.send(side, bytes);
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let mut out = std::mem::take(&mut self.dgram);
+            loop {
+                out.clear();
+                let ep = &self.ep[side];
+                let Some(t) =
+                    ep.poll_transmit(&mut self.n[side].qp, self.now, &mut scratch, &mut out)
+                else {
+                    break;
+                };
+                self.send(side, &out, t);
             }
-            self.scratch = out;
+            self.scratch = scratch;
+            self.dgram = out;
             self.n[side].collect();
         }
     }
 
     fn deliver(&mut self, f: InFlight) {
-        let Ok(r) = RoceV2Repr::parse(&f.bytes) else {
-            // ICRC mismatch or a header the corruption broke: dropped and counted (IBT-X-20).
-            self.stats.bad_icrc += 1;
-            return;
+        let (src, dgram) = f.received();
+        let r = match self.ep[f.to].handle(src, dgram, &mut self.verifier[f.to]) {
+            Ok(r) => r,
+            Err(DropReason::BadIcrc) => {
+                // Dropped and counted by the endpoint (IBT-X-20).
+                self.stats.bad_icrc += 1;
+                return;
+            }
+            // Counted by the endpoint.
+            Err(_) => return,
         };
         self.stats.delivered += 1;
         if self.capture {
@@ -434,42 +539,48 @@ impl Sim {
             );
         }
         let node = &mut self.n[f.to];
-        if r.packet.bth.dest_qp != node.qp.qpn() {
-            return;
-        }
-        // As a driver does (rxe): an IPv4 header fills the last 20 octets of the GRH area.
-        let mut grh = [0u8; 40];
-        grh[20..].copy_from_slice(&f.bytes[..20]);
-        node.qp.handle_packet(&r.packet, &grh, self.now);
+        assert_eq!(r.qpn, node.qp.qpn(), "the endpoint knows one QP");
+        node.qp.handle_packet(&r.packet, &r.grh, self.now);
         node.collect();
     }
 
-    /// Delivers `p` to side `to` now, as if side `1 - to` had sent it (RoCEv2-wrapped with a
-    /// valid ICRC, logged, no faults).
+    /// Delivers `p` to side `to` now, as if side `1 - to` had sent it (encapsulated by that
+    /// side's endpoint with a valid ICRC, logged, no faults).
     pub fn inject(&mut self, to: usize, p: &PacketRepr<'_>) {
         let mut b = vec![0; p.buffer_len()];
         let n = p.emit(&mut b).unwrap();
         b.truncate(n);
-        let bytes = self.encap(1 - to, &b);
+        let from = 1 - to;
+        let ud = (self.n[from].qp.qp_type() == QpType::Ud).then_some(UdDest {
+            ah: 0,
+            remote_qpn: p.bth.dest_qp,
+            remote_qkey: 0,
+        });
+        let mut out = Vec::new();
+        let t = self.ep[from]
+            .encapsulate(self.n[from].qp.qpn(), ud, &b, &mut out)
+            .unwrap();
         self.deliver(InFlight {
             at: self.now,
             seq: 0,
             to,
-            bytes,
+            kind: t.kind,
+            from: self.ep[from].local(),
+            bytes: out,
         });
     }
 
     /// One event: deliver the next packet or fire the next timer. False when idle.
     pub fn step(&mut self) -> bool {
         self.pump();
-        let next_pkt = self.wire.peek().map(|Reverse(f)| f.at);
+        let next_pkt = self.net.peek().map(|Reverse(f)| f.at);
         let next_timer = [0, 1]
             .into_iter()
             .filter_map(|i| self.n[i].qp.poll_timeout())
             .min();
         match (next_pkt, next_timer) {
             (Some(p), t) if t.is_none_or(|t| p <= t) => {
-                let Reverse(f) = self.wire.pop().unwrap();
+                let Reverse(f) = self.net.pop().unwrap();
                 self.now = self.now.max(f.at);
                 self.deliver(f);
             }
