@@ -492,9 +492,11 @@ pub fn serve_one(
     if o.debug {
         writeln!(
             out,
-            "connect request from {peer}: MPA rev {} CRC {} IRD/ORD {:?}",
-            req.peer_params().rev,
-            req.peer_params().crc,
+            "connect request from {peer}: {} IRD/ORD {:?}",
+            req.peer_params().map_or(String::new(), |p| format!(
+                "MPA rev {} CRC {}",
+                p.rev, p.crc
+            )),
             req.peer_ird_ord()
         )?;
     }

@@ -8,8 +8,9 @@
 //! unless [`ListenParams::early_fpdus`] asks for siw's behaviour. Peer-to-peer mode (RFC
 //! 6581) with a zero-length RDMA Write as the RTR is available on both sides.
 //!
-//! RoCE: the InfiniBand CM (REQ/REP/RTU on QP1) is not built yet; every call returns
-//! [`Error::Unsupported`].
+//! RoCE: until the InfiniBand CM on QP1 exists, requests, replies and the ready-to-use
+//! message travel over a TCP side channel (the exchange perftest uses, shaped as the CM's
+//! REQ / REP or REJ / RTU): softrdma to softrdma only.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -20,25 +21,34 @@ use softrdma_iwarp::startup::{MAX_IRD_ORD, PeerParams, Startup};
 
 use crate::Error;
 use crate::connparams::{AcceptParams, ConnectionInfo, ListenParams};
-use crate::device::Context;
-use crate::qp::Qp;
+use crate::device::{Context, Driver};
+use crate::qp::{Inner, Qp};
+use crate::roce::RoceShared;
+use crate::roce::oob::{RoceListener, RoceRequest};
 use crate::state::QpState;
 use crate::tcp::{Cmd, ListenerShared, PendingRequest, TcpShared, check_private_data, wait_reply};
 
-/// A connection request a listener received: the TCP connection is up and a valid MPA
-/// Request arrived. Answer with [`accept`](ConnRequest::accept) or
-/// [`reject`](ConnRequest::reject); dropping it rejects without private data.
+/// A connection request a listener received. iWARP: the TCP connection is up and a valid
+/// MPA Request arrived; RoCE: a valid request of the connection exchange arrived. Answer
+/// with [`accept`](ConnRequest::accept) or [`reject`](ConnRequest::reject); dropping it
+/// rejects without private data.
 pub struct ConnRequest {
-    tcp: Arc<TcpShared>,
-    req: PendingRequest,
-    answered: bool,
+    inner: Req,
+}
+
+enum Req {
+    Tcp(TcpRequest),
+    Roce {
+        drv: Arc<RoceShared>,
+        req: RoceRequest,
+    },
 }
 
 impl std::fmt::Debug for ConnRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnRequest")
-            .field("peer_addr", &self.req.peer_addr)
-            .field("params", &self.req.params)
+            .field("peer_addr", &self.peer_addr())
+            .field("peer_ird_ord", &self.peer_ird_ord())
             .finish()
     }
 }
@@ -46,32 +56,79 @@ impl std::fmt::Debug for ConnRequest {
 impl ConnRequest {
     /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
-        self.req.peer_addr
+        match &self.inner {
+            Req::Tcp(r) => r.req.peer_addr,
+            Req::Roce { req, .. } => req.peer_addr(),
+        }
     }
 
     /// Our address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.req.local_addr
+        match &self.inner {
+            Req::Tcp(r) => r.req.local_addr,
+            Req::Roce { req, .. } => req.local_addr(),
+        }
     }
 
-    /// The Request's private data (revision 2's IRD/ORD word removed).
+    /// The request's private data (iWARP: revision 2's IRD/ORD word removed).
     pub fn private_data(&self) -> &[u8] {
-        &self.req.private_data
+        match &self.inner {
+            Req::Tcp(r) => &r.req.private_data,
+            Req::Roce { req, .. } => req.private_data(),
+        }
     }
 
-    /// Revision, M, C and the revision 2 IRD/ORD word of the Request.
-    pub fn peer_params(&self) -> PeerParams {
-        self.req.params
+    /// iWARP: revision, M, C and the revision 2 IRD/ORD word of the MPA Request.
+    pub fn peer_params(&self) -> Option<PeerParams> {
+        match &self.inner {
+            Req::Tcp(r) => Some(r.req.params),
+            Req::Roce { .. } => None,
+        }
     }
 
-    /// The initiator's IRD and ORD (revision 2 only).
+    /// The initiator's IRD and ORD (iWARP: MPA revision 2 only).
     pub fn peer_ird_ord(&self) -> Option<(u16, u16)> {
-        self.req.params.rev2.map(|w| (w.ird, w.ord))
+        match &self.inner {
+            Req::Tcp(r) => r.req.params.rev2.map(|w| (w.ird, w.ord)),
+            Req::Roce { req, .. } => Some(req.peer_ird_ord()),
+        }
     }
 
-    /// Accepts (`rdma_accept`) on `qp`, which must be in `Init`: the Reply goes out and the
-    /// QP is in [`QpState::Rts`] when this returns.
-    pub fn accept(mut self, qp: &Qp, params: AcceptParams) -> Result<ConnectionInfo, Error> {
+    /// Accepts (`rdma_accept`) on `qp` — in `Init` on iWARP, `Reset` on RoCE — which is in
+    /// [`QpState::Rts`] when this returns: iWARP once the MPA Reply went out, RoCE once the
+    /// initiator confirmed (RTU).
+    pub fn accept(self, qp: &Qp, params: AcceptParams) -> Result<ConnectionInfo, Error> {
+        match self.inner {
+            Req::Tcp(r) => r.accept(qp, params),
+            Req::Roce { drv, mut req } => {
+                let q = match (&qp.inner, qp.ctx.roce()) {
+                    (Inner::Roce(q), Ok(d)) if Arc::ptr_eq(d, &drv) => q,
+                    _ => return Err(Error::InvalidArgument("QP of another context")),
+                };
+                req.accept(&drv, q, &params)
+            }
+        }
+    }
+
+    /// Rejects (`rdma_reject`) with `private_data` (iWARP: an MPA Reply with R=1, then the
+    /// TCP connection is closed).
+    pub fn reject(self, private_data: &[u8]) -> Result<(), Error> {
+        match self.inner {
+            Req::Tcp(r) => r.reject(private_data),
+            Req::Roce { mut req, .. } => req.reject(private_data),
+        }
+    }
+}
+
+/// An iWARP request: answered through the progress thread.
+struct TcpRequest {
+    tcp: Arc<TcpShared>,
+    req: PendingRequest,
+    answered: bool,
+}
+
+impl TcpRequest {
+    fn accept(mut self, qp: &Qp, params: AcceptParams) -> Result<ConnectionInfo, Error> {
         self.answered = true;
         check_private_data(self.req.params.rev, params.private_data.len())?;
         if params.ird > MAX_IRD_ORD || params.ord > MAX_IRD_ORD {
@@ -108,9 +165,7 @@ impl ConnRequest {
         r
     }
 
-    /// Rejects (`rdma_reject`): a Reply with R=1 and `private_data` goes out, then the TCP
-    /// connection is closed.
-    pub fn reject(mut self, private_data: &[u8]) -> Result<(), Error> {
+    fn reject(mut self, private_data: &[u8]) -> Result<(), Error> {
         self.answered = true;
         check_private_data(self.req.params.rev, private_data.len())?;
         self.tcp.command(Cmd::Reject {
@@ -120,7 +175,7 @@ impl ConnRequest {
     }
 }
 
-impl Drop for ConnRequest {
+impl Drop for TcpRequest {
     fn drop(&mut self) {
         if !self.answered {
             let _ = self.tcp.command(Cmd::Reject {
@@ -131,14 +186,25 @@ impl Drop for ConnRequest {
     }
 }
 
-/// A TCP listener for iWARP connections (`rdma_listen`). The progress thread accepts TCP
-/// connections and runs MPA as responder; requests surface through
-/// [`accept`](Listener::accept). Closed on drop.
+/// A listener for connection requests (`rdma_listen`), bound to an address. iWARP: the
+/// progress thread accepts TCP connections and runs MPA as responder; RoCE: connection
+/// requests of the exchange in [`roce`](crate::Device) contexts arrive on a TCP port.
+/// Requests surface through [`accept`](Listener::accept). Closed on drop.
 pub struct Listener {
-    tcp: Arc<TcpShared>,
-    shared: Arc<ListenerShared>,
-    token: mio::Token,
+    inner: Lis,
     local_addr: SocketAddr,
+}
+
+enum Lis {
+    Tcp {
+        tcp: Arc<TcpShared>,
+        shared: Arc<ListenerShared>,
+        token: mio::Token,
+    },
+    Roce {
+        drv: Arc<RoceShared>,
+        listener: RoceListener,
+    },
 }
 
 impl std::fmt::Debug for Listener {
@@ -161,7 +227,19 @@ impl Listener {
         addr: impl ToSocketAddrs,
         params: ListenParams,
     ) -> Result<Listener, Error> {
-        let tcp = ctx.shared.tcp()?.clone();
+        let tcp = match &ctx.shared.driver {
+            Driver::Tcp(t) => t.clone(),
+            Driver::Roce(drv) => {
+                let listener = RoceListener::bind(addr, params.backlog, params.timeout)?;
+                return Ok(Listener {
+                    local_addr: listener.local_addr,
+                    inner: Lis::Roce {
+                        drv: drv.clone(),
+                        listener,
+                    },
+                });
+            }
+        };
         // Refuse a bad configuration now rather than at each request.
         Startup::responder(params.startup_config(), Instant::now())?;
         let mut last = None;
@@ -198,9 +276,7 @@ impl Listener {
             shared: shared.clone(),
         })?;
         Ok(Listener {
-            tcp,
-            shared,
-            token,
+            inner: Lis::Tcp { tcp, shared, token },
             local_addr,
         })
     }
@@ -210,10 +286,18 @@ impl Listener {
         self.local_addr
     }
 
-    /// The next connection request, without blocking.
+    /// The next connection request, without blocking (RoCE: a request whose TCP
+    /// connection is already up is still read, within the listener's timeout).
     pub fn try_accept(&self) -> Option<ConnRequest> {
-        let req = self.shared.try_pop()?;
-        Some(self.wrap(req))
+        match &self.inner {
+            Lis::Tcp { shared, .. } => {
+                let req = shared.try_pop()?;
+                Some(self.wrap(req))
+            }
+            Lis::Roce { .. } => self
+                .accept_until(Some(Instant::now() + Duration::from_millis(1)))
+                .ok(),
+        }
     }
 
     /// Blocks for the next connection request (`rdma_get_request`).
@@ -227,22 +311,39 @@ impl Listener {
     }
 
     fn accept_until(&self, deadline: Option<Instant>) -> Result<ConnRequest, Error> {
-        let req = self.shared.wait(deadline)?;
-        Ok(self.wrap(req))
+        match &self.inner {
+            Lis::Tcp { shared, .. } => {
+                let req = shared.wait(deadline)?;
+                Ok(self.wrap(req))
+            }
+            Lis::Roce { drv, listener } => Ok(ConnRequest {
+                inner: Req::Roce {
+                    drv: drv.clone(),
+                    req: listener.accept(deadline)?,
+                },
+            }),
+        }
     }
 
     fn wrap(&self, req: PendingRequest) -> ConnRequest {
+        let Lis::Tcp { tcp, .. } = &self.inner else {
+            unreachable!("iWARP requests come from iWARP listeners");
+        };
         ConnRequest {
-            tcp: self.tcp.clone(),
-            req,
-            answered: false,
+            inner: Req::Tcp(TcpRequest {
+                tcp: tcp.clone(),
+                req,
+                answered: false,
+            }),
         }
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.shared.close();
-        let _ = self.tcp.command(Cmd::Unlisten(self.token));
+        if let Lis::Tcp { tcp, shared, token } = &self.inner {
+            shared.close();
+            let _ = tcp.command(Cmd::Unlisten(*token));
+        }
     }
 }

@@ -8,6 +8,9 @@ use softrdma_iwarp::rdmap::{MAX_MULPDU, MIN_MULPDU};
 use softrdma_iwarp::startup::{DEFAULT_TIMEOUT, Negotiated};
 use softrdma_wire::mpa::{self, REV_2};
 
+/// The RoCE path MTU asked for by default: what rxe uses on a 1500-octet Ethernet MTU.
+pub const DEFAULT_ROCE_PMTU: u32 = 1024;
+
 /// EMSS assumed when `TCP_MAXSEG` cannot be read: an Ethernet MTU less IPv4 and TCP headers.
 pub const FALLBACK_EMSS: u32 = 1460;
 
@@ -53,15 +56,17 @@ pub struct ConnectParams {
     /// RFC 6581 peer-to-peer mode: our first FPDU is a zero-length RDMA Write (RTR), after
     /// which the responder may send.
     pub p2p: bool,
-    /// FPDU size policy.
+    /// FPDU size policy (iWARP).
     pub fpdu: FpduSize,
-    /// Bound on TCP connect plus MPA negotiation.
+    /// Largest path MTU asked for (RoCE: 256..4096; the smaller of both sides' is used).
+    pub roce_pmtu: u32,
+    /// Bound on the whole setup (TCP connect plus MPA negotiation, or the RoCE exchange).
     pub timeout: Duration,
 }
 
 impl Default for ConnectParams {
     /// No private data, IRD = ORD = 16, revision 2, no CRC, no Markers, client-server,
-    /// MSS-sized FPDUs, 10 s.
+    /// MSS-sized FPDUs, RoCE path MTU 1024, 10 s.
     fn default() -> ConnectParams {
         ConnectParams {
             private_data: Vec::new(),
@@ -72,6 +77,7 @@ impl Default for ConnectParams {
             markers: false,
             p2p: false,
             fpdu: FpduSize::PathMss,
+            roce_pmtu: DEFAULT_ROCE_PMTU,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -121,8 +127,12 @@ pub struct AcceptParams {
     pub ird: u16,
     /// Outbound RDMA Reads we keep outstanding (capped by the initiator's IRD).
     pub ord: u16,
-    /// FPDU size policy.
+    /// FPDU size policy (iWARP).
     pub fpdu: FpduSize,
+    /// Largest path MTU accepted (RoCE).
+    pub roce_pmtu: u32,
+    /// Bound on the wait for the initiator's ready-to-use message (RoCE).
+    pub timeout: Duration,
 }
 
 impl Default for AcceptParams {
@@ -132,6 +142,8 @@ impl Default for AcceptParams {
             ird: 16,
             ord: 16,
             fpdu: FpduSize::PathMss,
+            roce_pmtu: DEFAULT_ROCE_PMTU,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }

@@ -44,6 +44,9 @@ pub enum Error {
     /// `modify_qp` refused the transition or an attribute (InfiniBand QPs).
     #[error("modify_qp: {0}")]
     Modify(#[from] softrdma_ib::ModifyError),
+    /// A connection-setup message from the peer was malformed.
+    #[error("connection setup: {0}")]
+    Protocol(&'static str),
     /// The transport or QP type cannot do this (what, in words).
     #[error("not supported: {0}")]
     Unsupported(&'static str),

@@ -88,8 +88,10 @@ impl std::fmt::Debug for Qp {
 }
 
 impl Pd {
-    /// Creates a QP (`ibv_create_qp`): in [`QpState::Init`] on iWARP (connect or accept it
-    /// next), in [`QpState::Reset`] on RoCE (move it with [`Qp::modify`], or connect it).
+    /// Creates a QP (`ibv_create_qp`). RC and UC QPs start in [`QpState::Init`] on both
+    /// transports (as `rdma_create_qp` leaves them): post receives, then connect or accept
+    /// it, or on RoCE bring it up with [`Qp::modify`]. A RoCE UD QP starts in
+    /// [`QpState::Reset`] (its Q_Key comes with the move to Init).
     pub fn create_qp(&self, attr: QpInitAttr) -> Result<Qp, Error> {
         let cap = attr.cap;
         if cap.max_send_wr == 0 || cap.max_recv_wr == 0 {
@@ -130,14 +132,21 @@ impl Pd {
                     max_inline_data: cap.max_inline_data,
                     ..QpCaps::default()
                 };
-                Inner::Roce(r.create_qp(
+                let q = r.create_qp(
                     attr.qp_type,
                     self.id,
                     caps,
                     self.ctx.keys.clone(),
                     &attr.send_cq.shared,
                     &attr.recv_cq.shared,
-                ))
+                );
+                // Connected QPs start in Init, as after `rdma_create_qp`, so receives can
+                // be posted before the connection on both transports; Init → Init keeps
+                // libibverbs' explicit bring-up working. UD needs its Q_Key first.
+                if attr.qp_type != QpType::Ud {
+                    r.modify(&q, &QpAttr::state(softrdma_ib::QpState::Init))?;
+                }
+                Inner::Roce(q)
             }
         };
         Ok(Qp {
@@ -295,10 +304,12 @@ impl Qp {
         }
     }
 
-    /// Connects to `addr` (`rdma_connect`). iWARP: TCP connect, then MPA negotiation as
-    /// initiator; blocks until the QP is in [`QpState::Rts`] or the attempt failed; a
-    /// rejection ([`Error::Rejected`]) or failure leaves the QP in `Init`, ready for another
-    /// try. RoCE: the IB connection manager is not built yet ([`Error::Unsupported`]).
+    /// Connects to `addr` (`rdma_connect`), the address of a [`Listener`](crate::Listener);
+    /// blocks until the QP is in [`QpState::Rts`] or the attempt failed. iWARP: TCP
+    /// connect, then MPA negotiation as initiator; a rejection ([`Error::Rejected`]) or
+    /// failure leaves the QP in `Init`, ready for another try. RoCE: the QP must be in
+    /// `Reset`; QP numbers, PSNs and limits are exchanged over a TCP side channel until the
+    /// InfiniBand CM exists, and the QP is moved INIT → RTR → RTS as librdmacm does.
     pub fn connect(
         &self,
         addr: impl ToSocketAddrs,
@@ -306,11 +317,7 @@ impl Qp {
     ) -> Result<ConnectionInfo, Error> {
         let q = match &self.inner {
             Inner::Tcp(q) => q,
-            Inner::Roce(_) => {
-                return Err(Error::Unsupported(
-                    "connection management on RoCE (the IB CM is not built yet)",
-                ));
-            }
+            Inner::Roce(q) => return crate::roce::oob::connect(self.ctx.roce()?, q, addr, &params),
         };
         if !q.transition(QpState::Init, QpState::Connecting) {
             return Err(Error::InvalidState(self.state()));

@@ -62,6 +62,7 @@ fn accept(req: ConnRequest, qp: &Qp, fpdu: FpduSize) -> Result<(), Error> {
             ird: ord,
             ord: ird,
             fpdu,
+            ..AcceptParams::default()
         },
     )?;
     Ok(())

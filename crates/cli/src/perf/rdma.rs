@@ -424,6 +424,7 @@ fn serve_test(ctx: &Context, req: ConnRequest, r: Request, o: ServerOpts) -> Res
             ird: peer_ord.max(1),
             ord: peer_ird,
             fpdu: o.fpdu,
+            ..AcceptParams::default()
         },
     )?;
     match r.test {

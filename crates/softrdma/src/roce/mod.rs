@@ -35,6 +35,8 @@ use softrdma_wire::rocev2::{
     UdpRepr, gid_from_ip, rocev2_flow_label, rocev2_src_port,
 };
 
+pub(crate) mod oob;
+
 use crate::Error;
 use crate::cq::{CqShared, Progress};
 use crate::state::QpCounters;
@@ -718,6 +720,10 @@ impl RoceQpShared {
 
     pub(crate) fn state(&self) -> IbQpState {
         self.engine.lock().qp.state()
+    }
+
+    pub(crate) fn qp_type(&self) -> QpType {
+        self.engine.lock().qp.qp_type()
     }
 
     pub(crate) fn sq_outstanding(&self) -> usize {
