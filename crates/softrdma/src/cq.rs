@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -34,16 +34,23 @@ struct CqState {
     overflows: u64,
 }
 
-/// A driver that can make progress in the polling thread (RoCE: read and process datagrams
-/// without waiting for its receive thread).
+/// A driver that a thread polling or waiting on a CQ runs itself (caller-driven progress,
+/// see [`crate::leader`]).
 pub(crate) trait Progress: Send + Sync {
-    /// Processes what has arrived, without blocking.
-    fn progress(&self);
+    /// Processes what has arrived for `cq`'s QPs, without blocking (a busy poller's turn).
+    fn progress(&self, cq: &CqShared);
+    /// Blocks on the driver's sockets until `done()`, `until`, or a wake, running what
+    /// arrives; `false` when another thread drives (then wait on the CQ).
+    fn block(&self, cq: &Arc<CqShared>, until: Option<Instant>, done: &dyn Fn() -> bool) -> bool;
+    /// A completion was queued for a waiter that may be blocked in [`Progress::block`].
+    fn wake(&self);
 }
 
 pub(crate) struct CqShared {
     /// Drivers of the QPs that complete into this queue (see [`Progress`]).
-    pub(crate) progress: Mutex<Vec<Weak<dyn Progress>>>,
+    progress: Mutex<Vec<Weak<dyn Progress>>>,
+    /// Waiters blocked in a driver's [`Progress::block`] for this queue.
+    io_waiters: AtomicUsize,
     id: u32,
     capacity: usize,
     state: Mutex<CqState>,
@@ -53,6 +60,33 @@ pub(crate) struct CqShared {
 }
 
 impl CqShared {
+    /// A driver of QPs completing here: pollers and waiters of the queue run it.
+    pub(crate) fn attach(&self, d: Weak<dyn Progress>) {
+        let mut p = self.progress.lock();
+        p.retain(|x| x.strong_count() > 0);
+        if !p.iter().any(|x| x.ptr_eq(&d)) {
+            p.push(d);
+        }
+    }
+
+    fn drivers(&self) -> Vec<Arc<dyn Progress>> {
+        self.progress
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// Wakes threads waiting on the queue's condition variable.
+    pub(crate) fn notify(&self) {
+        let _s = self.state.lock();
+        self.cond.notify_all();
+    }
+
+    fn has_entries(&self) -> bool {
+        !self.state.lock().entries.is_empty()
+    }
+
     /// Appends completions (progress thread); fires the channel if armed and matching.
     pub(crate) fn push(self: &Arc<Self>, wcs: &mut Vec<WorkCompletion>) {
         if wcs.is_empty() {
@@ -78,6 +112,11 @@ impl CqShared {
             }
         }
         self.cond.notify_all();
+        if self.io_waiters.load(Ordering::Acquire) > 0 {
+            for d in self.drivers() {
+                d.wake();
+            }
+        }
         if fire && let Some(ch) = &self.channel {
             ch.notify(Arc::downgrade(self));
         }
@@ -115,6 +154,7 @@ impl Cq {
         Cq {
             shared: Arc::new(CqShared {
                 progress: Mutex::new(Vec::new()),
+                io_waiters: AtomicUsize::new(0),
                 id: NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed),
                 capacity: capacity.max(1),
                 state: Mutex::new(CqState {
@@ -182,18 +222,11 @@ impl Cq {
     }
 
     fn drive(&self) {
-        if !self.shared.state.lock().entries.is_empty() {
+        if self.shared.has_entries() {
             return;
         }
-        let drivers: Vec<_> = self
-            .shared
-            .progress
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for d in drivers {
-            d.progress();
+        for d in self.shared.drivers() {
+            d.progress(&self.shared);
         }
     }
 
@@ -213,6 +246,10 @@ impl Cq {
     /// Blocks until at least `min` completions were moved to `out` (at most `max`), or
     /// `timeout` passes ([`Error::Timeout`], with what arrived so far still in `out`). Waits
     /// on the queue itself, independent of any channel or arming.
+    ///
+    /// The waiting thread runs the transport of the queue's QPs itself when it can (it
+    /// blocks on their sockets, so what it waits for wakes it directly); otherwise the
+    /// thread that runs it hands the completions over.
     pub fn wait(
         &self,
         min: usize,
@@ -222,23 +259,39 @@ impl Cq {
     ) -> Result<usize, Error> {
         let deadline = Instant::now() + timeout;
         let mut got = 0;
-        let mut s = self.shared.state.lock();
         loop {
-            let n = (max - got).min(s.entries.len());
-            out.extend(s.entries.drain(..n));
-            got += n;
-            if got >= min || got >= max {
-                return Ok(got);
-            }
-            if self.shared.cond.wait_until(&mut s, deadline).timed_out() {
+            {
+                let mut s = self.shared.state.lock();
                 let n = (max - got).min(s.entries.len());
                 out.extend(s.entries.drain(..n));
                 got += n;
-                return if got >= min {
-                    Ok(got)
+            }
+            if got >= min || got >= max {
+                return Ok(got);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout);
+            }
+            let drivers = self.shared.drivers();
+            if let [d] = drivers.as_slice() {
+                let q = &self.shared;
+                q.io_waiters.fetch_add(1, Ordering::AcqRel);
+                let drove = d.block(q, Some(deadline), &|| q.has_entries());
+                q.io_waiters.fetch_sub(1, Ordering::AcqRel);
+                if drove {
+                    continue;
+                }
+            }
+            // Another thread drives: it hands completions over through the condition
+            // variable (and says when the driver is free to take).
+            let mut s = self.shared.state.lock();
+            if s.entries.is_empty() {
+                let until = if drivers.is_empty() {
+                    deadline
                 } else {
-                    Err(Error::Timeout)
+                    deadline.min(Instant::now() + crate::leader::STAND_DOWN)
                 };
+                let _ = self.shared.cond.wait_until(&mut s, until);
             }
         }
     }

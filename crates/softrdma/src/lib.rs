@@ -51,6 +51,7 @@ mod cq;
 mod device;
 mod error;
 mod event;
+mod leader;
 mod mr;
 mod qp;
 mod roce;

@@ -107,6 +107,10 @@ impl Pd {
                 if attr.qp_type != QpType::Rc {
                     return Err(Error::Unsupported("iWARP QPs are reliable connected"));
                 }
+                for cq in [&attr.send_cq, &attr.recv_cq] {
+                    cq.shared
+                        .attach(Arc::downgrade(t) as std::sync::Weak<dyn crate::cq::Progress>);
+                }
                 Inner::Tcp(Arc::new(TcpQp::new(
                     t.next_qp_num(),
                     self.id,

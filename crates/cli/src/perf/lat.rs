@@ -107,7 +107,12 @@ impl<Q: LatQp> LatLoop<'_, Q> {
                             .with_flags(self.flags),
                     )?;
                     let mut b = [0u8; 1];
+                    // Polling the CQ while spinning on memory runs the transport in this
+                    // thread (the Write lands without a hand-off); its completions are
+                    // checked below.
+                    wcs.clear();
                     let arrived = spin_until(SAFETY, || {
+                        self.cq.poll(16, &mut wcs);
                         self.sink.copy_out(n - 1, &mut b).is_ok() && b[0] == tag || self.qp.dead()
                     });
                     if !arrived || b[0] != tag {
@@ -117,7 +122,6 @@ impl<Q: LatQp> LatLoop<'_, Q> {
                         )));
                     }
                     // Signaled Writes: take their completions as they come.
-                    wcs.clear();
                     self.cq.poll(16, &mut wcs);
                     wcs.iter().try_for_each(check)?;
                     t0

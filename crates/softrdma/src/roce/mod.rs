@@ -488,7 +488,18 @@ impl RoceShared {
 }
 
 impl Progress for RoceShared {
-    fn progress(&self) {
+    fn block(
+        &self,
+        _cq: &Arc<CqShared>,
+        _until: Option<Instant>,
+        _done: &dyn Fn() -> bool,
+    ) -> bool {
+        false
+    }
+
+    fn wake(&self) {}
+
+    fn progress(&self, _cq: &CqShared) {
         // The receive thread is handling datagrams right now: nothing to add.
         let Some(_g) = self.rx_lock.try_lock() else {
             return;
@@ -636,11 +647,7 @@ impl RoceShared {
         });
         self.qps.write().insert(qpn, shared.clone());
         for cq in [send_cq, recv_cq] {
-            let mut p = cq.progress.lock();
-            let w: Weak<dyn Progress> = Arc::downgrade(self) as Weak<dyn Progress>;
-            if !p.iter().any(|x| x.ptr_eq(&w)) {
-                p.push(w);
-            }
+            cq.attach(Arc::downgrade(self) as Weak<dyn Progress>);
         }
         shared
     }

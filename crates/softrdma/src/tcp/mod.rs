@@ -31,8 +31,9 @@ use crate::Error;
 use crate::connparams::{
     ConnectParams, ConnectionInfo, FALLBACK_EMSS, FpduSize, ListenParams, QpCap,
 };
-use crate::cq::CqShared;
+use crate::cq::{CqShared, Progress};
 use crate::event::{AsyncEvent, EventQueue};
+use crate::leader::Leader;
 use crate::srq::SrqShared;
 use crate::state::{QpCounters, QpState};
 
@@ -42,6 +43,10 @@ pub(crate) mod progress;
 pub(crate) struct TcpShared {
     pub(crate) keys: Arc<KeyTable>,
     pub(crate) events: Arc<EventQueue>,
+    /// Every connection and listener (see [`progress::Driver`]).
+    pub(crate) driver: Mutex<progress::Driver>,
+    /// Who waits on the sockets (see [`crate::leader`]).
+    pub(crate) leader: Leader<progress::Slot>,
     waker: mio::Waker,
     pub(crate) cmds: Mutex<Vec<Cmd>>,
     pub(crate) ready: Mutex<Vec<Arc<TcpQp>>>,
@@ -60,9 +65,12 @@ impl TcpShared {
     ) -> Result<Arc<TcpShared>, Error> {
         let poll = mio::Poll::new()?;
         let waker = mio::Waker::new(poll.registry(), progress::WAKER)?;
+        let registry = poll.registry().try_clone()?;
         let shared = Arc::new(TcpShared {
             keys,
             events,
+            driver: Mutex::new(progress::Driver::new(registry)),
+            leader: Leader::new(progress::Slot::new(poll)),
             waker,
             cmds: Mutex::new(Vec::new()),
             ready: Mutex::new(Vec::new()),
@@ -74,7 +82,8 @@ impl TcpShared {
         let weak: Weak<TcpShared> = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()
             .name("softrdma-progress".into())
-            .spawn(move || progress::run(weak, poll))?;
+            .spawn(move || progress::run(weak))?;
+        shared.leader.set_background(handle.thread().clone());
         *shared.thread.lock() = Some(handle);
         Ok(shared)
     }
@@ -97,9 +106,21 @@ impl TcpShared {
         }
     }
 
+    /// Interrupts whoever waits on the sockets, and the background thread if it stands
+    /// down, so commands and scheduled QPs are seen.
     pub(crate) fn wake(&self) {
         // Fails only if the poll instance is gone, i.e. the thread exited.
         let _ = self.waker.wake();
+        self.leader.unpark_background();
+    }
+
+    /// New work requests of `qp`: handed to its engine and sent in this thread when the
+    /// driver is free, else by whoever holds it next.
+    pub(crate) fn submit(&self, qp: &Arc<TcpQp>) {
+        match self.driver.try_lock() {
+            Some(mut d) => d.post(self, qp),
+            None => self.schedule(qp),
+        }
     }
 
     pub(crate) fn token(&self) -> mio::Token {
@@ -112,6 +133,36 @@ impl TcpShared {
 
     pub(crate) fn post_event(&self, ev: AsyncEvent) {
         self.events.post(ev);
+    }
+}
+
+impl Progress for TcpShared {
+    fn progress(&self, cq: &CqShared) {
+        // No slot and no stand-down: the background thread stays on the sockets for an
+        // application that polls now and then spins on memory (ib_write_lat's receiver).
+        if let Some(mut d) = self.driver.try_lock() {
+            d.sweep(self, cq);
+        }
+    }
+
+    fn block(&self, cq: &Arc<CqShared>, until: Option<Instant>, done: &dyn Fn() -> bool) -> bool {
+        self.leader.drive(
+            cq,
+            until,
+            done,
+            || {
+                let _ = self.waker.wake();
+            },
+            |slot, until| {
+                progress::turn(self, slot, until);
+            },
+        )
+    }
+
+    fn wake(&self) {
+        if !self.leader.is_holder() {
+            let _ = self.waker.wake();
+        }
     }
 }
 
@@ -397,7 +448,7 @@ impl TcpQp {
             sub.sq.push_back(SqItem::Send(wr));
             self.sq_posted.fetch_add(1, Ordering::Release);
         }
-        drv.schedule(self);
+        drv.submit(self);
         Ok(())
     }
 
@@ -417,7 +468,7 @@ impl TcpQp {
             sub.rq.push_back(wr);
             self.rq_posted.fetch_add(1, Ordering::Release);
         }
-        drv.schedule(self);
+        drv.submit(self);
         Ok(())
     }
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Registry, Token};
 use softrdma_iwarp::connection::{
     ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, FpduSizing,
 };
@@ -110,68 +110,110 @@ struct Conn {
     local_waiting: bool,
 }
 
-struct Driver {
-    poll: Poll,
+pub(crate) struct Driver {
+    registry: Registry,
     conns: HashMap<Token, Conn>,
     listeners: HashMap<Token, Listening>,
     qp_conn: HashMap<u32, Token>,
     bufs: Bufs,
 }
 
-/// The progress thread's body.
-pub(crate) fn run(ctx: Weak<TcpShared>, poll: Poll) {
-    let mut d = Driver {
-        poll,
-        conns: HashMap::new(),
-        listeners: HashMap::new(),
-        qp_conn: HashMap::new(),
-        bufs: Bufs {
-            rx: vec![0u8; RX_CHUNK],
-            send_wcs: Vec::new(),
-            recv_wcs: Vec::new(),
-        },
-    };
-    let mut events = Events::with_capacity(1024);
+/// The I/O slot of an iWARP context: the epoll set of every socket (see [`crate::leader`]).
+pub(crate) struct Slot {
+    pub(crate) poll: mio::Poll,
+    events: Events,
+}
+
+impl Slot {
+    pub(crate) fn new(poll: mio::Poll) -> Slot {
+        Slot {
+            poll,
+            events: Events::with_capacity(1024),
+        }
+    }
+}
+
+impl Driver {
+    pub(crate) fn new(registry: Registry) -> Driver {
+        Driver {
+            registry,
+            conns: HashMap::new(),
+            listeners: HashMap::new(),
+            qp_conn: HashMap::new(),
+            bufs: Bufs {
+                rx: vec![0u8; RX_CHUNK],
+                send_wcs: Vec::new(),
+                recv_wcs: Vec::new(),
+            },
+        }
+    }
+}
+
+/// One turn with the slot: wait on the sockets at most until `until` (and the next timer),
+/// then run everything that is ready. `false` when the context is gone.
+pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> bool {
+    let now = Instant::now();
+    let mut timeout = ctx.driver.lock().timeout(now);
+    if let Some(u) = until {
+        let left = u.saturating_duration_since(now);
+        timeout = Some(timeout.map_or(left, |t| t.min(left)));
+    }
+    if let Err(e) = slot.poll.poll(&mut slot.events, timeout)
+        && e.kind() != io::ErrorKind::Interrupted
+    {
+        shut_down(ctx);
+        return false;
+    }
+    if !ctx.alive.load(Ordering::Acquire) {
+        return false;
+    }
+    let mut d = ctx.driver.lock();
+    let now = Instant::now();
+    d.commands(ctx, now);
+    d.ready(ctx, now);
+    for ev in slot.events.iter() {
+        let t = ev.token();
+        if t == WAKER {
+            continue;
+        }
+        if d.listeners.contains_key(&t) {
+            d.accept_all(ctx, t, now);
+        } else {
+            let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+            d.conn_event(ctx, t, readable, now);
+        }
+    }
+    d.rest(ctx);
+    true
+}
+
+/// What a turn does besides socket events: connections with more to read, timers, reaping,
+/// commands and new work requests. Also run while the background thread stands down.
+pub(crate) fn idle(ctx: &TcpShared) {
+    let mut d = ctx.driver.lock();
+    let now = Instant::now();
+    d.commands(ctx, now);
+    d.ready(ctx, now);
+    d.rest(ctx);
+}
+
+/// The background thread's body.
+pub(crate) fn run(ctx: Weak<TcpShared>) {
     loop {
-        let timeout = d.timeout(Instant::now());
-        if let Err(e) = d.poll.poll(&mut events, timeout)
-            && e.kind() != io::ErrorKind::Interrupted
-        {
-            if let Some(ctx) = ctx.upgrade() {
-                shut_down(&ctx);
-            }
+        let Some(c) = ctx.upgrade() else { return };
+        if !c.alive.load(Ordering::Acquire) {
             return;
         }
-        let Some(ctx) = ctx.upgrade() else { return };
-        if !ctx.alive.load(Ordering::Acquire) {
+        let go_on = c.leader.background(
+            |slot| turn(&c, slot, None),
+            || {
+                idle(&c);
+                true
+            },
+        );
+        if !go_on {
             return;
         }
-        let now = Instant::now();
-        d.commands(&ctx, now);
-        d.ready(&ctx, now);
-        for ev in events.iter() {
-            let t = ev.token();
-            if t == WAKER {
-                continue;
-            }
-            if d.listeners.contains_key(&t) {
-                d.accept_all(&ctx, t, now);
-            } else {
-                let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
-                d.conn_event(&ctx, t, readable, now);
-            }
-        }
-        let again: Vec<Token> = d
-            .conns
-            .iter()
-            .filter(|(_, c)| c.more_rx)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in again {
-            d.conn_event(&ctx, t, true, now);
-        }
-        d.timeouts(&ctx, Instant::now());
-        d.reap(&ctx);
     }
 }
 
@@ -183,6 +225,55 @@ fn shut_down(ctx: &TcpShared) {
 }
 
 impl Driver {
+    fn rest(&mut self, ctx: &TcpShared) {
+        let now = Instant::now();
+        let again: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.more_rx)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in again {
+            self.conn_event(ctx, t, true, now);
+        }
+        self.timeouts(ctx, Instant::now());
+        self.reap(ctx);
+    }
+
+    /// A busy poller's turn: read what has arrived on the connections of `cq`'s QPs.
+    pub(crate) fn sweep(&mut self, ctx: &TcpShared, cq: &crate::cq::CqShared) {
+        let now = Instant::now();
+        let tokens: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.qp.as_ref().is_some_and(|q| {
+                    std::ptr::eq(Arc::as_ptr(&q.send_cq), cq)
+                        || std::ptr::eq(Arc::as_ptr(&q.recv_cq), cq)
+                })
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in tokens {
+            self.conn_event(ctx, t, true, now);
+        }
+    }
+
+    /// A poster's turn: the QP's queued requests go to its engine and out to the socket in
+    /// the posting thread.
+    pub(crate) fn post(&mut self, ctx: &TcpShared, qp: &Arc<TcpQp>) {
+        qp.scheduled.store(false, Ordering::Release);
+        if let Some(c) = self
+            .qp_conn
+            .get(&qp.qpn)
+            .and_then(|t| self.conns.get_mut(t))
+        {
+            c.pump(ctx, &mut self.bufs);
+        } else if qp.state().is_dead() {
+            flush_orphan(ctx, qp);
+        }
+    }
+
     fn timeout(&self, now: Instant) -> Option<Duration> {
         if self.conns.values().any(|c| c.more_rx) {
             return Some(Duration::ZERO);
@@ -209,8 +300,7 @@ impl Driver {
                 shared,
             } => {
                 if self
-                    .poll
-                    .registry()
+                    .registry
                     .register(&mut listener, token, Interest::READABLE)
                     .is_ok()
                 {
@@ -223,7 +313,7 @@ impl Driver {
             }
             Cmd::Unlisten(token) => {
                 if let Some(mut l) = self.listeners.remove(&token) {
-                    let _ = self.poll.registry().deregister(&mut l.listener);
+                    let _ = self.registry.deregister(&mut l.listener);
                     l.shared.close();
                     // Requests nobody will take are rejected.
                     for req in l.shared.drain() {
@@ -255,7 +345,7 @@ impl Driver {
                 };
                 let conn = IwConn::new(cfg, ctx.keys.clone(), started)
                     .map_err(Error::from)
-                    .and_then(|iw| Ok(Conn::new(&self.poll, token, stream, iw, emss)?));
+                    .and_then(|iw| Ok(Conn::new(&self.registry, token, stream, iw, emss)?));
                 match conn {
                     Ok(mut c) => {
                         c.reply = Some(reply);
@@ -358,17 +448,8 @@ impl Driver {
     fn ready(&mut self, ctx: &TcpShared, _now: Instant) {
         let ready = std::mem::take(&mut *ctx.ready.lock());
         for qp in ready {
-            qp.scheduled.store(false, Ordering::Release);
-            match self
-                .qp_conn
-                .get(&qp.qpn)
-                .and_then(|t| self.conns.get_mut(t))
-            {
-                // Before the connection is up too: receives go in at once.
-                Some(c) => c.pump(ctx, &mut self.bufs),
-                None if qp.state().is_dead() => flush_orphan(ctx, &qp),
-                None => {}
-            }
+            // Before the connection is up too: receives go in at once.
+            self.post(ctx, &qp);
         }
     }
 
@@ -401,7 +482,9 @@ impl Driver {
                 continue;
             };
             let t = ctx.token();
-            if let Ok(mut c) = Conn::new(&self.poll, t, TcpStream::from_std(std_stream), iw, emss) {
+            if let Ok(mut c) =
+                Conn::new(&self.registry, t, TcpStream::from_std(std_stream), iw, emss)
+            {
                 c.listener = Some(shared);
                 // The Request may already be in.
                 c.read(ctx, &mut self.bufs, now);
@@ -444,7 +527,7 @@ impl Driver {
             let Some(mut c) = self.conns.remove(&t) else {
                 continue;
             };
-            let _ = self.poll.registry().deregister(&mut c.stream);
+            let _ = self.registry.deregister(&mut c.stream);
             let _ = c.stream.shutdown(Shutdown::Both);
             if let Some(qp) = c.qp.take() {
                 if self.qp_conn.get(&qp.qpn) == Some(&t) {
@@ -526,7 +609,7 @@ fn fpdu_sizing(f: FpduSize) -> FpduSizing {
 
 impl Conn {
     fn new(
-        poll: &Poll,
+        registry: &Registry,
         token: Token,
         mut stream: TcpStream,
         iw: IwConn,
@@ -534,8 +617,7 @@ impl Conn {
     ) -> io::Result<Conn> {
         let local = stream.local_addr()?;
         let peer = stream.peer_addr()?;
-        poll.registry()
-            .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
+        registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
         Ok(Conn {
             token,
             stream,
@@ -575,6 +657,11 @@ impl Conn {
                     budget = budget.saturating_sub(n);
                     if budget == 0 {
                         self.more_rx = true;
+                        break;
+                    }
+                    // A short read emptied the socket: what arrives later is a new edge,
+                    // so the read that would say WouldBlock is saved.
+                    if n < bufs.rx.len() {
                         break;
                     }
                 }
