@@ -325,6 +325,6 @@ impl Pd {
 
     /// As [`Pd::create_ah`] with a UDP port other than 4791 (tests on one host).
     pub fn create_ah_port(&self, addr: SocketAddr) -> Result<Ah, Error> {
-        Ok(self.ctx.roce()?.create_ah(addr))
+        self.ctx.roce()?.create_ah(addr)
     }
 }

@@ -137,7 +137,7 @@ impl Pd {
                     self.ctx.keys.clone(),
                     &attr.send_cq.shared,
                     &attr.recv_cq.shared,
-                ))
+                )?)
             }
         };
         Ok(Qp {
