@@ -318,7 +318,7 @@ impl Pd {
     }
 
     /// Creates an address handle for UD sends to `ip` on port 4791 (`ibv_create_ah`); RoCE
-    /// only.
+    /// only. Dropping the handle (its last clone) destroys it (`ibv_destroy_ah`).
     pub fn create_ah(&self, ip: IpAddr) -> Result<Ah, Error> {
         self.create_ah_port(SocketAddr::new(ip, ROCEV2_UDP_PORT))
     }

@@ -570,14 +570,21 @@ impl RoceShared {
         self.qps.write().remove(&qpn);
     }
 
-    /// An address handle for UD sends to `addr` (`ibv_create_ah`).
-    pub(crate) fn create_ah(&self, addr: SocketAddr) -> Result<Ah, Error> {
+    /// An address handle for UD sends to `addr` (`ibv_create_ah`); dropping its last clone
+    /// destroys it.
+    pub(crate) fn create_ah(self: &Arc<Self>, addr: SocketAddr) -> Result<Ah, Error> {
         let id = self
             .endpoint
             .write()
             .create_ah(addr)
             .map_err(out_of_resources)?;
-        Ok(Ah { id, addr })
+        Ok(Ah {
+            slot: Arc::new(AhSlot {
+                id,
+                addr,
+                driver: self.clone(),
+            }),
+        })
     }
 
     /// Sets the path of a connected QP: where it sends, the address it accepts packets from.
@@ -663,21 +670,54 @@ impl RoceQpShared {
 }
 
 /// An address handle (`ibv_ah`) for UD sends: put [`Ah::id`] in `UdDest::ah`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Clones share the handle; dropping the last one destroys it (`ibv_destroy_ah`) and its id
+/// goes to the next handle created on the context, so, as in verbs, no send request still
+/// queued may name it.
+#[derive(Clone)]
 pub struct Ah {
+    slot: Arc<AhSlot>,
+}
+
+struct AhSlot {
     id: u32,
     addr: SocketAddr,
+    driver: Arc<RoceShared>,
+}
+
+impl Drop for AhSlot {
+    fn drop(&mut self) {
+        self.driver.endpoint.write().destroy_ah(self.id);
+    }
 }
 
 impl Ah {
     /// The handle's index (`UdDest::ah`).
     pub fn id(&self) -> u32 {
-        self.id
+        self.slot.id
     }
 
     /// Where it points.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.slot.addr
+    }
+}
+
+impl PartialEq for Ah {
+    /// The same handle (ids are unique among a context's live handles).
+    fn eq(&self, other: &Ah) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
+    }
+}
+
+impl Eq for Ah {}
+
+impl std::fmt::Debug for Ah {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ah")
+            .field("id", &self.slot.id)
+            .field("addr", &self.slot.addr)
+            .finish()
     }
 }
 
