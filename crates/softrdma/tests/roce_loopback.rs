@@ -570,3 +570,49 @@ fn address_handles_are_freed_and_their_ids_reused() {
     assert_eq!(a.wait(1)[0].status, WcStatus::Success);
     assert_eq!(a.ctx.roce_counters().unwrap().tx_errors, 0);
 }
+
+/// IBT-C9-39 after `ibv_destroy_qp`: a destroyed QP's number is no longer routed; datagrams
+/// to it are dropped as for a QP that never existed, and a new QP does not take it at once.
+#[test]
+fn destroyed_qp_is_no_longer_routed() {
+    let b = Side::with_buffer(
+        Ipv4Addr::new(127, 0, 0, 2),
+        QpType::Rc,
+        4096,
+        RawTx::Auto,
+        1 << 20,
+    );
+    let to = b.addr();
+    let rogue = std::net::UdpSocket::bind("127.0.0.3:0").unwrap();
+    let extra =
+        b.pd.create_qp(QpInitAttr::typed(QpType::Rc, &b.cq, &b.cq))
+            .unwrap();
+    let qpn = extra.qp_num();
+    let before = b.ctx.roce_counters().unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let wait_for = |what: &str, done: &dyn Fn(&RoceCounters) -> bool| {
+        while !done(&b.ctx.roce_counters().unwrap()) {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+    };
+    // Routed to the QP (which, in Reset, drops it).
+    forge(&rogue, to, qpn, 0, false);
+    wait_for("datagram never received", &|c| {
+        c.rx_packets > before.rx_packets
+    });
+    drop(extra);
+    // Unknown now.
+    forge(&rogue, to, qpn, 0, false);
+    wait_for("datagram to a destroyed QP never dropped", &|c| {
+        c.unknown_qp > before.unknown_qp
+    });
+    let c = b.ctx.roce_counters().unwrap();
+    // Both came from one socket, in order: the first was decided before the second.
+    assert_eq!(c.rx_packets - before.rx_packets, 2, "{c:?}");
+    assert_eq!(c.unknown_qp - before.unknown_qp, 1, "{c:?}");
+    let next =
+        b.pd.create_qp(QpInitAttr::typed(QpType::Rc, &b.cq, &b.cq))
+            .unwrap();
+    assert_ne!(next.qp_num(), qpn);
+}
