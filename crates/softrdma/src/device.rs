@@ -318,13 +318,13 @@ impl Pd {
     }
 
     /// Creates an address handle for UD sends to `ip` on port 4791 (`ibv_create_ah`); RoCE
-    /// only.
+    /// only. Dropping the handle (its last clone) destroys it (`ibv_destroy_ah`).
     pub fn create_ah(&self, ip: IpAddr) -> Result<Ah, Error> {
         self.create_ah_port(SocketAddr::new(ip, ROCEV2_UDP_PORT))
     }
 
     /// As [`Pd::create_ah`] with a UDP port other than 4791 (tests on one host).
     pub fn create_ah_port(&self, addr: SocketAddr) -> Result<Ah, Error> {
-        Ok(self.ctx.roce()?.create_ah(addr))
+        self.ctx.roce()?.create_ah(addr)
     }
 }

@@ -143,7 +143,7 @@ impl Pd {
                     self.ctx.keys.clone(),
                     &attr.send_cq.shared,
                     &attr.recv_cq.shared,
-                );
+                )?;
                 // Connected QPs start in Init, as after `rdma_create_qp`, so receives can
                 // be posted before the connection on both transports; Init → Init keeps
                 // libibverbs' explicit bring-up working. UD needs its Q_Key first.

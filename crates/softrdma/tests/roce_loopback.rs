@@ -518,3 +518,101 @@ fn ibt_x_20_c9_39_c9_47_1_1_driver_drops() {
     assert_eq!(b.bytes(0, 7), b"genuine");
     assert_eq!(a.wait(1)[0].status, WcStatus::Success);
 }
+
+/// `ibv_destroy_ah` is dropping the handle (its last clone): its id goes back to the
+/// context and is reused, so creating and dropping handles forever keeps the table bounded; a
+/// reused id addresses the new handle's peer, never the old one's.
+#[test]
+fn address_handles_are_freed_and_their_ids_reused() {
+    let (a, b) = pair(QpType::Ud, 1 << 16);
+    let nowhere: SocketAddr = "127.0.0.9:9".parse().unwrap();
+    let held: Vec<Ah> = (0..100)
+        .map(|_| a.pd.create_ah_port(nowhere).unwrap())
+        .collect();
+    let mut ids: Vec<u32> = held.iter().map(Ah::id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids, (0..100).collect::<Vec<u32>>());
+    drop(held);
+    for _ in 0..10_000 {
+        let ah = a.pd.create_ah_port(nowhere).unwrap();
+        assert!(ah.id() < 100, "id {} after 100 handles were freed", ah.id());
+    }
+    // A clone keeps the handle (and its id) alive.
+    let again: Vec<Ah> = (0..100)
+        .map(|_| a.pd.create_ah_port(nowhere).unwrap())
+        .collect();
+    assert!(again.iter().all(|h| h.id() < 100));
+    let kept = again[0].clone();
+    assert_eq!(kept, again[0]);
+    drop(again);
+    let others: Vec<Ah> = (0..99)
+        .map(|_| a.pd.create_ah_port(nowhere).unwrap())
+        .collect();
+    assert!(others.iter().all(|h| h.id() != kept.id() && h.id() < 100));
+    // The freed id, reused for b, sends to b.
+    let id = kept.id();
+    drop(kept);
+    let ah = a.pd.create_ah_port(b.addr()).unwrap();
+    assert_eq!(ah.id(), id);
+    a.mr.copy_in(0, b"reused").unwrap();
+    b.qp.post_recv(RecvWr::new(1, vec![b.mr.sge(0, 100)]))
+        .unwrap();
+    a.qp.post_send(SendWr::send(1, vec![a.mr.sge(0, 6)]).to(UdDest {
+        ah: ah.id(),
+        remote_qpn: b.qp.qp_num(),
+        remote_qkey: QKEY,
+    }))
+    .unwrap();
+    let r = b.wait(1)[0];
+    assert_eq!((r.status, r.byte_len), (WcStatus::Success, 40 + 6));
+    assert_eq!(b.bytes(40, 6), b"reused");
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(a.ctx.roce_counters().unwrap().tx_errors, 0);
+}
+
+/// IBT-C9-39 after `ibv_destroy_qp`: a destroyed QP's number is no longer routed; datagrams
+/// to it are dropped as for a QP that never existed, and a new QP does not take it at once.
+#[test]
+fn destroyed_qp_is_no_longer_routed() {
+    let b = Side::with_buffer(
+        Ipv4Addr::new(127, 0, 0, 2),
+        QpType::Rc,
+        4096,
+        RawTx::Auto,
+        1 << 20,
+    );
+    let to = b.addr();
+    let rogue = std::net::UdpSocket::bind("127.0.0.3:0").unwrap();
+    let extra =
+        b.pd.create_qp(QpInitAttr::typed(QpType::Rc, &b.cq, &b.cq))
+            .unwrap();
+    let qpn = extra.qp_num();
+    let before = b.ctx.roce_counters().unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let wait_for = |what: &str, done: &dyn Fn(&RoceCounters) -> bool| {
+        while !done(&b.ctx.roce_counters().unwrap()) {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+    };
+    // Routed to the QP (which, in Reset, drops it).
+    forge(&rogue, to, qpn, 0, false);
+    wait_for("datagram never received", &|c| {
+        c.rx_packets > before.rx_packets
+    });
+    drop(extra);
+    // Unknown now.
+    forge(&rogue, to, qpn, 0, false);
+    wait_for("datagram to a destroyed QP never dropped", &|c| {
+        c.unknown_qp > before.unknown_qp
+    });
+    let c = b.ctx.roce_counters().unwrap();
+    // Both came from one socket, in order: the first was decided before the second.
+    assert_eq!(c.rx_packets - before.rx_packets, 2, "{c:?}");
+    assert_eq!(c.unknown_qp - before.unknown_qp, 1, "{c:?}");
+    let next =
+        b.pd.create_qp(QpInitAttr::typed(QpType::Rc, &b.cq, &b.cq))
+            .unwrap();
+    assert_ne!(next.qp_num(), qpn);
+}

@@ -1,39 +1,45 @@
 //! The RoCEv2 driver: InfiniBand QPs ([`softrdma_ib::IbQp`]) over one UDP socket bound to
 //! port 4791 of a local address (IBA Annex A17; ib-transport.md §13.6).
 //!
+//! A thin driver over the sans-IO [`RoceEndpoint`] of `softrdma_ib`, which does everything
+//! about the datagrams' contents: ICRC check (the socket hides the IP header, so the IPv4
+//! Identification is recovered from the CRC), parsing, demultiplexing by BTH DestQP, the
+//! source check of connected QPs, the GRH image of UD receives, and the IPv4/UDP/ICRC
+//! encapsulation; it hands out QPNs and address handle ids and counts drops by reason. This
+//! driver only moves datagrams and time: sockets, threads, the clock, the QPs' locks.
+//!
 //! Sending happens in the caller's thread: `post_send` runs the requester and writes the
 //! datagrams at once, so a message leaves without a thread hand-off. One receive thread per
-//! context reads datagrams, checks the ICRC (`softrdma_wire::icrc`: the socket hides the IP
-//! header, so the IPv4 Identification is recovered from the CRC), finds the QP by BTH
-//! DestQP, runs the engine, sends what it answers (ACKs, READ responses) and runs the
-//! retransmission timers. Bad datagrams are dropped and counted, never passed on.
+//! context — or a thread polling a CQ, which drains the socket itself — reads datagrams,
+//! gives them to the endpoint and the accepted ones to their QP's engine, sends what the
+//! engines answer (ACKs, READ responses) and runs the retransmission timers. Bad datagrams
+//! are dropped and counted, never passed on.
 //!
 //! Addressing: GIDs are IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) or IPv6 addresses; a
-//! connected QP's path is the peer's IP address (`RoceQp::set_remote`), a UD send's is an
-//! address handle ([`Pd::create_ah`]). IPv4 datagrams leave through a raw socket when the
+//! connected QP's path is the peer's IP address (`Qp::set_remote`), a UD send's is an
+//! address handle (`Pd::create_ah`). IPv4 datagrams leave through a raw socket when the
 //! process may open one ([`RawTx`]), with the per-QP UDP source port rxe uses (flow-label
 //! hash of the QP pair); otherwise through the UDP socket, from its port.
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
-use std::net::{IpAddr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use parking_lot::{Mutex, RwLock};
-use softrdma_ib::{IbQp, QpAttr, QpCaps, QpState as IbQpState, QpType};
+use softrdma_ib::{
+    EndpointError, IbQp, Incoming, QpAttr, QpCaps, QpState as IbQpState, QpType, RoceEndpoint,
+    SocketKind, Transmit,
+};
 use softrdma_memory::{KeyTable, PdId};
 use softrdma_verbs_types::{RecvWr, SendWr, WorkCompletion};
-use softrdma_wire::ib::PacketRepr;
-use softrdma_wire::icrc::{Endpoints, IcrcCheck, IcrcVerifier, icrc_for};
-use softrdma_wire::rocev2::{
-    ICRC_LEN, IPV4_HEADER_LEN, Ipv4Repr, Ipv6Repr, ROCEV2_UDP_PORT, UDP_HEADER_LEN, UdpHeader,
-    UdpRepr, gid_from_ip, rocev2_flow_label, rocev2_src_port,
-};
+use softrdma_wire::icrc::IcrcVerifier;
+use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 
 pub(crate) mod oob;
 
@@ -116,33 +122,40 @@ pub struct RoceCounters {
     pub unknown_qp: u64,
     /// A connected QP got a packet from an address other than its path's (C9-46 on RoCE).
     pub wrong_source: u64,
-    /// Sends the socket refused (e.g. buffer full); the transport retransmits.
+    /// Packets not sent: no route (an unknown address handle, no path) or refused by the
+    /// socket (e.g. buffer full); the transport recovers as from a loss.
     pub tx_errors: u64,
 }
 
+/// What the driver itself counts: the socket's side. Everything about the datagrams' contents
+/// is the endpoint's ([`EndpointCounters`](softrdma_ib::EndpointCounters)).
 #[derive(Default)]
-struct AtomicCounters {
+struct SocketCounters {
+    /// Datagrams the kernel took.
     tx_packets: AtomicU64,
-    rx_packets: AtomicU64,
-    bad_icrc: AtomicU64,
-    malformed: AtomicU64,
-    unknown_qp: AtomicU64,
-    wrong_source: AtomicU64,
-    tx_errors: AtomicU64,
+    /// Datagrams the kernel refused.
+    tx_refused: AtomicU64,
 }
 
 pub(crate) struct RoceShared {
     socket: UdpSocket,
     /// IPv4 raw sender (see [`RawTx`]).
     pub(crate) raw: Option<socket2::Socket>,
-    next_ip_id: std::sync::atomic::AtomicU16,
     /// Held while datagrams are read and processed (receive thread or a polling caller).
     rx_lock: Mutex<()>,
     pub(crate) local: SocketAddr,
+    /// ICRC, demultiplexing, source check, GRH image and encapsulation; QPNs, paths and
+    /// address handles. Read-locked per receive batch and per transmit batch; write-locked
+    /// to (un)register a QP, set a path, create or destroy an address handle.
+    ///
+    /// Lock order: a QP's engine, then the endpoint, then `qps`. Nothing locks an engine
+    /// while holding the endpoint (a writer queued on the fair `RwLock` would otherwise
+    /// deadlock a receive batch against a flush).
+    endpoint: RwLock<RoceEndpoint>,
+    /// The QPs registered with the endpoint, by QPN, for their locks. Changed only under the
+    /// endpoint's write lock, so under its read lock the two agree.
     qps: RwLock<HashMap<u32, Arc<RoceQpShared>>>,
-    ahs: RwLock<Vec<SocketAddr>>,
-    next_qpn: AtomicU32,
-    counters: AtomicCounters,
+    counters: SocketCounters,
     /// The receive buffer the kernel granted (octets of kernel memory).
     pub(crate) rcvbuf: usize,
     alive: AtomicBool,
@@ -150,13 +163,11 @@ pub(crate) struct RoceShared {
 
 struct Engine {
     qp: IbQp,
-    /// Peer address of a connected QP.
-    remote: Option<SocketAddr>,
-
+    /// The packet the requester or responder writes (BTH .. pad).
     scratch: Vec<u8>,
-    /// Datagrams of one flush, back to back, and where each starts and ends and goes.
+    /// Datagrams of one transmit batch, back to back, and where each lies and goes.
     dgram: Vec<u8>,
-    batch: Vec<(usize, usize, SocketAddr, bool)>,
+    batch: Vec<Transmit>,
     wcs: Vec<WorkCompletion>,
 }
 
@@ -210,17 +221,18 @@ impl RoceShared {
                 }
             }
         };
+        let ipv4 = match raw {
+            Some(_) => SocketKind::RawIpv4,
+            None => SocketKind::Udp,
+        };
         let shared = Arc::new(RoceShared {
             socket,
             raw,
-            next_ip_id: std::sync::atomic::AtomicU16::new(1),
             rx_lock: Mutex::new(()),
             local,
+            endpoint: RwLock::new(RoceEndpoint::new(local, ipv4)),
             qps: RwLock::new(HashMap::new()),
-            ahs: RwLock::new(Vec::new()),
-            // QPN 0 and 1 are special (SMI/GSI); rxe starts at 0x11.
-            next_qpn: AtomicU32::new(0x11),
-            counters: AtomicCounters::default(),
+            counters: SocketCounters::default(),
             rcvbuf,
             alive: AtomicBool::new(true),
         });
@@ -234,93 +246,63 @@ impl RoceShared {
 
     /// Sends everything the QP has to send, then moves its completions to the CQs.
     fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant) {
-        let mut out = std::mem::take(&mut e.scratch);
-        let mut dgram = std::mem::take(&mut e.dgram);
-        let mut batch = std::mem::take(&mut e.batch);
-        dgram.clear();
-        batch.clear();
-        while let Some(tx) = e.qp.poll_transmit(now, &mut out) {
-            let dest = match tx.dest {
-                Some(ud) => self.ahs.read().get(ud.ah as usize).copied(),
-                None => e.remote,
-            };
-            let Some(dest) = dest else {
-                self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            let payload = &out[..tx.len];
-            let start = dgram.len();
-            let raw = match (&self.raw, self.local.ip(), dest) {
-                (Some(_), IpAddr::V4(src), SocketAddr::V4(dst)) => {
-                    let src_port = match tx.dest {
-                        Some(ud) => rocev2_src_port(rocev2_flow_label(q.qpn, ud.remote_qpn)),
-                        None => rocev2_src_port(rocev2_flow_label(q.qpn, e.qp.dest_qp())),
+        let Engine {
+            qp,
+            scratch,
+            dgram,
+            batch,
+            wcs,
+        } = e;
+        loop {
+            dgram.clear();
+            batch.clear();
+            {
+                // Not held across the system call: it would keep writers waiting.
+                let ep = self.endpoint.read();
+                while batch.len() < SEND_BATCH {
+                    let Some(t) = ep.poll_transmit(qp, now, scratch, dgram) else {
+                        break;
                     };
-                    let mut id = self.next_ip_id.fetch_add(1, Ordering::Relaxed);
-                    if id == 0 {
-                        // The kernel would pick its own Identification for 0 (raw(7)).
-                        id = self.next_ip_id.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let src = SocketAddrV4::new(src, src_port);
-                    let ep = Endpoints::from_socket_addrs(src.into(), dest);
-                    ipv4_udp_frame(&mut dgram, src, dst, id, payload);
-                    dgram.extend_from_slice(&icrc_for(&ep, id, payload).to_le_bytes());
-                    true
+                    batch.push(t);
                 }
-                _ => {
-                    // Through the UDP socket: the kernel's Identification is unknown; ID 0 is
-                    // what a peer that recovers it needs least work for.
-                    let ep = Endpoints::from_socket_addrs(self.local, dest);
-                    dgram.extend_from_slice(payload);
-                    dgram.extend_from_slice(&icrc_for(&ep, 0, payload).to_le_bytes());
-                    false
-                }
-            };
-            batch.push((start, dgram.len(), dest, raw));
-            if batch.len() == SEND_BATCH {
-                self.send_batch(&dgram, &batch);
-                dgram.clear();
-                batch.clear();
+            }
+            self.send_batch(dgram, batch);
+            if batch.len() < SEND_BATCH {
+                break;
             }
         }
-        self.send_batch(&dgram, &batch);
-        e.scratch = out;
-        e.dgram = dgram;
-        e.batch = batch;
-        while let Some(wc) = e.qp.poll_send_completion() {
-            e.wcs.push(wc);
+        while let Some(wc) = qp.poll_send_completion() {
+            wcs.push(wc);
         }
-        q.send_cq.push(&mut e.wcs);
-        while let Some(wc) = e.qp.poll_recv_completion() {
-            e.wcs.push(wc);
+        q.send_cq.push(wcs);
+        while let Some(wc) = qp.poll_recv_completion() {
+            wcs.push(wc);
         }
-        q.recv_cq.push(&mut e.wcs);
+        q.recv_cq.push(wcs);
     }
 
-    /// Sends datagrams `buf[start..end]` to their destinations with as few `sendmmsg` calls
-    /// as the socket changes allow. A datagram the kernel refuses (a full buffer) is counted
-    /// and left to the transport's retransmission.
-    fn send_batch(&self, buf: &[u8], batch: &[(usize, usize, SocketAddr, bool)]) {
+    /// Sends the datagrams `batch` describes in `buf` with as few `sendmmsg` calls as the
+    /// socket changes allow, each through the socket its [`Transmit::kind`] names. A datagram
+    /// the kernel refuses (a full buffer) is counted and left to the transport's
+    /// retransmission.
+    fn send_batch(&self, buf: &[u8], batch: &[Transmit]) {
         let mut rest = batch;
-        while let Some(&(_, _, _, raw)) = rest.first() {
-            let n = rest.iter().take_while(|b| b.3 == raw).count();
+        while let Some(first) = rest.first() {
+            let kind = first.kind;
+            let n = rest.iter().take_while(|t| t.kind == kind).count();
             let (group, tail) = rest.split_at(n);
             rest = tail;
-            let fd = match (raw, &self.raw) {
-                (true, Some(r)) => r.as_raw_fd(),
+            let fd = match (kind, &self.raw) {
+                (SocketKind::RawIpv4, Some(r)) => r.as_raw_fd(),
                 _ => self.socket.as_raw_fd(),
             };
             let slices: Vec<[IoSlice<'_>; 1]> = group
                 .iter()
-                .map(|&(s, e, _, _)| [IoSlice::new(&buf[s..e])])
+                .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))])
                 .collect();
             let addrs: Vec<Option<SockaddrStorage>> = group
                 .iter()
-                .map(|&(_, _, d, raw)| {
-                    // A raw IPv4 socket takes the destination address with port 0.
-                    let d = if raw { SocketAddr::new(d.ip(), 0) } else { d };
-                    Some(SockaddrStorage::from(d))
-                })
+                .map(|t| Some(SockaddrStorage::from(t.socket_addr())))
                 .collect();
             let mut done = 0;
             while done < group.len() {
@@ -344,70 +326,13 @@ impl RoceShared {
                     }
                     _ => {
                         // The first unsent datagram failed: count it and go on with the rest.
-                        self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
+                        self.counters.tx_refused.fetch_add(1, Ordering::Relaxed);
                         done += 1;
                     }
                 }
             }
         }
     }
-}
-
-/// IPv4 (20 octets, DF, TTL 64, as rxe) | UDP (checksum 0, as rxe) | payload, appended to
-/// `out`; the ICRC follows.
-fn ipv4_udp_frame(
-    out: &mut Vec<u8>,
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
-    id: u16,
-    payload: &[u8],
-) {
-    let udp_len = UDP_HEADER_LEN + payload.len() + ICRC_LEN;
-    let ip = Ipv4Repr {
-        total_len: (IPV4_HEADER_LEN + udp_len) as u16,
-        ident: id,
-        ..Ipv4Repr::new_udp(*src.ip(), *dst.ip())
-    };
-    let udp = UdpRepr {
-        length: udp_len as u16,
-        ..UdpRepr::rocev2(src.port())
-    };
-    let at = out.len();
-    out.resize(at + IPV4_HEADER_LEN + UDP_HEADER_LEN, 0);
-    let n = ip
-        .emit(&mut out[at..])
-        .expect("a 20-octet IPv4 header fits");
-    udp.emit(&mut out[at + n..]).expect("a UDP header fits");
-    UdpHeader::new_unchecked(&mut out[at + n..]).set_dst_port(dst.port());
-    out.extend_from_slice(payload);
-}
-
-/// The 40-octet GRH area of a UD receive: rxe puts an IPv4 header in its last 20 octets, an
-/// IPv6 header fills it; `len` is the UDP payload's length.
-fn grh_image(src: SocketAddr, dst: SocketAddr, len: usize) -> [u8; 40] {
-    let mut g = [0u8; 40];
-    let udp_len = UDP_HEADER_LEN + len;
-    match (src.ip(), dst.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let ip = Ipv4Repr {
-                total_len: (IPV4_HEADER_LEN + udp_len) as u16,
-                ..Ipv4Repr::new_udp(s, d)
-            };
-            ip.emit(&mut g[20..]).expect("a 20-octet IPv4 header fits");
-        }
-        (s, d) => {
-            let ip = Ipv6Repr {
-                payload_len: udp_len as u16,
-                ..Ipv6Repr::new_udp(ipv6_of(s), ipv6_of(d))
-            };
-            ip.emit(&mut g).expect("a 40-octet IPv6 header fits");
-        }
-    }
-    g
-}
-
-fn ipv6_of(a: IpAddr) -> std::net::Ipv6Addr {
-    std::net::Ipv6Addr::from(gid_from_ip(a))
 }
 
 /// Receive buffers of one thread (the receive thread's own, or a polling caller's).
@@ -465,15 +390,40 @@ impl RoceShared {
                 break;
             }
             let now = Instant::now();
-            for i in 0..rx.got.len() {
-                let (n, peer) = rx.got[i];
-                let Some(peer) = peer else { continue };
-                if let Some(q) = self.receive(&rx.bufs[i][..n], peer, now, &mut rx.verifier)
-                    && !rx.touched.iter().any(|t| Arc::ptr_eq(t, &q))
-                {
-                    rx.touched.push(q);
+            // The endpoint checks and routes the whole batch under one read lock; the QPs'
+            // engines are locked only after it is released (lock order: engine, endpoint).
+            // Each accepted datagram is kept with the index of its QP in `touched`.
+            let mut routed: Vec<(usize, Incoming<'_>)> = Vec::with_capacity(rx.got.len());
+            {
+                let ep = self.endpoint.read();
+                let qps = self.qps.read();
+                for (buf, &(n, peer)) in rx.bufs.iter().zip(&rx.got) {
+                    let (Some(peer), Some(dgram)) = (peer, buf.get(..n)) else {
+                        continue;
+                    };
+                    // A drop is counted by the endpoint.
+                    let Ok(inc) = ep.handle(peer, dgram, &mut rx.verifier) else {
+                        continue;
+                    };
+                    // Registered with the endpoint, so in `qps` (both change under its write
+                    // lock).
+                    let Some(q) = qps.get(&inc.qpn) else { continue };
+                    let i = match rx.touched.iter().position(|t| Arc::ptr_eq(t, q)) {
+                        Some(i) => i,
+                        None => {
+                            rx.touched.push(q.clone());
+                            rx.touched.len() - 1
+                        }
+                    };
+                    routed.push((i, inc));
                 }
             }
+            for (i, inc) in &routed {
+                if let Some(q) = rx.touched.get(*i) {
+                    q.engine.lock().qp.handle_packet(&inc.packet, &inc.grh, now);
+                }
+            }
+            drop(routed);
             for q in rx.touched.drain(..) {
                 let mut e = q.engine.lock();
                 self.flush(&q, &mut e, now);
@@ -543,40 +493,6 @@ fn socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
 }
 
 impl RoceShared {
-    /// Checks and hands one datagram to its QP; returns the QP, to be flushed once the
-    /// whole batch is in (its ACKs coalesce).
-    fn receive(
-        &self,
-        dgram: &[u8],
-        peer: SocketAddr,
-        now: Instant,
-        v: &mut IcrcVerifier,
-    ) -> Option<Arc<RoceQpShared>> {
-        self.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-        let ep = Endpoints::from_socket_addrs(peer, self.local);
-        if dgram.len() < 16 || matches!(v.verify(&ep, dgram), IcrcCheck::Invalid) {
-            self.counters.bad_icrc.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        let Ok(pkt) = PacketRepr::parse(&dgram[..dgram.len() - 4]) else {
-            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        let Some(q) = self.qps.read().get(&pkt.bth.dest_qp).cloned() else {
-            self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        let mut e = q.engine.lock();
-        if e.qp.qp_type() != QpType::Ud && e.remote.is_some_and(|r| r.ip() != peer.ip()) {
-            self.counters.wrong_source.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        let grh = grh_image(peer, self.local, dgram.len());
-        e.qp.handle_packet(&pkt, &grh, now);
-        drop(e);
-        Some(q)
-    }
-
     /// Fires due timers; returns how long until the next one.
     fn run_timers(&self, now: Instant) -> Duration {
         let qps: Vec<_> = self.qps.read().values().cloned().collect();
@@ -604,18 +520,18 @@ impl Drop for RoceShared {
 }
 
 impl RoceShared {
-    /// The driver's counters.
+    /// The driver's counters: the endpoint's, and the socket's.
     pub(crate) fn counters(&self) -> RoceCounters {
+        let e = self.endpoint.read().counters();
         let c = &self.counters;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RoceCounters {
-            tx_packets: l(&c.tx_packets),
-            rx_packets: l(&c.rx_packets),
-            bad_icrc: l(&c.bad_icrc),
-            malformed: l(&c.malformed),
-            unknown_qp: l(&c.unknown_qp),
-            wrong_source: l(&c.wrong_source),
-            tx_errors: l(&c.tx_errors),
+            tx_packets: c.tx_packets.load(Ordering::Relaxed),
+            rx_packets: e.rx_datagrams,
+            bad_icrc: e.bad_icrc,
+            malformed: e.malformed,
+            unknown_qp: e.unknown_qp,
+            wrong_source: e.wrong_source,
+            tx_errors: e.tx_no_route + e.tx_invalid + c.tx_refused.load(Ordering::Relaxed),
         }
     }
 
@@ -629,51 +545,70 @@ impl RoceShared {
         keys: Arc<KeyTable>,
         send_cq: &Arc<CqShared>,
         recv_cq: &Arc<CqShared>,
-    ) -> Arc<RoceQpShared> {
-        let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
-        let qp = IbQp::new(qpn, qp_type, pd, cap, keys);
-        let shared = Arc::new(RoceQpShared {
-            qpn,
-            engine: Mutex::new(Engine {
-                qp,
-                remote: None,
-                scratch: Vec::new(),
-                dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
-                batch: Vec::with_capacity(SEND_BATCH),
-                wcs: Vec::new(),
-            }),
-            send_cq: send_cq.clone(),
-            recv_cq: recv_cq.clone(),
-        });
-        self.qps.write().insert(qpn, shared.clone());
+    ) -> Result<Arc<RoceQpShared>, Error> {
+        let shared = {
+            // The QPN is the endpoint's; the QP joins `qps` before a datagram can be routed
+            // to it.
+            let mut ep = self.endpoint.write();
+            let qpn = ep.add_qp(qp_type).map_err(out_of_resources)?;
+            let shared = Arc::new(RoceQpShared {
+                qpn,
+                engine: Mutex::new(Engine {
+                    qp: IbQp::new(qpn, qp_type, pd, cap, keys),
+                    scratch: Vec::new(),
+                    dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
+                    batch: Vec::with_capacity(SEND_BATCH),
+                    wcs: Vec::new(),
+                }),
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+            });
+            self.qps.write().insert(qpn, shared.clone());
+            shared
+        };
         for cq in [send_cq, recv_cq] {
             cq.attach(Arc::downgrade(self) as Weak<dyn Progress>);
         }
-        shared
+        Ok(shared)
     }
 
-    /// Removes a QP (`ibv_destroy_qp`).
+    /// Removes a QP (`ibv_destroy_qp`): from now on its QPN is unknown to the endpoint.
     pub(crate) fn destroy_qp(&self, qpn: u32) {
+        let mut ep = self.endpoint.write();
+        ep.remove_qp(qpn);
         self.qps.write().remove(&qpn);
     }
 
-    /// An address handle for UD sends to `addr` (`ibv_create_ah`).
-    pub(crate) fn create_ah(&self, addr: SocketAddr) -> Ah {
-        let mut ahs = self.ahs.write();
-        let id = ahs.len() as u32;
-        ahs.push(addr);
-        Ah { id, addr }
+    /// An address handle for UD sends to `addr` (`ibv_create_ah`); dropping its last clone
+    /// destroys it.
+    pub(crate) fn create_ah(self: &Arc<Self>, addr: SocketAddr) -> Result<Ah, Error> {
+        let id = self
+            .endpoint
+            .write()
+            .create_ah(addr)
+            .map_err(out_of_resources)?;
+        Ok(Ah {
+            slot: Arc::new(AhSlot {
+                id,
+                addr,
+                driver: self.clone(),
+            }),
+        })
     }
 
-    /// Sets the path of a connected QP.
+    /// Sets the path of a connected QP: where it sends, the address it accepts packets from.
     pub(crate) fn set_remote(&self, q: &RoceQpShared, addr: SocketAddr) {
-        q.engine.lock().remote = Some(addr);
+        // Registered for as long as `q` exists: cannot fail.
+        let r = self.endpoint.write().set_path(q.qpn, addr);
+        debug_assert!(r.is_ok(), "{r:?}");
     }
 
     /// `ibv_modify_qp`. For RC/UC the path must be set before RTR.
     pub(crate) fn modify(&self, q: &RoceQpShared, attr: &QpAttr) -> Result<(), Error> {
         let mut e = q.engine.lock();
-        if attr.state == Some(IbQpState::Rtr) && e.qp.qp_type() != QpType::Ud && e.remote.is_none()
+        if attr.state == Some(IbQpState::Rtr)
+            && e.qp.qp_type() != QpType::Ud
+            && self.endpoint.read().path(q.qpn).is_none()
         {
             return Err(Error::InvalidArgument(
                 "RTR needs the path (Qp::set_remote)",
@@ -748,22 +683,60 @@ impl RoceQpShared {
 }
 
 /// An address handle (`ibv_ah`) for UD sends: put [`Ah::id`] in `UdDest::ah`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Clones share the handle; dropping the last one destroys it (`ibv_destroy_ah`) and its id
+/// goes to the next handle created on the context, so, as in verbs, no send request still
+/// queued may name it.
+#[derive(Clone)]
 pub struct Ah {
+    slot: Arc<AhSlot>,
+}
+
+struct AhSlot {
     id: u32,
     addr: SocketAddr,
+    driver: Arc<RoceShared>,
+}
+
+impl Drop for AhSlot {
+    fn drop(&mut self) {
+        self.driver.endpoint.write().destroy_ah(self.id);
+    }
 }
 
 impl Ah {
     /// The handle's index (`UdDest::ah`).
     pub fn id(&self) -> u32 {
-        self.id
+        self.slot.id
     }
 
     /// Where it points.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.slot.addr
     }
+}
+
+impl PartialEq for Ah {
+    /// The same handle (ids are unique among a context's live handles).
+    fn eq(&self, other: &Ah) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
+    }
+}
+
+impl Eq for Ah {}
+
+impl std::fmt::Debug for Ah {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ah")
+            .field("id", &self.slot.id)
+            .field("addr", &self.slot.addr)
+            .finish()
+    }
+}
+
+/// An endpoint that ran out of QPNs or address handle ids: `ENOMEM`, as verbs reports it.
+fn out_of_resources(e: EndpointError) -> Error {
+    Error::Io(std::io::Error::new(std::io::ErrorKind::OutOfMemory, e))
 }
 
 /// The IPv4 address of an IPv4-mapped GID, or the IPv6 address of any other.
