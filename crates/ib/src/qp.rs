@@ -725,7 +725,8 @@ impl IbQp {
     /// Error state of a QP with an SRQ. IBA o11-5.2.5: the event is due on a QP in Error
     /// associated with an SRQ once a completion was generated for its last WQE or it holds
     /// none; the engine completes the WQE in progress (flushed) during the transition itself,
-    /// so the event is due as soon as the QP is in Error. Afterwards the QP takes no WQE from
+    /// so the event is due as soon as the QP is in Error. o11-5.2.5 names RC and UD; UC QPs
+    /// report it too (as rxe does). Afterwards the QP takes no WQE from
     /// the SRQ: once its receive completions are polled it may be destroyed or reset without
     /// leaking SRQ WQEs (IBA 10.3.1).
     pub fn take_last_wqe_reached(&mut self) -> bool {
