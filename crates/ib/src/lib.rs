@@ -2,7 +2,8 @@
 //! spec and Linux rxe: requester and completer ([`requester`]), responder
 //! ([`responder`]), tied together with the QP state machine and the header
 //! validation pipeline in [`qp`] (see `DESIGN.md`). RC, UC and UD. [`endpoint`] is the RoCEv2
-//! endpoint between a UDP socket and the QPs: ICRC, demultiplexing, encapsulation.
+//! endpoint between a UDP socket and the QPs: ICRC, demultiplexing, encapsulation. QPs may
+//! share a receive queue ([`SharedRecvQueue`], [`IbQp::new_with_srq`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -15,10 +16,12 @@ pub use endpoint::{
     DropReason, EndpointCounters, EndpointError, Incoming, RoceEndpoint, SocketKind, Transmit,
     TxError,
 };
-pub use qp::{IbQp, ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, pkey_matches};
+pub use qp::{
+    CreateError, IbQp, ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, pkey_matches,
+};
 pub use requester::{Requester, RequesterConfig, RequesterCounters, Tx};
 pub use responder::{Responder, ResponderConfig, ResponderCounters};
 pub use softrdma_verbs_types::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode,
+    PostError, RecvWr, SendFlags, SendWr, Sge, SharedRecvQueue, SrqLimitError, UdDest, WcFlags,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };

@@ -6,12 +6,27 @@
 //! A driver parses each datagram (ICRC checked, `PacketRepr::parse`), finds the QP by the
 //! BTH DestQP and calls [`IbQp::handle_packet`]; it sends what [`IbQp::poll_transmit`] writes
 //! and calls [`IbQp::handle_timeout`] at [`IbQp::poll_timeout`].
+//!
+//! # Shared receive queues
+//! [`IbQp::new_with_srq`] attaches the QP to a [`SharedRecvQueue`] of its protection domain
+//! (`ibv_qp_init_attr.srq`); any QP type may. The QP then has no receive queue of its own:
+//! [`IbQp::post_recv`] is refused with `PostError::SrqAttached` and `QpCaps::max_recv_wr` /
+//! `max_recv_sge` are not used (the SRQ's `max_wr` / `max_sge` are). The responder takes a WQE
+//! from the SRQ when a message needs one and completes it on this QP's receive completions
+//! ([`IbQp::poll_recv_completion`], the WQE's own `wr_id`); see [`crate::responder`] for when
+//! and what happens on errors. The verbs layer posts to the SRQ
+//! ([`SharedRecvQueue::post_recv`]), arms and polls its limit
+//! ([`SharedRecvQueue::arm_limit`], [`SharedRecvQueue::take_limit_event`]: the
+//! `IBV_EVENT_SRQ_LIMIT_REACHED` async event of the SRQ) and, per QP, polls
+//! [`IbQp::take_last_wqe_reached`] (`IBV_EVENT_QP_LAST_WQE_REACHED`) after an Error
+//! transition. Entering Error flushes only the WQE this QP holds for a message in progress;
+//! the SRQ's WQEs stay for the other QPs.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use softrdma_memory::{Access, KeyTable, PdId, QpId};
-use softrdma_verbs_types::{PostError, RecvWr, SendWr, WorkCompletion};
+use softrdma_verbs_types::{PostError, RecvWr, SendWr, SharedRecvQueue, WorkCompletion};
 use softrdma_wire::ib::{DEFAULT_PKEY, PSN_MASK, PacketRepr, Service};
 
 use crate::requester::{Requester, RequesterConfig, RequesterCounters, Tx};
@@ -151,6 +166,20 @@ pub enum ModifyError {
     Invalid(&'static str),
 }
 
+/// Why a QP could not be created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CreateError {
+    /// The shared receive queue belongs to another protection domain than the QP (verbs:
+    /// `EINVAL`; the SRQ's WQEs name memory of its own domain).
+    #[error("SRQ of protection domain {srq:?} given to a QP of domain {qp:?}")]
+    SrqPd {
+        /// The QP's domain.
+        qp: PdId,
+        /// The SRQ's domain.
+        srq: PdId,
+    },
+}
+
 /// Packets dropped by the header pipeline, by reason (IBT-X-18).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct QpCounters {
@@ -197,6 +226,10 @@ pub struct IbQp {
     responder: Responder,
     counters: QpCounters,
     drained_reported: bool,
+    /// The shared receive queue receives come from, if any.
+    srq: Option<Arc<SharedRecvQueue>>,
+    /// Last WQE Reached is due (entered Error with an SRQ) and not yet taken.
+    last_wqe_reached: bool,
 }
 
 /// P_Key matching (IBA 10.9.3): the low 15 bits equal and not both limited members.
@@ -205,8 +238,39 @@ pub fn pkey_matches(a: u16, b: u16) -> bool {
 }
 
 impl IbQp {
-    /// A QP in the Reset state.
+    /// A QP in the Reset state with its own receive queue.
     pub fn new(qpn: u32, qp_type: QpType, pd: PdId, caps: QpCaps, keys: Arc<KeyTable>) -> Self {
+        Self::build(qpn, qp_type, pd, caps, keys, None)
+    }
+
+    /// A QP in the Reset state whose receives come from `srq` (`ibv_create_qp` with
+    /// `init_attr.srq`; see the module docs). `SrqPd` when `srq` belongs to another
+    /// protection domain.
+    pub fn new_with_srq(
+        qpn: u32,
+        qp_type: QpType,
+        pd: PdId,
+        caps: QpCaps,
+        keys: Arc<KeyTable>,
+        srq: Arc<SharedRecvQueue>,
+    ) -> Result<Self, CreateError> {
+        if srq.pd() != pd {
+            return Err(CreateError::SrqPd {
+                qp: pd,
+                srq: srq.pd(),
+            });
+        }
+        Ok(Self::build(qpn, qp_type, pd, caps, keys, Some(srq)))
+    }
+
+    fn build(
+        qpn: u32,
+        qp_type: QpType,
+        pd: PdId,
+        caps: QpCaps,
+        keys: Arc<KeyTable>,
+        srq: Option<Arc<SharedRecvQueue>>,
+    ) -> Self {
         let path = Path {
             pmtu: 1024,
             dest_qp: 0,
@@ -214,9 +278,10 @@ impl IbQp {
             max_dest_rd_atomic: 0,
             min_rnr_timer: 0,
         };
-        let responder = Responder::new(
+        let responder = Self::new_responder(
             Self::resp_cfg(qpn, qp_type, pd, &path, Access::REMOTE),
-            keys.clone(),
+            &keys,
+            &srq,
         );
         let mut send = RequesterConfig::rc(pd, qpn, 0, 0);
         send.service = qp_type.service();
@@ -240,6 +305,19 @@ impl IbQp {
             responder,
             counters: QpCounters::default(),
             drained_reported: false,
+            srq,
+            last_wqe_reached: false,
+        }
+    }
+
+    fn new_responder(
+        cfg: ResponderConfig,
+        keys: &Arc<KeyTable>,
+        srq: &Option<Arc<SharedRecvQueue>>,
+    ) -> Responder {
+        match srq {
+            Some(srq) => Responder::with_srq(cfg, keys.clone(), srq.clone()),
+            None => Responder::new(cfg, keys.clone()),
         }
     }
 
@@ -286,6 +364,11 @@ impl IbQp {
     /// Remote QP (RC/UC).
     pub fn dest_qp(&self) -> u32 {
         self.path.dest_qp
+    }
+
+    /// The shared receive queue this QP takes its receives from, if any.
+    pub fn srq(&self) -> Option<&Arc<SharedRecvQueue>> {
+        self.srq.as_ref()
     }
 
     /// Header-pipeline drop counters.
@@ -450,14 +533,21 @@ impl IbQp {
         let rcfg = Self::resp_cfg(self.qpn, self.qp_type, self.pd, &self.path, self.access);
         match (from, to) {
             (_, Reset) => {
+                // IBA 10.3.1: a QP with an SRQ should go through Error (and Last WQE
+                // Reached) first; a WQE it still held for a message is dropped here like
+                // every other queued request.
                 self.requester = None;
-                self.responder = Responder::new(rcfg, self.keys.clone());
+                self.responder = Self::new_responder(rcfg, &self.keys, &self.srq);
+                self.last_wqe_reached = false;
             }
             (_, Error) => {
                 if let Some(r) = &mut self.requester {
                     r.flush();
                 }
                 self.responder.flush();
+                if from != Error {
+                    self.last_wqe_reached = self.srq.is_some();
+                }
             }
             (Init, Rtr) => self.responder.reconfigure(rcfg),
             (Rtr, Rts) => {
@@ -503,8 +593,10 @@ impl IbQp {
     }
 
     /// `ibv_post_recv`: any state but Reset; Error completes it flushed at once.
+    /// `SrqAttached` on a QP with a shared receive queue (post to the SRQ).
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         match self.state {
+            _ if self.srq.is_some() => Err(PostError::SrqAttached),
             QpState::Reset => Err(PostError::State),
             _ if wr.sg_list.len() > self.caps.max_recv_sge as usize => Err(PostError::TooManySge {
                 max: self.caps.max_recv_sge as usize,
@@ -622,10 +714,23 @@ impl IbQp {
             if self.state != QpState::Error {
                 self.state = QpState::Error;
                 self.responder.flush();
+                self.last_wqe_reached = self.srq.is_some();
             }
         } else if r.is_sqe() && matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.state = QpState::Sqe;
         }
+    }
+
+    /// Last WQE Reached (`IBV_EVENT_QP_LAST_WQE_REACHED`), reported once per entry into the
+    /// Error state of a QP with an SRQ. IBA o11-5.2.5: the event is due on a QP in Error
+    /// associated with an SRQ once a completion was generated for its last WQE or it holds
+    /// none; the engine completes the WQE in progress (flushed) during the transition itself,
+    /// so the event is due as soon as the QP is in Error. o11-5.2.5 names RC and UD; UC QPs
+    /// report it too (as rxe does). Afterwards the QP takes no WQE from
+    /// the SRQ: once its receive completions are polled it may be destroyed or reset without
+    /// leaking SRQ WQEs (IBA 10.3.1).
+    pub fn take_last_wqe_reached(&mut self) -> bool {
+        std::mem::take(&mut self.last_wqe_reached)
     }
 
     /// SQD and the send queue drained (reported once per SQD transition, as the

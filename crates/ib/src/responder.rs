@@ -23,13 +23,34 @@
 //! * More than `max_rd_atomic` READ responses still queued (not yet polled) when a new READ or
 //!   ATOMIC arrives: NAK *Invalid Request* (the requester exceeded the negotiated limit).
 //! * MSN counts completed messages; a READ counts when accepted, its responses carry that MSN.
+//! * A NAK that abandons a SEND in progress (an opcode out of sequence, C9-28) completes its
+//!   receive WQE with `RemoteInvalidRequest` (rxe class C) rather than losing it.
+//!
+//! # Receive WQEs: the QP's own queue or a shared receive queue
+//! A responder built with [`Responder::with_srq`] takes its receive WQEs from a
+//! [`SharedRecvQueue`] instead of its own queue, exactly when a message needs one (rxe
+//! `check_resource` / `get_srq_wqe`): at a SEND First or Only, an RDMA WRITE with immediate
+//! Only or Last, a UD SEND Only. A multi-packet SEND keeps the WQE taken at its First until its
+//! Last. Duplicates are answered before any WQE is taken (§13.5), so a retransmitted packet
+//! never takes a second one. An empty SRQ is an empty receive queue: RC RNR-NAKs (9.7.5.2.8),
+//! UC drops the message, UD drops the datagram (`no_wqe`).
+//!
+//! A WQE taken from an SRQ belongs to this QP: it always completes here, with this QP's
+//! completions, and never returns to the SRQ. Where an own-queue WQE would be kept for the
+//! next message (a UC message abandoned after a lost packet, IBA responder error class D1; an
+//! RDMA WRITE with immediate refused after its WQE was taken), an SRQ WQE completes in error
+//! instead: `RemoteInvalidRequest` for an abandoned UC message (class E, as rxe
+//! `do_class_d1e_error`), the NAK's status for a refused WRITE (`RemoteInvalidRequest`,
+//! `RemoteAccess`). [`Responder::flush`] (Error state) completes the WQE in progress as
+//! flushed and leaves the SRQ's WQEs to the SRQ (IBA 10.3.1; rxe `flush_recv_queue`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use softrdma_memory::{Access, AccessError, IbNak, Key, KeyTable, PdId, QpId, Target};
 use softrdma_verbs_types::{
-    CheckedRecv, PostError, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, check_recv,
+    CheckedRecv, PostError, RecvWr, SharedRecvQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    check_recv,
 };
 use softrdma_wire::ib::{
     AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, PSN_MASK, PacketRepr,
@@ -106,6 +127,14 @@ impl Rwqe {
     }
 }
 
+/// Where receive WQEs come from.
+enum RecvQueue {
+    /// The QP's own receive queue (`post_recv`).
+    Own(VecDeque<Rwqe>),
+    /// A shared receive queue: a WQE is taken when a message needs it.
+    Shared(Arc<SharedRecvQueue>),
+}
+
 /// The multi-packet message in progress (§9.5: First, Middle*, Last).
 enum InProgress {
     None,
@@ -160,7 +189,7 @@ pub struct Responder {
     msn: u32,
     /// A PSN Sequence Error NAK was sent for the current ePSN (§13.5).
     seq_nak_sent: bool,
-    rq: VecDeque<Rwqe>,
+    rq: RecvQueue,
     cur: InProgress,
     resources: VecDeque<Resource>,
     responses: VecDeque<Pending>,
@@ -194,15 +223,27 @@ fn nak_of(e: AccessError) -> NakCode {
 }
 
 impl Responder {
-    /// A responder in RTR with the attributes of `cfg`, placing through `keys`.
+    /// A responder in RTR with the attributes of `cfg`, placing through `keys`, with its own
+    /// receive queue.
     pub fn new(cfg: ResponderConfig, keys: Arc<KeyTable>) -> Self {
+        Self::build(cfg, keys, RecvQueue::Own(VecDeque::new()))
+    }
+
+    /// As [`Responder::new`], taking receive WQEs from `srq` (see the module docs);
+    /// [`Responder::post_recv`] is refused. The caller checks that `srq` belongs to `cfg.pd`
+    /// (`IbQp::new_with_srq` does).
+    pub fn with_srq(cfg: ResponderConfig, keys: Arc<KeyTable>, srq: Arc<SharedRecvQueue>) -> Self {
+        Self::build(cfg, keys, RecvQueue::Shared(srq))
+    }
+
+    fn build(cfg: ResponderConfig, keys: Arc<KeyTable>, rq: RecvQueue) -> Self {
         Responder {
             epsn: cfg.epsn & PSN_MASK,
             cfg,
             keys,
             msn: 0,
             seq_nak_sent: false,
-            rq: VecDeque::new(),
+            rq,
             cur: InProgress::None,
             resources: VecDeque::new(),
             responses: VecDeque::new(),
@@ -229,18 +270,40 @@ impl Responder {
         &self.cfg
     }
 
-    /// Receive WQEs posted and not consumed.
+    /// Receive WQEs this QP holds and has not completed: posted and not consumed, plus the
+    /// one a SEND in progress uses. With an SRQ only the latter (0 or 1); the SRQ's own WQEs
+    /// are [`SharedRecvQueue::len`].
     pub fn rq_len(&self) -> usize {
-        self.rq.len() + usize::from(matches!(self.cur, InProgress::Send { .. }))
+        let own = match &self.rq {
+            RecvQueue::Own(rq) => rq.len(),
+            RecvQueue::Shared(_) => 0,
+        };
+        own + usize::from(matches!(self.cur, InProgress::Send { .. }))
     }
 
-    /// Error state (IBA 10.3.1): every receive WQE, the one in progress first, completes with
-    /// `WorkRequestFlushed`; saved responses are dropped.
+    /// The shared receive queue this responder takes WQEs from, if any.
+    pub fn srq(&self) -> Option<&Arc<SharedRecvQueue>> {
+        match &self.rq {
+            RecvQueue::Own(_) => None,
+            RecvQueue::Shared(srq) => Some(srq),
+        }
+    }
+
+    /// Error state (IBA 10.3.1): every receive WQE of this QP, the one in progress first,
+    /// completes with `WorkRequestFlushed`; saved responses are dropped. With an SRQ only the
+    /// WQE in progress is this QP's: the SRQ's WQEs stay there for the other QPs.
     pub fn flush(&mut self) {
-        self.abandon();
+        self.abandon(WcStatus::WorkRequestFlushed);
         self.responses.clear();
-        while let Some(w) = self.rq.pop_front() {
-            self.complete_error(w, WcStatus::WorkRequestFlushed);
+        if let RecvQueue::Own(rq) = &mut self.rq {
+            for w in rq.drain(..) {
+                self.completions.push_back(WorkCompletion::new(
+                    w.wr_id(),
+                    WcStatus::WorkRequestFlushed,
+                    WcOpcode::Recv,
+                    0,
+                ));
+            }
         }
     }
 
@@ -270,13 +333,47 @@ impl Responder {
     }
 
     /// Posts a receive WQE; every entry is checked with `check_local(LOCAL_WRITE)` now.
+    /// `SrqAttached` with an SRQ.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        let RecvQueue::Own(rq) = &mut self.rq else {
+            return Err(PostError::SrqAttached);
+        };
         let r = check_recv(wr, u32::MAX, &self.keys, self.cfg.pd)?;
         if r.sgl.len() > u64::from(u32::MAX) {
             return Err(PostError::MessageTooLong);
         }
-        self.rq.push_back(Rwqe(r));
+        rq.push_back(Rwqe(r));
         Ok(())
+    }
+
+    /// The next receive WQE for a message that needs one now (taken from the SRQ, if any).
+    fn take_wqe(&mut self) -> Option<Rwqe> {
+        match &mut self.rq {
+            RecvQueue::Own(rq) => rq.pop_front(),
+            RecvQueue::Shared(srq) => srq.take().map(Rwqe),
+        }
+    }
+
+    /// A taken WQE whose message did not happen: back to the head of the own queue, untouched
+    /// from the consumer's view; an SRQ WQE cannot go back and completes here with `status`.
+    fn release(&mut self, wqe: Rwqe, status: WcStatus) {
+        match &mut self.rq {
+            RecvQueue::Own(rq) => rq.push_front(wqe),
+            RecvQueue::Shared(_) => self.complete_error(wqe, status),
+        }
+    }
+
+    /// `Verdict::Nak(code)`, releasing the WQE an RDMA WRITE with immediate had taken.
+    fn refuse(&mut self, wqe: Option<Rwqe>, code: NakCode) -> Verdict {
+        if let Some(w) = wqe {
+            let status = match code {
+                NakCode::RemoteAccessError => WcStatus::RemoteAccess,
+                NakCode::InvalidRequest => WcStatus::RemoteInvalidRequest,
+                _ => WcStatus::RemoteOperation,
+            };
+            self.release(w, status);
+        }
+        Verdict::Nak(code)
     }
 
     /// Next receive completion.
@@ -325,7 +422,7 @@ impl Responder {
         let op = pkt.bth.opcode.operation();
         if psn != self.epsn {
             self.counters.out_of_sequence += 1;
-            self.abandon();
+            self.abandon(WcStatus::RemoteInvalidRequest);
             self.epsn = psn;
         }
         let starts = op.is_first() || op.is_only();
@@ -334,7 +431,7 @@ impl Responder {
             // A Middle/Last without its First (lost), or a First inside a message: the
             // message is dropped; wait for the next First/Only.
             self.counters.out_of_sequence += 1;
-            self.abandon();
+            self.abandon(WcStatus::RemoteInvalidRequest);
             if !starts {
                 self.epsn = psn_add(psn, 1);
                 return;
@@ -347,17 +444,18 @@ impl Responder {
             Verdict::Nak(_) | Verdict::Rnr | Verdict::Drop => {
                 // 9.8.3: UC errors are silent; the rest of the message is discarded.
                 self.counters.uc_dropped += 1;
-                self.abandon();
+                self.abandon(WcStatus::RemoteInvalidRequest);
                 self.epsn = psn_add(psn, 1);
             }
         }
     }
 
     /// Drops the message in progress; a receive WQE it had taken goes back to the head of
-    /// the queue untouched from the consumer's view (UC reuses it for the next message).
-    fn abandon(&mut self) {
+    /// the own queue untouched from the consumer's view (UC reuses it for the next message,
+    /// class D1), or, taken from an SRQ, completes here with `srq_status` (class E).
+    fn abandon(&mut self, srq_status: WcStatus) {
         if let InProgress::Send { wqe, .. } = std::mem::replace(&mut self.cur, InProgress::None) {
-            self.rq.push_front(wqe);
+            self.release(wqe, srq_status);
         }
     }
 
@@ -380,7 +478,7 @@ impl Responder {
             return;
         }
         // No receive WQE: silently dropped (9.8.4, no RNR on UD).
-        let Some(wqe) = self.rq.pop_front() else {
+        let Some(wqe) = self.take_wqe() else {
             self.counters.no_wqe += 1;
             return;
         };
@@ -419,8 +517,12 @@ impl Responder {
             }
             Verdict::Nak(code) => {
                 // 9.7.5.2.4: NAK with the request's PSN, ePSN unchanged; the message in
-                // progress is abandoned.
-                self.cur = InProgress::None;
+                // progress is abandoned, a receive WQE it held completes in error.
+                if let InProgress::Send { wqe, .. } =
+                    std::mem::replace(&mut self.cur, InProgress::None)
+                {
+                    self.complete_error(wqe, WcStatus::RemoteInvalidRequest);
+                }
                 self.counters.naks += 1;
                 self.push_ack(psn, Syndrome::Nak(code), self.msn);
             }
@@ -492,7 +594,7 @@ impl Responder {
             | Operation::SendOnlyWithImmediate
             | Operation::SendOnlyWithInvalidate => {
                 // 9.7.5.2.8: no receive WQE -> RNR NAK, nothing consumed.
-                let Some(wqe) = self.rq.pop_front() else {
+                let Some(wqe) = self.take_wqe() else {
                     return Verdict::Rnr;
                 };
                 self.cur = InProgress::Send { wqe, off: 0 };
@@ -505,14 +607,21 @@ impl Responder {
             Operation::RdmaWriteFirst
             | Operation::RdmaWriteOnly
             | Operation::RdmaWriteOnlyWithImmediate => {
-                if op == Operation::RdmaWriteOnlyWithImmediate && self.rq.is_empty() {
-                    return Verdict::Rnr;
-                }
+                // Resources before the R_Key (rxe check_resource): the WQE the immediate
+                // data consumes, RNR NAK without one.
+                let wqe = if op == Operation::RdmaWriteOnlyWithImmediate {
+                    match self.take_wqe() {
+                        Some(w) => Some(w),
+                        None => return Verdict::Rnr,
+                    }
+                } else {
+                    None
+                };
                 let Some(reth) = pkt.reth else {
-                    return Verdict::Nak(NakCode::InvalidRequest);
+                    return self.refuse(wqe, NakCode::InvalidRequest);
                 };
                 if reth.dma_len > MAX_DMA_LEN {
-                    return Verdict::Nak(NakCode::InvalidRequest); // C9-9
+                    return self.refuse(wqe, NakCode::InvalidRequest); // C9-9
                 }
                 // IBA 9.4.3: a zero-length WRITE need not check the R_Key (rxe skips it).
                 let target = if reth.dma_len == 0 {
@@ -527,7 +636,7 @@ impl Responder {
                         reth.dma_len as u64,
                     ) {
                         Ok(t) => Some(t),
-                        Err(e) => return Verdict::Nak(nak_of(e)),
+                        Err(e) => return self.refuse(wqe, nak_of(e)),
                     }
                 };
                 self.cur = InProgress::Write {
@@ -535,14 +644,19 @@ impl Responder {
                     off: 0,
                     len: reth.dma_len as u64,
                 };
-                self.write_data(pkt, end, imm, ack)
+                self.write_data(pkt, end, imm, ack, wqe)
             }
-            Operation::RdmaWriteMiddle => self.write_data(pkt, end, imm, ack),
+            Operation::RdmaWriteMiddle => self.write_data(pkt, end, imm, ack, None),
             Operation::RdmaWriteLast | Operation::RdmaWriteLastWithImmediate => {
-                if op == Operation::RdmaWriteLastWithImmediate && self.rq.is_empty() {
-                    return Verdict::Rnr;
-                }
-                self.write_data(pkt, end, imm, ack)
+                let wqe = if op == Operation::RdmaWriteLastWithImmediate {
+                    match self.take_wqe() {
+                        Some(w) => Some(w),
+                        None => return Verdict::Rnr,
+                    }
+                } else {
+                    None
+                };
+                self.write_data(pkt, end, imm, ack, wqe)
             }
             Operation::RdmaReadRequest => self.read_request(pkt),
             Operation::CompareSwap | Operation::FetchAdd => self.atomic(pkt),
@@ -610,30 +724,33 @@ impl Responder {
         Verdict::Done { ack, psns: 1 }
     }
 
+    /// Places a WRITE packet; `wqe` is the receive WQE an RDMA WRITE with immediate Only or
+    /// Last took, completed here (or released if the packet is refused).
     fn write_data(
         &mut self,
         pkt: &PacketRepr<'_>,
         end: bool,
         imm: Option<u32>,
         ack: bool,
+        wqe: Option<Rwqe>,
     ) -> Verdict {
         let InProgress::Write { target, off, len } =
             std::mem::replace(&mut self.cur, InProgress::None)
         else {
-            return Verdict::Nak(NakCode::InvalidRequest);
+            return self.refuse(wqe, NakCode::InvalidRequest);
         };
         let n = pkt.payload.len() as u64;
         // More data than the RETH's DMA Length, or a Last that leaves some missing:
         // NAK Invalid Request (rxe RESPST_ERR_LENGTH).
         if off + n > len || (end && off + n != len) {
-            return Verdict::Nak(NakCode::InvalidRequest);
+            return self.refuse(wqe, NakCode::InvalidRequest);
         }
         if n > 0 {
             let Some(t) = &target else {
-                return Verdict::Nak(NakCode::InvalidRequest);
+                return self.refuse(wqe, NakCode::InvalidRequest);
             };
             if let Err(e) = t.place(off as usize, pkt.payload) {
-                return Verdict::Nak(nak_of(e));
+                return self.refuse(wqe, nak_of(e));
             }
         }
         if !end {
@@ -642,27 +759,29 @@ impl Responder {
                 off: off + n,
                 len,
             };
+            if let Some(w) = wqe {
+                // Only Only/Last take one; a non-final packet never has one.
+                self.release(w, WcStatus::LocalQpOperation);
+            }
             return Verdict::Done { ack, psns: 1 };
         }
         self.msn = psn_add(self.msn, 1);
-        if imm.is_some() {
-            // Checked non-empty before placement (RNR otherwise).
-            if let Some(wqe) = self.rq.pop_front() {
-                self.completions.push_back(WorkCompletion {
-                    wr_id: wqe.wr_id(),
-                    status: WcStatus::Success,
-                    opcode: WcOpcode::RecvRdmaWithImm,
-                    byte_len: len as u32,
-                    flags: WcFlags {
-                        with_invalidate: false,
-                        solicited: pkt.bth.se,
-                        grh: false,
-                    },
-                    imm,
-                    invalidated_key: None,
-                    src_qp: None,
-                });
-            }
+        // The WQE an RDMA WRITE with immediate took carries the immediate data.
+        if let Some(wqe) = wqe {
+            self.completions.push_back(WorkCompletion {
+                wr_id: wqe.wr_id(),
+                status: WcStatus::Success,
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: len as u32,
+                flags: WcFlags {
+                    with_invalidate: false,
+                    solicited: pkt.bth.se,
+                    grh: false,
+                },
+                imm,
+                invalidated_key: None,
+                src_qp: None,
+            });
         }
         Verdict::Done { ack, psns: 1 }
     }

@@ -6,6 +6,9 @@
 //! entry with `KeyTable::check_local` when the request is posted and keeps the resulting
 //! grant, which the memory crate re-validates on every copy (a deregistered region fails the
 //! next copy instead of being touched).
+//!
+//! [`SharedRecvQueue`] is the shared receive queue (`ibv_srq`) both engines can draw
+//! receive WQEs from.
 
 use core::fmt;
 use core::ops::{BitOr, BitOrAssign};
@@ -13,11 +16,13 @@ use core::ops::{BitOr, BitOrAssign};
 use softrdma_memory::{AccessError, Key};
 
 mod check;
+mod srq;
 
 pub use check::{
     CheckedRecv, CheckedSend, IB_MAX_MESSAGE, IWARP_MAX_MESSAGE, Payload, SendLimits, Sgl,
     check_recv, check_send,
 };
+pub use srq::{SharedRecvQueue, SrqLimitError};
 
 /// One scatter/gather entry: `length` bytes at virtual address `addr` of the region `lkey`
 /// (`ibv_sge`).
@@ -504,6 +509,11 @@ pub enum PostError {
     /// An RDMA Read on a QP whose ORD is 0.
     #[error("RDMA Read posted with ORD 0")]
     ReadsDisabled,
+    /// A receive posted to a QP that takes its receive WQEs from a shared receive queue:
+    /// post to the SRQ instead (`ibv_post_recv` on such a QP fails; the verbs layer's
+    /// `Error::SrqAttached`).
+    #[error("the QP takes its receives from a shared receive queue")]
+    SrqAttached,
     /// Entry `sge` failed its L_Key check (`KeyTable::check_local`).
     #[error("scatter/gather entry {sge}: {error}")]
     LocalProtection {

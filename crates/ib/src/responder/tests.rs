@@ -765,3 +765,241 @@ fn ibt_c9_28_in_order_execution() {
     assert_eq!(e.u64_at(0), 77);
     assert_eq!(r[3].3, Some(4));
 }
+
+/// A responder of `service` taking its receives from a fresh SRQ of the same domain.
+fn srq_env(epsn: u32, service: Service) -> (Env, Arc<SharedRecvQueue>) {
+    let mut e = env(epsn);
+    let srq = Arc::new(SharedRecvQueue::new(PdId(1), 64, 4));
+    let cfg = ResponderConfig {
+        service,
+        ..*e.r.config()
+    };
+    e.r = Responder::with_srq(cfg, e.keys.clone(), srq.clone());
+    (e, srq)
+}
+
+impl Env {
+    /// Posts `len` octets at `off` of the receive buffer to `srq` as `wr_id`.
+    fn post_srq(&self, srq: &SharedRecvQueue, wr_id: u64, off: u64, len: u32) {
+        let sge = Sge::new(self.recv_key, 0x10_0000 + off, len);
+        srq.post_recv(RecvWr::new(wr_id, vec![sge]), &self.keys)
+            .unwrap();
+    }
+}
+
+fn ids(c: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
+    c.iter().map(|w| (w.wr_id, w.status)).collect()
+}
+
+/// With an SRQ: `post_recv` is refused; a SEND First takes one WQE and keeps it for the whole
+/// message; a duplicate First (retransmitted after the Middle was lost) takes none (§13.5
+/// duplicate region before resources); the Last completes the WQE taken at First.
+#[test]
+fn srq_send_takes_one_wqe_at_first_duplicates_take_none() {
+    let (mut e, srq) = srq_env(50, Service::Rc);
+    assert_eq!(
+        e.r.post_recv(RecvWr::new(1, vec![])),
+        Err(PostError::SrqAttached)
+    );
+    assert!(e.r.srq().is_some());
+    e.post_srq(&srq, 10, 0, 1000);
+    e.post_srq(&srq, 11, 1000, 1000);
+    let d = data(600, 9);
+    e.feed(&req(Opcode::RC_SEND_FIRST, 50, &d[..256]));
+    assert_eq!((srq.len(), e.r.rq_len()), (1, 1));
+    // Go-back-N retransmission of the First: duplicate, nothing taken.
+    e.feed(&acked(req(Opcode::RC_SEND_FIRST, 50, &d[..256])));
+    assert_eq!(srq.len(), 1);
+    e.feed(&req(Opcode::RC_SEND_MIDDLE, 51, &d[256..512]));
+    e.feed(&req(Opcode::RC_SEND_MIDDLE, 51, &d[256..512]));
+    e.feed(&req(Opcode::RC_SEND_LAST, 52, &d[512..]));
+    assert_eq!((srq.len(), e.r.rq_len()), (1, 0));
+    let c = e.completions();
+    assert_eq!(ids(&c), vec![(10, WcStatus::Success)]);
+    assert_eq!(c[0].byte_len, 600);
+    assert_eq!(e.recv_buf.read()[..600], d[..]);
+    assert_eq!(e.r.counters().duplicates, 2);
+}
+
+/// With an SRQ, an empty SRQ is an empty RQ: RNR NAK, nothing consumed, ePSN unchanged;
+/// WRITE with immediate Only and Last too. The retry after posting to the SRQ succeeds.
+#[test]
+fn srq_empty_rnr_naks_then_succeeds() {
+    let (mut e, srq) = srq_env(7, Service::Rc);
+    e.feed(&req(Opcode::RC_SEND_ONLY, 7, b"hi"));
+    let mut wimm = with_reth(
+        req(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, 7, b"w"),
+        e.key,
+        0x1000,
+        1,
+    );
+    wimm.immdt = Some(ImmDtRepr { immediate_data: 5 });
+    e.feed(&wimm);
+    let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
+    let rnr = Some(Syndrome::RnrNak {
+        timer: RnrTimer::try_from(12).unwrap(),
+    });
+    assert_eq!(r, vec![(Opcode::RC_ACKNOWLEDGE, 7, rnr, Some(0)); 2]);
+    assert_eq!((e.r.epsn(), e.r.counters().rnr_naks), (7, 2));
+    e.post_srq(&srq, 1, 0, 16);
+    e.feed(&req(Opcode::RC_SEND_ONLY, 7, b"hi"));
+    // Multi-packet WRITE with immediate: the Last needs the WQE.
+    let d = data(300, 4);
+    e.feed(&with_reth(
+        req(Opcode::RC_RDMA_WRITE_FIRST, 8, &d[..256]),
+        e.key,
+        0x1000,
+        300,
+    ));
+    let mut last = req(Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, 9, &d[256..]);
+    last.immdt = Some(ImmDtRepr { immediate_data: 6 });
+    e.feed(&last);
+    let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
+    assert_eq!(
+        r,
+        vec![ack(7, 1), (Opcode::RC_ACKNOWLEDGE, 9, rnr, Some(1))]
+    );
+    e.post_srq(&srq, 2, 16, 16);
+    e.feed(&last);
+    let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
+    assert_eq!(r, vec![ack(9, 2)]);
+    let c = e.completions();
+    assert_eq!(
+        c.iter()
+            .map(|w| (w.wr_id, w.opcode, w.imm))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcOpcode::Recv, None),
+            (2, WcOpcode::RecvRdmaWithImm, Some(6))
+        ]
+    );
+    assert_eq!(e.mem(0, 300), d);
+}
+
+/// A WQE taken from an SRQ always completes on the QP that took it: an RDMA WRITE with
+/// immediate refused after taking it (bad R_Key) completes it with `RemoteAccess` (rxe class
+/// C); the own queue keeps its WQE (not consumed).
+#[test]
+fn srq_refused_write_with_imm_completes_its_wqe() {
+    let bad = |e: &Env| {
+        let mut p = with_reth(
+            req(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, 0, b"x"),
+            e.key,
+            0x1000 + 8192,
+            1,
+        );
+        p.immdt = Some(ImmDtRepr { immediate_data: 1 });
+        p
+    };
+    let (mut e, srq) = srq_env(0, Service::Rc);
+    e.post_srq(&srq, 3, 0, 16);
+    let p = bad(&e);
+    e.feed(&p);
+    let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
+    assert_eq!(r, vec![nak(0, NakCode::RemoteAccessError, 0)]);
+    assert_eq!(ids(&e.completions()), vec![(3, WcStatus::RemoteAccess)]);
+    assert!(srq.is_empty());
+
+    let mut own = env(0);
+    own.post(3, 16);
+    let p = bad(&own);
+    own.feed(&p);
+    assert!(own.completions().is_empty());
+    assert_eq!(own.r.rq_len(), 1);
+}
+
+/// A NAK that abandons a SEND in progress (First inside a message, C9-28) completes the WQE
+/// it held with `RemoteInvalidRequest` instead of losing it, own queue and SRQ alike.
+#[test]
+fn nak_mid_send_completes_its_wqe() {
+    let d = data(256, 1);
+    let mut e = env(0);
+    e.post(1, 1024);
+    e.post(2, 1024);
+    e.feed(&req(Opcode::RC_SEND_FIRST, 0, &d));
+    e.feed(&req(Opcode::RC_SEND_FIRST, 1, &d));
+    let r: Vec<_> = e.responses().iter().map(|b| decode(b)).collect();
+    assert_eq!(r, vec![nak(1, NakCode::InvalidRequest, 0)]);
+    assert_eq!(
+        ids(&e.completions()),
+        vec![(1, WcStatus::RemoteInvalidRequest)]
+    );
+    assert_eq!(e.r.rq_len(), 1);
+
+    let (mut e, srq) = srq_env(0, Service::Rc);
+    e.post_srq(&srq, 1, 0, 1024);
+    e.post_srq(&srq, 2, 1024, 1024);
+    e.feed(&req(Opcode::RC_SEND_FIRST, 0, &d));
+    e.feed(&req(Opcode::RC_SEND_FIRST, 1, &d));
+    assert_eq!(
+        ids(&e.completions()),
+        vec![(1, WcStatus::RemoteInvalidRequest)]
+    );
+    assert_eq!(srq.len(), 1);
+}
+
+/// UC over an SRQ: a message abandoned after a lost packet cannot give its WQE back (IBA
+/// responder error class E, rxe `do_class_d1e_error`): it completes `RemoteInvalidRequest`
+/// on this QP and the next message takes the next WQE. An empty SRQ drops the message.
+#[test]
+fn srq_uc_abandoned_message_completes_class_e() {
+    let (mut e, srq) = srq_env(0, Service::Uc);
+    e.post_srq(&srq, 1, 0, 1024);
+    e.post_srq(&srq, 2, 1024, 1024);
+    let d = data(512, 3);
+    e.feed(&req(Opcode::UC_SEND_FIRST, 0, &d[..256]));
+    // PSN 1 (Last) lost; the next message starts at 2.
+    e.feed(&req(Opcode::UC_SEND_ONLY, 2, b"next"));
+    let c = e.completions();
+    assert_eq!(
+        ids(&c),
+        vec![(1, WcStatus::RemoteInvalidRequest), (2, WcStatus::Success)]
+    );
+    assert_eq!(c[1].byte_len, 4);
+    assert!(e.responses().is_empty());
+    // Empty SRQ: the message is dropped, its Last too.
+    e.feed(&req(Opcode::UC_SEND_FIRST, 3, &d[..256]));
+    e.feed(&req(Opcode::UC_SEND_LAST, 4, &d[256..]));
+    assert!(e.completions().is_empty());
+    assert_eq!(e.r.counters().uc_dropped, 1);
+}
+
+/// Error state with an SRQ: the WQE in progress completes flushed on this QP; the SRQ's WQEs
+/// are not flushed (IBA 10.3.1, rxe `flush_recv_queue`).
+#[test]
+fn srq_flush_completes_only_the_wqe_in_progress() {
+    let (mut e, srq) = srq_env(0, Service::Rc);
+    for id in 1..=3 {
+        e.post_srq(&srq, id, 1024 * id, 1024);
+    }
+    e.feed(&req(Opcode::RC_SEND_FIRST, 0, &data(256, 0)));
+    e.r.flush();
+    assert_eq!(
+        ids(&e.completions()),
+        vec![(1, WcStatus::WorkRequestFlushed)]
+    );
+    assert_eq!((srq.len(), e.r.rq_len()), (2, 0));
+    e.r.flush();
+    assert!(e.completions().is_empty());
+}
+
+/// UD over an SRQ: one WQE per datagram (GRH ahead of the payload); none -> dropped, counted.
+#[test]
+fn srq_ud_datagrams() {
+    let (mut e, srq) = srq_env(0, Service::Ud);
+    e.post_srq(&srq, 9, 0, 100);
+    let grh = [0xEE; 40];
+    let mut p = PacketRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, QPN, 0), b"datagram");
+    p.deth = Some(softrdma_wire::ib::DethRepr {
+        q_key: 1,
+        src_qp: 0x33,
+        ..Default::default()
+    });
+    e.r.handle_datagram(&p, &grh);
+    e.r.handle_datagram(&p, &grh);
+    let c = e.completions();
+    assert_eq!(ids(&c), vec![(9, WcStatus::Success)]);
+    assert_eq!((c[0].byte_len, c[0].src_qp), (48, Some(0x33)));
+    assert_eq!(&e.recv_buf.read()[40..48], b"datagram");
+    assert_eq!(e.r.counters().no_wqe, 1);
+}

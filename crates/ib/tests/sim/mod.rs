@@ -8,6 +8,10 @@
 //! (and counted) by the receiving endpoint's ICRC check. Optionally every packet is logged
 //! ([`Sim::capture`]: what each side put on the wire and what was delivered) and chosen
 //! packets are dropped ([`Sim::drop_filter`]) for targeted fault injection.
+//!
+//! More QP pairs can share the two endpoints ([`Sim::add_pair`]): each side's QPs share its
+//! key table and registered buffer, the endpoints demultiplex by QP number, and any QP may
+//! take its receives from a [`SharedRecvQueue`] ([`Sim::new_srq`], [`Sim::add_pair`]).
 
 #![allow(dead_code)]
 
@@ -20,8 +24,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softrdma_ib::{
-    DropReason, IbQp, QpAttr, QpCaps, QpState, QpType, RoceEndpoint, SocketKind, Transmit, UdDest,
-    WorkCompletion,
+    DropReason, IbQp, QpAttr, QpCaps, QpState, QpType, RoceEndpoint, SharedRecvQueue, SocketKind,
+    Transmit, UdDest, WorkCompletion,
 };
 use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId};
 use softrdma_wire::ib::{Opcode, PacketRepr, RethRepr, Syndrome};
@@ -100,6 +104,8 @@ pub struct Rec {
     /// Virtual time since the start.
     pub at: Duration,
     pub opcode: Opcode,
+    /// BTH DestQP.
+    pub dest_qp: u32,
     pub psn: u32,
     pub se: bool,
     pub ack_req: bool,
@@ -115,6 +121,7 @@ impl Rec {
             from,
             at,
             opcode: p.bth.opcode,
+            dest_qp: p.bth.dest_qp,
             psn: p.bth.psn,
             se: p.bth.se,
             ack_req: p.bth.ack_req,
@@ -183,9 +190,37 @@ pub struct Node {
     pub recvs: Vec<WorkCompletion>,
 }
 
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 1 << 16,
+        max_recv_wr: 1 << 16,
+        window: 64,
+        ..QpCaps::default()
+    }
+}
+
+/// The QP: over `srq` if given (same domain, PdId(1)).
+fn make_qp(ty: QpType, qpn: u32, keys: &Arc<KeyTable>, srq: Option<Arc<SharedRecvQueue>>) -> IbQp {
+    match srq {
+        Some(srq) => IbQp::new_with_srq(qpn, ty, PdId(1), caps(), keys.clone(), srq).unwrap(),
+        None => IbQp::new(qpn, ty, PdId(1), caps(), keys.clone()),
+    }
+}
+
 impl Node {
     /// A QP of `ty` (number `qpn`) with a `len`-octet region registered at iova 0.
     pub fn new(ty: QpType, qpn: u32, len: usize, seed: u64) -> Node {
+        Node::with_srq(ty, qpn, len, seed, None)
+    }
+
+    /// As [`Node::new`], the QP taking its receives from `srq` if given.
+    pub fn with_srq(
+        ty: QpType,
+        qpn: u32,
+        len: usize,
+        seed: u64,
+        srq: Option<Arc<SharedRecvQueue>>,
+    ) -> Node {
         let keys = Arc::new(KeyTable::with_seed(seed));
         let buf = Buffer::new(len);
         let key = keys
@@ -198,18 +233,24 @@ impl Node {
                 Access::LOCAL_WRITE | Access::REMOTE,
             )
             .unwrap();
-        let caps = QpCaps {
-            max_send_wr: 1 << 16,
-            max_recv_wr: 1 << 16,
-            window: 64,
-            ..QpCaps::default()
-        };
-        let qp = IbQp::new(qpn, ty, PdId(1), caps, keys.clone());
+        let qp = make_qp(ty, qpn, &keys, srq);
         Node {
             qp,
             keys,
             buf,
             key,
+            sends: Vec::new(),
+            recvs: Vec::new(),
+        }
+    }
+
+    /// Another QP on the same side as `other`: its key table, buffer and key.
+    pub fn beside(other: &Node, ty: QpType, qpn: u32, srq: Option<Arc<SharedRecvQueue>>) -> Node {
+        Node {
+            qp: make_qp(ty, qpn, &other.keys, srq),
+            keys: other.keys.clone(),
+            buf: other.buf.clone(),
+            key: other.key,
             sends: Vec::new(),
             recvs: Vec::new(),
         }
@@ -323,8 +364,16 @@ pub fn connect(n: &mut Node, me: usize, peer_qpn: u32, s: &Setup) {
     .unwrap();
 }
 
+/// QP numbers of pair `k` (0: the [`Sim::n`] pair).
+pub fn pair_qpns(k: usize) -> [u32; 2] {
+    let k = k as u32;
+    [0x11 + 0x100 * k, 0x22 + 0x100 * k]
+}
+
 pub struct Sim {
     pub n: [Node; 2],
+    /// Pairs 1.. ([`Sim::add_pair`]), side 0 and side 1.
+    pub more: Vec<[Node; 2]>,
     /// Each side's RoCEv2 endpoint (its QP registered, the path and [`AHS`] address handles
     /// to the other side).
     pub ep: [RoceEndpoint; 2],
@@ -366,8 +415,34 @@ impl Sim {
         faults: Faults,
         seed: u64,
     ) -> Sim {
-        let mut a = Node::new(ty, 0x11, len, seed);
-        let mut b = Node::new(ty, 0x22, len, seed ^ 0x5555);
+        Sim::build(wire, ty, len, setup, faults, seed, [None, None])
+    }
+
+    /// As [`Sim::new`], side `i`'s QP taking its receives from `srq[i]` if given (domain
+    /// PdId(1); post to it with the side's `keys`).
+    pub fn new_srq(
+        ty: QpType,
+        len: usize,
+        setup: &Setup,
+        faults: Faults,
+        seed: u64,
+        srq: [Option<Arc<SharedRecvQueue>>; 2],
+    ) -> Sim {
+        Sim::build(Wire::default(), ty, len, setup, faults, seed, srq)
+    }
+
+    fn build(
+        wire: Wire,
+        ty: QpType,
+        len: usize,
+        setup: &Setup,
+        faults: Faults,
+        seed: u64,
+        srq: [Option<Arc<SharedRecvQueue>>; 2],
+    ) -> Sim {
+        let [srq_a, srq_b] = srq;
+        let mut a = Node::with_srq(ty, 0x11, len, seed, srq_a);
+        let mut b = Node::with_srq(ty, 0x22, len, seed ^ 0x5555, srq_b);
         connect(&mut a, 0, 0x22, setup);
         connect(&mut b, 1, 0x11, setup);
         let kind = match wire {
@@ -396,6 +471,7 @@ impl Sim {
         let now = Instant::now();
         Sim {
             n: [a, b],
+            more: Vec::new(),
             ep,
             wire,
             verifier: [IcrcVerifier::new(), IcrcVerifier::new()],
@@ -415,6 +491,49 @@ impl Sim {
             capture: false,
             log: Vec::new(),
             drop_filter: None,
+        }
+    }
+
+    /// Adds QP pair `k` = [`Sim::pairs`] (numbers [`pair_qpns`]`(k)`) of the first pair's type
+    /// between the two endpoints, connected with `setup`, side `i` over `srq[i]` if given;
+    /// returns `k`.
+    pub fn add_pair(&mut self, setup: &Setup, srq: [Option<Arc<SharedRecvQueue>>; 2]) -> usize {
+        let k = self.pairs();
+        let ty = self.n[0].qp.qp_type();
+        let qpn = pair_qpns(k);
+        let [srq_a, srq_b] = srq;
+        let mut a = Node::beside(&self.n[0], ty, qpn[0], srq_a);
+        let mut b = Node::beside(&self.n[1], ty, qpn[1], srq_b);
+        connect(&mut a, 0, qpn[1], setup);
+        connect(&mut b, 1, qpn[0], setup);
+        for (i, ep) in self.ep.iter_mut().enumerate() {
+            ep.insert_qp(qpn[i], ty).unwrap();
+            if ty != QpType::Ud {
+                ep.set_path(qpn[i], self.wire.addr(1 - i)).unwrap();
+            }
+        }
+        self.more.push([a, b]);
+        k
+    }
+
+    /// QP pairs between the endpoints.
+    pub fn pairs(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// Side `side` of pair `k`.
+    pub fn node(&self, side: usize, k: usize) -> &Node {
+        match k {
+            0 => &self.n[side],
+            k => &self.more[k - 1][side],
+        }
+    }
+
+    /// Side `side` of pair `k`, mutably.
+    pub fn node_mut(&mut self, side: usize, k: usize) -> &mut Node {
+        match k {
+            0 => &mut self.n[side],
+            k => &mut self.more[k - 1][side],
         }
     }
 
@@ -492,19 +611,24 @@ impl Sim {
             }
             let mut scratch = std::mem::take(&mut self.scratch);
             let mut out = std::mem::take(&mut self.dgram);
-            loop {
-                out.clear();
-                let ep = &self.ep[side];
-                let Some(t) =
-                    ep.poll_transmit(&mut self.n[side].qp, self.now, &mut scratch, &mut out)
-                else {
-                    break;
-                };
-                self.send(side, &out, t);
+            for k in 0..self.pairs() {
+                loop {
+                    out.clear();
+                    let ep = &self.ep[side];
+                    let node = match k {
+                        0 => &mut self.n[side],
+                        k => &mut self.more[k - 1][side],
+                    };
+                    let Some(t) = ep.poll_transmit(&mut node.qp, self.now, &mut scratch, &mut out)
+                    else {
+                        break;
+                    };
+                    self.send(side, &out, t);
+                }
+                self.node_mut(side, k).collect();
             }
             self.scratch = scratch;
             self.dgram = out;
-            self.n[side].collect();
         }
     }
 
@@ -538,9 +662,12 @@ impl Sim {
                 p.payload.len()
             );
         }
-        let node = &mut self.n[f.to];
-        assert_eq!(r.qpn, node.qp.qpn(), "the endpoint knows one QP");
-        node.qp.handle_packet(&r.packet, &r.grh, self.now);
+        let k = (0..self.pairs())
+            .find(|&k| self.node(f.to, k).qp.qpn() == r.qpn)
+            .expect("the endpoint knows only our QPs");
+        let now = self.now;
+        let node = self.node_mut(f.to, k);
+        node.qp.handle_packet(&r.packet, &r.grh, now);
         node.collect();
     }
 
@@ -574,9 +701,9 @@ impl Sim {
     pub fn step(&mut self) -> bool {
         self.pump();
         let next_pkt = self.net.peek().map(|Reverse(f)| f.at);
-        let next_timer = [0, 1]
-            .into_iter()
-            .filter_map(|i| self.n[i].qp.poll_timeout())
+        let next_timer = (0..self.pairs())
+            .flat_map(|k| [0, 1].map(|i| self.node(i, k).qp.poll_timeout()))
+            .flatten()
             .min();
         match (next_pkt, next_timer) {
             (Some(p), t) if t.is_none_or(|t| p <= t) => {
@@ -586,9 +713,13 @@ impl Sim {
             }
             (_, Some(t)) => {
                 self.now = self.now.max(t);
-                for i in 0..2 {
-                    self.n[i].qp.handle_timeout(self.now);
-                    self.n[i].collect();
+                let now = self.now;
+                for k in 0..self.pairs() {
+                    for i in 0..2 {
+                        let node = self.node_mut(i, k);
+                        node.qp.handle_timeout(now);
+                        node.collect();
+                    }
                 }
             }
             (None, None) => return false,
