@@ -260,9 +260,16 @@ fn ext_psn_03_rc_pairs_share_one_srq_5_percent_loss() {
 
 #[test]
 #[ignore = "many seeds; run with --release -- --ignored"]
-fn ext_psn_03_rc_pairs_share_one_srq_5_percent_loss_many_seeds() {
-    for seed in 100..130 {
+fn ext_psn_03_rc_pairs_share_one_srq_lossy_many_seeds() {
+    for seed in 100..400 {
         rc_shared_run(lossy(), seed);
+    }
+    let heavy = Faults {
+        loss: 0.2,
+        ..lossy()
+    };
+    for seed in 400..450 {
+        rc_shared_run(heavy, seed);
     }
 }
 
