@@ -75,6 +75,7 @@ pub struct Qp {
     pd: PdId,
     qp_type: QpType,
     cap: QpCap,
+    sq_sig_all: bool,
 }
 
 impl std::fmt::Debug for Qp {
@@ -122,12 +123,6 @@ impl Pd {
                 )))
             }
             Driver::Roce(r) => {
-                if attr.srq.is_some() {
-                    return Err(Error::Unsupported("shared receive queues on RoCE QPs"));
-                }
-                if attr.sq_sig_all {
-                    return Err(Error::Unsupported("sq_sig_all on RoCE QPs"));
-                }
                 let caps = QpCaps {
                     max_send_wr: cap.max_send_wr,
                     max_recv_wr: cap.max_recv_wr,
@@ -141,8 +136,8 @@ impl Pd {
                     self.id,
                     caps,
                     self.ctx.keys.clone(),
-                    &attr.send_cq.shared,
-                    &attr.recv_cq.shared,
+                    [&attr.send_cq.shared, &attr.recv_cq.shared],
+                    attr.srq.as_ref().map(|s| s.shared.queue.clone()),
                 )?;
                 // Connected QPs start in Init, as after `rdma_create_qp`, so receives can
                 // be posted before the connection on both transports; Init → Init keeps
@@ -159,6 +154,7 @@ impl Pd {
             pd: self.id,
             qp_type: attr.qp_type,
             cap,
+            sq_sig_all: attr.sq_sig_all,
         })
     }
 
@@ -242,9 +238,17 @@ impl Qp {
             Inner::Roce(q) => self
                 .ctx
                 .roce()?
-                .post_send(q, std::iter::once(wr))
+                .post_send(q, std::iter::once(self.signal(wr)))
                 .map_err(|(_, e)| e),
         }
+    }
+
+    /// `sq_sig_all`: every request is signaled.
+    fn signal(&self, mut wr: SendWr) -> SendWr {
+        if self.sq_sig_all {
+            wr.flags |= softrdma_verbs_types::SendFlags::SIGNALED;
+        }
+        wr
     }
 
     /// Posts several send requests in order; stops at the first refused one and returns
@@ -261,7 +265,11 @@ impl Qp {
                 }
                 Ok(())
             }
-            Inner::Roce(q) => self.ctx.roce().map_err(|e| (0, e))?.post_send(q, wrs),
+            Inner::Roce(q) => self
+                .ctx
+                .roce()
+                .map_err(|e| (0, e))?
+                .post_send(q, wrs.into_iter().map(|wr| self.signal(wr))),
         }
     }
 
@@ -281,7 +289,7 @@ impl Qp {
     pub fn invalidate(&self, key: Key) -> Result<(), Error> {
         match &self.inner {
             Inner::Tcp(q) => q.invalidate(self.ctx.tcp()?, key),
-            Inner::Roce(_) => Err(Error::Unsupported("local invalidate on RoCE QPs")),
+            Inner::Roce(q) => self.ctx.roce()?.invalidate(q, &self.ctx.keys, key, self.pd),
         }
     }
 

@@ -1,16 +1,16 @@
 //! Shared receive queues (`ibv_srq`): receive buffers for several QPs of one domain, on
-//! either transport.
+//! either transport. The queue itself is the engines' [`SharedRecvQueue`]: the iWARP
+//! driver takes a buffer when a Send starts arriving on one of its QPs, the InfiniBand
+//! responder when a message needs one.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use softrdma_memory::{KeyTable, PdId};
-use softrdma_verbs_types::{CheckedRecv, PostError, RecvWr, check_recv};
+use softrdma_verbs_types::{CheckedRecv, RecvWr, SharedRecvQueue};
 
 use crate::Error;
 
-/// What [`Pd::create_srq`] needs (`ibv_srq_attr`).
+/// What [`Pd::create_srq`](crate::Pd::create_srq) needs (`ibv_srq_attr`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SrqAttr {
     /// Receive requests the queue holds.
@@ -32,18 +32,18 @@ pub(crate) struct SrqShared {
     pub(crate) pd: PdId,
     pub(crate) attr: SrqAttr,
     keys: Arc<KeyTable>,
-    pub(crate) queue: Mutex<VecDeque<CheckedRecv>>,
+    pub(crate) queue: Arc<SharedRecvQueue>,
 }
 
 impl SrqShared {
     /// The next buffer, taken the moment a message starts arriving on one of the QPs.
     pub(crate) fn take(&self) -> Option<CheckedRecv> {
-        self.queue.lock().pop_front()
+        self.queue.take()
     }
 }
 
 /// A shared receive queue (`ibv_srq`): receive buffers for several QPs of one domain. A
-/// buffer is taken at the moment a Send starts arriving on one of them and completes on
+/// buffer is taken at the moment a message starts arriving on one of them and completes on
 /// that QP's receive CQ. Cheap to clone.
 #[derive(Clone)]
 pub struct Srq {
@@ -69,7 +69,7 @@ impl Srq {
                 pd,
                 attr,
                 keys,
-                queue: Mutex::new(VecDeque::new()),
+                queue: Arc::new(SharedRecvQueue::new(pd, attr.max_wr, attr.max_sge)),
             }),
         })
     }
@@ -82,18 +82,26 @@ impl Srq {
     /// Posts a receive buffer (`ibv_post_srq_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
         let s = &self.shared;
-        let wr = check_recv(wr, s.attr.max_sge, &s.keys, s.pd)?;
-        let mut q = s.queue.lock();
-        if q.len() >= s.attr.max_wr as usize {
-            return Err(PostError::QueueFull.into());
-        }
-        q.push_back(wr);
-        Ok(())
+        Ok(s.queue.post_recv(wr, &s.keys)?)
+    }
+
+    /// Arms the limit (`ibv_modify_srq` with `srq_limit`): when fewer than `limit` buffers
+    /// remain, [`Srq::take_limit_event`] reports it once and the limit disarms; 0 disarms.
+    pub fn arm_limit(&self, limit: u32) -> Result<(), Error> {
+        self.shared
+            .queue
+            .arm_limit(limit)
+            .map_err(|_| Error::InvalidArgument("SRQ limit above the queue's depth"))
+    }
+
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: `true` once after the armed limit was crossed.
+    pub fn take_limit_event(&self) -> bool {
+        self.shared.queue.take_limit_event()
     }
 
     /// Buffers waiting.
     pub fn len(&self) -> usize {
-        self.shared.queue.lock().len()
+        self.shared.queue.len()
     }
 
     /// `true` when no buffer waits.

@@ -25,19 +25,19 @@ use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use softrdma_ib::{
     EndpointError, IbQp, Incoming, QpAttr, QpCaps, QpState as IbQpState, QpType, RoceEndpoint,
     SocketKind, Transmit,
 };
 use softrdma_memory::{KeyTable, PdId};
-use softrdma_verbs_types::{RecvWr, SendWr, WorkCompletion};
+use softrdma_verbs_types::{RecvWr, SendWr, SharedRecvQueue, WorkCompletion};
 use softrdma_wire::icrc::IcrcVerifier;
 use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 
@@ -169,6 +169,8 @@ struct Engine {
     dgram: Vec<u8>,
     batch: Vec<Transmit>,
     wcs: Vec<WorkCompletion>,
+    /// Send requests the engine accepted.
+    posted: u64,
 }
 
 pub(crate) struct RoceQpShared {
@@ -176,6 +178,9 @@ pub(crate) struct RoceQpShared {
     engine: Mutex<Engine>,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
+    /// Told when send requests retire, for local invalidations waiting on them.
+    retired: Condvar,
+    invalidating: AtomicUsize,
 }
 
 impl RoceShared {
@@ -252,6 +257,7 @@ impl RoceShared {
             dgram,
             batch,
             wcs,
+            ..
         } = e;
         loop {
             dgram.clear();
@@ -279,6 +285,9 @@ impl RoceShared {
             wcs.push(wc);
         }
         q.recv_cq.push(wcs);
+        if q.invalidating.load(Ordering::Acquire) > 0 {
+            q.retired.notify_all();
+        }
     }
 
     /// Sends the datagrams `batch` describes in `buf` with as few `sendmmsg` calls as the
@@ -543,22 +552,35 @@ impl RoceShared {
         pd: PdId,
         cap: QpCaps,
         keys: Arc<KeyTable>,
-        send_cq: &Arc<CqShared>,
-        recv_cq: &Arc<CqShared>,
+        [send_cq, recv_cq]: [&Arc<CqShared>; 2],
+        srq: Option<Arc<SharedRecvQueue>>,
     ) -> Result<Arc<RoceQpShared>, Error> {
         let shared = {
             // The QPN is the endpoint's; the QP joins `qps` before a datagram can be routed
             // to it.
             let mut ep = self.endpoint.write();
             let qpn = ep.add_qp(qp_type).map_err(out_of_resources)?;
+            let qp = match srq {
+                None => IbQp::new(qpn, qp_type, pd, cap, keys),
+                Some(srq) => match IbQp::new_with_srq(qpn, qp_type, pd, cap, keys, srq) {
+                    Ok(qp) => qp,
+                    Err(_) => {
+                        ep.remove_qp(qpn);
+                        return Err(Error::Mem(softrdma_memory::MemError::WrongPd));
+                    }
+                },
+            };
             let shared = Arc::new(RoceQpShared {
                 qpn,
+                retired: Condvar::new(),
+                invalidating: AtomicUsize::new(0),
                 engine: Mutex::new(Engine {
-                    qp: IbQp::new(qpn, qp_type, pd, cap, keys),
+                    qp,
                     scratch: Vec::new(),
                     dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
                     batch: Vec::with_capacity(SEND_BATCH),
                     wcs: Vec::new(),
+                    posted: 0,
                 }),
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
@@ -641,9 +663,31 @@ impl RoceShared {
                 res = Err((i, err.into()));
                 break;
             }
+            e.posted += 1;
         }
         self.flush(q, &mut e, Instant::now());
         res
+    }
+
+    /// Local Invalidate in send-queue order (`IBV_WR_LOCAL_INV`): waits until every send
+    /// request posted before the call retired (completed or flushed), then invalidates.
+    pub(crate) fn invalidate(
+        &self,
+        q: &RoceQpShared,
+        keys: &KeyTable,
+        key: softrdma_memory::Key,
+        pd: PdId,
+    ) -> Result<(), Error> {
+        let mut e = q.engine.lock();
+        let target = e.posted;
+        q.invalidating.fetch_add(1, Ordering::AcqRel);
+        while e.posted - (e.qp.sq_outstanding() as u64) < target {
+            // The receive thread (or a CQ poller) retires them as ACKs arrive.
+            q.retired.wait_for(&mut e, IDLE_WAIT);
+        }
+        q.invalidating.fetch_sub(1, Ordering::AcqRel);
+        drop(e);
+        Ok(keys.invalidate_local(key, pd)?)
     }
 
     /// Posts a receive request (in the Error state it completes flushed at once).

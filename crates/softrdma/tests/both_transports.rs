@@ -1,0 +1,430 @@
+//! The same verbs over iWARP and RoCEv2 (issue 8, Done-when 2): shared receive queues,
+//! memory windows (types 1 and 2, bind, local and remote invalidation), atomics from several
+//! QPs onto one word (RFC 7306 on iWARP, IBA 9.4.5 on RoCE) and immediate data. Every test
+//! body is written once and run over both transports; every byte and result is checked.
+//!
+//! Waits block on CQs with a generous timeout as a safety net only.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use softrdma::*;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC)
+    .union(Access::MW_BIND);
+
+fn devices(t: Transport) -> (Device, Device) {
+    match t {
+        Transport::Iwarp => (Device::tcp(), Device::tcp()),
+        Transport::Roce => {
+            let dev = |last: u8| {
+                let mut cfg = RoceConfig::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)));
+                cfg.port = 0;
+                Device::roce(cfg)
+            };
+            (dev(1), dev(2))
+        }
+    }
+}
+
+struct Side {
+    ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    qps: Vec<Qp>,
+    mr: Mr,
+}
+
+impl Side {
+    fn new(dev: &Device, mr_len: usize) -> Side {
+        let ctx = dev.open().unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(4096, None);
+        let mr = pd.alloc_mr(mr_len, ACCESS).unwrap();
+        Side {
+            ctx,
+            pd,
+            cq,
+            qps: Vec::new(),
+            mr,
+        }
+    }
+
+    fn add_qp(&mut self, srq: Option<&Srq>) -> &Qp {
+        let cq = &self.cq;
+        let qp = self
+            .pd
+            .create_qp(QpInitAttr {
+                srq: srq.cloned(),
+                ..QpInitAttr::new(cq, cq)
+            })
+            .unwrap();
+        self.qps.push(qp);
+        self.qps.last().unwrap()
+    }
+
+    fn wait(&self, n: usize) -> Vec<WorkCompletion> {
+        let mut out = Vec::new();
+        self.cq
+            .wait(n, n, TIMEOUT, &mut out)
+            .unwrap_or_else(|e| panic!("waiting for {n} completions, got {out:?}: {e}"));
+        out
+    }
+}
+
+/// `n` client QPs connected to `n` server QPs (the server's on a new SRQ if `srq`).
+fn connect_n(t: Transport, n: usize, mr_len: usize, srq: bool) -> (Side, Side, Option<Srq>) {
+    let (sdev, cdev) = devices(t);
+    let mut server = Side::new(&sdev, mr_len);
+    let mut client = Side::new(&cdev, mr_len);
+    let srq = srq.then(|| {
+        server
+            .pd
+            .create_srq(SrqAttr {
+                max_wr: 256,
+                max_sge: 4,
+            })
+            .unwrap()
+    });
+    for _ in 0..n {
+        server.add_qp(srq.as_ref());
+        client.add_qp(None);
+    }
+    let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+    let addr: SocketAddr = listener.local_addr();
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        let sqps = &server.qps;
+        s.spawn(move || {
+            for qp in sqps {
+                let req = listener.accept_timeout(TIMEOUT).unwrap();
+                req.accept(qp, AcceptParams::default()).unwrap();
+                tx.send(()).unwrap();
+            }
+        });
+        for (i, qp) in client.qps.iter().enumerate() {
+            qp.connect(
+                addr,
+                ConnectParams {
+                    private_data: vec![i as u8],
+                    ..ConnectParams::default()
+                },
+            )
+            .unwrap();
+            rx.recv_timeout(TIMEOUT).unwrap();
+        }
+    });
+    (server, client, srq)
+}
+
+fn both(test: impl Fn(Transport)) {
+    for t in [Transport::Iwarp, Transport::Roce] {
+        test(t);
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+/// RDMAP-134 / SRQ: four QPs take their receive buffers from one SRQ; every message lands in
+/// exactly one buffer and completes on the QP it arrived on.
+#[test]
+fn srq_serves_several_qps() {
+    both(|t| {
+        const MSG: usize = 3000;
+        const PER_QP: usize = 8;
+        let (server, client, srq) = connect_n(t, 4, 64 * MSG, true);
+        let srq = srq.unwrap();
+        let slots = 4 * PER_QP;
+        for i in 0..slots {
+            srq.post_recv(RecvWr::new(
+                i as u64,
+                vec![server.mr.sge(i * MSG, MSG as u32)],
+            ))
+            .unwrap();
+        }
+        assert_eq!(srq.len(), slots);
+        for (q, qp) in client.qps.iter().enumerate() {
+            for k in 0..PER_QP {
+                let seed = (q * PER_QP + k) as u8;
+                let off = (q * PER_QP + k) * MSG;
+                client.mr.copy_in(off, &pattern(MSG, seed)).unwrap();
+                qp.post_send(SendWr::send(
+                    seed.into(),
+                    vec![client.mr.sge(off, MSG as u32)],
+                ))
+                .unwrap();
+            }
+        }
+        let sends = client.wait(slots);
+        assert!(
+            sends.iter().all(|w| w.status == WcStatus::Success),
+            "{t:?} {sends:?}"
+        );
+        let recvs = server.wait(slots);
+        let mut used = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        for w in &recvs {
+            assert_eq!(
+                (w.status, w.opcode),
+                (WcStatus::Success, WcOpcode::Recv),
+                "{t:?}"
+            );
+            assert_eq!(w.byte_len as usize, MSG);
+            assert!(used.insert(w.wr_id), "{t:?}: buffer {} used twice", w.wr_id);
+            let got = server.mr.to_vec()[w.wr_id as usize * MSG..][..MSG].to_vec();
+            // The seed is the first octet of the pattern.
+            assert_eq!(got, pattern(MSG, got[0]), "{t:?}");
+            assert!(seen.insert(got[0]), "{t:?}: message {} twice", got[0]);
+        }
+        assert_eq!(seen.len(), slots);
+        assert!(srq.is_empty());
+        // The server's QPs refuse receives of their own.
+        assert!(matches!(
+            server.qps[0].post_recv(RecvWr::new(99, vec![server.mr.sge(0, 1)])),
+            Err(Error::SrqAttached) | Err(Error::Post(PostError::SrqAttached))
+        ));
+    });
+}
+
+/// Atomics from several QPs (each posted from its own thread) onto one word: every original
+/// value 0..N is returned exactly once and the word ends at N (each executed once, RFC 7306
+/// §5 / IBA 9.4.5); then a Compare-and-Swap that matches and one that does not.
+#[test]
+fn atomics_from_several_qps_onto_one_word() {
+    both(|t| {
+        const QPS: usize = 4;
+        const EACH: usize = 250;
+        const RESULTS: usize = 4096;
+        let (server, client, _) = connect_n(t, QPS, RESULTS + 8 * QPS * EACH + 64, false);
+        let rkey = server.mr.rkey();
+        let word = server.mr.addr(64);
+        std::thread::scope(|s| {
+            for (q, qp) in client.qps.iter().enumerate() {
+                let mr = &client.mr;
+                s.spawn(move || {
+                    for i in 0..EACH {
+                        let slot = RESULTS + 8 * (q * EACH + i);
+                        let wr_id = (q * EACH + i) as u64;
+                        qp.post_send(SendWr::fetch_add(wr_id, mr.sge(slot, 8), rkey, word, 1))
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let wcs = client.wait(QPS * EACH);
+        for w in &wcs {
+            assert_eq!(
+                (w.status, w.opcode),
+                (WcStatus::Success, WcOpcode::FetchAdd),
+                "{t:?}"
+            );
+            assert_eq!(w.byte_len, 8);
+        }
+        let bytes = client.mr.to_vec();
+        let originals: BTreeSet<u64> = (0..QPS * EACH)
+            .map(|k| {
+                let at = RESULTS + 8 * k;
+                u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
+            })
+            .collect();
+        let want: BTreeSet<u64> = (0..(QPS * EACH) as u64).collect();
+        assert_eq!(originals, want, "{t:?}: every original value exactly once");
+        let final_word = u64::from_ne_bytes(server.mr.to_vec()[64..72].try_into().unwrap());
+        assert_eq!(final_word, (QPS * EACH) as u64, "{t:?}");
+
+        // Compare-and-Swap: equal swaps, unequal leaves the word; both return the original.
+        let n = final_word;
+        let qp = &client.qps[0];
+        qp.post_send(SendWr::cmp_swap(1, client.mr.sge(0, 8), rkey, word, n, 7))
+            .unwrap();
+        qp.post_send(SendWr::cmp_swap(2, client.mr.sge(8, 8), rkey, word, n, 9))
+            .unwrap();
+        let wcs = client.wait(2);
+        assert!(
+            wcs.iter()
+                .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::CompSwap)
+        );
+        let b = client.mr.to_vec();
+        assert_eq!(u64::from_ne_bytes(b[0..8].try_into().unwrap()), n);
+        assert_eq!(u64::from_ne_bytes(b[8..16].try_into().unwrap()), 7);
+        assert_eq!(
+            u64::from_ne_bytes(server.mr.to_vec()[64..72].try_into().unwrap()),
+            7,
+            "{t:?}"
+        );
+    });
+}
+
+/// Send and RDMA Write with immediate data: the receive completes with the immediate value,
+/// the Write's length and opcode `RecvRdmaWithImm`; the Send's bytes land in the buffer.
+#[test]
+fn immediate_data() {
+    both(|t| {
+        const LEN: usize = 5000;
+        let (server, client, _) = connect_n(t, 1, 4 * LEN, false);
+        let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
+        for i in 0..3 {
+            sqp.post_recv(RecvWr::new(
+                i,
+                vec![server.mr.sge(i as usize * LEN, LEN as u32)],
+            ))
+            .unwrap();
+        }
+        client.mr.copy_in(0, &pattern(LEN, 1)).unwrap();
+        client.mr.copy_in(LEN, &pattern(LEN, 2)).unwrap();
+        cqp.post_send(SendWr::send_with_imm(
+            1,
+            vec![client.mr.sge(0, LEN as u32)],
+            0xDEAD_BEEF,
+        ))
+        .unwrap();
+        cqp.post_send(SendWr::write_with_imm(
+            2,
+            vec![client.mr.sge(LEN, LEN as u32)],
+            server.mr.rkey(),
+            server.mr.addr(3 * LEN),
+            0x0102_0304,
+        ))
+        .unwrap();
+        // Zero-length Write with immediate: only the notification.
+        cqp.post_send(SendWr::write_with_imm(3, vec![], server.mr.rkey(), 0, 42))
+            .unwrap();
+        let sends = client.wait(3);
+        assert!(
+            sends.iter().all(|w| w.status == WcStatus::Success),
+            "{t:?} {sends:?}"
+        );
+        let r = server.wait(3);
+        assert_eq!(
+            (r[0].wr_id, r[0].opcode, r[0].imm),
+            (0, WcOpcode::Recv, Some(0xDEAD_BEEF))
+        );
+        assert_eq!(r[0].byte_len as usize, LEN);
+        assert_eq!(server.mr.to_vec()[..LEN], pattern(LEN, 1)[..], "{t:?}");
+        assert_eq!(
+            (r[1].wr_id, r[1].opcode, r[1].imm, r[1].byte_len as usize),
+            (1, WcOpcode::RecvRdmaWithImm, Some(0x0102_0304), LEN),
+            "{t:?}"
+        );
+        assert_eq!(server.mr.to_vec()[3 * LEN..], pattern(LEN, 2)[..], "{t:?}");
+        assert_eq!(
+            (r[2].wr_id, r[2].opcode, r[2].imm, r[2].byte_len),
+            (2, WcOpcode::RecvRdmaWithImm, Some(42), 0),
+            "{t:?}"
+        );
+    });
+}
+
+/// Memory windows: a type 1 window bound over part of a region admits Writes and Reads
+/// inside it only; a type 2 window bound to the server's QP is invalidated locally
+/// (`Qp::invalidate`) and another one by the peer's Send with Invalidate; after either, an
+/// access through its key fails (and, the error being fatal, comes last).
+#[test]
+fn memory_windows() {
+    both(|t| {
+        let (server, client, _) = connect_n(t, 1, 1 << 16, false);
+        let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
+        let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
+        // Type 1: Write through it, then Read back through it.
+        let mw1 = server.pd.alloc_mw(MwType::Type1).unwrap();
+        let k1 = mw1
+            .bind(sqp, &server.mr, server.mr.addr(4096), 4096, rw)
+            .unwrap();
+        client.mr.copy_in(0, &pattern(4096, 5)).unwrap();
+        cqp.post_send(SendWr::write(
+            1,
+            vec![client.mr.sge(0, 4096)],
+            k1,
+            server.mr.addr(4096),
+        ))
+        .unwrap();
+        cqp.post_send(SendWr::read(
+            2,
+            Some(client.mr.sge(8192, 4096)),
+            k1,
+            server.mr.addr(4096),
+        ))
+        .unwrap();
+        let w = client.wait(2);
+        assert!(
+            w.iter().all(|w| w.status == WcStatus::Success),
+            "{t:?} {w:?}"
+        );
+        assert_eq!(
+            server.mr.to_vec()[4096..8192],
+            pattern(4096, 5)[..],
+            "{t:?}"
+        );
+        assert_eq!(
+            client.mr.to_vec()[8192..12288],
+            pattern(4096, 5)[..],
+            "{t:?}"
+        );
+
+        // Type 2A, invalidated by the peer's Send with Invalidate.
+        let mw2 = server.pd.alloc_mw(MwType::Type2A).unwrap();
+        let k2 = mw2
+            .bind(sqp, &server.mr, server.mr.addr(16384), 1024, rw)
+            .unwrap();
+        assert_eq!(mw2.state(), KeyState::Valid);
+        sqp.post_recv(RecvWr::new(7, vec![server.mr.sge(0, 64)]))
+            .unwrap();
+        cqp.post_send(SendWr::send_with_invalidate(
+            3,
+            vec![client.mr.sge(0, 16)],
+            k2,
+        ))
+        .unwrap();
+        assert_eq!(client.wait(1)[0].status, WcStatus::Success);
+        let r = server.wait(1);
+        assert!(r[0].flags.with_invalidate, "{t:?} {r:?}");
+        assert_eq!(r[0].invalidated_key, Some(k2));
+        assert_eq!(mw2.state(), KeyState::Free, "{t:?}");
+
+        // Type 2B, invalidated locally in send-queue order.
+        let mw3 = server.pd.alloc_mw(MwType::Type2B).unwrap();
+        let k3 = mw3
+            .bind(sqp, &server.mr, server.mr.addr(20480), 1024, rw)
+            .unwrap();
+        sqp.invalidate(k3).unwrap();
+        assert_eq!(mw3.state(), KeyState::Free, "{t:?}");
+
+        // Outside the type 1 window: refused, nothing placed, and the connection dies (last).
+        let before = server.mr.to_vec()[..16].to_vec();
+        cqp.post_send(SendWr::write(
+            4,
+            vec![client.mr.sge(0, 16)],
+            k1,
+            server.mr.addr(0),
+        ))
+        .unwrap();
+        let w = client.wait(1);
+        match t {
+            // IBA 9.7.5.2.4: the NAK completes the Write in error.
+            Transport::Roce => assert_eq!(w[0].status, WcStatus::RemoteAccess, "{w:?}"),
+            // RFC 5040 §5.1 (RDMAP-80): a Write completes when sent; the peer's Terminate
+            // reports the protection error.
+            Transport::Iwarp => loop {
+                match client.ctx.get_async_event(TIMEOUT) {
+                    Some(AsyncEvent::Qp {
+                        event: QpEvent::TerminateReceived(_),
+                        ..
+                    }) => break,
+                    Some(_) => continue,
+                    None => panic!("no Terminate after a Write outside the window"),
+                }
+            },
+        }
+        assert_eq!(server.mr.to_vec()[..16], before[..], "{t:?}");
+    });
+}
