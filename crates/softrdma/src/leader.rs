@@ -12,6 +12,8 @@
 //!
 //! Lock order: slot, then the driver's state, then a QP's submission queue, then a CQ.
 
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
@@ -169,5 +171,43 @@ impl<S> Leader<S> {
         drop(slot);
         self.release();
         true
+    }
+}
+
+/// A pipe that interrupts a `poll(2)` on a driver's socket: one octet while signalled.
+pub(crate) struct WakePipe {
+    reader: std::io::PipeReader,
+    writer: std::io::PipeWriter,
+    set: AtomicBool,
+}
+
+impl WakePipe {
+    pub(crate) fn new() -> std::io::Result<WakePipe> {
+        let (reader, writer) = std::io::pipe()?;
+        Ok(WakePipe {
+            reader,
+            writer,
+            set: AtomicBool::new(false),
+        })
+    }
+
+    /// Makes the read end readable (once until cleared; never blocks: one octet at most).
+    pub(crate) fn signal(&self) {
+        if !self.set.swap(true, Ordering::AcqRel) {
+            let _ = (&self.writer).write_all(&[1]);
+        }
+    }
+
+    /// Takes the octet after `poll` said the read end is readable.
+    pub(crate) fn clear(&self) {
+        if self.set.swap(false, Ordering::AcqRel) {
+            let mut b = [0u8; 1];
+            // The signaller wrote it, or is about to.
+            let _ = (&self.reader).read_exact(&mut b);
+        }
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.reader.as_fd()
     }
 }

@@ -45,6 +45,7 @@ pub(crate) mod oob;
 
 use crate::Error;
 use crate::cq::{CqShared, Progress};
+use crate::leader::{Leader, WakePipe};
 use crate::state::QpCounters;
 
 /// Largest datagram the driver reads: PMTU 4096 plus every header.
@@ -143,6 +144,10 @@ pub(crate) struct RoceShared {
     pub(crate) raw: Option<socket2::Socket>,
     /// Held while datagrams are read and processed (receive thread or a polling caller).
     rx_lock: Mutex<()>,
+    /// Who waits on the socket (see [`crate::leader`]); receive buffers are per thread.
+    leader: Leader<()>,
+    /// Interrupts that wait.
+    wake_pipe: WakePipe,
     pub(crate) local: SocketAddr,
     /// ICRC, demultiplexing, source check, GRH image and encapsulation; QPNs, paths and
     /// address handles. Read-locked per receive batch and per transmit batch; write-locked
@@ -234,6 +239,8 @@ impl RoceShared {
             socket,
             raw,
             rx_lock: Mutex::new(()),
+            leader: Leader::new(()),
+            wake_pipe: WakePipe::new()?,
             local,
             endpoint: RwLock::new(RoceEndpoint::new(local, ipv4)),
             qps: RwLock::new(HashMap::new()),
@@ -242,10 +249,10 @@ impl RoceShared {
             alive: AtomicBool::new(true),
         });
         let weak = Arc::downgrade(&shared);
-        let sock = shared.socket.try_clone()?;
-        std::thread::Builder::new()
+        let h = std::thread::Builder::new()
             .name("softrdma-roce-rx".into())
-            .spawn(move || rx_loop(weak, sock))?;
+            .spawn(move || rx_loop(weak))?;
+        shared.leader.set_background(h.thread().clone());
         Ok(shared)
     }
 
@@ -366,7 +373,8 @@ impl RxBufs {
 }
 
 thread_local! {
-    /// Buffers of threads that drive a RoCE context from `Cq::poll`.
+    /// Receive buffers of each thread that drives a RoCE context (its receive thread, a CQ
+    /// waiter or poller).
     static CALLER_RX: std::cell::RefCell<Option<RxBufs>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -447,16 +455,21 @@ impl RoceShared {
 }
 
 impl Progress for RoceShared {
-    fn block(
-        &self,
-        _cq: &Arc<CqShared>,
-        _until: Option<Instant>,
-        _done: &dyn Fn() -> bool,
-    ) -> bool {
-        false
+    fn block(&self, cq: &Arc<CqShared>, until: Option<Instant>, done: &dyn Fn() -> bool) -> bool {
+        self.leader.drive(
+            cq,
+            until,
+            done,
+            || self.wake_pipe.signal(),
+            |_, until| self.turn(until),
+        )
     }
 
-    fn wake(&self) {}
+    fn wake(&self) {
+        if !self.leader.is_holder() {
+            self.wake_pipe.signal();
+        }
+    }
 
     fn progress(&self, _cq: &CqShared) {
         // The receive thread is handling datagrams right now: nothing to add.
@@ -471,24 +484,55 @@ impl Progress for RoceShared {
     }
 }
 
-fn rx_loop(weak: Weak<RoceShared>, sock: UdpSocket) {
-    let mut rx = RxBufs::new();
-    let mut wait = IDLE_WAIT;
+/// The receive thread: waits on the socket while no caller does (see [`crate::leader`]),
+/// and runs the retransmission timers.
+fn rx_loop(weak: Weak<RoceShared>) {
     loop {
-        // Wait for readiness without holding the receive lock, so a thread polling a CQ can
-        // take the datagram first (no hand-off); then read under the lock.
-        let ms = wait.as_millis().clamp(1, 1000) as u16;
-        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
-        let ready = poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0);
         let Some(d) = weak.upgrade() else { return };
         if !d.alive.load(Ordering::Acquire) {
             return;
         }
-        if ready > 0 {
-            let _g = d.rx_lock.lock();
-            d.drain_socket(&mut rx);
+        d.leader.background(
+            |_| {
+                d.turn(Some(Instant::now() + IDLE_WAIT));
+                true
+            },
+            || {
+                d.run_timers(Instant::now());
+                true
+            },
+        );
+    }
+}
+
+impl RoceShared {
+    /// One turn with the slot: fire due timers, wait on the socket (and the wake pipe) until
+    /// the next timer or `until`, read and process what arrived.
+    fn turn(&self, until: Option<Instant>) {
+        let now = Instant::now();
+        let mut wait = self.run_timers(now);
+        if let Some(u) = until {
+            wait = wait.min(u.saturating_duration_since(now));
         }
-        wait = d.run_timers(Instant::now());
+        let ms = wait.as_micros().div_ceil(1000).min(1000) as u16;
+        let mut fds = [
+            PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.wake_pipe.fd(), PollFlags::POLLIN),
+        ];
+        let ready = poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0);
+        if ready == 0 {
+            return;
+        }
+        if fds[1].any().unwrap_or(false) {
+            self.wake_pipe.clear();
+        }
+        if fds[0].any().unwrap_or(false) {
+            let _g = self.rx_lock.lock();
+            CALLER_RX.with(|c| {
+                let mut c = c.borrow_mut();
+                self.drain_socket(c.get_or_insert_with(RxBufs::new));
+            });
+        }
     }
 }
 
