@@ -41,9 +41,21 @@ pub(crate) trait Progress: Send + Sync {
     fn progress(&self, cq: &CqShared);
     /// Blocks on the driver's sockets until `done()`, `until`, or a wake, running what
     /// arrives; `false` when another thread drives (then wait on the CQ).
-    fn block(&self, cq: &Arc<CqShared>, until: Option<Instant>, done: &dyn Fn() -> bool) -> bool;
+    fn block(
+        &self,
+        waiter: Weak<dyn Waiter>,
+        until: Option<Instant>,
+        done: &dyn Fn() -> bool,
+    ) -> bool;
     /// A completion was queued for a waiter that may be blocked in [`Progress::block`].
     fn wake(&self);
+}
+
+/// Something a thread sleeps on (a CQ, a completion channel): told when a driver's slot is
+/// free to take (see [`crate::leader`]).
+pub(crate) trait Waiter: Send + Sync {
+    /// Wakes the sleepers.
+    fn notify(&self);
 }
 
 pub(crate) struct CqShared {
@@ -59,6 +71,13 @@ pub(crate) struct CqShared {
     channel: Option<Arc<ChannelShared>>,
 }
 
+impl Waiter for CqShared {
+    fn notify(&self) {
+        let _s = self.state.lock();
+        self.cond.notify_all();
+    }
+}
+
 impl CqShared {
     /// A driver of QPs completing here: pollers and waiters of the queue run it.
     pub(crate) fn attach(&self, d: Weak<dyn Progress>) {
@@ -69,18 +88,12 @@ impl CqShared {
         }
     }
 
-    fn drivers(&self) -> Vec<Arc<dyn Progress>> {
+    pub(crate) fn drivers(&self) -> Vec<Arc<dyn Progress>> {
         self.progress
             .lock()
             .iter()
             .filter_map(Weak::upgrade)
             .collect()
-    }
-
-    /// Wakes threads waiting on the queue's condition variable.
-    pub(crate) fn notify(&self) {
-        let _s = self.state.lock();
-        self.cond.notify_all();
     }
 
     fn has_entries(&self) -> bool {
@@ -112,13 +125,15 @@ impl CqShared {
             }
         }
         self.cond.notify_all();
-        if self.io_waiters.load(Ordering::Acquire) > 0 {
+        let ch = self.channel.as_ref().filter(|_| fire);
+        let channel_waits = ch.is_some_and(|c| c.io_waiters.load(Ordering::Acquire) > 0);
+        if channel_waits || self.io_waiters.load(Ordering::Acquire) > 0 {
             for d in self.drivers() {
                 d.wake();
             }
         }
-        if fire && let Some(ch) = &self.channel {
-            ch.notify(Arc::downgrade(self));
+        if let Some(ch) = ch {
+            ch.push_event(Arc::downgrade(self));
         }
     }
 }
@@ -151,7 +166,7 @@ impl Eq for Cq {}
 
 impl Cq {
     pub(crate) fn new(capacity: usize, channel: Option<&CompletionChannel>) -> Cq {
-        Cq {
+        let cq = Cq {
             shared: Arc::new(CqShared {
                 progress: Mutex::new(Vec::new()),
                 io_waiters: AtomicUsize::new(0),
@@ -165,7 +180,13 @@ impl Cq {
                 cond: Condvar::new(),
                 channel: channel.map(|c| c.shared.clone()),
             }),
+        };
+        if let Some(ch) = channel {
+            let mut cqs = ch.shared.cqs.lock();
+            cqs.retain(|w| w.strong_count() > 0);
+            cqs.push(Arc::downgrade(&cq.shared));
         }
+        cq
     }
 
     /// A process-unique id.
@@ -276,7 +297,8 @@ impl Cq {
             if let [d] = drivers.as_slice() {
                 let q = &self.shared;
                 q.io_waiters.fetch_add(1, Ordering::AcqRel);
-                let drove = d.block(q, Some(deadline), &|| q.has_entries());
+                let w: Weak<dyn Waiter> = Arc::downgrade(q) as Weak<dyn Waiter>;
+                let drove = d.block(w, Some(deadline), &|| q.has_entries());
                 q.io_waiters.fetch_sub(1, Ordering::AcqRel);
                 if drove {
                     continue;
@@ -306,13 +328,36 @@ struct ChanState {
 pub(crate) struct ChannelShared {
     state: Mutex<ChanState>,
     cond: Condvar,
+    /// The CQs reporting here (their drivers are what a waiter runs).
+    cqs: Mutex<Vec<Weak<CqShared>>>,
+    /// Waiters blocked in a driver's [`Progress::block`] for this channel.
+    io_waiters: AtomicUsize,
     /// Read and written only under `state`'s lock.
     reader: io::PipeReader,
     writer: io::PipeWriter,
 }
 
+impl Waiter for ChannelShared {
+    fn notify(&self) {
+        let _s = self.state.lock();
+        self.cond.notify_all();
+    }
+}
+
 impl ChannelShared {
-    fn notify(&self, cq: Weak<CqShared>) {
+    /// The drivers of every CQ reporting here, once each.
+    fn drivers(&self) -> Vec<Arc<dyn Progress>> {
+        let cqs: Vec<_> = self.cqs.lock().iter().filter_map(Weak::upgrade).collect();
+        let mut out: Vec<Arc<dyn Progress>> = Vec::new();
+        for d in cqs.iter().flat_map(|c| c.drivers()) {
+            if !out.iter().any(|o| Arc::ptr_eq(o, &d)) {
+                out.push(d);
+            }
+        }
+        out
+    }
+
+    fn push_event(&self, cq: Weak<CqShared>) {
         let mut s = self.state.lock();
         s.events.push_back(cq);
         // At most one octet ever sits in the pipe, so this write never blocks.
@@ -367,6 +412,8 @@ impl CompletionChannel {
                     signalled: false,
                 }),
                 cond: Condvar::new(),
+                cqs: Mutex::new(Vec::new()),
+                io_waiters: AtomicUsize::new(0),
                 reader,
                 writer,
             }),
@@ -381,19 +428,38 @@ impl CompletionChannel {
     }
 
     /// Blocks for the next event (`ibv_get_cq_event`); `None` after `timeout`
-    /// (`None` timeout: wait forever).
+    /// (`None` timeout: wait forever). Like [`Cq::wait`], the waiting thread runs the
+    /// transport of the channel's CQs itself when one driver feeds them all.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Option<Cq> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut s = self.shared.state.lock();
+        let ch = &self.shared;
         loop {
-            if let Some(cq) = self.shared.take(&mut s) {
-                return Some(cq);
+            {
+                let mut s = ch.state.lock();
+                if let Some(cq) = ch.take(&mut s) {
+                    return Some(cq);
+                }
             }
-            match deadline {
-                None => self.shared.cond.wait(&mut s),
-                Some(d) => {
-                    if self.shared.cond.wait_until(&mut s, d).timed_out() {
-                        return self.shared.take(&mut s);
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
+            let drivers = ch.drivers();
+            if let [d] = drivers.as_slice() {
+                ch.io_waiters.fetch_add(1, Ordering::AcqRel);
+                let w: Weak<dyn Waiter> = Arc::downgrade(ch) as Weak<dyn Waiter>;
+                let drove = d.block(w, deadline, &|| !ch.state.lock().events.is_empty());
+                ch.io_waiters.fetch_sub(1, Ordering::AcqRel);
+                if drove {
+                    continue;
+                }
+            }
+            let mut s = ch.state.lock();
+            if s.events.is_empty() {
+                let nap = (!drivers.is_empty()).then(|| Instant::now() + crate::leader::STAND_DOWN);
+                match deadline.into_iter().chain(nap).min() {
+                    None => ch.cond.wait(&mut s),
+                    Some(d) => {
+                        let _ = ch.cond.wait_until(&mut s, d);
                     }
                 }
             }

@@ -15,13 +15,13 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::cq::CqShared;
+use crate::cq::Waiter;
 
 /// How long the background thread stands down while callers drive, before it looks again.
 pub(crate) const STAND_DOWN: Duration = Duration::from_millis(1);
@@ -39,7 +39,7 @@ pub(crate) struct Leader<S> {
     /// The thread holding the slot (a hash of its id; 0: none).
     holder: AtomicU64,
     /// CQs whose waiters found the slot held by another caller: told when it is free.
-    pending: Mutex<Vec<Weak<CqShared>>>,
+    pending: Mutex<Vec<Weak<dyn Waiter>>>,
     bg: OnceLock<Thread>,
 }
 
@@ -121,19 +121,19 @@ impl<S> Leader<S> {
     /// The slot was given up: callers waiting for it on their CQs look again.
     fn release(&self) {
         let pending = std::mem::take(&mut *self.pending.lock());
-        for cq in pending.iter().filter_map(Weak::upgrade) {
-            cq.notify();
+        for w in pending.iter().filter_map(Weak::upgrade) {
+            w.notify();
         }
     }
 
-    /// A caller waiting on `cq` drives the transport until `done()`, `until` or a wake:
+    /// A caller waiting on `waiter` (a CQ or a channel) drives the transport until `done()`, `until` or a wake:
     /// `turn(slot, until)` blocks on the sockets at most until then and runs what arrived.
     /// `kick` interrupts the holder's wait. Returns `false` when another caller holds the
     /// slot: that caller runs everything, and this one waits on its CQ (it is told when the
     /// slot is free).
     pub(crate) fn drive(
         &self,
-        cq: &Arc<CqShared>,
+        waiter: Weak<dyn Waiter>,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
         kick: impl Fn(),
@@ -152,7 +152,7 @@ impl<S> Leader<S> {
                 match from_bg.then(|| self.slot.try_lock_for(HANDOVER)).flatten() {
                     Some(s) => Some(s),
                     None => {
-                        self.pending.lock().push(Arc::downgrade(cq));
+                        self.pending.lock().push(waiter);
                         None
                     }
                 }

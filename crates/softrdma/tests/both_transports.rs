@@ -428,3 +428,117 @@ fn memory_windows() {
         assert_eq!(server.mr.to_vec()[..16], before[..], "{t:?}");
     });
 }
+
+/// Caller-driven progress with several waiters on one context: each server thread blocks on
+/// its own QP's CQ (one of them holds the context's I/O slot and runs the transport for all,
+/// the others are handed their completions and take the slot when it frees); then one
+/// thread waits on a completion channel shared by two CQs. Every message arrives, in order
+/// per QP, byte for byte.
+#[test]
+fn several_waiters_and_a_channel_on_one_context() {
+    both(|t| {
+        const QPS: usize = 4;
+        const MSGS: usize = 50;
+        const LEN: usize = 700;
+        let (sdev, cdev) = devices(t);
+        let server_ctx = sdev.open().unwrap();
+        let spd = server_ctx.alloc_pd();
+        let smr = spd.alloc_mr(QPS * MSGS * LEN, ACCESS).unwrap();
+        let ch = server_ctx.create_comp_channel().unwrap();
+        // QPs 0 and 1 report to the channel, 2 and 3 are waited on directly.
+        let scqs: Vec<Cq> = (0..QPS)
+            .map(|i| server_ctx.create_cq(MSGS + 1, (i < 2).then_some(&ch)))
+            .collect();
+        let sqps: Vec<Qp> = scqs
+            .iter()
+            .map(|cq| spd.create_qp(QpInitAttr::new(cq, cq)).unwrap())
+            .collect();
+        for (q, qp) in sqps.iter().enumerate() {
+            for m in 0..MSGS {
+                let off = (q * MSGS + m) * LEN;
+                qp.post_recv(RecvWr::new(m as u64, vec![smr.sge(off, LEN as u32)]))
+                    .unwrap();
+            }
+        }
+        let mut client = Side::new(&cdev, QPS * MSGS * LEN);
+        for _ in 0..QPS {
+            client.add_qp(None);
+        }
+        let listener = Listener::bind(&server_ctx, "127.0.0.1:0").unwrap();
+        let addr = listener.local_addr();
+        std::thread::scope(|s| {
+            let acceptor = s.spawn(|| {
+                for qp in &sqps {
+                    let req = listener.accept_timeout(TIMEOUT).unwrap();
+                    req.accept(qp, AcceptParams::default()).unwrap();
+                }
+            });
+            for qp in &client.qps {
+                qp.connect(addr, ConnectParams::default()).unwrap();
+            }
+            acceptor.join().unwrap();
+            // Direct waiters on CQs 2 and 3.
+            let direct: Vec<_> = (2..QPS)
+                .map(|q| {
+                    let cq = &scqs[q];
+                    s.spawn(move || {
+                        let mut got = Vec::new();
+                        while got.len() < MSGS {
+                            cq.wait(1, MSGS, TIMEOUT, &mut got).unwrap();
+                        }
+                        got
+                    })
+                })
+                .collect();
+            // One channel waiter for CQs 0 and 1.
+            let chan = s.spawn(|| {
+                let mut got = vec![Vec::new(), Vec::new()];
+                for cq in &scqs[..2] {
+                    cq.req_notify(false);
+                }
+                while got.iter().map(Vec::len).sum::<usize>() < 2 * MSGS {
+                    let cq = ch.get_cq_event(Some(TIMEOUT)).unwrap_or_else(|| {
+                        panic!(
+                            "{t:?}: no CQ event, got {:?}",
+                            got.iter().map(Vec::len).collect::<Vec<_>>()
+                        )
+                    });
+                    let i = scqs.iter().position(|c| *c == cq).unwrap();
+                    cq.req_notify(false);
+                    cq.poll(MSGS, &mut got[i]);
+                }
+                got
+            });
+            for m in 0..MSGS {
+                for (q, qp) in client.qps.iter().enumerate() {
+                    let off = (q * MSGS + m) * LEN;
+                    client
+                        .mr
+                        .copy_in(off, &pattern(LEN, (q * MSGS + m) as u8))
+                        .unwrap();
+                    qp.post_send(SendWr::send(m as u64, vec![client.mr.sge(off, LEN as u32)]))
+                        .unwrap();
+                }
+            }
+            let mut per_qp = chan.join().unwrap();
+            per_qp.extend(direct.into_iter().map(|h| h.join().unwrap()));
+            for (q, wcs) in per_qp.iter().enumerate() {
+                let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+                assert_eq!(ids, (0..MSGS as u64).collect::<Vec<_>>(), "{t:?} QP {q}");
+                assert!(
+                    wcs.iter()
+                        .all(|w| w.status == WcStatus::Success && w.byte_len as usize == LEN)
+                );
+            }
+        });
+        client.wait(QPS * MSGS);
+        let bytes = smr.to_vec();
+        for k in 0..QPS * MSGS {
+            assert_eq!(
+                bytes[k * LEN..][..LEN],
+                pattern(LEN, k as u8)[..],
+                "{t:?} message {k}"
+            );
+        }
+    });
+}

@@ -44,7 +44,7 @@ use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 pub(crate) mod oob;
 
 use crate::Error;
-use crate::cq::{CqShared, Progress};
+use crate::cq::{CqShared, Progress, Waiter};
 use crate::leader::{Leader, WakePipe};
 use crate::state::QpCounters;
 
@@ -455,9 +455,14 @@ impl RoceShared {
 }
 
 impl Progress for RoceShared {
-    fn block(&self, cq: &Arc<CqShared>, until: Option<Instant>, done: &dyn Fn() -> bool) -> bool {
+    fn block(
+        &self,
+        waiter: Weak<dyn Waiter>,
+        until: Option<Instant>,
+        done: &dyn Fn() -> bool,
+    ) -> bool {
         self.leader.drive(
-            cq,
+            waiter,
             until,
             done,
             || self.wake_pipe.signal(),

@@ -234,6 +234,15 @@ fn check_qp(q: &RoceQpShared) -> Result<(), Error> {
     }
 }
 
+fn check_private_data(p: &[u8]) -> Result<(), Error> {
+    if p.len() > MAX_PRIVATE_DATA {
+        return Err(Error::InvalidArgument(
+            "RoCE private data is at most 196 octets",
+        ));
+    }
+    Ok(())
+}
+
 fn check_pmtu(pmtu: u32) -> Result<u16, Error> {
     PMTUS
         .iter()
@@ -266,11 +275,7 @@ pub(crate) fn connect(
     params: &ConnectParams,
 ) -> Result<ConnectionInfo, Error> {
     check_qp(q)?;
-    if params.private_data.len() > MAX_PRIVATE_DATA {
-        return Err(Error::InvalidArgument(
-            "RoCE private data is at most 196 octets",
-        ));
-    }
+    check_private_data(&params.private_data)?;
     let pmtu = check_pmtu(params.roce_pmtu)?;
     let deadline = Instant::now() + params.timeout;
     let mut last = None;
@@ -454,11 +459,7 @@ impl RoceRequest {
         params: &AcceptParams,
     ) -> Result<ConnectionInfo, Error> {
         check_qp(q)?;
-        if params.private_data.len() > MAX_PRIVATE_DATA {
-            return Err(Error::InvalidArgument(
-                "RoCE private data is at most 196 octets",
-            ));
-        }
+        check_private_data(&params.private_data)?;
         let pmtu = check_pmtu(params.roce_pmtu)?;
         let Some(mut stream) = self.stream.take() else {
             return Err(Error::InvalidArgument("request already answered"));
@@ -502,11 +503,7 @@ impl RoceRequest {
 
     /// `rdma_reject`: a REJ with `private_data`.
     pub(crate) fn reject(&mut self, private_data: &[u8]) -> Result<(), Error> {
-        if private_data.len() > MAX_PRIVATE_DATA {
-            return Err(Error::InvalidArgument(
-                "RoCE private data is at most 196 octets",
-            ));
-        }
+        check_private_data(private_data)?;
         let Some(mut stream) = self.stream.take() else {
             return Ok(());
         };

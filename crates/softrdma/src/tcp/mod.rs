@@ -31,7 +31,7 @@ use crate::Error;
 use crate::connparams::{
     ConnectParams, ConnectionInfo, FALLBACK_EMSS, FpduSize, ListenParams, QpCap,
 };
-use crate::cq::{CqShared, Progress};
+use crate::cq::{CqShared, Progress, Waiter};
 use crate::event::{AsyncEvent, EventQueue};
 use crate::leader::Leader;
 use crate::srq::SrqShared;
@@ -145,9 +145,14 @@ impl Progress for TcpShared {
         }
     }
 
-    fn block(&self, cq: &Arc<CqShared>, until: Option<Instant>, done: &dyn Fn() -> bool) -> bool {
+    fn block(
+        &self,
+        waiter: Weak<dyn Waiter>,
+        until: Option<Instant>,
+        done: &dyn Fn() -> bool,
+    ) -> bool {
         self.leader.drive(
-            cq,
+            waiter,
             until,
             done,
             || {
