@@ -493,8 +493,10 @@ fn several_waiters_and_a_channel_on_one_context() {
             // One channel waiter for CQs 0 and 1.
             let chan = s.spawn(|| {
                 let mut got = vec![Vec::new(), Vec::new()];
-                for cq in &scqs[..2] {
+                // Arm, then take what arrived before arming (the verbs pattern).
+                for (i, cq) in scqs[..2].iter().enumerate() {
                     cq.req_notify(false);
+                    cq.poll(MSGS, &mut got[i]);
                 }
                 while got.iter().map(Vec::len).sum::<usize>() < 2 * MSGS {
                     let cq = ch.get_cq_event(Some(TIMEOUT)).unwrap_or_else(|| {
