@@ -9,16 +9,20 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
 use softrdma_verbs_types::{WcStatus, WorkCompletion};
 
 use crate::Error;
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
+
+/// How long [`Cq::wait`] polls before it sleeps unless [`Cq::set_busy_poll`] says otherwise.
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(0);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Arm {
@@ -40,10 +44,12 @@ pub(crate) trait Progress: Send + Sync {
     /// Processes what has arrived for `cq`'s QPs, without blocking (a busy poller's turn).
     fn progress(&self, cq: &CqShared);
     /// Blocks on the driver's sockets until `done()`, `until`, or a wake, running what
-    /// arrives; `false` when another thread drives (then wait on the CQ).
+    /// arrives — polling without sleeping for the first `spin` (hybrid wait, as
+    /// `SO_BUSY_POLL`); `false` when another thread drives (then wait on the CQ).
     fn block(
         &self,
         waiter: Weak<dyn Waiter>,
+        spin: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
     ) -> bool;
@@ -63,6 +69,8 @@ pub(crate) struct CqShared {
     progress: Mutex<Vec<Weak<dyn Progress>>>,
     /// Waiters blocked in a driver's [`Progress::block`] for this queue.
     io_waiters: AtomicUsize,
+    /// How long [`Cq::wait`] polls before it blocks (nanoseconds).
+    busy_poll_ns: AtomicU64,
     id: u32,
     capacity: usize,
     state: Mutex<CqState>,
@@ -88,7 +96,7 @@ impl CqShared {
         }
     }
 
-    pub(crate) fn drivers(&self) -> Vec<Arc<dyn Progress>> {
+    pub(crate) fn drivers(&self) -> SmallVec<[Arc<dyn Progress>; 1]> {
         self.progress
             .lock()
             .iter()
@@ -170,6 +178,7 @@ impl Cq {
             shared: Arc::new(CqShared {
                 progress: Mutex::new(Vec::new()),
                 io_waiters: AtomicUsize::new(0),
+                busy_poll_ns: AtomicU64::new(DEFAULT_BUSY_POLL.as_nanos() as u64),
                 id: NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed),
                 capacity: capacity.max(1),
                 state: Mutex::new(CqState {
@@ -251,6 +260,21 @@ impl Cq {
         }
     }
 
+    /// How long [`Cq::wait`] polls the transport before it sleeps ([`DEFAULT_BUSY_POLL`];
+    /// zero: sleep at once). Like Linux's `SO_BUSY_POLL`: a completion arriving within it
+    /// costs no wake-up, at the price of that much CPU per wait that finds nothing.
+    pub fn set_busy_poll(&self, d: Duration) {
+        self.shared.busy_poll_ns.store(
+            d.as_nanos().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The current busy-poll time of [`Cq::wait`].
+    pub fn busy_poll(&self) -> Duration {
+        Duration::from_nanos(self.shared.busy_poll_ns.load(Ordering::Relaxed))
+    }
+
     /// Arms the queue (`ibv_req_notify_cq`): the next completion added after this call — with
     /// `solicited_only`, the next solicited or unsuccessful one — sends one event to the
     /// completion channel. Completions already queued do not; poll after arming.
@@ -294,11 +318,12 @@ impl Cq {
                 return Err(Error::Timeout);
             }
             let drivers = self.shared.drivers();
-            if let [d] = drivers.as_slice() {
+            if let [d] = &drivers[..] {
                 let q = &self.shared;
+                let spin = Duration::from_nanos(q.busy_poll_ns.load(Ordering::Relaxed));
                 q.io_waiters.fetch_add(1, Ordering::AcqRel);
                 let w: Weak<dyn Waiter> = Arc::downgrade(q) as Weak<dyn Waiter>;
-                let drove = d.block(w, Some(deadline), &|| q.has_entries());
+                let drove = d.block(w, spin, Some(deadline), &|| q.has_entries());
                 q.io_waiters.fetch_sub(1, Ordering::AcqRel);
                 if drove {
                     continue;
@@ -346,9 +371,9 @@ impl Waiter for ChannelShared {
 
 impl ChannelShared {
     /// The drivers of every CQ reporting here, once each.
-    fn drivers(&self) -> Vec<Arc<dyn Progress>> {
+    fn drivers(&self) -> SmallVec<[Arc<dyn Progress>; 1]> {
         let cqs: Vec<_> = self.cqs.lock().iter().filter_map(Weak::upgrade).collect();
-        let mut out: Vec<Arc<dyn Progress>> = Vec::new();
+        let mut out: SmallVec<[Arc<dyn Progress>; 1]> = SmallVec::new();
         for d in cqs.iter().flat_map(|c| c.drivers()) {
             if !out.iter().any(|o| Arc::ptr_eq(o, &d)) {
                 out.push(d);
@@ -447,7 +472,9 @@ impl CompletionChannel {
             if let [d] = drivers.as_slice() {
                 ch.io_waiters.fetch_add(1, Ordering::AcqRel);
                 let w: Weak<dyn Waiter> = Arc::downgrade(ch) as Weak<dyn Waiter>;
-                let drove = d.block(w, deadline, &|| !ch.state.lock().events.is_empty());
+                let drove = d.block(w, Duration::ZERO, deadline, &|| {
+                    !ch.state.lock().events.is_empty()
+                });
                 ch.io_waiters.fetch_sub(1, Ordering::AcqRel);
                 if drove {
                     continue;

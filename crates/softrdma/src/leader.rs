@@ -134,6 +134,7 @@ impl<S> Leader<S> {
     pub(crate) fn drive(
         &self,
         waiter: Weak<dyn Waiter>,
+        spin: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
         kick: impl Fn(),
@@ -163,8 +164,14 @@ impl<S> Leader<S> {
             return false;
         };
         self.hold(&mut slot, |s| {
-            while !done() && until.is_none_or(|u| Instant::now() < u) {
-                turn(s, until);
+            let spin_end = Instant::now() + spin;
+            loop {
+                let now = Instant::now();
+                if done() || until.is_some_and(|u| now >= u) {
+                    break;
+                }
+                // Non-blocking turns first, then sleeping ones.
+                turn(s, if now < spin_end { Some(now) } else { until });
             }
         });
         self.want.fetch_sub(1, Ordering::AcqRel);

@@ -9,6 +9,7 @@
 //! adds only its transport's rules (which opcodes a QP type may post, UD destinations,
 //! the ORD, queue depth).
 
+use smallvec::SmallVec;
 use softrdma_memory::{Access, AccessError, KeyTable, PdId, Target};
 
 use crate::{PostError, RecvWr, SendFlags, SendWr, UdDest, WrOpcode};
@@ -18,7 +19,8 @@ use crate::{PostError, RecvWr, SendFlags, SendWr, UdDest, WrOpcode};
 /// instead of being touched. A message offset walks the entries in order (C9-26).
 #[derive(Clone, Debug, Default)]
 pub struct Sgl {
-    entries: Vec<Target>,
+    /// Most requests name one or two entries: no allocation for them.
+    entries: SmallVec<[Target; 2]>,
     len: u64,
 }
 
@@ -287,7 +289,7 @@ fn check_entries(
     pd: PdId,
     need: Access,
 ) -> Result<Sgl, PostError> {
-    let mut entries = Vec::with_capacity(sges.len());
+    let mut entries = SmallVec::with_capacity(sges.len());
     let mut len = 0u64;
     for (i, s) in sges.iter().enumerate() {
         let t = keys

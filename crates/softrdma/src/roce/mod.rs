@@ -21,7 +21,6 @@
 //! process may open one ([`RawTx`]), with the per-QP UDP source port rxe uses (flow-label
 //! hash of the QP pair); otherwise through the UDP socket, from its port.
 
-use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
@@ -159,7 +158,7 @@ pub(crate) struct RoceShared {
     endpoint: RwLock<RoceEndpoint>,
     /// The QPs registered with the endpoint, by QPN, for their locks. Changed only under the
     /// endpoint's write lock, so under its read lock the two agree.
-    qps: RwLock<HashMap<u32, Arc<RoceQpShared>>>,
+    qps: RwLock<rustc_hash::FxHashMap<u32, Arc<RoceQpShared>>>,
     counters: SocketCounters,
     /// The receive buffer the kernel granted (octets of kernel memory).
     pub(crate) rcvbuf: usize,
@@ -243,7 +242,7 @@ impl RoceShared {
             wake_pipe: WakePipe::new()?,
             local,
             endpoint: RwLock::new(RoceEndpoint::new(local, ipv4)),
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(Default::default()),
             counters: SocketCounters::default(),
             rcvbuf,
             alive: AtomicBool::new(true),
@@ -458,11 +457,13 @@ impl Progress for RoceShared {
     fn block(
         &self,
         waiter: Weak<dyn Waiter>,
+        spin: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
     ) -> bool {
         self.leader.drive(
             waiter,
+            spin,
             until,
             done,
             || self.wake_pipe.signal(),

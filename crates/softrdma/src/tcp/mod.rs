@@ -148,11 +148,13 @@ impl Progress for TcpShared {
     fn block(
         &self,
         waiter: Weak<dyn Waiter>,
+        spin: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
     ) -> bool {
         self.leader.drive(
             waiter,
+            spin,
             until,
             done,
             || {

@@ -15,7 +15,9 @@
 //! * close: a dead stream (Terminate sent or received, [`Qp::disconnect`](crate::Qp::disconnect))
 //!   flushes its transmit buffer, shuts the write side and waits for the peer's FIN.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -31,7 +33,9 @@ use softrdma_iwarp::connection::{
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState};
 use softrdma_iwarp::startup::{Negotiated, Role};
 use softrdma_memory::{PdId, QpId};
-use softrdma_verbs_types::{CheckedRecv, PostError, WcOpcode, WcStatus, WorkCompletion};
+use softrdma_verbs_types::{
+    CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
+};
 
 use super::{Cmd, ListenerShared, PendingRequest, SqItem, TcpQp, TcpShared, prepare_stream};
 use crate::Error;
@@ -108,6 +112,9 @@ struct Conn {
     rq_in_engine: usize,
     /// An Invalidate waits for earlier send requests to retire.
     local_waiting: bool,
+    /// Scratch of `feed`.
+    sends: Vec<CheckedSend>,
+    recvs: VecDeque<CheckedRecv>,
 }
 
 pub(crate) struct Driver {
@@ -137,9 +144,9 @@ impl Driver {
     pub(crate) fn new(registry: Registry) -> Driver {
         Driver {
             registry,
-            conns: HashMap::new(),
-            listeners: HashMap::new(),
-            qp_conn: HashMap::new(),
+            conns: HashMap::default(),
+            listeners: HashMap::default(),
+            qp_conn: HashMap::default(),
             bufs: Bufs {
                 rx: vec![0u8; RX_CHUNK],
                 send_wcs: Vec::new(),
@@ -641,6 +648,8 @@ impl Conn {
             sq_in_engine: 0,
             rq_in_engine: 0,
             local_waiting: false,
+            sends: Vec::new(),
+            recvs: VecDeque::new(),
         })
     }
 
@@ -847,9 +856,12 @@ impl Conn {
             return;
         };
         let established = self.established;
-        let mut sends = Vec::new();
+        // Scratch queues kept across calls (no allocation per message); the submission
+        // queue gets the empty one back with its capacity.
+        let mut sends = std::mem::take(&mut self.sends);
+        let mut recvs = std::mem::take(&mut self.recvs);
         let mut invalidate = None;
-        let recvs = {
+        {
             let mut sub = qp.sub.lock();
             self.local_waiting = false;
             while established && let Some(item) = sub.sq.front() {
@@ -874,12 +886,12 @@ impl Conn {
                     }
                 }
             }
-            std::mem::take(&mut sub.rq)
-        };
+            std::mem::swap(&mut sub.rq, &mut recvs);
+        }
         // Posting happens without the submission lock: an INLINE copy or a key check must
         // never wait while a poster waits for that lock.
         let engine = self.iw.engine_mut();
-        for wr in recvs {
+        for wr in recvs.drain(..) {
             let wr_id = wr.wr_id;
             let copy = (!established).then(|| wr.clone());
             match engine.post_checked_recv(wr) {
@@ -894,7 +906,7 @@ impl Conn {
                 }
             }
         }
-        for wr in sends {
+        for wr in sends.drain(..) {
             let wr_id = wr.wr_id;
             let opcode = wr.opcode.wc_opcode();
             match engine.post_checked(wr) {
@@ -906,6 +918,8 @@ impl Conn {
                 }
             }
         }
+        self.sends = sends;
+        self.recvs = recvs;
         if let Some(SqItem::Invalidate { key, reply }) = invalidate {
             let _ = reply.send(ctx.keys.invalidate_local(key, qp.pd));
             // Others may wait behind it.
