@@ -332,6 +332,8 @@ pub(crate) enum Cmd {
 }
 
 /// A send-queue entry waiting for the progress thread.
+// Sends are nearly every item; boxing them would allocate per request.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum SqItem {
     /// A work request for the engine, checked (and `INLINE` octets copied) at post time.
     Send(CheckedSend),
