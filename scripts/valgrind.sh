@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Run the memory crate's tests and the loopback integration tests under valgrind memcheck
-# (issue 3, Done-when 6). Exits non-zero on any memcheck error.
+# Run the memory crate's tests and the loopback integration tests — iWARP (loopback), RoCE
+# (roce_loopback), both transports through the one verbs surface (both_transports,
+# one_surface) — under valgrind memcheck (issue 3, Done-when 6; issue 8, Done-when 5).
+# Exits non-zero on any memcheck error.
 #   scripts/valgrind.sh            # 64 MiB test skipped (it takes ~150 s under valgrind)
 #   scripts/valgrind.sh --all      # include it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 skip=(--skip sixty_four_mib)
-[ "${1:-}" = "--all" ] && skip=()
+roce_skip=(--skip 64_mib)
+[ "${1:-}" = "--all" ] && skip=() && roce_skip=()
 export SOFTRDMA_TEST_TIMEOUT=${SOFTRDMA_TEST_TIMEOUT:-1200}
 bin() { cargo test "$@" --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
@@ -16,6 +19,12 @@ for l in sys.stdin:
         print(m["executable"])' | tail -1; }
 mem=$(bin -p softrdma-memory --lib)
 loop=$(bin -p softrdma --test loopback)
+roce=$(bin -p softrdma --test roce_loopback)
+both=$(bin -p softrdma --test both_transports)
+one=$(bin -p softrdma --test one_surface)
 valgrind --tool=memcheck --error-exitcode=1 "$mem" --test-threads=1
 valgrind --tool=memcheck --error-exitcode=1 "$loop" "${skip[@]}"
-echo "valgrind: memory and loopback tests clean"
+valgrind --tool=memcheck --error-exitcode=1 "$roce" "${roce_skip[@]}"
+valgrind --tool=memcheck --error-exitcode=1 "$both"
+valgrind --tool=memcheck --error-exitcode=1 "$one"
+echo "valgrind: memory, loopback, roce_loopback, both_transports and one_surface tests clean"

@@ -17,7 +17,7 @@ pub use endpoint::{
     TxError,
 };
 pub use qp::{
-    CreateError, IbQp, ModifyError, QpAttr, QpCaps, QpCounters, QpState, QpType, pkey_matches,
+    CreateError, HeaderCounters, IbQp, ModifyError, QpAttr, QpCaps, QpState, QpType, pkey_matches,
 };
 pub use requester::{Requester, RequesterConfig, RequesterCounters, Tx};
 pub use responder::{Responder, ResponderConfig, ResponderCounters};

@@ -182,7 +182,7 @@ pub enum CreateError {
 
 /// Packets dropped by the header pipeline, by reason (IBT-X-18).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct QpCounters {
+pub struct HeaderCounters {
     /// BTH:TVer not 0 (C9-36).
     pub bad_tver: u64,
     /// The QP's state cannot receive (C9-37).
@@ -224,7 +224,7 @@ pub struct IbQp {
     send: RequesterConfig,
     requester: Option<Requester>,
     responder: Responder,
-    counters: QpCounters,
+    counters: HeaderCounters,
     drained_reported: bool,
     /// The shared receive queue receives come from, if any.
     srq: Option<Arc<SharedRecvQueue>>,
@@ -303,7 +303,7 @@ impl IbQp {
             send,
             requester: None,
             responder,
-            counters: QpCounters::default(),
+            counters: HeaderCounters::default(),
             drained_reported: false,
             srq,
             last_wqe_reached: false,
@@ -372,7 +372,7 @@ impl IbQp {
     }
 
     /// Header-pipeline drop counters.
-    pub fn counters(&self) -> QpCounters {
+    pub fn counters(&self) -> HeaderCounters {
         self.counters
     }
 

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sim::{Faults, Node, Setup, Sim, pattern};
 use softrdma_ib::{
-    ModifyError, PostError, QpAttr, QpCounters, QpState, QpType, RecvWr, SendWr, Sge, UdDest,
+    HeaderCounters, ModifyError, PostError, QpAttr, QpState, QpType, RecvWr, SendWr, Sge, UdDest,
     WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_memory::Access;
@@ -386,7 +386,7 @@ fn send_only(ty: QpType, payload: &[u8]) -> PacketRepr<'_> {
     p
 }
 
-fn counters(s: &Sim) -> QpCounters {
+fn counters(s: &Sim) -> HeaderCounters {
     s.n[1].qp.counters()
 }
 
@@ -431,9 +431,9 @@ fn ibt_c9_36_tver_nonzero_dropped() {
             s.inject(1, &p);
             assert_eq!(
                 counters(&s),
-                QpCounters {
+                HeaderCounters {
                     bad_tver: 1,
-                    ..QpCounters::default()
+                    ..HeaderCounters::default()
                 }
             );
             assert_dropped_then_valid_accepted(&mut s, ty);
@@ -502,9 +502,9 @@ fn ibt_c9_38_wrong_service_dropped() {
         }
         assert_eq!(
             counters(&s),
-            QpCounters {
+            HeaderCounters {
                 bad_service: n,
-                ..QpCounters::default()
+                ..HeaderCounters::default()
             },
             "{ty:?}"
         );
@@ -544,18 +544,18 @@ fn ibt_c9_43_pkey_mismatch_dropped_before_any_ack() {
             s.inject(1, &p);
             let why = format!("{ty:?} QP {mine:#x} packet {theirs:#x}");
             if ok {
-                let accepted = QpCounters {
+                let accepted = HeaderCounters {
                     accepted: 1,
-                    ..QpCounters::default()
+                    ..HeaderCounters::default()
                 };
                 assert_eq!(counters(&s), accepted, "{why}");
                 assert_eq!(s.n[1].recvs.len(), 1, "{why}");
             } else {
                 assert_eq!(
                     counters(&s),
-                    QpCounters {
+                    HeaderCounters {
                         bad_pkey: 1,
-                        ..QpCounters::default()
+                        ..HeaderCounters::default()
                     },
                     "{why}"
                 );
@@ -600,12 +600,12 @@ fn ibt_c9_35_first_failing_check_decides() {
     s.inject(1, &bad(0, false, false, true)); // then Q_Key
     assert_eq!(
         counters(&s),
-        QpCounters {
+        HeaderCounters {
             bad_tver: 2,
             bad_service: 1,
             bad_pkey: 1,
             bad_qkey: 1,
-            ..QpCounters::default()
+            ..HeaderCounters::default()
         }
     );
     // TVer is checked before the state: a QP in Error counts a TVer 1 packet as bad TVer.
@@ -631,7 +631,7 @@ fn ibt_c9_34_random_headers_through_the_pipeline() {
                 .post_recv(RecvWr::new(id, vec![Sge::new(k1, 0, 8192)]))
                 .unwrap();
         }
-        let mut expect = QpCounters::default();
+        let mut expect = HeaderCounters::default();
         let mut injected = 0;
         let mut buf = vec![0u8; 1200];
         for _ in 0..3000 {

@@ -34,7 +34,7 @@ use softrdma_wire::mpa::{self, LlpError};
 use softrdma_wire::rdmap::{Body, Control, Opcode, Segment};
 
 use crate::framing::{Deframer, Framer};
-use crate::rdmap::{QpConfig, QpEvent, QpState, RdmapEngine};
+use crate::rdmap::{QpConfig, QpEvent, RdmapEngine, StreamState};
 use crate::startup::{
     Negotiated, PeerParams, Role, Rtr, Startup, StartupConfig, StartupError, StartupEvent,
     StartupState,
@@ -240,8 +240,8 @@ impl Connection {
             return ConnState::Startup;
         }
         match self.engine.state() {
-            QpState::Rts | QpState::Terminating => ConnState::Established,
-            QpState::Error | QpState::Closed => ConnState::Dead,
+            StreamState::Rts | StreamState::Terminating => ConnState::Established,
+            StreamState::Error | StreamState::Closed => ConnState::Dead,
         }
     }
 
@@ -318,7 +318,10 @@ impl Connection {
             }
             // RFC 5044 §8 code 1: the LLP is gone. After a Terminate or a
             // close the peer's FIN is the expected end (RDMAP-94), not an error.
-            if matches!(self.engine.state(), QpState::Rts | QpState::Terminating) {
+            if matches!(
+                self.engine.state(),
+                StreamState::Rts | StreamState::Terminating
+            ) {
                 self.engine.handle_llp_error(LlpError::TcpConnectionLost);
             }
             self.pump_engine_events();

@@ -133,7 +133,7 @@ impl QpConfig {
 
 /// QP state as RDMAP sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum QpState {
+pub enum StreamState {
     /// Full operation: data moves both ways.
     Rts,
     /// An error was detected and a Terminate waits for `poll_ulpdu`; nothing else is sent.
@@ -163,7 +163,7 @@ pub enum QpEvent {
 
 /// Per-QP counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct QpCounters {
+pub struct StreamCounters {
     /// ULPDUs handed out by `poll_ulpdu`.
     pub ulpdus_tx: u64,
     /// ULPDUs given to `handle_ulpdu`.
@@ -363,7 +363,7 @@ struct ActiveRecv {
 pub struct RdmapEngine {
     cfg: QpConfig,
     keys: Arc<KeyTable>,
-    state: QpState,
+    state: StreamState,
     /// `close` was called while the Terminate was still queued.
     closing: bool,
 
@@ -400,11 +400,11 @@ pub struct RdmapEngine {
 
     completions: VecDeque<WorkCompletion>,
     events: VecDeque<QpEvent>,
-    counters: QpCounters,
+    counters: StreamCounters,
 }
 
 impl RdmapEngine {
-    /// An engine in [`QpState::Rts`] (MPA negotiation is over). `cfg.mulpdu` is clamped to
+    /// An engine in [`StreamState::Rts`] (MPA negotiation is over). `cfg.mulpdu` is clamped to
     /// RFC 5044's bounds.
     pub fn new(cfg: QpConfig, keys: Arc<KeyTable>) -> RdmapEngine {
         let mut cfg = cfg;
@@ -413,7 +413,7 @@ impl RdmapEngine {
         RdmapEngine {
             cfg,
             keys,
-            state: QpState::Rts,
+            state: StreamState::Rts,
             closing: false,
             sq: VecDeque::new(),
             next_seq: 0,
@@ -433,7 +433,7 @@ impl RdmapEngine {
             term_rx_seen: false,
             completions: VecDeque::new(),
             events: VecDeque::new(),
-            counters: QpCounters::default(),
+            counters: StreamCounters::default(),
         }
     }
 
@@ -456,7 +456,7 @@ impl RdmapEngine {
     /// receive is posted for it while the stream is up: the moment a shared receive queue
     /// hands this QP a buffer, before [`handle_ulpdu`](Self::handle_ulpdu).
     pub fn needs_recv(&self, ulpdu: &[u8]) -> bool {
-        self.state == QpState::Rts
+        self.state == StreamState::Rts
             && self.rq_len() == 0
             && matches!(
                 softrdma_wire::ddp::Repr::parse(ulpdu),
@@ -470,12 +470,12 @@ impl RdmapEngine {
     }
 
     /// Current state.
-    pub fn state(&self) -> QpState {
+    pub fn state(&self) -> StreamState {
         self.state
     }
 
     /// Counters.
-    pub fn counters(&self) -> QpCounters {
+    pub fn counters(&self) -> StreamCounters {
         self.counters
     }
 
@@ -542,7 +542,7 @@ impl RdmapEngine {
         if c.opcode.is_read_or_atomic() && self.cfg.ord == 0 {
             return Err(PostError::ReadsDisabled);
         }
-        if self.state != QpState::Rts {
+        if self.state != StreamState::Rts {
             self.completions.push_back(c.flushed());
             return Ok(());
         }
@@ -665,7 +665,7 @@ impl RdmapEngine {
 
     /// Posts a receive already checked with [`check_recv`].
     pub fn post_checked_recv(&mut self, r: CheckedRecv) -> Result<(), PostError> {
-        if self.state != QpState::Rts {
+        if self.state != StreamState::Rts {
             self.completions.push_back(r.flushed());
             return Ok(());
         }
@@ -697,20 +697,20 @@ impl RdmapEngine {
         self.events.push_back(QpEvent::LlpError(e));
         let lost = e == LlpError::TcpConnectionLost;
         match self.state {
-            QpState::Rts if lost => {
-                self.state = QpState::Error;
+            StreamState::Rts if lost => {
+                self.state = StreamState::Error;
                 self.abort(None, None);
             }
-            QpState::Rts => self.fail(term::Fault::new(softrdma_wire::rdmap::TerminateCode::Llp(
-                e,
-            ))),
-            QpState::Terminating if lost => {
+            StreamState::Rts => self.fail(term::Fault::new(
+                softrdma_wire::rdmap::TerminateCode::Llp(e),
+            )),
+            StreamState::Terminating if lost => {
                 // Nothing can be sent any more.
                 self.term_pending = None;
                 self.state = if self.closing {
-                    QpState::Closed
+                    StreamState::Closed
                 } else {
-                    QpState::Error
+                    StreamState::Error
                 };
             }
             _ => {}
@@ -722,11 +722,11 @@ impl RdmapEngine {
     /// (RDMAP-94).
     pub fn close(&mut self) {
         match self.state {
-            QpState::Closed => {}
-            QpState::Terminating => self.closing = true,
-            QpState::Rts | QpState::Error => {
+            StreamState::Closed => {}
+            StreamState::Terminating => self.closing = true,
+            StreamState::Rts | StreamState::Error => {
                 self.abort(None, None);
-                self.state = QpState::Closed;
+                self.state = StreamState::Closed;
             }
         }
     }
@@ -734,9 +734,9 @@ impl RdmapEngine {
     /// `true` when [`poll_ulpdu`](Self::poll_ulpdu) would return a ULPDU now.
     pub fn wants_transmit(&self) -> bool {
         match self.state {
-            QpState::Terminating => self.term_pending.is_some(),
-            QpState::Rts => self.responder_ready() || self.sq_ready(),
-            QpState::Error | QpState::Closed => false,
+            StreamState::Terminating => self.term_pending.is_some(),
+            StreamState::Rts => self.responder_ready() || self.sq_ready(),
+            StreamState::Error | StreamState::Closed => false,
         }
     }
 
@@ -806,13 +806,13 @@ impl RdmapEngine {
     /// RFC 5040 §7.1: the first local error (RDMAP-102) queues the one Terminate
     /// (RDMAP-69) that describes it and kills the stream (RDMAP-95).
     fn fail(&mut self, fault: term::Fault) {
-        if self.state != QpState::Rts {
+        if self.state != StreamState::Rts {
             return;
         }
         let t = fault.terminate();
         self.term_pending = Some(t);
         self.term_sent = Some(t);
-        self.state = QpState::Terminating;
+        self.state = StreamState::Terminating;
         self.events.push_back(QpEvent::LocalError(t));
         self.abort(fault.sq, fault.rq);
     }

@@ -77,13 +77,12 @@ pub use state::{QpCounters, QpState, TransportCounters};
 /// the InfiniBand subset of [`QpState`], comparable with it) and the engine's own counters.
 pub mod ib {
     pub use softrdma_ib::{
-        ModifyError, QpAttr, QpCounters as HeaderCounters, QpState, QpType, RequesterCounters,
-        ResponderCounters,
+        HeaderCounters, ModifyError, QpAttr, QpState, QpType, RequesterCounters, ResponderCounters,
     };
 }
 
 pub use softrdma_ib::QpType;
-pub use softrdma_iwarp::rdmap::{QpCounters as RdmapCounters, QpEvent};
+pub use softrdma_iwarp::rdmap::{QpEvent, StreamCounters};
 pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
 pub use softrdma_memory::{
     Access, AccessError, Buffer, BufferReadGuard, BufferWriteGuard, Key, KeyState, MemError,

@@ -106,11 +106,11 @@ pub enum TransportCounters {
     #[default]
     None,
     /// The RDMAP engine's counters.
-    Iwarp(softrdma_iwarp::rdmap::QpCounters),
+    Iwarp(softrdma_iwarp::rdmap::StreamCounters),
     /// The InfiniBand engine's: header pipeline, requester, responder.
     Ib {
         /// Drops of the receive header pipeline, by reason.
-        header: softrdma_ib::QpCounters,
+        header: softrdma_ib::HeaderCounters,
         /// Requester and completer.
         requester: RequesterCounters,
         /// Responder.
@@ -119,7 +119,7 @@ pub enum TransportCounters {
 }
 
 impl QpCounters {
-    pub(crate) fn from_iwarp(c: softrdma_iwarp::rdmap::QpCounters) -> QpCounters {
+    pub(crate) fn from_iwarp(c: softrdma_iwarp::rdmap::StreamCounters) -> QpCounters {
         QpCounters {
             tx_units: c.ulpdus_tx,
             rx_units: c.ulpdus_rx,
@@ -132,7 +132,7 @@ impl QpCounters {
     }
 
     pub(crate) fn from_ib(
-        header: softrdma_ib::QpCounters,
+        header: softrdma_ib::HeaderCounters,
         requester: RequesterCounters,
         responder: ResponderCounters,
     ) -> QpCounters {
@@ -158,10 +158,10 @@ impl QpCounters {
     }
 
     /// The InfiniBand header-pipeline drops (zero on iWARP).
-    pub fn ib_header(&self) -> softrdma_ib::QpCounters {
+    pub fn ib_header(&self) -> softrdma_ib::HeaderCounters {
         match self.detail {
             TransportCounters::Ib { header, .. } => header,
-            _ => softrdma_ib::QpCounters::default(),
+            _ => softrdma_ib::HeaderCounters::default(),
         }
     }
 
@@ -174,7 +174,7 @@ impl QpCounters {
     }
 
     /// The RDMAP engine's counters (zero on InfiniBand).
-    pub fn iwarp(&self) -> softrdma_iwarp::rdmap::QpCounters {
+    pub fn iwarp(&self) -> softrdma_iwarp::rdmap::StreamCounters {
         match self.detail {
             TransportCounters::Iwarp(c) => c,
             _ => Default::default(),

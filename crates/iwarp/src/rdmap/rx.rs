@@ -15,8 +15,8 @@ use softrdma_wire::rdmap::{
 
 use super::term::{self, Fault};
 use super::{
-    ActiveRecv, IMM_SEND_FOLLOWS, InboundRead, QpEvent, QpState, RdmapEngine, Response, SqOp,
-    SqState, wc,
+    ActiveRecv, IMM_SEND_FOLLOWS, InboundRead, QpEvent, RdmapEngine, Response, SqOp, SqState,
+    StreamState, wc,
 };
 use crate::verbs_types::{WcOpcode, WcStatus};
 
@@ -49,11 +49,11 @@ impl RdmapEngine {
     /// the stream is terminating or dead only a peer's Terminate is still looked at.
     pub fn handle_ulpdu(&mut self, ulpdu: &[u8]) {
         self.counters.ulpdus_rx += 1;
-        if self.state != QpState::Closed && looks_like_terminate(ulpdu) {
+        if self.state != StreamState::Closed && looks_like_terminate(ulpdu) {
             self.receive_terminate(ulpdu);
             return;
         }
-        if self.state != QpState::Rts {
+        if self.state != StreamState::Rts {
             self.counters.dropped_rx += 1;
             return;
         }
@@ -530,9 +530,9 @@ impl RdmapEngine {
             }
             None => self.events.push_back(QpEvent::InvalidTerminate),
         }
-        if self.state == QpState::Rts {
+        if self.state == StreamState::Rts {
             let culprit = parsed.and_then(|t| self.terminated_request(&t));
-            self.state = QpState::Error;
+            self.state = StreamState::Error;
             self.abort(culprit, None);
         }
     }

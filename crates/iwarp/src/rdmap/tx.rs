@@ -11,8 +11,8 @@ use softrdma_wire::rdmap::{
 
 use super::term::{self, Fault};
 use super::{
-    AtomicOp, IMM_SEND_FOLLOWS, OutboundAtomic, OutboundRead, QpState, RdmapEngine, Response, SqOp,
-    SqState, imm_octets,
+    AtomicOp, IMM_SEND_FOLLOWS, OutboundAtomic, OutboundRead, RdmapEngine, Response, SqOp, SqState,
+    StreamState, imm_octets,
 };
 use crate::verbs_types::WcStatus;
 
@@ -43,8 +43,8 @@ impl RdmapEngine {
     /// messages alternately, ULPDU by ULPDU.
     pub fn poll_ulpdu(&mut self, out: &mut Vec<u8>) -> Option<usize> {
         let n = match self.state {
-            QpState::Terminating => self.emit_terminate(out),
-            QpState::Rts => {
+            StreamState::Terminating => self.emit_terminate(out),
+            StreamState::Rts => {
                 let responder = self.responder_ready();
                 let sq = self.sq_ready();
                 let use_responder = match (responder, sq) {
@@ -60,7 +60,7 @@ impl RdmapEngine {
                     self.emit_sq(out)
                 }
             }
-            QpState::Error | QpState::Closed => None,
+            StreamState::Error | StreamState::Closed => None,
         };
         if n.is_some() {
             self.counters.ulpdus_tx += 1;
@@ -549,9 +549,9 @@ impl RdmapEngine {
         t.emit(&mut out[start + UNTAGGED_HEADER_LEN..])
             .expect("Terminate fits its buffer_len");
         self.state = if self.closing {
-            QpState::Closed
+            StreamState::Closed
         } else {
-            QpState::Error
+            StreamState::Error
         };
         self.counters.terminates_tx += 1;
         Some(out.len() - start)

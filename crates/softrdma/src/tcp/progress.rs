@@ -30,7 +30,7 @@ use mio::{Events, Interest, Registry, Token};
 use softrdma_iwarp::connection::{
     ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, FpduSizing,
 };
-use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, QpState as EngineState};
+use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
 use softrdma_iwarp::startup::{Negotiated, Role};
 use softrdma_memory::{PdId, QpId};
 use softrdma_verbs_types::{
@@ -112,7 +112,7 @@ struct Conn {
     rq_in_engine: usize,
     /// An Invalidate waits for earlier send requests to retire.
     local_waiting: bool,
-    /// Scratch of `feed`.
+    /// Scratch of `submit_to_engine`.
     sends: Vec<CheckedSend>,
     recvs: VecDeque<CheckedRecv>,
 }
@@ -244,7 +244,7 @@ impl Driver {
             self.conn_event(ctx, t, true, now);
         }
         self.timeouts(ctx, Instant::now());
-        self.reap(ctx);
+        self.remove_dead(ctx);
     }
 
     /// A busy poller's turn: read what has arrived on the connections of `cq`'s QPs.
@@ -275,7 +275,7 @@ impl Driver {
             .get(&qp.qpn)
             .and_then(|t| self.conns.get_mut(t))
         {
-            c.pump(ctx, &mut self.bufs);
+            c.service(ctx, &mut self.bufs);
         } else if qp.state().is_dead() {
             flush_orphan(ctx, qp);
         }
@@ -358,7 +358,7 @@ impl Driver {
                         c.reply = Some(reply);
                         self.qp_conn.insert(qp.qpn, token);
                         c.qp = Some(qp);
-                        c.pump(ctx, &mut self.bufs);
+                        c.service(ctx, &mut self.bufs);
                         self.conns.insert(token, c);
                     }
                     Err(e) => {
@@ -404,7 +404,7 @@ impl Driver {
                     let _ = reply.send(Err(Error::InvalidArgument("MPA accept without outcome")));
                     return;
                 }
-                c.pump(ctx, &mut self.bufs);
+                c.service(ctx, &mut self.bufs);
             }
             Cmd::Reject {
                 token,
@@ -415,7 +415,7 @@ impl Driver {
                     if c.iw.reject(&private_data).is_ok() {
                         c.write_side = WriteSide::CloseWhenFlushed;
                         c.discard_rx = true;
-                        c.pump(ctx, &mut self.bufs);
+                        c.service(ctx, &mut self.bufs);
                     } else {
                         c.dead = true;
                     }
@@ -495,7 +495,7 @@ impl Driver {
                 c.listener = Some(shared);
                 // The Request may already be in.
                 c.read(ctx, &mut self.bufs, now);
-                c.pump(ctx, &mut self.bufs);
+                c.service(ctx, &mut self.bufs);
                 self.conns.insert(t, c);
             }
         }
@@ -509,7 +509,7 @@ impl Driver {
             c.more_rx = false;
             c.read(ctx, &mut self.bufs, now);
         }
-        c.pump(ctx, &mut self.bufs);
+        c.service(ctx, &mut self.bufs);
     }
 
     fn timeouts(&mut self, ctx: &TcpShared, now: Instant) {
@@ -517,13 +517,13 @@ impl Driver {
             if c.iw.poll_timeout().is_some_and(|d| d <= now) {
                 c.iw.handle_timeout(now);
                 c.events(ctx);
-                c.pump(ctx, &mut self.bufs);
+                c.service(ctx, &mut self.bufs);
             }
         }
     }
 
     /// Removes dead connections.
-    fn reap(&mut self, ctx: &TcpShared) {
+    fn remove_dead(&mut self, ctx: &TcpShared) {
         let dead: Vec<Token> = self
             .conns
             .iter()
@@ -707,7 +707,7 @@ impl Conn {
         }
         // Receives posted before these octets were read must be in the engine before the
         // Sends among them are delivered (a user may post, then tell the peer out of band).
-        self.feed(ctx);
+        self.submit_to_engine(ctx);
         self.iw.handle_input(now, bytes);
         while self.iw.needs_recv() {
             self.srq_recv();
@@ -792,7 +792,7 @@ impl Conn {
         *qp.conn.lock() = Some(info.clone());
         qp.set_state(QpState::Rts);
         ctx.post_event(AsyncEvent::Established { qp_num: qp.qpn });
-        self.feed(ctx);
+        self.submit_to_engine(ctx);
         if let Some(r) = self.reply.take() {
             let _ = r.send(Ok(info));
         }
@@ -825,22 +825,22 @@ impl Conn {
             if self.write_side == WriteSide::Open {
                 self.write_side = WriteSide::CloseWhenFlushed;
             }
-            self.pump(ctx, bufs);
+            self.service(ctx, bufs);
         } else {
             self.fail_connect(Error::InvalidState(QpState::Closed));
         }
     }
 
     /// Moves queued work requests into the engine, transmits, hands out completions.
-    fn pump(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
+    fn service(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
         if self.dead {
             return;
         }
         loop {
-            self.feed(ctx);
+            self.submit_to_engine(ctx);
             self.transmit(ctx);
             self.events(ctx);
-            self.harvest(ctx, bufs);
+            self.collect(ctx, bufs);
             let again = self.local_waiting && self.iw.engine().sq_len() == 0;
             if !again || self.dead {
                 break;
@@ -851,7 +851,7 @@ impl Conn {
 
     /// Submission queues → engine. Before the connection is up only receives go in (sends
     /// wait for it, and stay queued if it fails).
-    fn feed(&mut self, ctx: &TcpShared) {
+    fn submit_to_engine(&mut self, ctx: &TcpShared) {
         let Some(qp) = self.qp.clone() else {
             return;
         };
@@ -873,7 +873,7 @@ impl Conn {
                     }
                     SqItem::Invalidate { .. } => {
                         // Every earlier request retired and its completion handed to
-                        // the CQ (`sq_in_engine` drops to 0 only in `harvest`).
+                        // the CQ (`sq_in_engine` drops to 0 only in `collect`).
                         if sends.is_empty()
                             && self.sq_in_engine == 0
                             && self.iw.engine().sq_len() == 0
@@ -988,7 +988,7 @@ impl Conn {
     }
 
     /// Engine → CQs, events, state, counters.
-    fn harvest(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
+    fn collect(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
         let Some(qp) = self.qp.as_ref().filter(|_| self.established) else {
             return;
         };
@@ -1017,10 +1017,10 @@ impl Conn {
         }
         // State before completions and events: whoever sees those sees the state too.
         let state = match engine.state() {
-            EngineState::Rts => QpState::Rts,
-            EngineState::Terminating => QpState::Terminate,
-            EngineState::Error => QpState::Error,
-            EngineState::Closed => QpState::Closed,
+            StreamState::Rts => QpState::Rts,
+            StreamState::Terminating => QpState::Terminate,
+            StreamState::Error => QpState::Error,
+            StreamState::Closed => QpState::Closed,
         };
         if qp.state() != state {
             qp.set_state(state);

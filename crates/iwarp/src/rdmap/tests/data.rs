@@ -6,7 +6,7 @@ use softrdma_wire::rdmap::Opcode;
 
 use super::pair::{Dir, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of, pattern};
 use super::{flushed, ok};
-use crate::rdmap::{QpState, RdmapEngine};
+use crate::rdmap::{RdmapEngine, StreamState};
 use crate::verbs_types::{PostError, RecvWr, SendFlags, SendWr, WcOpcode};
 
 const SIZES: [usize; 5] = [0, 1, 4095, 4096, 1 << 20];
@@ -56,7 +56,10 @@ fn rdmap_03_59_60_send_recv_every_size() {
                 assert_eq!((qn, msn, mo as usize), (0, 1, i * per));
                 assert_eq!(last, i + 1 == segs.len());
             }
-            assert_eq!((p.a.state(), p.b.state()), (QpState::Rts, QpState::Rts));
+            assert_eq!(
+                (p.a.state(), p.b.state()),
+                (StreamState::Rts, StreamState::Rts)
+            );
         }
     }
 }
@@ -377,7 +380,7 @@ fn rdmap_52_ird_reads_back_to_back_accepted() {
     p.burst = 4;
     p.pull_only_a();
     assert_eq!(p.b.inbound_reads(), 4);
-    assert_eq!(p.b.state(), QpState::Rts);
+    assert_eq!(p.b.state(), StreamState::Rts);
     p.drive();
     assert_eq!(p.cq_a().len(), 4);
     assert!(sink.bytes() == src.bytes());
@@ -679,7 +682,10 @@ fn rdmap_40_50_59_zero_length_everything() {
         };
         assert_eq!((s, t, last), (stag, to, true));
     }
-    assert_eq!((p.a.state(), p.b.state()), (QpState::Rts, QpState::Rts));
+    assert_eq!(
+        (p.a.state(), p.b.state()),
+        (StreamState::Rts, StreamState::Rts)
+    );
 }
 
 /// `INLINE`: the octets are copied when posting; the buffer may change right after.
@@ -776,7 +782,7 @@ fn post_errors_leave_the_qp_alone() {
         Err(PostError::QueueFull)
     );
     assert_eq!(p.a.sq_len(), 2);
-    assert_eq!(p.a.state(), QpState::Rts);
+    assert_eq!(p.a.state(), StreamState::Rts);
 
     let mut no_reads = cfg(QP_A, 256);
     no_reads.ord = 0;
@@ -797,7 +803,7 @@ fn rdmap_72_posts_to_a_dead_qp_are_flushed_and_close_flushes() {
     p.a.post_recv(RecvWr::new(1, vec![m.sge(0, 64)])).unwrap();
     p.a.post_send(SendWr::send(2, vec![m.sge(0, 8)])).unwrap();
     p.a.close();
-    assert_eq!(p.a.state(), QpState::Closed);
+    assert_eq!(p.a.state(), StreamState::Closed);
     assert_eq!(
         p.cq_a(),
         vec![flushed(2, WcOpcode::Send), flushed(1, WcOpcode::Recv)]

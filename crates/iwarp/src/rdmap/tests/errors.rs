@@ -8,7 +8,7 @@ use softrdma_wire::rdmap::{LlpError, Opcode, TerminateCode, TerminateLayout, Ter
 
 use super::pair::{Dir, GUARD, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of, pattern};
 use super::{flushed, ok, wc};
-use crate::rdmap::{QpEvent, QpState};
+use crate::rdmap::{QpEvent, StreamState};
 use crate::verbs_types::{RecvWr, SendWr, WcOpcode, WcStatus};
 
 pub(super) const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
@@ -61,7 +61,10 @@ pub(super) fn only_terminate(p: &Pair, dir: Dir) -> Vec<u8> {
 /// error (RDMAP-98) and A's ULP saw the Terminate (RDMAP-70, RDMAP-10).
 pub(super) fn assert_b_terminated(p: &mut Pair, expect: &[u8]) {
     assert_eq!(only_terminate(p, Dir::BtoA), expect);
-    assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
+    assert_eq!(
+        (p.a.state(), p.b.state()),
+        (StreamState::Error, StreamState::Error)
+    );
     let t = *p.b.terminate_sent().expect("B sent a Terminate");
     assert_eq!(p.events_b(), vec![QpEvent::LocalError(t)]);
     assert_eq!(p.events_a(), vec![QpEvent::TerminateReceived(t)]);
@@ -76,7 +79,10 @@ pub(super) fn assert_b_terminated(p: &mut Pair, expect: &[u8]) {
 /// A detected the error (mirror of [`assert_b_terminated`]).
 pub(super) fn assert_a_terminated(p: &mut Pair, expect: &[u8]) {
     assert_eq!(only_terminate(p, Dir::AtoB), expect);
-    assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
+    assert_eq!(
+        (p.a.state(), p.b.state()),
+        (StreamState::Error, StreamState::Error)
+    );
     let t = *p.a.terminate_sent().expect("A sent a Terminate");
     assert_eq!(p.events_a(), vec![QpEvent::LocalError(t)]);
     assert_eq!(p.events_b(), vec![QpEvent::TerminateReceived(t)]);
@@ -928,7 +934,7 @@ fn rdmap_70_siw_layout_terminate_is_understood() {
             header: ddp_of(&SIW_BAD_WRITE_TERMINATE[24..]),
         })
     );
-    assert_eq!(p.a.state(), QpState::Error);
+    assert_eq!(p.a.state(), StreamState::Error);
     assert_eq!(
         p.cq_a(),
         vec![flushed(2, WcOpcode::Send), flushed(1, WcOpcode::Recv)]
@@ -951,7 +957,7 @@ fn rdmap_71_invalid_terminate_gets_no_terminate_back() {
         p.a.post_send(SendWr::send(2, vec![m.sge(0, 8)])).unwrap();
         p.inject(Dir::BtoA, &bad);
         assert_eq!(p.events_a(), vec![QpEvent::InvalidTerminate]);
-        assert_eq!(p.a.state(), QpState::Error);
+        assert_eq!(p.a.state(), StreamState::Error);
         assert_eq!(p.a.poll_ulpdu(&mut Vec::new()), None);
         assert!(p.a.terminate_sent().is_none());
         assert_eq!(p.cq_a(), vec![flushed(2, WcOpcode::Send)]);
@@ -979,7 +985,7 @@ fn rdmap_92_llp_error_sends_llp_terminate() {
     p.step();
     assert_eq!(p.a.inbound_reads(), 1);
     p.a.handle_llp_error(LlpError::CrcError);
-    assert_eq!(p.a.state(), QpState::Terminating);
+    assert_eq!(p.a.state(), StreamState::Terminating);
     p.drive();
     let t = *p.a.terminate_sent().unwrap();
     assert_eq!(
@@ -1004,7 +1010,7 @@ fn rdmap_92_llp_error_sends_llp_terminate() {
     let m = Mr::new(&p.ka, PD, 64, 0x1000, Access::empty());
     p.a.post_send(SendWr::send(2, vec![m.sge(0, 8)])).unwrap();
     p.a.handle_llp_error(LlpError::TcpConnectionLost);
-    assert_eq!(p.a.state(), QpState::Error);
+    assert_eq!(p.a.state(), StreamState::Error);
     assert_eq!(p.a.poll_ulpdu(&mut Vec::new()), None);
     assert_eq!(p.cq_a(), vec![flushed(2, WcOpcode::Send)]);
 }
@@ -1016,14 +1022,14 @@ fn rdmap_94_close_lets_the_queued_terminate_out() {
     let mut p = Pair::new(1024);
     p.a.handle_llp_error(LlpError::MarkerMismatch);
     p.a.close();
-    assert_eq!(p.a.state(), QpState::Terminating);
+    assert_eq!(p.a.state(), StreamState::Terminating);
     p.drive();
     assert_eq!(
         only_terminate(&p, Dir::AtoB),
         terminate(2, 0, 0x03, None, None)
     );
-    assert_eq!(p.a.state(), QpState::Closed);
-    assert_eq!(p.b.state(), QpState::Error);
+    assert_eq!(p.a.state(), StreamState::Closed);
+    assert_eq!(p.b.state(), StreamState::Error);
 }
 
 /// Figure 10 / RDMAP-34: the generator never sets R without a Read Request, and D only for

@@ -40,7 +40,7 @@ mod props {
     use softrdma_wire::rdmap::Segment;
 
     use super::pair::{Dir, Mr, PD, Pair, pattern};
-    use crate::rdmap::QpState;
+    use crate::rdmap::StreamState;
     use crate::verbs_types::{RecvWr, SendWr, WcStatus};
 
     /// ULPDU-shaped bytes: a plausible DDP/RDMAP control pair, then anything.
@@ -88,7 +88,7 @@ mod props {
             if let Some(t) = terms.first() {
                 prop_assert!(Segment::parse(t).is_ok());
                 prop_assert_eq!(p.sent(Dir::BtoA).last().map(|u| u.to_vec()), Some(t.clone()));
-                prop_assert_ne!(p.b.state(), QpState::Rts);
+                prop_assert_ne!(p.b.state(), StreamState::Rts);
             }
             m.assert_guards_intact();
         }

@@ -16,7 +16,7 @@ use super::pair::{
     Dir, GUARD, GUARD_BYTE, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of, pattern,
 };
 use super::{flushed, ok, wc};
-use crate::rdmap::{IMM_SEND_FOLLOWS, MAX_WRITE_WITH_IMM, QpState};
+use crate::rdmap::{IMM_SEND_FOLLOWS, MAX_WRITE_WITH_IMM, StreamState};
 use crate::verbs_types::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -1098,7 +1098,7 @@ fn post_rules_for_rfc7306_operations() {
         Err(PostError::Destination)
     );
     assert_eq!(p.a.sq_len(), 0);
-    assert_eq!(p.a.state(), QpState::Rts);
+    assert_eq!(p.a.state(), StreamState::Rts);
 
     let mut no_ord = cfg(QP_A, 256);
     no_ord.ord = 0;
