@@ -29,7 +29,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
+use nix::sys::socket::{
+    MsgFlags, MultiHeaders, SockaddrIn, SockaddrIn6, SockaddrLike, SockaddrStorage, recvmmsg,
+    sendmmsg,
+};
 use parking_lot::{Condvar, Mutex, RwLock};
 use softrdma_ib::{
     EndpointError, IbQp, Incoming, QpAttr, QpCaps, QpState as IbQpState, QpType, RoceEndpoint,
@@ -315,23 +318,16 @@ impl RoceShared {
                 .iter()
                 .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))])
                 .collect();
-            let addrs: Vec<Option<SockaddrStorage>> = group
-                .iter()
-                .map(|t| Some(SockaddrStorage::from(t.socket_addr())))
-                .collect();
             let mut done = 0;
             while done < group.len() {
-                let mut hdrs =
-                    MultiHeaders::<SockaddrStorage>::preallocate(group.len() - done, None);
-                let sent = sendmmsg(
-                    fd,
-                    &mut hdrs,
-                    slices[done..].iter(),
-                    &addrs[done..],
-                    [],
-                    MsgFlags::empty(),
-                )
-                .map(|r| r.count());
+                let sent = match self.local {
+                    SocketAddr::V4(_) => {
+                        send_group::<SockaddrIn>(fd, &slices[done..], &group[done..])
+                    }
+                    SocketAddr::V6(_) => {
+                        send_group::<SockaddrIn6>(fd, &slices[done..], &group[done..])
+                    }
+                };
                 match sent {
                     Ok(k) if k > 0 => {
                         self.counters
@@ -348,6 +344,52 @@ impl RoceShared {
             }
         }
     }
+}
+
+/// A socket address of one family, as `sendmmsg` takes it.
+trait FamilyAddr: SockaddrLike + Copy + Sized {
+    fn of(a: SocketAddr) -> Self;
+}
+
+impl FamilyAddr for SockaddrIn {
+    fn of(a: SocketAddr) -> Self {
+        match a {
+            SocketAddr::V4(v4) => v4.into(),
+            // An IPv4-mapped address on an IPv4 socket; anything else cannot be sent there
+            // (the unspecified address makes the kernel refuse it, and it is counted).
+            SocketAddr::V6(v6) => {
+                let ip = v6
+                    .ip()
+                    .to_ipv4_mapped()
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+                std::net::SocketAddrV4::new(ip, v6.port()).into()
+            }
+        }
+    }
+}
+
+impl FamilyAddr for SockaddrIn6 {
+    fn of(a: SocketAddr) -> Self {
+        match a {
+            SocketAddr::V6(v6) => v6.into(),
+            SocketAddr::V4(v4) => {
+                std::net::SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0).into()
+            }
+        }
+    }
+}
+
+/// One `sendmmsg` of datagrams to addresses of the socket's family; returns how many left.
+/// The address type is the family's own, not `SockaddrStorage`: counting the results then
+/// reads nothing uninitialised (nix parses a storage's family to size it).
+fn send_group<S: FamilyAddr>(
+    fd: std::os::fd::RawFd,
+    slices: &[[IoSlice<'_>; 1]],
+    group: &[Transmit],
+) -> nix::Result<usize> {
+    let addrs: Vec<Option<S>> = group.iter().map(|t| Some(S::of(t.socket_addr()))).collect();
+    let mut hdrs = MultiHeaders::<S>::preallocate(slices.len(), None);
+    sendmmsg(fd, &mut hdrs, slices.iter(), &addrs, [], MsgFlags::empty()).map(|r| r.count())
 }
 
 /// Receive buffers of one thread (the receive thread's own, or a polling caller's).
