@@ -37,6 +37,7 @@ fn wait_one(cq: &Cq) -> Result<WorkCompletion, Error> {
     cq.wait(1, 1, TIMEOUT, &mut wcs)?;
     let wc = wcs[0];
     if wc.status != WcStatus::Success {
+        eprintln!("work request {} completed {:?}", wc.wr_id, wc.status);
         return Err(Error::InvalidArgument("a work request failed"));
     }
     Ok(wc)
