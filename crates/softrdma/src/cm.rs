@@ -94,7 +94,7 @@ impl ConnRequest {
         }
     }
 
-    /// Accepts (`rdma_accept`) on `qp` — in `Init` on iWARP, `Reset` on RoCE — which is in
+    /// Accepts (`rdma_accept`) on `qp` — in `Init` (as created; RoCE also takes `Reset`) — which is in
     /// [`QpState::Rts`] when this returns: iWARP once the MPA Reply went out, RoCE once the
     /// initiator confirmed (RTU).
     pub fn accept(self, qp: &Qp, params: AcceptParams) -> Result<ConnectionInfo, Error> {

@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 use softrdma_verbs_types::{WcStatus, WorkCompletion};
 
 use crate::Error;
+use crate::leader::{STAND_DOWN, Waiter};
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -55,13 +56,6 @@ pub(crate) trait Progress: Send + Sync {
     ) -> bool;
     /// A completion was queued for a waiter that may be blocked in [`Progress::block`].
     fn wake(&self);
-}
-
-/// Something a thread sleeps on (a CQ, a completion channel): told when a driver's slot is
-/// free to take (see [`crate::leader`]).
-pub(crate) trait Waiter: Send + Sync {
-    /// Wakes the sleepers.
-    fn notify(&self);
 }
 
 pub(crate) struct CqShared {
@@ -336,7 +330,7 @@ impl Cq {
                 let until = if drivers.is_empty() {
                     deadline
                 } else {
-                    deadline.min(Instant::now() + crate::leader::STAND_DOWN)
+                    deadline.min(Instant::now() + STAND_DOWN)
                 };
                 let _ = self.shared.cond.wait_until(&mut s, until);
             }
@@ -482,7 +476,7 @@ impl CompletionChannel {
             }
             let mut s = ch.state.lock();
             if s.events.is_empty() {
-                let nap = (!drivers.is_empty()).then(|| Instant::now() + crate::leader::STAND_DOWN);
+                let nap = (!drivers.is_empty()).then(|| Instant::now() + STAND_DOWN);
                 match deadline.into_iter().chain(nap).min() {
                     None => ch.cond.wait(&mut s),
                     Some(d) => {

@@ -21,7 +21,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::cq::Waiter;
+/// Something a thread sleeps on (a CQ, a completion channel): told when a driver's slot is
+/// free to take (see [`crate::leader`]).
+pub(crate) trait Waiter: Send + Sync {
+    /// Wakes the sleepers.
+    fn notify(&self);
+}
 
 /// How long the background thread stands down while callers drive, before it looks again.
 pub(crate) const STAND_DOWN: Duration = Duration::from_millis(1);

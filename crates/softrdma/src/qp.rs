@@ -196,7 +196,8 @@ impl Qp {
         self.cap
     }
 
-    /// The iWARP connection's parameters once connected (`None` on RoCE).
+    /// The iWARP connection's parameters once connected (`None` on RoCE: keep what
+    /// [`Qp::connect`] or [`ConnRequest::accept`](crate::ConnRequest::accept) returned).
     pub fn connection(&self) -> Option<ConnectionInfo> {
         match &self.inner {
             Inner::Tcp(q) => q.conn.lock().clone(),
@@ -320,7 +321,7 @@ impl Qp {
     /// blocks until the QP is in [`QpState::Rts`] or the attempt failed. iWARP: TCP
     /// connect, then MPA negotiation as initiator; a rejection ([`Error::Rejected`]) or
     /// failure leaves the QP in `Init`, ready for another try. RoCE: the QP must be in
-    /// `Reset`; QP numbers, PSNs and limits are exchanged over a TCP side channel until the
+    /// `Init` (as created) or `Reset`; QP numbers, PSNs and limits are exchanged over a TCP side channel until the
     /// InfiniBand CM exists, and the QP is moved INIT → RTR → RTS as librdmacm does.
     pub fn connect(
         &self,

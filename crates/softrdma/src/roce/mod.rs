@@ -46,8 +46,8 @@ use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 pub(crate) mod oob;
 
 use crate::Error;
-use crate::cq::{CqShared, Progress, Waiter};
-use crate::leader::{Leader, WakePipe};
+use crate::cq::{CqShared, Progress};
+use crate::leader::{Leader, Waiter, WakePipe};
 use crate::state::QpCounters;
 
 /// Largest datagram the driver reads: PMTU 4096 plus every header.

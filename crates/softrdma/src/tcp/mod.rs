@@ -31,9 +31,9 @@ use crate::Error;
 use crate::connparams::{
     ConnectParams, ConnectionInfo, FALLBACK_EMSS, FpduSize, ListenParams, QpCap,
 };
-use crate::cq::{CqShared, Progress, Waiter};
+use crate::cq::{CqShared, Progress};
 use crate::event::{AsyncEvent, EventQueue};
-use crate::leader::Leader;
+use crate::leader::{Leader, Waiter};
 use crate::srq::SrqShared;
 use crate::state::{QpCounters, QpState};
 
