@@ -1,9 +1,47 @@
-//! Helpers the verbs tools share: completion waits with a safety-net timeout, blocking on
-//! the CQ (condition variable) or busy-polling it.
+//! Helpers the verbs tools share: the `--transport` choice and the addresses a RoCE device
+//! is opened on, completion waits with a safety-net timeout, blocking on the CQ or
+//! busy-polling it.
 
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use softrdma::{Cq, Error, WorkCompletion};
+use softrdma::{Cq, Device, Error, WorkCompletion};
+
+/// Which transport a tool runs over (`--transport`): the device it opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    /// iWARP over TCP.
+    Iwarp,
+    /// RoCEv2 (InfiniBand transport over UDP).
+    Roce,
+}
+
+/// The address a RoCE device listens on when none is given: the first local address that
+/// is neither loopback nor link-local (IPv4 first), else 127.0.0.1.
+pub fn default_roce_ip() -> IpAddr {
+    let ips: Vec<IpAddr> = Device::list()
+        .iter()
+        .filter_map(|d| d.roce_config().map(|c| c.addr))
+        .filter(|ip| !ip.is_loopback())
+        .collect();
+    ips.iter()
+        .find(|ip| ip.is_ipv4())
+        .or(ips.first())
+        .copied()
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// The local address the kernel routes from towards `peer` (nothing is sent).
+pub fn local_ip_toward(peer: SocketAddr) -> io::Result<IpAddr> {
+    let any: SocketAddr = match peer {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let s = UdpSocket::bind(any)?;
+    s.connect(peer)?;
+    Ok(s.local_addr()?.ip().to_canonical())
+}
 
 /// How a tool waits for completions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
