@@ -22,7 +22,7 @@ use softrdma::{Access, Cq, Device, Key, Pd, Qp, QpCap, QpInitAttr, RoceConfig, S
 
 use super::client::{INLINE_MAX, SAFETY, check};
 use super::{Limit, PerfArgs, PerfError, bind_ip, resolve, valid_mtu};
-use crate::verbs_util::wait_some;
+use crate::verbs_util::{OobPath, rtr_rts, wait_some};
 
 /// READs / atomics outstanding each way.
 const RD_ATOMIC: u8 = 16;
@@ -54,40 +54,6 @@ fn create_rc(pd: &Pd, cq: &Cq, send: u32, recv: u32, access: Access) -> Result<Q
         ..QpAttr::default()
     })?;
     Ok(qp)
-}
-
-/// RTR and RTS facing `peer` (as perftest's `ctx_connect`).
-#[allow(clippy::too_many_arguments)]
-fn connect_rc(
-    qp: &Qp,
-    peer: SocketAddr,
-    peer_qpn: u32,
-    peer_psn: u32,
-    my_psn: u32,
-    pmtu: u32,
-    dest_rd_atomic: u8,
-    rd_atomic: u8,
-) -> Result<(), PerfError> {
-    qp.set_remote(peer)?;
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rtr),
-        pmtu: Some(pmtu),
-        dest_qp: Some(peer_qpn & 0xFF_FFFF),
-        rq_psn: Some(peer_psn & 0xFF_FFFF),
-        max_dest_rd_atomic: Some(dest_rd_atomic),
-        min_rnr_timer: Some(12),
-        ..QpAttr::default()
-    })?;
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(my_psn),
-        timeout: Some(14),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(rd_atomic),
-        ..QpAttr::default()
-    })?;
-    Ok(())
 }
 
 /// A RoCE context on `ip`, UDP `port`.
@@ -394,16 +360,16 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
     // 4. The QP records, before connecting.
     let remote = xchg_dest(&mut s, &local)?;
     let peer_ip = softrdma::gid_to_ip(&remote.gid);
-    connect_rc(
-        &qp,
-        SocketAddr::new(peer_ip, roce_port),
-        remote.qpn,
-        remote.psn,
-        local.psn,
-        mtu,
-        out_reads.min(255) as u8,
-        remote.out_reads.clamp(1, 255) as u8,
-    )?;
+    let path = OobPath {
+        peer: SocketAddr::new(peer_ip, roce_port),
+        dest_qp: remote.qpn,
+        rq_psn: remote.psn,
+        sq_psn: local.psn,
+        pmtu: mtu,
+        max_dest_rd_atomic: out_reads.min(255) as u8,
+        max_rd_atomic: remote.out_reads.clamp(1, 255) as u8,
+    };
+    rtr_rts(&qp, &path).map_err(|(_, e)| e)?;
     // 5. Again after connecting; 6. the additional handshake after RTR.
     xchg_dest(&mut s, &local)?;
     xchg_dest(&mut s, &local)?;
