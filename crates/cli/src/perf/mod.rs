@@ -18,6 +18,7 @@ mod client;
 pub mod perftest_client;
 pub mod perftest_server;
 pub mod proto;
+pub mod raw;
 mod server;
 pub mod stats;
 pub mod tcp;
@@ -619,7 +620,7 @@ pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
     let quit = AtomicBool::new(false);
     std::thread::scope(|s| {
         let rdma_server = s.spawn(|| serve(&server_ctx, &listener, sopts, true, Some(&quit)));
-        let raw_server = s.spawn(move || tcp::serve(raw_listener, true));
+        let raw_server = s.spawn(move || raw::serve(raw_listener, true));
         let report = run_client(args, client_ctx, rdma_addr, raw_addr, "loopback");
         // A client that failed before its Bye leaves the servers waiting.
         quit.store(true, Ordering::Release);
@@ -684,7 +685,7 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
         ),
     }
     let once = args.once;
-    let raw_thread = std::thread::spawn(move || tcp::serve(raw_listener, once));
+    let raw_thread = std::thread::spawn(move || raw::serve(raw_listener, once));
     serve(&ctx, &listener, args.server_opts(true)?, once, None)?;
     if once {
         let _ = raw_thread.join();

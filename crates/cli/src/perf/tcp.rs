@@ -1,13 +1,12 @@
 //! The raw TCP baseline: one blocking TCP stream for bandwidth and a TCP ping-pong for
 //! latency, with the same message size as the RDMA test, page-aligned buffers and
-//! `TCP_NODELAY` (as the iWARP connections have); and the raw server, which serves these
-//! and the raw UDP tests ([`super::udp`]).
+//! `TCP_NODELAY` (as the iWARP connections have). The raw server is [`super::raw`].
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::proto::{RAW_HEADER_LEN, RawTest, parse_raw_header, raw_header};
+use super::proto::{RawTest, raw_header};
 use super::stats::{Bw, Lat};
 use super::{Limit, PerfError};
 
@@ -37,58 +36,31 @@ impl AlignedBuf {
     }
 }
 
-/// Serves raw TCP and UDP tests on `listener` until a Bye arrives (with `once`) or forever.
-pub fn serve(listener: TcpListener, once: bool) -> io::Result<()> {
-    for s in listener.incoming() {
-        let Ok(mut s) = s else { continue };
-        match serve_conn(&mut s) {
-            Ok(true) if once => return Ok(()),
-            Ok(_) => {}
-            Err(e) => eprintln!("softrdma perf: raw test: {e}"),
-        }
-    }
-    Ok(())
-}
-
-/// One raw test; `true` for a Bye.
-fn serve_conn(s: &mut TcpStream) -> io::Result<bool> {
-    s.set_nodelay(true)?;
-    let mut h = [0u8; RAW_HEADER_LEN];
-    s.read_exact(&mut h)?;
-    let Some((test, size)) = parse_raw_header(&h) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a softrdma perf header",
-        ));
-    };
+/// The raw server's side of a TCP test on `s` (its header read): bandwidth (`bw`) or
+/// ping-pong of `size`-octet messages.
+pub fn serve_test(s: &mut TcpStream, bw: bool, size: u32) -> io::Result<()> {
     let mut buf = AlignedBuf::new(size.max(1) as usize);
-    match test {
-        RawTest::Bye => return Ok(true),
-        RawTest::UdpBw | RawTest::UdpLat => super::udp::serve_conn(s, test == RawTest::UdpBw)?,
-        RawTest::TcpBw => {
-            let mut total = 0u64;
-            loop {
-                match s.read(buf.as_mut_slice()) {
-                    Ok(0) => break,
-                    Ok(n) => total += n as u64,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
+    if bw {
+        let mut total = 0u64;
+        loop {
+            match s.read(buf.as_mut_slice()) {
+                Ok(0) => break,
+                Ok(n) => total += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-            s.write_all(&total.to_le_bytes())?;
         }
-        RawTest::TcpLat => {
-            let b = &mut buf.as_mut_slice()[..size as usize];
-            loop {
-                match s.read_exact(b) {
-                    Ok(()) => s.write_all(b)?,
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
-                    Err(e) => return Err(e),
-                }
+        s.write_all(&total.to_le_bytes())
+    } else {
+        let b = &mut buf.as_mut_slice()[..size as usize];
+        loop {
+            match s.read_exact(b) {
+                Ok(()) => s.write_all(b)?,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
             }
         }
     }
-    Ok(false)
 }
 
 /// A connection to the raw server at `addr` for `test`.

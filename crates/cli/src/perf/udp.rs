@@ -1,6 +1,6 @@
 //! The raw UDP baseline of `softrdma perf --transport roce`, same run, same message size,
 //! between the two RoCE addresses, sockets with the same 4 MiB buffers as the RoCE driver's.
-//! The raw server (see [`super::tcp::serve`]) sets a test up over a TCP connection: the
+//! The raw server ([`super::raw`]) sets a test up over a TCP connection: the
 //! client names its UDP socket, the server answers with the port of its own (on the address
 //! the client reached it at), the test runs, and the client's shutdown of the TCP
 //! connection ends it (bandwidth: the server answers with the octets it received).
