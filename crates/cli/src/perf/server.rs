@@ -55,6 +55,7 @@ type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>)>;
 fn stop_all(tests: &mut Tests<'_>) {
     for (_, (ctl, h)) in tests.drain() {
         ctl.ended.store(true, Ordering::Release);
+        h.thread().unpark();
         let _ = h.join();
     }
 }
@@ -108,6 +109,7 @@ pub fn serve(
                         Some((ctl, h)) => {
                             ctl.sent.store(r.count, Ordering::Release);
                             ctl.ended.store(true, Ordering::Release);
+                            h.thread().unpark();
                             h.join().unwrap_or_else(|_| EndReport {
                                 error: Some("the server's test thread panicked".into()),
                                 ..EndReport::default()
@@ -230,7 +232,6 @@ fn serve_test(
         Test::SendBw => t.recvs(rx_depth, false, report)?,
         Test::SendLat => t.recvs(rx_depth, true, report)?,
         Test::WriteLat => t.write_lat(r.buf)?,
-        // Write and Read: the work is the responder's; a CQ waiter runs the transport.
         _ => t.idle()?,
     }
     // Every octet the client sent or wrote is what it holds (Write latency: but the last,
@@ -262,12 +263,17 @@ impl Served<'_> {
         }
     }
 
+    /// Write and Read: the work is the responder's, and nothing completes here; like
+    /// perftest's server, this thread sleeps outside the library, which leaves the context's
+    /// progress thread to run the transport (one wake-up per arrival, whatever the wait
+    /// mode: a spinning server would take a core from the client's side).
     fn idle(&self) -> Result<(), PerfError> {
-        let mut wcs = Vec::with_capacity(16);
-        while self.next_wcs(&mut wcs).is_some() {
-            wcs.iter().try_for_each(check)?;
+        while !self.ended() {
+            std::thread::park_timeout(POLL);
         }
-        Ok(())
+        let mut wcs = Vec::with_capacity(16);
+        self.cq.poll(16, &mut wcs);
+        wcs.iter().try_for_each(check)
     }
 
     /// Send bandwidth (`echo` false): posts every receive again and returns a credit (the
