@@ -451,11 +451,11 @@ fn open(transport: Transport, ip: IpAddr, port: u16) -> Result<Context, PerfErro
             Device::roce(cfg)
         }
     };
-    dev.open().map_err(|e| {
-        PerfError::Usage(format!(
-            "cannot open {} ({ip} port {port}): {e}",
-            dev.name()
-        ))
+    dev.open().map_err(|e| match transport {
+        Transport::Iwarp => PerfError::Usage(format!("cannot open {}: {e}", dev.name())),
+        Transport::Roce => PerfError::Usage(format!(
+            "cannot open a RoCE device on {ip} port {port}: {e}"
+        )),
     })
 }
 
@@ -644,7 +644,10 @@ pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
 
 /// Runs `--server`.
 pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
-    let ip = bind_ip(args)?.unwrap_or_else(default_roce_ip);
+    let ip = match args.transport {
+        Transport::Roce => bind_ip(args)?.unwrap_or_else(default_roce_ip),
+        Transport::Iwarp => Ipv4Addr::UNSPECIFIED.into(),
+    };
     let ctx = open(args.transport, ip, args.roce_port())?;
     let addr = resolve(&args.bind, args.port)?;
     let listener = Listener::bind_with(&ctx, addr, args.listen_params())?;
@@ -710,9 +713,11 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
         }
         let rdma = resolve(host, args.port)?;
         let raw = resolve(host, args.raw_port())?;
-        let ip = match bind_ip(args)? {
-            Some(ip) => ip,
-            None => local_ip_toward(rdma)?,
+        let ip = match (args.transport, bind_ip(args)) {
+            (Transport::Iwarp, _) => Ipv4Addr::UNSPECIFIED.into(),
+            (Transport::Roce, Ok(Some(ip))) => ip,
+            (Transport::Roce, Ok(None)) => local_ip_toward(rdma)?,
+            (Transport::Roce, Err(e)) => return Err(e),
         };
         let ctx = open(args.transport, ip, args.roce_port())?;
         run_client(args, ctx, rdma, raw, "client")?
