@@ -66,9 +66,9 @@ pub(crate) fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
     }
 }
 
-/// Flags of latency Sends and Writes: unsignaled (a completion would cost a wake-up), INLINE
-/// when small.
-pub(crate) fn lat_flags(size: u32) -> SendFlags {
+/// Flags of latency Sends and Writes and of credits: unsignaled (a completion would cost a
+/// wake-up), INLINE when small.
+pub(crate) fn unsignaled(size: u32) -> SendFlags {
     if size <= INLINE_MAX {
         SendFlags::INLINE
     } else {
@@ -384,7 +384,7 @@ impl Client {
             rkey: Key(t.server.rkey),
             raddr: t.server.addr,
             size,
-            flags: lat_flags(size),
+            flags: unsignaled(size),
             wait: self.o.wait,
             wcs: Vec::with_capacity(16),
             iters: 0,

@@ -16,7 +16,7 @@ use softrdma::{
 };
 
 use super::PerfError;
-use super::client::{INLINE_MAX, REMOTE, check, lat_flags, verify};
+use super::client::{INLINE_MAX, REMOTE, check, unsignaled, verify};
 use super::proto::{CLIENT_SEED, EndReport, RemoteBuf, Reply, Request, SERVER_SEED, Test, fill};
 use crate::verbs_util::{WaitMode, spin_until, wait_some};
 
@@ -326,7 +326,7 @@ impl Served<'_> {
             if echo {
                 self.qp.post_send(
                     SendWr::send(wc.wr_id, vec![self.buf.sge(0, wc.byte_len)])
-                        .with_flags(lat_flags(self.size)),
+                        .with_flags(unsignaled(self.size)),
                 )?;
             }
             self.qp
@@ -335,7 +335,7 @@ impl Served<'_> {
                 // INLINE: the count is copied now, so `src` may change at once.
                 self.src.copy_in(0, &report.recvs.to_le_bytes())?;
                 self.qp.post_send(
-                    SendWr::send(report.recvs, vec![self.src.sge(0, 8)]).with_flags(lat_flags(8)),
+                    SendWr::send(report.recvs, vec![self.src.sge(0, 8)]).with_flags(unsignaled(8)),
                 )?;
             }
         }
@@ -350,7 +350,7 @@ impl Served<'_> {
                 "the client's buffer is too small".into(),
             ));
         }
-        let flags = lat_flags(self.size);
+        let flags = unsignaled(self.size);
         let mut wcs = Vec::with_capacity(16);
         let mut i = 0u64;
         loop {
