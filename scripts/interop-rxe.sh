@@ -169,7 +169,7 @@ guest_perf() {  # TEST [SERVER]: ib_{write,read,atomic}_bw with its own TCP OOB 
   [ "$1" = atomic ] && sz="-A FETCH_AND_ADD"                # atomics are always 8 bytes
   echo "ib_$1_bw -d rxe0 -x $GIDX -p $OOB_PORT -F -n $PERF_COUNT $sz ${2:-}"
 }
-# softrdma perf --transport roce --perftest (crates/cli/src/perf/roce/perftest.rs): the client
+# softrdma perf --transport roce --perftest (crates/cli/src/perf/perftest_client.rs): the client
 # of a perftest server over perftest 6.06's TCP exchange (version, sys data, MTU, 108-byte
 # records, bw report, "done"); RoCE from the TCP connection's local address, UDP 4791. -x is
 # accepted (the GID is that address); -m defaults to 1024, then the smaller of both sides.

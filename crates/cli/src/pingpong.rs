@@ -50,11 +50,11 @@ use std::time::{Duration, Instant};
 
 use softrdma::ib::{QpAttr, QpState, QpType};
 use softrdma::{
-    Access, Ah, CompletionChannel, Context, Cq, MemError, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr,
-    RoceConfig, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
+    Access, Ah, CompletionChannel, Context, Cq, Device, MemError, Mr, Pd, Qp, QpCap, QpInitAttr,
+    RecvWr, RoceConfig, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 
-use crate::verbs_util::{WaitMode, wait_some};
+use crate::verbs_util::{OobPath, WaitMode, rtr_rts, wait_some};
 
 /// rdma-core's default out-of-band port.
 pub const DEFAULT_PORT: u16 = 18515;
@@ -368,7 +368,7 @@ impl Pp {
     fn new(o: &Opts, local: IpAddr) -> Result<Pp, PingpongError> {
         let mut cfg = RoceConfig::new(local);
         cfg.port = o.roce_port;
-        let ctx = Context::open_roce(cfg).map_err(|e| {
+        let ctx = Device::roce(cfg).open().map_err(|e| {
             PingpongError::Exchange(format!(
                 "Couldn't open a RoCE context on {local} port {}: {e}",
                 o.roce_port
@@ -471,34 +471,25 @@ impl Pp {
     fn connect(&mut self, rem: &Dest, tcp_peer: IpAddr) -> Result<(), PingpongError> {
         let ip = peer_ip(rem, tcp_peer)?;
         let addr = SocketAddr::new(ip, self.o.roce_port);
-        let rtr_err = |_| PingpongError::Exchange("Failed to modify QP to RTR".into());
-        let rts_err = |_| PingpongError::Exchange("Failed to modify QP to RTS".into());
+        let rtr_err =
+            |_: softrdma::Error| PingpongError::Exchange("Failed to modify QP to RTR".into());
+        let rts_err =
+            |_: softrdma::Error| PingpongError::Exchange("Failed to modify QP to RTS".into());
         match self.o.qp_type {
             QpType::Rc | QpType::Uc => {
-                let rc = self.o.qp_type == QpType::Rc;
-                self.qp.set_remote(addr)?;
-                self.qp
-                    .modify(&QpAttr {
-                        state: Some(QpState::Rtr),
-                        pmtu: Some(self.o.mtu),
-                        dest_qp: Some(rem.qpn & 0xFF_FFFF),
-                        rq_psn: Some(rem.psn & 0xFF_FFFF),
-                        max_dest_rd_atomic: rc.then_some(1),
-                        min_rnr_timer: rc.then_some(12),
-                        ..QpAttr::default()
-                    })
-                    .map_err(rtr_err)?;
-                self.qp
-                    .modify(&QpAttr {
-                        state: Some(QpState::Rts),
-                        sq_psn: Some(self.me.psn),
-                        timeout: rc.then_some(14),
-                        retry_cnt: rc.then_some(7),
-                        rnr_retry: rc.then_some(7),
-                        max_rd_atomic: rc.then_some(1),
-                        ..QpAttr::default()
-                    })
-                    .map_err(rts_err)?;
+                let path = OobPath {
+                    peer: addr,
+                    dest_qp: rem.qpn,
+                    rq_psn: rem.psn,
+                    sq_psn: self.me.psn,
+                    pmtu: self.o.mtu,
+                    max_dest_rd_atomic: 1,
+                    max_rd_atomic: 1,
+                };
+                rtr_rts(&self.qp, &path).map_err(|(step, e)| match step {
+                    QpState::Rtr => rtr_err(e),
+                    _ => rts_err(e),
+                })?;
             }
             QpType::Ud => {
                 // The UD QP's PMTU is the port MTU: the largest message (-s is checked

@@ -21,18 +21,24 @@
 //! `rdma_accept(id, NULL)` gives). rping's server ignores `-C` and runs until the client
 //! disconnects; so does this one. Unlike rping, `-V` on the server checks the data it read
 //! against the pattern the client must have sent.
+//!
+//! `--transport roce` runs the same exchange over RoCEv2: the connection manager sets the
+//! RC QPs up over its TCP side channel (softrdma to softrdma), `-a` is also the server's
+//! RoCE address and `-I` the client's. A RoCE disconnect does not reach the peer yet (the
+//! IB CM's DREQ is not built), so the client ends with a zero-length Send, which the
+//! server takes as the disconnect.
 
 use std::io::Write;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use softrdma::{
-    AcceptParams, Access, Buffer, ConnectParams, ConnectionInfo, Context, Cq, Key, ListenParams,
-    Listener, MemError, Mr, MrAttr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus,
-    WorkCompletion,
+    AcceptParams, Access, Buffer, ConnectParams, ConnectionDetail, ConnectionInfo, Context, Cq,
+    Device, Key, ListenParams, Listener, MemError, Mr, MrAttr, Pd, Qp, QpCap, QpInitAttr, RecvWr,
+    RoceConfig, SendWr, Transport, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::verbs_util::{WaitMode, wait_some};
+use crate::verbs_util::{TransportArg, WaitMode, default_roce_ip, local_ip_toward, wait_some};
 
 /// rping's default port.
 pub const DEFAULT_PORT: u16 = 7174;
@@ -88,9 +94,20 @@ pub struct RpingArgs {
     /// Client side.
     #[arg(short = 'c')]
     pub client: bool,
-    /// Address: the server's (client), the one to listen on (server; default any).
+    /// Address: the server's (client), the one to listen on (server; default any). RoCE:
+    /// also the server's RoCE address (default: its first address that is not loopback).
     #[arg(short = 'a')]
     pub addr: Option<String>,
+    /// Client, RoCE: our RoCE address (default: the one facing the server; iWARP: not
+    /// used).
+    #[arg(short = 'I')]
+    pub source: Option<IpAddr>,
+    /// Transport: iwarp (TCP) or roce (RoCEv2 over UDP, softrdma peers only).
+    #[arg(long, value_enum, default_value = "iwarp")]
+    pub transport: TransportArg,
+    /// RoCE: our UDP port (default 4791; 0: any free one).
+    #[arg(long, default_value_t = softrdma_wire::rocev2::ROCEV2_UDP_PORT)]
+    pub roce_port: u16,
     /// Port.
     #[arg(short = 'p', default_value_t = DEFAULT_PORT)]
     pub port: u16,
@@ -284,8 +301,11 @@ struct Cb {
     rdma_mr: Mr,
     timeout: Option<Duration>,
     wcs: Vec<WorkCompletion>,
-    /// The posted receive came back flushed: the connection is gone.
+    /// No receive is left posted: it came back flushed (the connection is gone) or, on
+    /// RoCE, took the peer's disconnect.
     flushed: bool,
+    /// RoCE: disconnects are announced with a zero-length Send.
+    roce: bool,
 }
 
 impl Cb {
@@ -313,6 +333,7 @@ impl Cb {
             timeout,
             wcs: Vec::new(),
             flushed: false,
+            roce: ctx.transport() == Transport::Roce,
         };
         cb.post_recv()?;
         Ok(cb)
@@ -368,9 +389,15 @@ impl Cb {
         }
     }
 
-    /// The next received `rping_rdma_info` (the receive is posted again).
+    /// The next received `rping_rdma_info` (the receive is posted again). RoCE: a
+    /// zero-length message is the peer's disconnect.
     fn recv_info(&mut self) -> Result<Info, RpingError> {
         let wc = self.wait(WcOpcode::Recv)?;
+        if self.roce && wc.byte_len == 0 {
+            // No receive is left posted: nothing for the close to flush.
+            self.flushed = true;
+            return Err(RpingError::Disconnected);
+        }
         if wc.byte_len as usize != INFO_LEN {
             return Err(RpingError::Protocol(format!(
                 "Received bogus data, size {}",
@@ -381,6 +408,13 @@ impl Cb {
         self.recv_mr.copy_out(0, &mut b)?;
         self.post_recv()?;
         Ok(Info::decode(&b))
+    }
+
+    /// RoCE: tells the peer we are going (a zero-length Send), as the CM's DREQ will.
+    fn announce_disconnect(&mut self) {
+        if self.roce && self.qp.post_send(SendWr::send(4, Vec::new())).is_ok() {
+            let _ = self.wait(WcOpcode::Send);
+        }
     }
 
     /// Orderly close; waits (briefly) until the posted receive was flushed, so the close
@@ -473,6 +507,7 @@ pub fn client(
         }
         Ok(())
     })();
+    cb.announce_disconnect();
     cb.disconnect();
     r.map(|()| stats)
 }
@@ -599,10 +634,42 @@ pub fn listen(
     )?)
 }
 
+/// Opens the device `args` name: the TCP device, or a RoCE device on `ip` (the server's
+/// `-a`, the client's `-I` or the address facing `server`).
+fn open(args: &RpingArgs, server: Option<SocketAddr>) -> Result<Context, String> {
+    let dev = match args.transport {
+        TransportArg::Iwarp => Device::tcp(),
+        TransportArg::Roce => {
+            let ip = match (args.source, server) {
+                (Some(ip), _) if args.client => ip,
+                (_, Some(s)) if args.client => local_ip_toward(s).map_err(|e| e.to_string())?,
+                (_, Some(s)) if !s.ip().is_unspecified() => s.ip(),
+                _ => default_roce_ip(),
+            };
+            let mut cfg = RoceConfig::new(ip);
+            cfg.port = args.roce_port;
+            Device::roce(cfg)
+        }
+    };
+    dev.open().map_err(|e| format!("{}: {e}", dev.name()))
+}
+
 /// Entry point of `softrdma rping`; the exit status rping would give.
 pub fn run(args: &RpingArgs) -> i32 {
     let o = args.opts();
-    let ctx = match Context::open() {
+    let host = args.addr.as_deref();
+    let addr = match host.map(|h| (h, args.port).to_socket_addrs().map(|mut a| a.next())) {
+        Some(Ok(Some(a))) => Some(a),
+        None => None,
+        Some(_) => {
+            eprintln!(
+                "getaddrinfo failed - invalid hostname or IP address: {}",
+                host.unwrap_or_default()
+            );
+            return 1;
+        }
+    };
+    let ctx = match open(args, addr) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("softrdma rping: {e}");
@@ -612,7 +679,7 @@ pub fn run(args: &RpingArgs) -> i32 {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.server {
-        let listener = match listen(&ctx, args.addr.as_deref(), args.port, args.crc) {
+        let listener = match listen(&ctx, host, args.port, args.crc) {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("softrdma rping: rdma_listen: {e}");
@@ -642,16 +709,9 @@ pub fn run(args: &RpingArgs) -> i32 {
             }
         }
     }
-    let Some(host) = args.addr.as_deref() else {
+    let Some(addr) = addr else {
         eprintln!("softrdma rping: the client needs -a addr");
         return 1;
-    };
-    let addr = match (host, args.port).to_socket_addrs().map(|mut a| a.next()) {
-        Ok(Some(a)) => a,
-        _ => {
-            eprintln!("getaddrinfo failed - invalid hostname or IP address: {host}");
-            return 1;
-        }
     };
     match client(&ctx, addr, &o, &mut out) {
         Ok(s) => {
@@ -675,7 +735,13 @@ fn describe(conn: &ConnectionInfo) -> String {
             "MPA rev {} CRC {} IRD {} ORD {} MULPDU {}",
             c.negotiated.rev, c.negotiated.crc, conn.ird, conn.ord, c.mulpdu
         ),
-        None => format!("IRD {} ORD {}", conn.ird, conn.ord),
+        None => match conn.detail {
+            ConnectionDetail::Roce { remote_qpn, pmtu } => format!(
+                "RoCE QPN {remote_qpn:#x} PMTU {pmtu} IRD {} ORD {}",
+                conn.ird, conn.ord
+            ),
+            ConnectionDetail::Iwarp(_) => format!("IRD {} ORD {}", conn.ird, conn.ord),
+        },
     }
 }
 

@@ -110,3 +110,162 @@ fn duration_mode_and_json_from_the_binary() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// The one client and server over both transports: every op, blocking and busy waits, a
+/// bandwidth and a latency row each, beside the transport's raw baseline. A run that
+/// returns has checked every octet (what landed at the client here, what landed at the
+/// server in its End report) and the count and length of every Send.
+#[test]
+fn every_op_both_wait_modes_both_transports() {
+    for transport in ["iwarp", "roce"] {
+        for (op, bw, lat) in [
+            ("write", Test::WriteBw, Test::WriteLat),
+            ("read", Test::ReadBw, Test::ReadLat),
+            ("send", Test::SendBw, Test::SendLat),
+        ] {
+            for busy in [false, true] {
+                let mut a = vec![
+                    "--transport",
+                    transport,
+                    "--loopback",
+                    "--op",
+                    op,
+                    "-n",
+                    "40",
+                    "-s",
+                    "3000",
+                    "-t",
+                    "8",
+                    "-r",
+                    "8",
+                    // RoCE: three packets a message, the last one short.
+                    "-m",
+                    "1024",
+                ];
+                if busy {
+                    a.push("--busy");
+                }
+                let what = format!("{transport} {op} busy={busy}");
+                let r = perf::run_loopback(&args(&a)).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(r.transport, transport, "{what}");
+                assert_eq!(r.completion_wait, if busy { "busy" } else { "block" });
+                assert_eq!(r.bw.len(), 1, "{what}");
+                assert_eq!(r.lat.len(), 1, "{what}");
+                let b = &r.bw[0];
+                assert_eq!(b.test, bw, "{what}");
+                assert_eq!(
+                    (b.bytes, b.rdma.iters, b.rdma.bytes, b.raw_tcp.iters),
+                    (3000, 40, 40 * 3000, 40),
+                    "{what}"
+                );
+                assert!((b.ratio - b.rdma.gbit_s / b.raw_tcp.gbit_s).abs() < 1e-9);
+                let l = &r.lat[0];
+                assert_eq!((l.test, l.bytes, l.rdma.iters), (lat, 3000, 40), "{what}");
+                assert_eq!(
+                    l.basis,
+                    if op == "read" {
+                        "round_trip"
+                    } else {
+                        "half_round_trip"
+                    }
+                );
+                assert!(l.rdma.t_min <= l.rdma.t_typical && l.rdma.t_typical <= l.rdma.t_max);
+                assert!((l.ratio - l.rdma.t_typical / l.raw_tcp.t_typical).abs() < 1e-9);
+                match transport {
+                    "iwarp" => assert!(r.mpa.is_some() && r.roce.is_none(), "{what}"),
+                    _ => {
+                        let x = r.roce.as_ref().unwrap();
+                        assert!(r.mpa.is_none(), "{what}");
+                        assert_eq!((x.pmtu, x.bad_icrc, x.tx_errors), (1024, 0, 0), "{what}");
+                        assert!(x.client.starts_with("127.0.0.2:"), "{x:?}");
+                    }
+                }
+                let table = perf::render(&r);
+                for row in [bw.name(), lat.name()] {
+                    assert_eq!(
+                        table.lines().filter(|x| x.contains(row)).count(),
+                        1,
+                        "{table}"
+                    );
+                }
+                let base = if transport == "iwarp" {
+                    "raw_tcp"
+                } else {
+                    "raw_udp"
+                };
+                let v = perf::json(&r);
+                assert!(v["bw"][0][base]["gbit_s"].as_f64().unwrap() > 0.0, "{v}");
+                assert!(
+                    v["lat"][0][base]["t_typical"].as_f64().unwrap() > 0.0,
+                    "{v}"
+                );
+            }
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (and the one after it, for the raw server), as far as one
+/// can tell without keeping them.
+fn free_ports() -> u16 {
+    loop {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// `--server --once` and a client of HOST in two processes, over each transport: the
+/// client's session ends the server, which exits 0.
+#[test]
+fn server_and_client_processes() {
+    let bin = env!("CARGO_BIN_EXE_softrdma");
+    for (transport, roce_port) in [("iwarp", "0"), ("roce", "24791")] {
+        let port = free_ports().to_string();
+        let mut server = Command::new(bin)
+            .args(["perf", "--transport", transport, "--server", "--once"])
+            .args(["-B", "127.0.0.1", "-p", &port, "--roce-port", roce_port])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Both listeners are up once it says so.
+        let mut err = std::io::BufReader::new(server.stderr.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("serving on") {
+            line.clear();
+            if std::io::BufRead::read_line(&mut err, &mut line).unwrap() == 0 {
+                panic!("{transport}: the server exited");
+            }
+        }
+        let out = Command::new(bin)
+            .args(["perf", "--transport", transport, "127.0.0.1", "-p", &port])
+            .args(["-B", "127.0.0.3", "--roce-port", roce_port])
+            .args(["-n", "30", "-s", "2000", "--op", "send", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{transport}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status = server.wait().unwrap();
+        assert!(status.success(), "{transport} server");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["transport"], transport);
+        assert_eq!(v["mode"], "client");
+        assert_eq!(v["bw"][0]["test"], "SendBw");
+        assert_eq!(v["bw"][0]["rdma"]["bytes"], 30 * 2000);
+        assert_eq!(v["lat"][0]["test"], "SendLat");
+        assert_eq!(v["lat"][0]["rdma"]["iters"], 30);
+        if transport == "roce" {
+            assert!(
+                v["roce"]["client"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("127.0.0.3:"),
+                "{v}"
+            );
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! `softrdma perf --transport roce`: the loopback run (RoCE server and client in one process
-//! beside raw UDP) from the library and from the binary (`--json`), and the perftest client
+//! beside raw UDP) from the library and from the binary (`--json`), a server and a client
+//! in two processes, and the perftest client
 //! (`--perftest --test write|read|atomic HOST`) against a perftest server written here from
 //! docs/rxe-interop.md: the server half of perftest 6.06's TCP exchange, every message read
 //! with its exact length, and a passive RC QP on a softrdma RoCE context.
@@ -27,7 +28,7 @@ fn args(a: &[&str]) -> PerfArgs {
 
 #[test]
 fn loopback_every_test_from_the_library() {
-    let r = perf::roce::run_loopback(&args(&[
+    let r = perf::run_loopback(&args(&[
         "--loopback",
         "-n",
         "100",

@@ -1,4 +1,4 @@
-//! `softrdma rping -s` against `softrdma rping -c` over loopback: rping's exchange (Send of
+//! `softrdma rping -s` against `softrdma rping -c` over loopback, iWARP and RoCE: rping's exchange (Send of
 //! the source, RDMA Read, go ahead, Send of the sink, RDMA Write, go ahead) with the data
 //! verified on both sides (`-V`), through the library and through the binary's flags.
 //!
@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use softrdma::Context;
+use softrdma::{Context, Device, RoceConfig};
 use softrdma_cli::rping::{self, Opts, Stats};
 
 const SAFETY: Duration = Duration::from_secs(60);
@@ -26,13 +26,27 @@ fn opts(size: u32, count: u64) -> Opts {
     }
 }
 
+/// A RoCE device on `ip`, any free UDP port.
+fn roce(ip: &str) -> Context {
+    let mut cfg = RoceConfig::new(ip.parse().unwrap());
+    cfg.port = 0;
+    Device::roce(cfg).open().unwrap()
+}
+
 /// A server and a client context in one process, at rping's smallest and largest sizes and
-/// between, every ping verified by both sides.
+/// between, every ping verified by both sides: iWARP, then RoCE (the server on 127.0.0.1,
+/// the client on 127.0.0.2).
 #[test]
 fn library_server_and_client_verify_every_size() {
-    for &(size, count) in &[(26u32, 3u64), (64, 10), (1000, 5), (4096, 5), (65535, 3)] {
-        let server_ctx = Context::open().unwrap();
-        let client_ctx = Context::open().unwrap();
+    let sizes = [(26u32, 3u64), (64, 10), (1000, 5), (4096, 5), (65535, 3)];
+    let iwarp = sizes.map(|s| (s, false));
+    let roce_runs = sizes.map(|s| (s, true));
+    for ((size, count), roce_dev) in iwarp.into_iter().chain(roce_runs) {
+        let (server_ctx, client_ctx) = if roce_dev {
+            (roce("127.0.0.1"), roce("127.0.0.2"))
+        } else {
+            (Context::open().unwrap(), Context::open().unwrap())
+        };
         let listener = rping::listen(&server_ctx, Some("127.0.0.1"), 0, false).unwrap();
         let addr = listener.local_addr();
         let (sres, cres, sout, cout) = std::thread::scope(|s| {
@@ -79,6 +93,24 @@ fn library_server_and_client_verify_every_size() {
 /// printed and verified; with MPA CRC asked for by the client.
 #[test]
 fn binary_server_against_binary_client() {
+    let rest = binary_pair(&[], &["--crc"]);
+    assert!(rest.iter().any(|l| l.contains("CRC true")), "{rest:?}");
+}
+
+/// The same over RoCE: `--transport roce`, the client on 127.0.0.2 (`-I`), both on UDP
+/// ports the system picks (`--roce-port 0`).
+#[test]
+fn binary_server_against_binary_client_over_roce() {
+    let roce = ["--transport", "roce", "--roce-port", "0"];
+    let mut client = roce.to_vec();
+    client.extend(["-I", "127.0.0.2"]);
+    let rest = binary_pair(&roce, &client);
+    assert!(rest.iter().any(|l| l.contains("RoCE QPN")), "{rest:?}");
+}
+
+/// Runs the binary's server and client (with `server_extra` and `client_extra` flags) and
+/// checks both; the server's output after its port line.
+fn binary_pair(server_extra: &[&str], client_extra: &[&str]) -> Vec<String> {
     let bin = env!("CARGO_BIN_EXE_softrdma");
     let mut server = Command::new(bin)
         .args([
@@ -92,6 +124,7 @@ fn binary_server_against_binary_client() {
             "-v",
             "-d",
         ])
+        .args(server_extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -113,17 +146,8 @@ fn binary_server_against_binary_client() {
     };
     let client = Command::new(bin)
         .args(["rping", "-c", "-a", "127.0.0.1", "-p", &port.to_string()])
-        .args([
-            "-C",
-            "10",
-            "-S",
-            "1000",
-            "-V",
-            "-v",
-            "--crc",
-            "--timeout",
-            "60",
-        ])
+        .args(["-C", "10", "-S", "1000", "-V", "-v", "--timeout", "60"])
+        .args(client_extra)
         .output()
         .unwrap();
     let cout = String::from_utf8(client.stdout).unwrap();
@@ -153,11 +177,11 @@ fn binary_server_against_binary_client() {
         10,
         "{rest:?}"
     );
-    assert!(rest.iter().any(|l| l.contains("CRC true")), "{rest:?}");
     assert!(
         rest.iter().any(|l| l == "server: 10 pings, 10 verified"),
         "{rest:?}"
     );
+    rest
 }
 
 /// rping's size limits are refused before anything connects.

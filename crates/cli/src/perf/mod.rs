@@ -1,32 +1,44 @@
 //! `softrdma perf`: bandwidth and latency of RDMA Write, RDMA Read and Send between two
-//! softrdma endpoints (iWARP over TCP), beside raw TCP measured in the same run with the same
-//! message size, reported the way perftest reports them.
+//! softrdma endpoints, beside the raw socket the transport runs over (TCP for iWARP, UDP
+//! for RoCEv2) measured in the same run with the same message size, reported the way
+//! perftest reports them.
 //!
-//! `--loopback` runs a server and a client in one process over 127.0.0.1 (two contexts, two
-//! progress threads); `--server` and `HOST` run them on two machines. `--server --perftest`
-//! serves perftest's own clients (`ib_write_bw -R` and friends), see [`perftest`].
+//! The tests are written once against the verbs surface ([`client`], [`server`]): one
+//! connection of the connection manager per test, on either transport; `--transport` only
+//! picks the device and the raw baseline ([`tcp`], [`udp`]). `--loopback` runs a server and
+//! a client in one process over 127.0.0.1 (RoCE: the server on 127.0.0.1, the client on
+//! 127.0.0.2); `--server` and `HOST` run them on two machines.
 //!
-//! `--transport roce` measures the same tests over RoCEv2 beside raw UDP, and speaks
-//! perftest's TCP exchange to `ib_write_bw`-style servers, see [`roce`].
+//! perftest interop: `--server --perftest` serves perftest's own clients over rdma_cm
+//! (`ib_write_bw -R` and friends, iWARP), see [`perftest_server`]; `--transport roce
+//! --perftest HOST` is the client of perftest's `ib_write_bw`-style servers over their own
+//! TCP exchange, see [`perftest_client`].
 
-mod lat;
-pub mod perftest;
+mod client;
+pub mod perftest_client;
+pub mod perftest_server;
 pub mod proto;
-mod rdma;
-pub mod roce;
+pub mod raw;
+mod server;
 pub mod stats;
 pub mod tcp;
+pub mod udp;
 
 use std::io::Write as _;
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use softrdma::{Context, FpduSize, ListenParams, Listener, MemError};
+use softrdma::{Context, Device, FpduSize, ListenParams, Listener, MemError, RoceConfig};
 
+pub use self::client::{Client, ClientOpts};
+pub use self::perftest_client::{PerftestResult, PerftestTest, perftest_client};
 use self::proto::Test;
-use self::rdma::{Client, RdmaOpts, ServerOpts};
+pub use self::server::{ServerOpts, serve};
 use self::stats::{Bw, Lat};
-use crate::verbs_util::WaitMode;
+use self::udp::UdpBaseline;
+pub use crate::verbs_util::TransportArg as Transport;
+use crate::verbs_util::{WaitMode, default_roce_ip, local_ip_toward};
 
 /// Errors of `softrdma perf`.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +72,32 @@ pub enum Limit {
     Duration(Duration),
 }
 
+impl Limit {
+    /// The one latency loop: runs `round_trip(i)` (which returns the time of its timed
+    /// part) for `warmup` untimed iterations and then until the limit; the samples in
+    /// nanoseconds.
+    pub fn sample(
+        self,
+        warmup: u64,
+        mut round_trip: impl FnMut(u64) -> Result<Duration, PerfError>,
+    ) -> Result<Vec<u64>, PerfError> {
+        let mut samples = Vec::new();
+        let start = std::time::Instant::now();
+        for i in 0.. {
+            match self {
+                Limit::Iters(k) if i >= k + warmup => break,
+                Limit::Duration(d) if i >= warmup && start.elapsed() >= d => break,
+                _ => {}
+            }
+            let dt = round_trip(i)?;
+            if i >= warmup {
+                samples.push(dt.as_nanos() as u64);
+            }
+        }
+        Ok(samples)
+    }
+}
+
 /// Which operations to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OpArg {
@@ -71,15 +109,6 @@ pub enum OpArg {
     Send,
     /// All three.
     All,
-}
-
-/// Which RDMA transport `softrdma perf` measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Transport {
-    /// iWARP over TCP, beside raw TCP.
-    Iwarp,
-    /// RoCEv2 (InfiniBand RC over UDP), beside raw UDP.
-    Roce,
 }
 
 /// FPDU size policy on the command line.
@@ -118,13 +147,14 @@ pub struct PerfArgs {
     /// without -R; see --test).
     #[arg(long)]
     pub perftest: bool,
-    /// Transport: iwarp (TCP) or roce (RoCEv2 over UDP).
+    /// Transport: iwarp (TCP, beside raw TCP) or roce (RoCEv2 over UDP, beside raw UDP).
     #[arg(long, value_enum, default_value = "iwarp")]
     pub transport: Transport,
     /// RoCE --perftest: the perftest server's test (ib_write_bw, ib_read_bw, ib_atomic_bw).
     #[arg(long, value_enum, default_value = "write")]
-    pub test: roce::PerftestTest,
-    /// RoCE: path MTU (default 4096; --perftest: 1024, then the smaller of both sides).
+    pub test: PerftestTest,
+    /// RoCE: path MTU (client: asked for, default 4096; server: the largest accepted;
+    /// --perftest: 1024, then the smaller of both sides).
     #[arg(short = 'm', long)]
     pub mtu: Option<u32>,
     /// RoCE: UDP port of RoCEv2 (default 4791; --loopback: any free one).
@@ -136,14 +166,15 @@ pub struct PerfArgs {
     /// With --server: exit after one client session.
     #[arg(long, requires = "server")]
     pub once: bool,
-    /// Server: address to listen on. RoCE: also our RoCE address (default: the address of
-    /// the TCP connection).
+    /// Server: address to listen on. RoCE: also our RoCE address (default: the server's
+    /// first address that is not loopback; the client's facing the server).
     #[arg(short = 'B', long, default_value = "0.0.0.0")]
     pub bind: String,
-    /// Port of the RDMA (iWARP) listener.
+    /// Port of the connection manager's listener (RoCE --perftest: of perftest's exchange).
     #[arg(short = 'p', long, default_value_t = 18515)]
     pub port: u16,
-    /// Port of the raw TCP baseline (default: --port + 1).
+    /// Port of the raw baseline's server (raw TCP tests, and the set-up of raw UDP ones;
+    /// default: --port + 1).
     #[arg(long)]
     pub tcp_port: Option<u16>,
     /// Message size in octets (default: 65536 for bandwidth, 64 for latency; --perftest:
@@ -177,10 +208,10 @@ pub struct PerfArgs {
     /// Busy-poll completion queues instead of sleeping until a completion arrives.
     #[arg(long)]
     pub busy: bool,
-    /// Ask for MPA CRC32c.
+    /// iWARP: ask for MPA CRC32c.
     #[arg(long)]
     pub crc: bool,
-    /// FPDU size: mss (default, what hardware peers need), largest, or a MULPDU.
+    /// iWARP: FPDU size: mss (default, what hardware peers need), largest, or a MULPDU.
     #[arg(long, default_value = "mss")]
     pub fpdu: FpduArg,
     /// One JSON document instead of the table.
@@ -250,7 +281,7 @@ pub struct Report {
     pub mpa: Option<MpaInfo>,
     /// RoCE: path MTU and counters.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub roce: Option<roce::RoceInfo>,
+    pub roce: Option<RoceInfo>,
     /// Requests outstanding in bandwidth tests.
     pub tx_depth: u32,
     /// `block` or `busy`.
@@ -259,6 +290,33 @@ pub struct Report {
     pub bw: Vec<BwRow>,
     /// Latency rows.
     pub lat: Vec<LatRow>,
+}
+
+/// RoCE details of a run.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct RoceInfo {
+    /// Path MTU of the QPs (and the raw UDP datagram size).
+    pub pmtu: u32,
+    /// The client's RoCE address.
+    pub client: String,
+    /// Client requester, every test: request packets sent (retransmissions included).
+    pub packets: u64,
+    /// ... sent again after going back.
+    pub retransmitted: u64,
+    /// ... local ACK timeouts.
+    pub timeouts: u64,
+    /// ... PSN sequence error NAKs received.
+    pub seq_naks: u64,
+    /// ... RNR NAKs received.
+    pub rnr_naks: u64,
+    /// Client context: datagrams sent.
+    pub tx_datagrams: u64,
+    /// Client context: datagrams received.
+    pub rx_datagrams: u64,
+    /// Client context: datagrams dropped for a bad ICRC.
+    pub bad_icrc: u64,
+    /// Client context: sends the socket refused.
+    pub tx_errors: u64,
 }
 
 impl PerfArgs {
@@ -270,14 +328,40 @@ impl PerfArgs {
         }
     }
 
-    fn rdma_opts(&self) -> RdmaOpts {
-        RdmaOpts {
+    fn client_opts(&self) -> Result<ClientOpts, PerfError> {
+        Ok(ClientOpts {
             crc: self.crc,
             fpdu: self.fpdu.0,
+            pmtu: valid_mtu(self.mtu.unwrap_or(4096))?,
             tx_depth: self.tx_depth.clamp(1, 16383),
             rx_depth: self.rx_depth.clamp(4, 1 << 16),
             wait: self.wait(),
+        })
+    }
+
+    fn server_opts(&self, log: bool) -> Result<ServerOpts, PerfError> {
+        Ok(ServerOpts {
+            fpdu: self.fpdu.0,
+            pmtu: valid_mtu(self.mtu.unwrap_or(4096))?,
+            log,
+            wait: self.wait(),
+        })
+    }
+
+    fn listen_params(&self) -> ListenParams {
+        ListenParams {
+            crc: self.crc,
+            ..ListenParams::default()
         }
+    }
+
+    fn raw_port(&self) -> u16 {
+        self.tcp_port.unwrap_or(self.port.wrapping_add(1))
+    }
+
+    fn roce_port(&self) -> u16 {
+        self.roce_port
+            .unwrap_or(softrdma_wire::rocev2::ROCEV2_UDP_PORT)
     }
 
     fn ops(&self) -> Vec<(Test, Test)> {
@@ -315,7 +399,12 @@ impl PerfArgs {
                 "give --loopback, --server or the server's HOST".into(),
             ));
         }
-        if self.perftest && self.transport == Transport::Iwarp && !self.server {
+        if self.perftest
+            && match self.transport {
+                Transport::Iwarp => !self.server,
+                Transport::Roce => self.host.is_none(),
+            }
+        {
             return Err(PerfError::Usage(
                 "--perftest: iWARP serves perftest clients (--server), RoCE is a client of a perftest server (HOST)".into(),
             ));
@@ -327,93 +416,100 @@ impl PerfArgs {
     }
 }
 
+fn valid_mtu(m: u32) -> Result<u32, PerfError> {
+    match m {
+        256 | 512 | 1024 | 2048 | 4096 => Ok(m),
+        _ => Err(PerfError::Usage(format!(
+            "--mtu must be 256, 512, 1024, 2048 or 4096, got {m}"
+        ))),
+    }
+}
+
+/// The RoCE address `-B` names, if it names one.
+fn bind_ip(args: &PerfArgs) -> Result<Option<IpAddr>, PerfError> {
+    let ip: IpAddr = args
+        .bind
+        .parse()
+        .map_err(|_| PerfError::Usage(format!("-B wants an IP address, got {}", args.bind)))?;
+    Ok((!ip.is_unspecified()).then_some(ip))
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, PerfError> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| PerfError::Usage(format!("{host} resolves to nothing")))
+}
+
+/// Opens the device of `transport`; RoCE on `ip` and UDP `port`.
+fn open(transport: Transport, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
+    let dev = match transport {
+        Transport::Iwarp => Device::tcp(),
+        Transport::Roce => {
+            let mut cfg = RoceConfig::new(ip);
+            cfg.port = port;
+            Device::roce(cfg)
+        }
+    };
+    dev.open().map_err(|e| match transport {
+        Transport::Iwarp => PerfError::Usage(format!("cannot open {}: {e}", dev.name())),
+        Transport::Roce => PerfError::Usage(format!(
+            "cannot open a RoCE device on {ip} port {port}: {e}"
+        )),
+    })
+}
+
 /// Latency warm-up round trips (not counted).
 const WARMUP: u64 = 16;
 
-/// Runs the client side against an RDMA server at `rdma` and a raw TCP server at `tcp`.
+/// The raw socket baseline of a run.
+enum Baseline {
+    /// Raw TCP, served at this address.
+    Tcp(SocketAddr),
+    /// Raw UDP.
+    Udp(UdpBaseline),
+}
+
+impl Baseline {
+    fn bw(&self, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+        match self {
+            Baseline::Tcp(a) => tcp::bw(*a, size, limit),
+            Baseline::Udp(u) => u.bw(size, limit),
+        }
+    }
+
+    fn rtt(&self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError> {
+        match self {
+            Baseline::Tcp(a) => tcp::ping_pong(*a, size, limit, warmup),
+            Baseline::Udp(u) => u.rtt(size, limit, warmup),
+        }
+    }
+}
+
+/// Runs the client on `ctx` against the RDMA server at `rdma` and the raw server at `raw`.
 pub fn run_client(
     args: &PerfArgs,
+    ctx: Context,
     rdma: SocketAddr,
-    tcp: SocketAddr,
+    raw: SocketAddr,
     mode: &'static str,
 ) -> Result<Report, PerfError> {
-    let mut client = Client::new(rdma, args.rdma_opts())?;
-    let r = measure(args, &mut client, tcp, mode);
-    client.bye();
-    let _ = tcp::bye(tcp);
-    let mut report = r?;
-    report.mpa = client
-        .first_conn
-        .as_ref()
-        .and_then(|c| c.iwarp())
-        .map(|c| MpaInfo {
-            rev: c.negotiated.rev,
-            crc: c.negotiated.crc,
-            markers: c.negotiated.markers_tx || c.negotiated.markers_rx,
-            mulpdu: c.mulpdu,
-            emss: c.emss,
-        });
-    report.server = rdma.to_string();
-    Ok(report)
-}
-
-/// One perf client, whatever the transport: its RDMA tests and the raw baseline they are
-/// compared with (TCP for iWARP, UDP for RoCE).
-pub(crate) trait Measure {
-    /// Bandwidth of `test` with `size`-octet messages.
-    fn bw(&mut self, test: Test, size: u32, limit: Limit) -> Result<Bw, PerfError>;
-    /// Round-trip samples (ns) of the latency `test`.
-    fn lat(
-        &mut self,
-        test: Test,
-        size: u32,
-        limit: Limit,
-        warmup: u64,
-    ) -> Result<Vec<u64>, PerfError>;
-    /// Bandwidth of the raw baseline.
-    fn raw_bw(&mut self, size: u32, limit: Limit) -> Result<Bw, PerfError>;
-    /// Round-trip samples (ns) of the raw baseline's ping-pong.
-    fn raw_rtt(&mut self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError>;
-}
-
-/// The iWARP client with its raw TCP server.
-struct IwarpMeasure<'a> {
-    client: &'a mut Client,
-    tcp: SocketAddr,
-}
-
-impl Measure for IwarpMeasure<'_> {
-    fn bw(&mut self, test: Test, size: u32, limit: Limit) -> Result<Bw, PerfError> {
-        self.client.bw(test, size, limit)
-    }
-    fn lat(
-        &mut self,
-        test: Test,
-        size: u32,
-        limit: Limit,
-        warmup: u64,
-    ) -> Result<Vec<u64>, PerfError> {
-        self.client.lat(test, size, limit, warmup)
-    }
-    fn raw_bw(&mut self, size: u32, limit: Limit) -> Result<Bw, PerfError> {
-        tcp::bw(self.tcp, size, limit)
-    }
-    fn raw_rtt(&mut self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError> {
-        tcp::ping_pong(self.tcp, size, limit, warmup)
-    }
-}
-
-fn measure(
-    args: &PerfArgs,
-    client: &mut Client,
-    tcp: SocketAddr,
-    mode: &'static str,
-) -> Result<Report, PerfError> {
+    let roce = ctx.transport() == softrdma::Transport::Roce;
+    let o = args.client_opts()?;
+    let local = ctx.roce_local_addr().ok();
+    let base = match local {
+        Some(a) => Baseline::Udp(UdpBaseline {
+            server: raw,
+            local: a.ip(),
+            mtu: o.pmtu,
+        }),
+        None => Baseline::Tcp(raw),
+    };
     let mut report = Report {
-        transport: "iwarp",
+        transport: if roce { "roce" } else { "iwarp" },
         mode,
-        server: String::new(),
-        device: softrdma::TCP_DEVICE_NAME.to_owned(),
+        server: rdma.to_string(),
+        device: ctx.device().name().to_owned(),
         mpa: None,
         roce: None,
         tx_depth: args.tx_depth,
@@ -421,21 +517,54 @@ fn measure(
         bw: Vec::new(),
         lat: Vec::new(),
     };
-    measure_into(args, &mut IwarpMeasure { client, tcp }, &mut report)?;
+    let mut client = Client::new(ctx, rdma, o);
+    let r = measure(args, &mut client, &base, &mut report);
+    client.bye();
+    let _ = tcp::bye(raw);
+    r?;
+    let conn = client.first_conn.as_ref();
+    report.mpa = conn.and_then(|c| c.iwarp()).map(|c| MpaInfo {
+        rev: c.negotiated.rev,
+        crc: c.negotiated.crc,
+        markers: c.negotiated.markers_tx || c.negotiated.markers_rx,
+        mulpdu: c.mulpdu,
+        emss: c.emss,
+    });
+    if roce {
+        let pmtu = match conn.map(|c| &c.detail) {
+            Some(softrdma::ConnectionDetail::Roce { pmtu, .. }) => *pmtu,
+            _ => o.pmtu,
+        };
+        let (q, c) = (&client.requester, client.context().roce_counters()?);
+        report.roce = Some(RoceInfo {
+            pmtu,
+            client: local.map(|a| a.to_string()).unwrap_or_default(),
+            packets: q.packets,
+            retransmitted: q.retransmitted,
+            timeouts: q.timeouts,
+            seq_naks: q.seq_naks,
+            rnr_naks: q.rnr_naks,
+            tx_datagrams: c.tx_packets,
+            rx_datagrams: c.rx_packets,
+            bad_icrc: c.bad_icrc,
+            tx_errors: c.tx_errors,
+        });
+    }
     Ok(report)
 }
 
 /// Runs the bandwidth and latency tests `args` asks for, each beside the raw baseline of the
 /// same size measured in the same run, into `report`.
-pub(crate) fn measure_into(
+fn measure(
     args: &PerfArgs,
-    c: &mut impl Measure,
+    c: &mut Client,
+    base: &Baseline,
     report: &mut Report,
 ) -> Result<(), PerfError> {
     if !args.lat {
         let limit = args.limit(5000);
         for size in args.sizes(65536) {
-            let raw = c.raw_bw(size, limit)?;
+            let raw = base.bw(size, limit)?;
             for (test, _) in args.ops() {
                 let rdma = c.bw(test, size, limit)?;
                 report.bw.push(BwRow {
@@ -451,7 +580,7 @@ pub(crate) fn measure_into(
     if !args.bw {
         let limit = args.limit(1000);
         for size in args.sizes(64) {
-            let mut raw_rtt = c.raw_rtt(size, limit, WARMUP)?;
+            let mut raw_rtt = base.rtt(size, limit, WARMUP)?;
             for (_, test) in args.ops() {
                 let half = test != Test::ReadLat;
                 let mut s = c.lat(test, size, limit, WARMUP)?;
@@ -477,31 +606,29 @@ pub(crate) fn measure_into(
     Ok(())
 }
 
-/// Runs `--loopback`: a server (RDMA and raw TCP) on threads of this process and the client.
+/// Runs `--loopback`: a server (RDMA and raw) on threads of this process and the client,
+/// over 127.0.0.1 (RoCE: the client on 127.0.0.2, UDP `--roce-port` or any free one).
 pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
-    let server_ctx = Context::open()?;
-    let listener = Listener::bind_with(
-        &server_ctx,
-        "127.0.0.1:0",
-        ListenParams {
-            crc: args.crc,
-            ..ListenParams::default()
-        },
-    )?;
+    let port = args.roce_port.unwrap_or(0);
+    let server_ctx = open(args.transport, Ipv4Addr::new(127, 0, 0, 1).into(), port)?;
+    let client_ctx = open(args.transport, Ipv4Addr::new(127, 0, 0, 2).into(), port)?;
+    let listener = Listener::bind_with(&server_ctx, "127.0.0.1:0", args.listen_params())?;
     let rdma_addr = listener.local_addr();
-    let tcp_listener = TcpListener::bind("127.0.0.1:0")?;
-    let tcp_addr = tcp_listener.local_addr()?;
-    let sopts = ServerOpts {
-        fpdu: args.fpdu.0,
-        log: false,
-        wait: args.wait(),
-    };
+    let raw_listener = TcpListener::bind("127.0.0.1:0")?;
+    let raw_addr = raw_listener.local_addr()?;
+    let sopts = args.server_opts(false)?;
+    let quit = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let rdma_server = s.spawn(|| rdma::serve(&server_ctx, &listener, sopts, true));
-        let tcp_server = s.spawn(move || tcp::serve(tcp_listener, true));
-        let report = run_client(args, rdma_addr, tcp_addr, "loopback");
+        let rdma_server = s.spawn(|| serve(&server_ctx, &listener, sopts, true, Some(&quit)));
+        let raw_server = s.spawn(move || raw::serve(raw_listener, true));
+        let report = run_client(args, client_ctx, rdma_addr, raw_addr, "loopback");
+        // A client that failed before its Bye leaves the servers waiting.
+        quit.store(true, Ordering::Release);
+        if report.is_err() {
+            let _ = tcp::bye(raw_addr);
+        }
         let r1 = rdma_server.join();
-        let r2 = tcp_server.join();
+        let r2 = raw_server.join();
         let report = report?;
         match r1 {
             Ok(r) => r?,
@@ -509,31 +636,21 @@ pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
         }
         match r2 {
             Ok(r) => r?,
-            Err(_) => return Err(PerfError::Protocol("the TCP server thread panicked".into())),
+            Err(_) => return Err(PerfError::Protocol("the raw server thread panicked".into())),
         }
         Ok(report)
     })
 }
 
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, PerfError> {
-    (host, port)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| PerfError::Usage(format!("{host} resolves to nothing")))
-}
-
 /// Runs `--server`.
 pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
-    let ctx = Context::open()?;
+    let ip = match args.transport {
+        Transport::Roce => bind_ip(args)?.unwrap_or_else(default_roce_ip),
+        Transport::Iwarp => Ipv4Addr::UNSPECIFIED.into(),
+    };
+    let ctx = open(args.transport, ip, args.roce_port())?;
     let addr = resolve(&args.bind, args.port)?;
-    let listener = Listener::bind_with(
-        &ctx,
-        addr,
-        ListenParams {
-            crc: args.crc,
-            ..ListenParams::default()
-        },
-    )?;
+    let listener = Listener::bind_with(&ctx, addr, args.listen_params())?;
     let wait = args.wait();
     if args.perftest {
         let buf_len = args.size.map_or(16 << 20, |s| s as usize);
@@ -542,7 +659,7 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
             listener.local_addr(),
             buf_len
         );
-        let sum = perftest::serve(&ctx, &listener, buf_len, args.fpdu.0, wait, true)?;
+        let sum = perftest_server::serve(&ctx, &listener, buf_len, args.fpdu.0, wait, true)?;
         println!(
             "perftest session done: {} out-of-band messages, {} Sends received",
             sum.oob_messages, sum.data_recvs
@@ -557,23 +674,24 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
         }
         return Ok(());
     }
-    let tcp_port = args.tcp_port.unwrap_or(args.port.wrapping_add(1));
-    let tcp_listener = TcpListener::bind(resolve(&args.bind, tcp_port)?)?;
-    eprintln!(
-        "softrdma perf: serving on {} (iWARP) and {} (raw TCP)",
-        listener.local_addr(),
-        tcp_listener.local_addr()?
-    );
+    let raw_listener = TcpListener::bind(resolve(&args.bind, args.raw_port())?)?;
+    match ctx.roce_local_addr() {
+        Ok(roce) => eprintln!(
+            "softrdma perf: serving on {} (RoCE connections; RoCE on {roce}) and {} (raw UDP)",
+            listener.local_addr(),
+            raw_listener.local_addr()?
+        ),
+        Err(_) => eprintln!(
+            "softrdma perf: serving on {} (iWARP) and {} (raw TCP)",
+            listener.local_addr(),
+            raw_listener.local_addr()?
+        ),
+    }
     let once = args.once;
-    let tcp_thread = std::thread::spawn(move || tcp::serve(tcp_listener, once));
-    let sopts = ServerOpts {
-        fpdu: args.fpdu.0,
-        log: true,
-        wait,
-    };
-    rdma::serve(&ctx, &listener, sopts, once)?;
+    let raw_thread = std::thread::spawn(move || raw::serve(raw_listener, once));
+    serve(&ctx, &listener, args.server_opts(true)?, once, None)?;
     if once {
-        let _ = tcp_thread.join();
+        let _ = raw_thread.join();
     }
     Ok(())
 }
@@ -581,9 +699,6 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
 /// Entry point of `softrdma perf`.
 pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     args.check()?;
-    if args.transport == Transport::Roce {
-        return roce::run(args);
-    }
     if args.server {
         return run_server(args);
     }
@@ -591,19 +706,51 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
         run_loopback(args)?
     } else {
         let host = args.host.as_deref().unwrap_or_default();
+        if args.perftest {
+            let r = perftest_client(args, host)?;
+            print!("{}", r.render());
+            return Ok(());
+        }
         let rdma = resolve(host, args.port)?;
-        let tcp = resolve(host, args.tcp_port.unwrap_or(args.port.wrapping_add(1)))?;
-        run_client(args, rdma, tcp, "client")?
+        let raw = resolve(host, args.raw_port())?;
+        let ip = match (args.transport, bind_ip(args)) {
+            (Transport::Iwarp, _) => Ipv4Addr::UNSPECIFIED.into(),
+            (Transport::Roce, Ok(Some(ip))) => ip,
+            (Transport::Roce, Ok(None)) => local_ip_toward(rdma)?,
+            (Transport::Roce, Err(e)) => return Err(e),
+        };
+        let ctx = open(args.transport, ip, args.roce_port())?;
+        run_client(args, ctx, rdma, raw, "client")?
     };
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
     if args.json {
-        let _ = serde_json::to_writer_pretty(&mut w, &report);
+        let _ = serde_json::to_writer_pretty(&mut w, &json(&report));
         let _ = writeln!(w);
     } else {
         let _ = write!(w, "{}", render(&report));
     }
     Ok(())
+}
+
+/// The report as JSON; RoCE's baseline under `raw_udp`.
+pub fn json(r: &Report) -> serde_json::Value {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if r.transport != "roce" {
+        return v;
+    }
+    for rows in ["bw", "lat"] {
+        if let Some(serde_json::Value::Array(a)) = v.get_mut(rows) {
+            for row in a {
+                if let Some(o) = row.as_object_mut()
+                    && let Some(x) = o.remove("raw_tcp")
+                {
+                    o.insert("raw_udp".into(), x);
+                }
+            }
+        }
+    }
+    v
 }
 
 const RULE: &str = "---------------------------------------------------------------------------------------------------------";

@@ -1,16 +1,23 @@
-//! What a `softrdma perf` client and server tell each other. There is no out-of-band socket
-//! for the RDMA tests: each test is one connection, and the test's parameters ride in the
-//! MPA Request's private data, the server's buffer (address, STag, length) in the Reply's.
-//! The raw TCP tests open a plain TCP connection and start with a 16-octet header.
+//! What a `softrdma perf` client and server tell each other, the same over iWARP and RoCE.
+//! There is no session socket for the RDMA tests: each test is one connection of the
+//! connection manager, the test's parameters in the request's private data, the server's
+//! buffer (address, R_Key, length) and the test's id in the accept's. The client ends a
+//! test with an `End` request naming the id, which the server rejects once it tore the test
+//! down, with an [`EndReport`] (what it received and whether every octet was right) as the
+//! rejection's private data. `Bye` ends the session.
 //!
-//! All integers little-endian.
+//! The raw baselines open a plain TCP connection to the raw server and start with a
+//! 16-octet header; a raw UDP test then names the client's UDP socket, and the server
+//! answers with the port of its own.
+//!
+//! All integers little-endian unless said otherwise.
 
 use std::fmt;
 
 /// First octets of every request and reply ("softrdma perf").
 pub const MAGIC: [u8; 4] = *b"SRPF";
 /// Layout version of these messages.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 
 /// One test of the RDMA side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -27,6 +34,8 @@ pub enum Test {
     ReadLat,
     /// Send latency (ping-pong).
     SendLat,
+    /// End of the test `id` (the server rejects it with its [`EndReport`]).
+    End,
     /// End of the client's session (the server rejects it and may exit).
     Bye,
 }
@@ -40,6 +49,7 @@ impl Test {
             Test::WriteLat => 4,
             Test::ReadLat => 5,
             Test::SendLat => 6,
+            Test::End => 0xfe,
             Test::Bye => 0xff,
         }
     }
@@ -52,6 +62,7 @@ impl Test {
             4 => Test::WriteLat,
             5 => Test::ReadLat,
             6 => Test::SendLat,
+            0xfe => Test::End,
             0xff => Test::Bye,
             _ => return None,
         })
@@ -66,6 +77,7 @@ impl Test {
             Test::WriteLat => "RDMA_Write Lat",
             Test::ReadLat => "RDMA_Read Lat",
             Test::SendLat => "Send Lat",
+            Test::End => "end",
             Test::Bye => "bye",
         }
     }
@@ -80,15 +92,24 @@ impl fmt::Display for Test {
 /// A remote buffer: where the peer may write or read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteBuf {
-    /// Tagged Offset of the buffer's first octet.
+    /// Address (Tagged Offset) of the buffer's first octet.
     pub addr: u64,
-    /// STag (R_Key).
+    /// R_Key (STag).
     pub rkey: u32,
     /// Length in octets.
     pub len: u32,
 }
 
 impl RemoteBuf {
+    /// The first `len` octets of `mr`.
+    pub fn of(mr: &softrdma::Mr, len: u32) -> RemoteBuf {
+        RemoteBuf {
+            addr: mr.addr(0),
+            rkey: mr.rkey().0,
+            len,
+        }
+    }
+
     fn emit(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.addr.to_le_bytes());
         out.extend_from_slice(&self.rkey.to_le_bytes());
@@ -97,14 +118,31 @@ impl RemoteBuf {
 
     fn parse(b: &[u8]) -> RemoteBuf {
         RemoteBuf {
-            addr: u64::from_le_bytes(b[0..8].try_into().unwrap_or_default()),
-            rkey: u32::from_le_bytes(b[8..12].try_into().unwrap_or_default()),
-            len: u32::from_le_bytes(b[12..16].try_into().unwrap_or_default()),
+            addr: le64(&b[0..8]),
+            rkey: le32(&b[8..12]),
+            len: le32(&b[12..16]),
         }
     }
 }
 
-/// The MPA Request's private data: which test, how large, and the client's buffer.
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b.try_into().unwrap_or_default())
+}
+
+fn le64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().unwrap_or_default())
+}
+
+fn header(out: &mut Vec<u8>, code: u8) {
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&[VERSION, code, 0, 0]);
+}
+
+fn ours(b: &[u8], len: usize) -> bool {
+    b.len() >= len && b[0..4] == MAGIC && b[4] == VERSION
+}
+
+/// The connection request's private data: which test, how large, and the client's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     /// The test.
@@ -113,44 +151,69 @@ pub struct Request {
     pub size: u32,
     /// Send bandwidth: receives the server keeps posted (the client's credit window).
     pub rx_depth: u32,
+    /// `End`: the test it ends (the id of the server's [`Reply`]).
+    pub id: u32,
+    /// `End`: messages the client sent (Send tests: what the server should have received).
+    pub count: u64,
     /// The client's buffer (Write latency: where the server writes back).
     pub buf: RemoteBuf,
 }
 
 /// Octets of an encoded [`Request`].
-pub const REQUEST_LEN: usize = 32;
+pub const REQUEST_LEN: usize = 44;
 /// Octets of an encoded [`Reply`].
-pub const REPLY_LEN: usize = 24;
+pub const REPLY_LEN: usize = 28;
+/// Octets of an [`EndReport`] before its message.
+pub const END_LEN: usize = 24;
+/// Longest message an [`EndReport`] carries (it must fit RoCE's 196 octets of private data).
+pub const END_MSG_MAX: usize = 160;
 
 impl Request {
+    /// A request of `test` with every other field zero.
+    pub fn new(test: Test) -> Request {
+        Request {
+            test,
+            size: 0,
+            rx_depth: 0,
+            id: 0,
+            count: 0,
+            buf: RemoteBuf::default(),
+        }
+    }
+
     /// The private data.
     pub fn emit(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(REQUEST_LEN);
-        v.extend_from_slice(&MAGIC);
-        v.extend_from_slice(&[VERSION, self.test.code(), 0, 0]);
+        header(&mut v, self.test.code());
         v.extend_from_slice(&self.size.to_le_bytes());
         v.extend_from_slice(&self.rx_depth.to_le_bytes());
+        v.extend_from_slice(&self.id.to_le_bytes());
+        v.extend_from_slice(&self.count.to_le_bytes());
         self.buf.emit(&mut v);
         v
     }
 
     /// Parses private data; `None` if it is not a `softrdma perf` request of this version.
     pub fn parse(b: &[u8]) -> Option<Request> {
-        if b.len() < REQUEST_LEN || b[0..4] != MAGIC || b[4] != VERSION {
+        if !ours(b, REQUEST_LEN) {
             return None;
         }
         Some(Request {
             test: Test::from_code(b[5])?,
-            size: u32::from_le_bytes(b[8..12].try_into().ok()?),
-            rx_depth: u32::from_le_bytes(b[12..16].try_into().ok()?),
-            buf: RemoteBuf::parse(&b[16..32]),
+            size: le32(&b[8..12]),
+            rx_depth: le32(&b[12..16]),
+            id: le32(&b[16..20]),
+            count: le64(&b[20..28]),
+            buf: RemoteBuf::parse(&b[28..44]),
         })
     }
 }
 
-/// The MPA Reply's private data: the server's buffer.
+/// The accept's private data: the test's id and the server's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reply {
+    /// What the client's `End` names.
+    pub id: u32,
     /// Where the client writes (Write), reads (Read) or nothing (Send).
     pub buf: RemoteBuf,
 }
@@ -159,64 +222,143 @@ impl Reply {
     /// The private data.
     pub fn emit(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(REPLY_LEN);
-        v.extend_from_slice(&MAGIC);
-        v.extend_from_slice(&[VERSION, 0, 0, 0]);
+        header(&mut v, 0);
+        v.extend_from_slice(&self.id.to_le_bytes());
         self.buf.emit(&mut v);
         v
     }
 
     /// Parses private data.
     pub fn parse(b: &[u8]) -> Option<Reply> {
-        if b.len() < REPLY_LEN || b[0..4] != MAGIC || b[4] != VERSION {
+        if !ours(b, REPLY_LEN) {
             return None;
         }
         Some(Reply {
-            buf: RemoteBuf::parse(&b[8..24]),
+            id: le32(&b[8..12]),
+            buf: RemoteBuf::parse(&b[12..28]),
         })
     }
 }
 
-/// Raw TCP test kinds (first octets of a raw TCP connection).
+/// What the server saw of a test, in the rejection of the client's `End`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndReport {
+    /// Messages received (Send tests).
+    pub recvs: u64,
+    /// Octets received (Send tests).
+    pub recv_bytes: u64,
+    /// Why the test failed at the server (a completion in error, an octet that is not what
+    /// the client sent); `None`: every octet the server holds is right.
+    pub error: Option<String>,
+}
+
+impl EndReport {
+    /// The private data.
+    pub fn emit(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(END_LEN);
+        header(&mut v, u8::from(self.error.is_some()));
+        v.extend_from_slice(&self.recvs.to_le_bytes());
+        v.extend_from_slice(&self.recv_bytes.to_le_bytes());
+        if let Some(e) = &self.error {
+            let mut n = e.len().min(END_MSG_MAX);
+            while !e.is_char_boundary(n) {
+                n -= 1;
+            }
+            v.extend_from_slice(&e.as_bytes()[..n]);
+        }
+        v
+    }
+
+    /// Parses private data.
+    pub fn parse(b: &[u8]) -> Option<EndReport> {
+        if !ours(b, END_LEN) {
+            return None;
+        }
+        Some(EndReport {
+            recvs: le64(&b[8..16]),
+            recv_bytes: le64(&b[16..24]),
+            error: (b[5] != 0).then(|| String::from_utf8_lossy(&b[END_LEN..]).into_owned()),
+        })
+    }
+}
+
+/// Seed of what the client sends and writes.
+pub const CLIENT_SEED: u8 = 0x35;
+/// Seed of what the server's buffers hold for the client to read, and what it writes back.
+pub const SERVER_SEED: u8 = 0xc7;
+
+/// Octet `i` of a payload with `seed`: a pattern whose octets differ from their neighbours',
+/// so data placed at the wrong offset shows.
+pub fn pattern_at(i: usize, seed: u8) -> u8 {
+    (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 8) as u8)
+}
+
+/// Fills `buf` with the pattern of `seed`.
+pub fn fill(buf: &mut [u8], seed: u8) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern_at(i, seed);
+    }
+}
+
+/// The first octet of `buf` that is not the pattern of `seed`.
+pub fn first_mismatch(buf: &[u8], seed: u8) -> Option<usize> {
+    buf.iter()
+        .enumerate()
+        .position(|(i, &b)| b != pattern_at(i, seed))
+}
+
+/// Raw baseline test kinds (first octets of a connection to the raw server).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TcpTest {
-    /// Stream `size`-octet writes until the client shuts its side down; the server answers
-    /// with the octet count it read (8 octets).
-    Bw,
-    /// Echo `size`-octet messages until the client closes.
-    Lat,
+pub enum RawTest {
+    /// TCP: stream `size`-octet writes until the client shuts its side down; the server
+    /// answers with the octet count it read (8 octets).
+    TcpBw,
+    /// TCP: echo `size`-octet messages until the client closes.
+    TcpLat,
+    /// UDP bandwidth: count and acknowledge datagrams until the client shuts the TCP
+    /// connection down, then answer with the octet count.
+    UdpBw,
+    /// UDP ping-pong: echo datagrams until the client shuts the TCP connection down.
+    UdpLat,
     /// End of the client's session.
     Bye,
 }
 
-/// Octets of a raw TCP test header.
-pub const TCP_HEADER_LEN: usize = 16;
+/// Octets of a raw test header.
+pub const RAW_HEADER_LEN: usize = 16;
+/// Octets that follow the header of a UDP test: the client's UDP port (big-endian) and GID.
+pub const UDP_ENDPOINT_LEN: usize = 18;
 
-/// Encodes a raw TCP test header.
-pub fn tcp_header(test: TcpTest, size: u32) -> [u8; TCP_HEADER_LEN] {
-    let mut h = [0u8; TCP_HEADER_LEN];
+/// Encodes a raw test header.
+pub fn raw_header(test: RawTest, size: u32) -> [u8; RAW_HEADER_LEN] {
+    let mut h = [0u8; RAW_HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC);
     h[4] = VERSION;
     h[5] = match test {
-        TcpTest::Bw => 1,
-        TcpTest::Lat => 2,
-        TcpTest::Bye => 0xff,
+        RawTest::TcpBw => 1,
+        RawTest::TcpLat => 2,
+        RawTest::UdpBw => 0x10,
+        RawTest::UdpLat => 0x11,
+        RawTest::Bye => 0xff,
     };
     h[8..12].copy_from_slice(&size.to_le_bytes());
     h
 }
 
-/// Parses a raw TCP test header.
-pub fn parse_tcp_header(h: &[u8; TCP_HEADER_LEN]) -> Option<(TcpTest, u32)> {
-    if h[0..4] != MAGIC || h[4] != VERSION {
+/// Parses a raw test header.
+pub fn parse_raw_header(h: &[u8; RAW_HEADER_LEN]) -> Option<(RawTest, u32)> {
+    if !ours(h, RAW_HEADER_LEN) {
         return None;
     }
     let t = match h[5] {
-        1 => TcpTest::Bw,
-        2 => TcpTest::Lat,
-        0xff => TcpTest::Bye,
+        1 => RawTest::TcpBw,
+        2 => RawTest::TcpLat,
+        0x10 => RawTest::UdpBw,
+        0x11 => RawTest::UdpLat,
+        0xff => RawTest::Bye,
         _ => return None,
     };
-    Some((t, u32::from_le_bytes(h[8..12].try_into().ok()?)))
+    Some((t, le32(&h[8..12])))
 }
 
 #[cfg(test)]
@@ -224,11 +366,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_reply_round_trip() {
+    fn request_reply_end_round_trip() {
         let r = Request {
             test: Test::SendBw,
             size: 65536,
             rx_depth: 512,
+            id: 7,
+            count: 1 << 40,
             buf: RemoteBuf {
                 addr: 0x1234_5678_9abc,
                 rkey: 0xdead_beef,
@@ -238,15 +382,44 @@ mod tests {
         let b = r.emit();
         assert_eq!(b.len(), REQUEST_LEN);
         assert_eq!(Request::parse(&b), Some(r));
-        assert_eq!(Request::parse(&b[..31]), None);
-        let p = Reply { buf: r.buf };
+        assert_eq!(Request::parse(&b[..REQUEST_LEN - 1]), None);
+        let p = Reply { id: 9, buf: r.buf };
         let b = p.emit();
         assert_eq!(b.len(), REPLY_LEN);
         assert_eq!(Reply::parse(&b), Some(p));
         let mut bad = b.clone();
         bad[0] ^= 1;
         assert_eq!(Reply::parse(&bad), None);
-        let h = tcp_header(TcpTest::Lat, 64);
-        assert_eq!(parse_tcp_header(&h), Some((TcpTest::Lat, 64)));
+        let e = EndReport {
+            recvs: 3,
+            recv_bytes: 300,
+            error: None,
+        };
+        assert_eq!(EndReport::parse(&e.emit()), Some(e));
+        let long = EndReport {
+            error: Some("é".repeat(200)),
+            ..EndReport::default()
+        };
+        let b = long.emit();
+        assert!(b.len() <= END_LEN + END_MSG_MAX);
+        assert_eq!(
+            EndReport::parse(&b).unwrap().error.unwrap(),
+            "é".repeat(END_MSG_MAX / 2)
+        );
+        let h = raw_header(RawTest::UdpLat, 64);
+        assert_eq!(parse_raw_header(&h), Some((RawTest::UdpLat, 64)));
+    }
+
+    #[test]
+    fn patterns_show_misplaced_data() {
+        let mut b = vec![0u8; 70000];
+        fill(&mut b, CLIENT_SEED);
+        assert_eq!(first_mismatch(&b, CLIENT_SEED), None);
+        assert_eq!(first_mismatch(&b, SERVER_SEED), Some(0));
+        // Shifted by one octet, or by a whole 256-octet period: wrong from the start.
+        assert_eq!(first_mismatch(&b[1..], CLIENT_SEED), Some(0));
+        assert!(first_mismatch(&b[256..], CLIENT_SEED).is_some_and(|i| i < 256));
+        b[65536] ^= 1;
+        assert_eq!(first_mismatch(&b, CLIENT_SEED), Some(65536));
     }
 }

@@ -1,12 +1,12 @@
 //! The raw TCP baseline: one blocking TCP stream for bandwidth and a TCP ping-pong for
 //! latency, with the same message size as the RDMA test, page-aligned buffers and
-//! `TCP_NODELAY` (as the iWARP connections have).
+//! `TCP_NODELAY` (as the iWARP connections have). The raw server is [`super::raw`].
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::proto::{TCP_HEADER_LEN, TcpTest, parse_tcp_header, tcp_header};
+use super::proto::{RawTest, raw_header};
 use super::stats::{Bw, Lat};
 use super::{Limit, PerfError};
 
@@ -36,70 +36,45 @@ impl AlignedBuf {
     }
 }
 
-/// Serves raw TCP tests on `listener` until a Bye arrives (with `once`) or forever.
-pub fn serve(listener: TcpListener, once: bool) -> io::Result<()> {
-    for s in listener.incoming() {
-        let Ok(mut s) = s else { continue };
-        match serve_conn(&mut s) {
-            Ok(true) if once => return Ok(()),
-            Ok(_) => {}
-            Err(e) => eprintln!("softrdma perf: raw TCP test: {e}"),
-        }
-    }
-    Ok(())
-}
-
-/// One raw TCP test; `true` for a Bye.
-fn serve_conn(s: &mut TcpStream) -> io::Result<bool> {
-    s.set_nodelay(true)?;
-    let mut h = [0u8; TCP_HEADER_LEN];
-    s.read_exact(&mut h)?;
-    let Some((test, size)) = parse_tcp_header(&h) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a softrdma perf header",
-        ));
-    };
+/// The raw server's side of a TCP test on `s` (its header read): bandwidth (`bw`) or
+/// ping-pong of `size`-octet messages.
+pub fn serve_test(s: &mut TcpStream, bw: bool, size: u32) -> io::Result<()> {
     let mut buf = AlignedBuf::new(size.max(1) as usize);
-    match test {
-        TcpTest::Bye => return Ok(true),
-        TcpTest::Bw => {
-            let mut total = 0u64;
-            loop {
-                match s.read(buf.as_mut_slice()) {
-                    Ok(0) => break,
-                    Ok(n) => total += n as u64,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
+    if bw {
+        let mut total = 0u64;
+        loop {
+            match s.read(buf.as_mut_slice()) {
+                Ok(0) => break,
+                Ok(n) => total += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-            s.write_all(&total.to_le_bytes())?;
         }
-        TcpTest::Lat => {
-            let b = &mut buf.as_mut_slice()[..size as usize];
-            loop {
-                match s.read_exact(b) {
-                    Ok(()) => s.write_all(b)?,
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
-                    Err(e) => return Err(e),
-                }
+        s.write_all(&total.to_le_bytes())
+    } else {
+        let b = &mut buf.as_mut_slice()[..size as usize];
+        loop {
+            match s.read_exact(b) {
+                Ok(()) => s.write_all(b)?,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
             }
         }
     }
-    Ok(false)
 }
 
-fn connect(addr: SocketAddr, test: TcpTest, size: u32) -> io::Result<TcpStream> {
+/// A connection to the raw server at `addr` for `test`.
+pub fn connect(addr: SocketAddr, test: RawTest, size: u32) -> io::Result<TcpStream> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
     s.set_nodelay(true)?;
-    s.write_all(&tcp_header(test, size))?;
+    s.write_all(&raw_header(test, size))?;
     Ok(s)
 }
 
 /// Bandwidth of one TCP stream of `size`-octet writes; the time runs until the server
 /// confirmed it read every octet.
 pub fn bw(addr: SocketAddr, size: u32, limit: Limit) -> Result<Bw, PerfError> {
-    let mut s = connect(addr, TcpTest::Bw, size)?;
+    let mut s = connect(addr, RawTest::TcpBw, size)?;
     let mut buf = AlignedBuf::new(size as usize);
     buf.as_mut_slice().fill(0xa5);
     let start = Instant::now();
@@ -141,30 +116,17 @@ pub fn ping_pong(
     limit: Limit,
     warmup: u64,
 ) -> Result<Vec<u64>, PerfError> {
-    let mut s = connect(addr, TcpTest::Lat, size)?;
+    let mut s = connect(addr, RawTest::TcpLat, size)?;
     let mut out = AlignedBuf::new(size.max(1) as usize);
     let mut inb = AlignedBuf::new(size.max(1) as usize);
     let n = size as usize;
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    let mut i = 0u64;
-    loop {
-        match limit {
-            Limit::Iters(k) if i >= k + warmup => break,
-            Limit::Duration(d) if i >= warmup && start.elapsed() >= d => break,
-            _ => {}
-        }
+    limit.sample(warmup, |i| {
         out.as_mut_slice()[0] = i as u8;
         let t0 = Instant::now();
         s.write_all(&out.as_slice()[..n])?;
         s.read_exact(&mut inb.as_mut_slice()[..n])?;
-        let dt = t0.elapsed();
-        if i >= warmup {
-            samples.push(dt.as_nanos() as u64);
-        }
-        i += 1;
-    }
-    Ok(samples)
+        Ok(t0.elapsed())
+    })
 }
 
 /// Latency from round-trip samples; `half` reports half round trips.
@@ -174,7 +136,7 @@ pub fn lat(samples: &mut [u64], half: bool) -> Option<Lat> {
 
 /// Tells the server the session is over.
 pub fn bye(addr: SocketAddr) -> io::Result<()> {
-    let s = connect(addr, TcpTest::Bye, 0)?;
+    let s = connect(addr, RawTest::Bye, 0)?;
     drop(s);
     Ok(())
 }

@@ -8,19 +8,64 @@
 //! (`max_dest_rd_atomic` = own `out_reads`, `max_rd_atomic` = the peer's, `timeout 14`,
 //! `retry_cnt 7`, `rnr_retry 7`); addresses cycle as perftest's `ctx_set_send_wqes` makes
 //! them.
+//!
+//! This is the one RoCE-only piece of `softrdma perf`: perftest's servers exchange QP
+//! numbers over their own TCP protocol, not a connection manager, so the QP is brought up
+//! with [`Qp::modify`] as perftest's `ctx_connect` does.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use softrdma::{Access, Key, SendFlags, SendWr};
+use softrdma::ib::{QpAttr, QpState};
+use softrdma::{Access, Cq, Device, Key, Pd, Qp, QpCap, QpInitAttr, RoceConfig, SendFlags, SendWr};
 
-use super::{
-    PerfArgs, PerfError, RD_ATOMIC, REMOTE, SAFETY, bind_ip, check, connect_rc, create_rc,
-    open_ctx, random_psn, resolve, valid_mtu,
-};
-use crate::perf::Limit;
-use crate::verbs_util::wait_some;
+use super::client::{INLINE_MAX, SAFETY, check};
+use super::{Limit, PerfArgs, PerfError, bind_ip, resolve, valid_mtu};
+use crate::verbs_util::{OobPath, rtr_rts, wait_some};
+
+/// READs / atomics outstanding each way.
+const RD_ATOMIC: u8 = 16;
+/// Every remote right.
+const REMOTE: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+
+fn random_psn() -> u32 {
+    crate::pingpong::random_psn()
+}
+
+/// An RC QP in INIT with `access`.
+fn create_rc(pd: &Pd, cq: &Cq, send: u32, recv: u32, access: Access) -> Result<Qp, PerfError> {
+    let qp = pd.create_qp(QpInitAttr {
+        cap: QpCap {
+            max_send_wr: send,
+            max_recv_wr: recv,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: INLINE_MAX,
+        },
+        ..QpInitAttr::new(cq, cq)
+    })?;
+    qp.modify(&QpAttr {
+        state: Some(QpState::Init),
+        access: Some(access),
+        ..QpAttr::default()
+    })?;
+    Ok(qp)
+}
+
+/// A RoCE context on `ip`, UDP `port`.
+fn open_ctx(ip: IpAddr, port: u16) -> Result<softrdma::Context, PerfError> {
+    let mut cfg = RoceConfig::new(ip);
+    cfg.port = port;
+    Device::roce(cfg).open().map_err(|e| {
+        PerfError::Usage(format!(
+            "cannot open a RoCE context on {ip} port {port}: {e}"
+        ))
+    })
+}
 
 /// Which perftest server `--perftest` talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -296,7 +341,7 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
         PerftestTest::Read => Access::LOCAL_WRITE | Access::REMOTE_READ,
         PerftestTest::Atomic => Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
     };
-    let qp = create_rc(&pd, &cq, tx_depth as u32 + 1, 1, access, mtu)?;
+    let qp = create_rc(&pd, &cq, tx_depth as u32 + 1, 1, access)?;
     let out_reads: u16 = if test == PerftestTest::Write {
         1
     } else {
@@ -315,16 +360,16 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
     // 4. The QP records, before connecting.
     let remote = xchg_dest(&mut s, &local)?;
     let peer_ip = softrdma::gid_to_ip(&remote.gid);
-    connect_rc(
-        &qp,
-        SocketAddr::new(peer_ip, roce_port),
-        remote.qpn,
-        remote.psn,
-        local.psn,
-        mtu,
-        out_reads.min(255) as u8,
-        remote.out_reads.clamp(1, 255) as u8,
-    )?;
+    let path = OobPath {
+        peer: SocketAddr::new(peer_ip, roce_port),
+        dest_qp: remote.qpn,
+        rq_psn: remote.psn,
+        sq_psn: local.psn,
+        pmtu: mtu,
+        max_dest_rd_atomic: out_reads.min(255) as u8,
+        max_rd_atomic: remote.out_reads.clamp(1, 255) as u8,
+    };
+    rtr_rts(&qp, &path).map_err(|(_, e)| e)?;
     // 5. Again after connecting; 6. the additional handshake after RTR.
     xchg_dest(&mut s, &local)?;
     xchg_dest(&mut s, &local)?;

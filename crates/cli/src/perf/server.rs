@@ -1,0 +1,387 @@
+//! The server of `softrdma perf`'s RDMA tests, written once over the verbs surface (see
+//! [`super::client`] for the tests). The listening thread takes connection requests: a
+//! test's request gets a thread that accepts it and serves the test until the client's
+//! `End` (or until its QP dies); `End` stops that thread and is rejected with its report;
+//! `Bye` ends a session.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::ScopedJoinHandle;
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    AcceptParams, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp, QpCap,
+    QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::PerfError;
+use super::client::{INLINE_MAX, REMOTE, check, unsignaled, verify};
+use super::proto::{CLIENT_SEED, EndReport, RemoteBuf, Reply, Request, SERVER_SEED, Test, fill};
+use crate::verbs_util::{WaitMode, spin_until, wait_some};
+
+/// How often a test thread looks whether its test was ended.
+const POLL: Duration = Duration::from_millis(50);
+/// How long an ended Send test waits for receives the client counted and it did not see yet.
+const DRAIN: Duration = Duration::from_secs(2);
+/// Test threads kept for their `End` before finished ones are forgotten.
+const KEEP: usize = 64;
+
+/// What the server does.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerOpts {
+    /// iWARP: FPDU size policy.
+    pub fpdu: FpduSize,
+    /// RoCE: the largest path MTU accepted.
+    pub pmtu: u32,
+    /// Print a line per test.
+    pub log: bool,
+    /// Blocking or busy-polling waits.
+    pub wait: WaitMode,
+}
+
+/// How the listening thread tells a test thread its test is over.
+#[derive(Default)]
+struct Ctl {
+    ended: AtomicBool,
+    /// Messages the client sent.
+    sent: AtomicU64,
+}
+
+/// The running tests, by id.
+type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>)>;
+
+/// Ends every running test.
+fn stop_all(tests: &mut Tests<'_>) {
+    for (_, (ctl, h)) in tests.drain() {
+        ctl.ended.store(true, Ordering::Release);
+        h.thread().unpark();
+        let _ = h.join();
+    }
+}
+
+/// Serves tests from `listener` until a client's `Bye` (with `once`), until `quit` is set,
+/// or forever.
+pub fn serve(
+    ctx: &Context,
+    listener: &Listener,
+    o: ServerOpts,
+    once: bool,
+    quit: Option<&AtomicBool>,
+) -> Result<(), PerfError> {
+    std::thread::scope(|s| {
+        let mut tests: Tests = HashMap::new();
+        let mut next_id = 0u32;
+        loop {
+            let req = match listener.accept_timeout(Duration::from_millis(200)) {
+                Ok(r) => r,
+                Err(Error::Timeout) if !quit.is_some_and(|q| q.load(Ordering::Acquire)) => {
+                    continue;
+                }
+                Err(Error::Timeout) => {
+                    stop_all(&mut tests);
+                    return Ok(());
+                }
+                Err(e) => {
+                    stop_all(&mut tests);
+                    return Err(e.into());
+                }
+            };
+            let peer = req.peer_addr();
+            let Some(r) = Request::parse(req.private_data()) else {
+                eprintln!("softrdma perf: {peer}: not a softrdma perf request, rejected");
+                let _ = req.reject(b"softrdma perf: unknown request");
+                continue;
+            };
+            match r.test {
+                Test::Bye => {
+                    let _ = req.reject(b"bye");
+                    if o.log {
+                        eprintln!("softrdma perf: {peer}: session done");
+                    }
+                    if once {
+                        stop_all(&mut tests);
+                        return Ok(());
+                    }
+                }
+                Test::End => {
+                    let report = match tests.remove(&r.id) {
+                        Some((ctl, h)) => {
+                            ctl.sent.store(r.count, Ordering::Release);
+                            ctl.ended.store(true, Ordering::Release);
+                            h.thread().unpark();
+                            h.join().unwrap_or_else(|_| EndReport {
+                                error: Some("the server's test thread panicked".into()),
+                                ..EndReport::default()
+                            })
+                        }
+                        None => EndReport {
+                            error: Some(format!("no test {} to end", r.id)),
+                            ..EndReport::default()
+                        },
+                    };
+                    let _ = req.reject(&report.emit());
+                }
+                test => {
+                    if o.log {
+                        eprintln!("softrdma perf: {peer}: {test} {} octets", r.size);
+                    }
+                    if tests.len() >= KEEP {
+                        // Clients that never sent their End.
+                        tests.retain(|_, (_, h)| !h.is_finished());
+                    }
+                    next_id = next_id.wrapping_add(1);
+                    let id = next_id;
+                    let ctl = Arc::new(Ctl::default());
+                    let c = ctl.clone();
+                    let h = s.spawn(move || {
+                        let mut report = EndReport::default();
+                        if let Err(e) = serve_test(ctx, req, r, id, o, &c, &mut report) {
+                            if o.log {
+                                eprintln!("softrdma perf: {peer}: {test}: {e}");
+                            }
+                            report.error = Some(e.to_string());
+                        }
+                        report
+                    });
+                    tests.insert(id, (ctl, h));
+                }
+            }
+        }
+    })
+}
+
+/// The server's end of one test.
+struct Served<'a> {
+    qp: Qp,
+    cq: Cq,
+    /// What the client writes, reads or sends into.
+    buf: Mr,
+    /// What this side writes back (Write latency) or sends credits from.
+    src: Mr,
+    size: u32,
+    wait: WaitMode,
+    ctl: &'a Ctl,
+}
+
+fn serve_test(
+    ctx: &Context,
+    req: ConnRequest,
+    r: Request,
+    id: u32,
+    o: ServerOpts,
+    ctl: &Ctl,
+    report: &mut EndReport,
+) -> Result<(), PerfError> {
+    let size = r.size.max(1);
+    let n = size as usize;
+    let pd = ctx.alloc_pd();
+    let rx_depth = match r.test {
+        Test::SendBw => r.rx_depth.clamp(1, 1 << 16),
+        Test::SendLat => 4,
+        _ => 1,
+    };
+    let cq = ctx.create_cq(rx_depth as usize + 256, None);
+    let qp = pd.create_qp(QpInitAttr {
+        cap: QpCap {
+            max_send_wr: 256,
+            max_recv_wr: rx_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: INLINE_MAX,
+        },
+        ..QpInitAttr::new(&cq, &cq)
+    })?;
+    let buf = pd.alloc_mr(n, REMOTE)?;
+    let src = pd.alloc_mr(n.max(8), REMOTE)?;
+    fill(&mut buf.write()[..n], SERVER_SEED);
+    fill(&mut src.write()[..n], SERVER_SEED);
+    if matches!(r.test, Test::SendBw | Test::SendLat) {
+        for i in 0..rx_depth {
+            qp.post_recv(RecvWr::new(u64::from(i), vec![buf.sge(0, size)]))?;
+        }
+    }
+    // What rdma_accept with the request's parameters gives: our IRD is the initiator's
+    // ORD, our ORD its IRD.
+    let (peer_ird, peer_ord) = req.peer_ird_ord().unwrap_or((16, 16));
+    let reply = Reply {
+        id,
+        buf: RemoteBuf::of(&buf, size),
+    };
+    req.accept(
+        &qp,
+        AcceptParams {
+            private_data: reply.emit(),
+            ird: peer_ord.max(1),
+            ord: peer_ird,
+            fpdu: o.fpdu,
+            roce_pmtu: o.pmtu,
+            ..AcceptParams::default()
+        },
+    )?;
+    let t = Served {
+        qp,
+        cq,
+        buf,
+        src,
+        size,
+        wait: o.wait,
+        ctl,
+    };
+    match r.test {
+        Test::SendBw => t.recvs(rx_depth, false, report)?,
+        Test::SendLat => t.recvs(rx_depth, true, report)?,
+        Test::WriteLat => t.write_lat(r.buf)?,
+        _ => t.idle()?,
+    }
+    // Every octet the client sent or wrote is what it holds (Write latency: but the last,
+    // the iteration's tag).
+    match r.test {
+        Test::WriteBw | Test::SendBw | Test::SendLat => {
+            verify(&t.buf, n, CLIENT_SEED, "received data")
+        }
+        Test::WriteLat => verify(&t.buf, n - 1, CLIENT_SEED, "received data"),
+        _ => Ok(()),
+    }
+}
+
+impl Served<'_> {
+    fn ended(&self) -> bool {
+        self.ctl.ended.load(Ordering::Acquire) || self.qp.state().is_dead()
+    }
+
+    /// Waits for completions until the test is ended; `None` then.
+    fn next_wcs(&self, wcs: &mut Vec<WorkCompletion>) -> Option<()> {
+        loop {
+            if self.ended() {
+                return None;
+            }
+            wcs.clear();
+            if wait_some(&self.cq, self.wait, 128, POLL, wcs).is_ok() {
+                return Some(());
+            }
+        }
+    }
+
+    /// Write and Read: the work is the responder's, and nothing completes here; like
+    /// perftest's server, this thread sleeps outside the library, which leaves the context's
+    /// progress thread to run the transport (one wake-up per arrival, whatever the wait
+    /// mode: a spinning server would take a core from the client's side).
+    fn idle(&self) -> Result<(), PerfError> {
+        while !self.ended() {
+            std::thread::park_timeout(POLL);
+        }
+        let mut wcs = Vec::with_capacity(16);
+        self.cq.poll(16, &mut wcs);
+        wcs.iter().try_for_each(check)
+    }
+
+    /// Send bandwidth (`echo` false): posts every receive again and returns a credit (the
+    /// running count, INLINE) for every quarter of the window; Send latency (`echo`):
+    /// echoes each message from its receive buffer (the next ping cannot arrive before
+    /// the client has the pong). Counts what arrived, up to what the client says it sent.
+    fn recvs(&self, rx_depth: u32, echo: bool, report: &mut EndReport) -> Result<(), PerfError> {
+        let batch = u64::from((rx_depth / 4).max(1));
+        let mut wcs = Vec::with_capacity(128);
+        while self.next_wcs(&mut wcs).is_some() {
+            self.on_recvs(&wcs, echo, batch, report)?;
+        }
+        // Ended: completions of what the client sent may still be on their way to the CQ.
+        let until = Instant::now() + DRAIN;
+        while report.recvs < self.ctl.sent.load(Ordering::Acquire)
+            && !self.qp.state().is_dead()
+            && Instant::now() < until
+        {
+            wcs.clear();
+            if wait_some(&self.cq, self.wait, 128, POLL, &mut wcs).is_ok() {
+                self.on_recvs(&wcs, echo, batch, report)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_recvs(
+        &self,
+        wcs: &[WorkCompletion],
+        echo: bool,
+        batch: u64,
+        report: &mut EndReport,
+    ) -> Result<(), PerfError> {
+        for wc in wcs {
+            if wc.status == WcStatus::WorkRequestFlushed {
+                continue;
+            }
+            check(wc)?;
+            if wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            if wc.byte_len != self.size {
+                return Err(PerfError::Protocol(format!(
+                    "a Send of {} octets, not {}",
+                    wc.byte_len, self.size
+                )));
+            }
+            report.recvs += 1;
+            report.recv_bytes += u64::from(wc.byte_len);
+            if echo {
+                self.qp.post_send(
+                    SendWr::send(wc.wr_id, vec![self.buf.sge(0, wc.byte_len)])
+                        .with_flags(unsignaled(self.size)),
+                )?;
+            }
+            self.qp
+                .post_recv(RecvWr::new(wc.wr_id, vec![self.buf.sge(0, self.size)]))?;
+            if !echo && report.recvs.is_multiple_of(batch) {
+                // INLINE: the count is copied now, so `src` may change at once.
+                self.src.copy_in(0, &report.recvs.to_le_bytes())?;
+                self.qp.post_send(
+                    SendWr::send(report.recvs, vec![self.src.sge(0, 8)]).with_flags(unsignaled(8)),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write latency: waits for the client's Write (its last octet), writes back.
+    fn write_lat(&self, client: RemoteBuf) -> Result<(), PerfError> {
+        let n = self.size as usize;
+        if client.len < self.size {
+            return Err(PerfError::Protocol(
+                "the client's buffer is too small".into(),
+            ));
+        }
+        let flags = unsignaled(self.size);
+        let mut wcs = Vec::with_capacity(16);
+        let mut i = 0u64;
+        loop {
+            let tag = (i % 255) as u8 + 1;
+            let mut b = [0u8; 1];
+            // No deadline while the test lasts: the client decides how long it runs.
+            while !(self.buf.copy_out(n - 1, &mut b).is_ok() && b[0] == tag) {
+                if self.ended() {
+                    return Ok(());
+                }
+                // Polling the CQ runs the transport in this thread (the Writes are
+                // unsignaled: only errors complete here, but each Write lands without a
+                // hand-off).
+                wcs.clear();
+                spin_until(POLL, || {
+                    self.cq.poll(16, &mut wcs);
+                    self.buf.copy_out(n - 1, &mut b).is_ok() && b[0] == tag || self.ended()
+                });
+                wcs.iter().try_for_each(check)?;
+            }
+            self.src.copy_in(n - 1, &[tag])?;
+            self.qp.post_send(
+                SendWr::write(
+                    i,
+                    vec![self.src.sge(0, self.size)],
+                    Key(client.rkey),
+                    client.addr,
+                )
+                .with_flags(flags),
+            )?;
+            i += 1;
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The raw UDP baseline of `softrdma perf --transport roce`, same run, same message size,
+//! between the two RoCE addresses, sockets with the same 4 MiB buffers as the RoCE driver's.
+//! The raw server ([`super::raw`]) sets a test up over a TCP connection: the
+//! client names its UDP socket, the server answers with the port of its own (on the address
+//! the client reached it at), the test runs, and the client's shutdown of the TCP
+//! connection ends it (bandwidth: the server answers with the octets it received).
+//!
+//! - bandwidth: the client sends each message as `ceil(size / mtu)` datagrams of at most the
+//!   path MTU (the payload a RoCE packet carries), never more than [`UDP_WINDOW`] datagrams'
+//!   worth beyond what the server acknowledged: what the 4 MiB receive buffer (8 MiB of
+//!   accounted memory) holds of 4 KiB datagrams, whose skbs take about 9 KiB each.
+//!   The server acknowledges the running octet total in an 8-octet datagram every
+//!   [`UDP_ACK_EVERY`] datagrams and whenever it gets an empty datagram, which the client
+//!   sends after its last message. The time runs from the first datagram to the
+//!   acknowledgement of the last octet, so it covers delivery. A datagram lost shows as an
+//!   acknowledgement that stops short; the test then fails rather than report a figure
+//!   for less data.
+//! - latency: a ping-pong of `size`-octet messages (datagrams of at most the MTU), the
+//!   server echoing each datagram; half the round trip beside Send and Write, the whole one
+//!   beside Read.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::proto::{RawTest, UDP_ENDPOINT_LEN};
+use super::stats::Bw;
+use super::{Limit, PerfError};
+
+/// Raw UDP bandwidth: datagrams in flight unacknowledged, at most.
+pub const UDP_WINDOW: u64 = 512;
+/// Raw UDP bandwidth: the server acknowledges every this many datagrams.
+pub const UDP_ACK_EVERY: u32 = 16;
+/// Socket buffers of the raw UDP sockets (what `RoceConfig::new` asks for).
+const UDP_BUFFER: usize = 4 << 20;
+/// Raw UDP: an acknowledgement or echo this late means a datagram was lost.
+const UDP_STALL: Duration = Duration::from_millis(250);
+/// How often the server's UDP loop looks whether the test is over.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The client's side of the raw UDP tests.
+#[derive(Clone, Copy, Debug)]
+pub struct UdpBaseline {
+    /// The raw server (TCP).
+    pub server: SocketAddr,
+    /// Our address (the RoCE context's).
+    pub local: IpAddr,
+    /// Largest datagram payload: the path MTU.
+    pub mtu: u32,
+}
+
+impl UdpBaseline {
+    /// Sets a `test` up with the raw server: the TCP connection and our UDP socket,
+    /// connected to the server's.
+    fn open(&self, test: RawTest, size: u32) -> Result<(TcpStream, UdpSocket), PerfError> {
+        let sock = udp_socket(self.local)?;
+        let mut s = super::tcp::connect(self.server, test, size)?;
+        let mut e = [0u8; UDP_ENDPOINT_LEN];
+        e[0..2].copy_from_slice(&sock.local_addr()?.port().to_be_bytes());
+        e[2..].copy_from_slice(&softrdma_wire::rocev2::gid_from_ip(self.local));
+        s.write_all(&e)?;
+        let mut port = [0u8; 2];
+        s.read_exact(&mut port)?;
+        sock.connect((self.server.ip(), u16::from_be_bytes(port)))?;
+        Ok((s, sock))
+    }
+
+    /// Raw UDP bandwidth of `size`-octet messages.
+    pub fn bw(&self, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+        let (mut s, sock) = self.open(RawTest::UdpBw, size)?;
+        let r = udp_blast(&sock, size, self.mtu, limit);
+        s.shutdown(Shutdown::Write)?;
+        let mut got = [0u8; 8];
+        s.read_exact(&mut got)?;
+        let got = u64::from_le_bytes(got);
+        let (msgs, sent, elapsed) = r?;
+        if got != sent {
+            return Err(PerfError::Protocol(format!(
+                "raw UDP: the server received {got} of {sent} octets"
+            )));
+        }
+        Ok(Bw::new(msgs, size, elapsed))
+    }
+
+    /// Raw UDP ping-pong: nanoseconds per round trip.
+    pub fn rtt(&self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError> {
+        let (mut s, sock) = self.open(RawTest::UdpLat, size)?;
+        let r = udp_ping_pong(&sock, size, self.mtu, limit, warmup);
+        s.shutdown(Shutdown::Write)?;
+        let mut got = [0u8; 8];
+        s.read_exact(&mut got)?;
+        r
+    }
+}
+
+/// The raw server's side of a UDP test on `s` (its header read): bandwidth (`bw`) or
+/// ping-pong, until the client shuts `s` down.
+pub fn serve_conn(s: &mut TcpStream, bw: bool) -> io::Result<()> {
+    let mut e = [0u8; UDP_ENDPOINT_LEN];
+    s.read_exact(&mut e)?;
+    let mut gid = [0u8; 16];
+    gid.copy_from_slice(&e[2..]);
+    let client = SocketAddr::new(softrdma::gid_to_ip(&gid), u16::from_be_bytes([e[0], e[1]]));
+    let sock = udp_socket(s.local_addr()?.ip().to_canonical())?;
+    sock.connect(client)?;
+    sock.set_read_timeout(Some(POLL))?;
+    s.write_all(&sock.local_addr()?.port().to_be_bytes())?;
+    let stop = AtomicBool::new(false);
+    let (end, r) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| udp_serve(&sock, bw, &stop));
+        let mut rest = [0u8; 64];
+        let end = loop {
+            match s.read(&mut rest) {
+                Ok(0) => break Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        stop.store(true, Ordering::Release);
+        (end, h.join())
+    });
+    end?;
+    let got = r
+        .map_err(|_| io::Error::other("the UDP server thread panicked"))?
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    s.write_all(&got.to_le_bytes())
+}
+
+fn udp_socket(ip: IpAddr) -> io::Result<UdpSocket> {
+    let addr = SocketAddr::new(ip, 0);
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    let _ = s.set_recv_buffer_size(UDP_BUFFER);
+    let _ = s.set_send_buffer_size(UDP_BUFFER);
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Raw UDP on the server: counts and acknowledges (bandwidth) or echoes (latency) until
+/// `stop`; returns the octets received.
+fn udp_serve(sock: &UdpSocket, bw: bool, stop: &AtomicBool) -> Result<u64, PerfError> {
+    let mut buf = vec![0u8; 65536];
+    let mut total = 0u64;
+    let mut unacked = 0u32;
+    loop {
+        match sock.recv(&mut buf) {
+            Ok(n) if bw => {
+                total += n as u64;
+                unacked += 1;
+                if n == 0 || unacked >= UDP_ACK_EVERY {
+                    sock.send(&total.to_le_bytes())?;
+                    unacked = 0;
+                }
+            }
+            Ok(n) => {
+                total += n as u64;
+                sock.send(&buf[..n])?;
+            }
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::ConnectionRefused => {
+                if stop.load(Ordering::Acquire) {
+                    return Ok(total);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The sending side of raw UDP bandwidth: (messages, octets, time to the last
+/// acknowledgement).
+fn udp_blast(
+    sock: &UdpSocket,
+    size: u32,
+    mtu: u32,
+    limit: Limit,
+) -> Result<(u64, u64, Duration), PerfError> {
+    let chunk = mtu.min(size).max(1) as usize;
+    let size = size as usize;
+    let window = UDP_WINDOW * chunk as u64;
+    let buf = vec![0xa5u8; chunk];
+    let total = match limit {
+        Limit::Iters(n) => n,
+        Limit::Duration(_) => u64::MAX,
+    };
+    let mut ack = [0u8; 16];
+    let (mut msgs, mut sent, mut acked, mut in_msg) = (0u64, 0u64, 0u64, 0usize);
+    let mut done_sending = total == 0;
+    let mut stalls = 0;
+    sock.set_nonblocking(true)?;
+    let start = Instant::now();
+    let deadline = match limit {
+        Limit::Duration(d) => Some(start + d),
+        Limit::Iters(_) => None,
+    };
+    if done_sending {
+        sock.send(&[])?;
+    }
+    loop {
+        loop {
+            match sock.recv(&mut ack) {
+                Ok(8) => {
+                    acked = acked.max(u64::from_le_bytes(ack[..8].try_into().unwrap_or_default()))
+                }
+                Ok(_) => {}
+                Err(e) if is_timeout(&e) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if done_sending && acked >= sent {
+            break;
+        }
+        let mut progressed = false;
+        let mut burst = 0;
+        while !done_sending && sent - acked < window && burst < 32 {
+            let n = chunk.min(size - in_msg);
+            match sock.send(&buf[..n]) {
+                Ok(_) => {}
+                Err(e) if is_timeout(&e) => break,
+                Err(e) => return Err(e.into()),
+            }
+            progressed = true;
+            burst += 1;
+            sent += n as u64;
+            in_msg += n;
+            if in_msg == size {
+                in_msg = 0;
+                msgs += 1;
+                if msgs >= total
+                    || (msgs.is_multiple_of(16) && deadline.is_some_and(|d| Instant::now() >= d))
+                {
+                    done_sending = true;
+                    // Asks for an acknowledgement of everything now.
+                    sock.send(&[])?;
+                }
+            }
+        }
+        if progressed {
+            stalls = 0;
+            continue;
+        }
+        // The window is full or everything is sent: wait for an acknowledgement.
+        sock.set_nonblocking(false)?;
+        sock.set_read_timeout(Some(UDP_STALL))?;
+        let r = sock.recv(&mut ack);
+        sock.set_nonblocking(true)?;
+        match r {
+            Ok(8) => {
+                let a = u64::from_le_bytes(ack[..8].try_into().unwrap_or_default());
+                if a > acked {
+                    acked = a;
+                    stalls = 0;
+                }
+            }
+            Ok(_) => {}
+            Err(e) if is_timeout(&e) => {
+                stalls += 1;
+                if stalls >= 4 {
+                    return Err(PerfError::Protocol(format!(
+                        "raw UDP: acknowledged {acked} of {sent} octets, nothing more for {:?}: datagrams lost",
+                        UDP_STALL * 4
+                    )));
+                }
+                // The acknowledgement may be what was lost: ask again.
+                sock.send(&[])?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok((msgs, sent, start.elapsed()))
+}
+
+/// The client side of the raw UDP ping-pong.
+fn udp_ping_pong(
+    sock: &UdpSocket,
+    size: u32,
+    mtu: u32,
+    limit: Limit,
+    warmup: u64,
+) -> Result<Vec<u64>, PerfError> {
+    let chunk = mtu.min(size).max(1) as usize;
+    let n = size.max(1) as usize;
+    let out = vec![0x5au8; n];
+    let mut inb = vec![0u8; 65536];
+    sock.set_read_timeout(Some(UDP_STALL * 4))?;
+    limit.sample(warmup, |i| {
+        let t0 = Instant::now();
+        for c in out.chunks(chunk) {
+            sock.send(c)?;
+        }
+        let mut got = 0;
+        while got < n {
+            match sock.recv(&mut inb) {
+                Ok(k) => got += k,
+                Err(e) if is_timeout(&e) => {
+                    return Err(PerfError::Protocol(format!(
+                        "raw UDP ping-pong: round trip {i} lost"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(t0.elapsed())
+    })
+}
