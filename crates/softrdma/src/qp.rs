@@ -321,8 +321,9 @@ impl Qp {
     /// blocks until the QP is in [`QpState::Rts`] or the attempt failed. iWARP: TCP
     /// connect, then MPA negotiation as initiator; a rejection ([`Error::Rejected`]) or
     /// failure leaves the QP in `Init`, ready for another try. RoCE: the QP must be in
-    /// `Init` (as created) or `Reset`; QP numbers, PSNs and limits are exchanged over a TCP side channel until the
-    /// InfiniBand CM exists, and the QP is moved INIT → RTR → RTS as librdmacm does.
+    /// `Init` (as created) or `Reset`; QP numbers, PSNs and limits are exchanged over a
+    /// TCP side channel until the InfiniBand CM exists, and the QP is moved
+    /// INIT → RTR → RTS as librdmacm does.
     pub fn connect(
         &self,
         addr: impl ToSocketAddrs,
