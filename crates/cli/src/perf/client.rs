@@ -101,6 +101,8 @@ pub struct ClientOpts {
     pub rx_depth: u32,
     /// Blocking or busy-polling waits.
     pub wait: WaitMode,
+    /// Blocking waits poll this long before they sleep.
+    pub busy_poll: Duration,
 }
 
 /// The client's end of a session: one context, one connection per test.
@@ -161,6 +163,7 @@ impl Client {
         let cq = self
             .ctx
             .create_cq((cap.max_send_wr + cap.max_recv_wr) as usize, None);
+        cq.set_busy_poll(self.o.busy_poll);
         let qp = pd.create_qp(QpInitAttr {
             cap,
             ..QpInitAttr::new(&cq, &cq)

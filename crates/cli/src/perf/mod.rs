@@ -208,6 +208,10 @@ pub struct PerfArgs {
     /// Busy-poll completion queues instead of sleeping until a completion arrives.
     #[arg(long)]
     pub busy: bool,
+    /// Blocking waits poll this many microseconds before they sleep (hybrid wait, as
+    /// Linux's SO_BUSY_POLL; `Cq::set_busy_poll`). 0: sleep at once.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub busy_poll_us: u64,
     /// iWARP: ask for MPA CRC32c.
     #[arg(long)]
     pub crc: bool,
@@ -336,6 +340,7 @@ impl PerfArgs {
             tx_depth: self.tx_depth.clamp(1, 16383),
             rx_depth: self.rx_depth.clamp(4, 1 << 16),
             wait: self.wait(),
+            busy_poll: Duration::from_micros(self.busy_poll_us),
         })
     }
 
@@ -345,6 +350,7 @@ impl PerfArgs {
             pmtu: valid_mtu(self.mtu.unwrap_or(4096))?,
             log,
             wait: self.wait(),
+            busy_poll: Duration::from_micros(self.busy_poll_us),
         })
     }
 

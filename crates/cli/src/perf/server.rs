@@ -38,6 +38,8 @@ pub struct ServerOpts {
     pub log: bool,
     /// Blocking or busy-polling waits.
     pub wait: WaitMode,
+    /// Blocking waits poll this long before they sleep.
+    pub busy_poll: Duration,
 }
 
 /// How the listening thread tells a test thread its test is over.
@@ -182,6 +184,7 @@ fn serve_test(
         _ => 1,
     };
     let cq = ctx.create_cq(rx_depth as usize + 256, None);
+    cq.set_busy_poll(o.busy_poll);
     let qp = pd.create_qp(QpInitAttr {
         cap: QpCap {
             max_send_wr: 256,
