@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use softrdma_iwarp::rdmap::{QpConfig, QpState, RdmapEngine};
+use softrdma_iwarp::rdmap::{QpConfig, RdmapEngine, StreamState};
 use softrdma_iwarp::verbs_types::{RecvWr, SendFlags, SendWr, Sge};
 use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId, QpId};
 use softrdma_wire::ddp;
@@ -280,7 +280,7 @@ fuzz_target!(|data: &[u8]| {
     }
     tx.drain(&mut e, DRAIN_MAX);
     if tx.terminates > 0 {
-        assert_ne!(e.state(), QpState::Rts, "Terminate sent, stream still up");
+        assert_ne!(e.state(), StreamState::Rts, "Terminate sent, stream still up");
     }
 
     let g = buf.read();
