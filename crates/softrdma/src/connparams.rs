@@ -38,7 +38,7 @@ impl FpduSize {
     }
 }
 
-/// How [`Qp::connect`] negotiates (`rdma_conn_param` plus the MPA knobs).
+/// How [`Qp::connect`](crate::Qp::connect) negotiates (`rdma_conn_param` plus the MPA knobs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectParams {
     /// Private data for the responder (at most 508 octets with revision 2, 512 with 1).
@@ -118,7 +118,7 @@ impl Default for ListenParams {
     }
 }
 
-/// How [`ConnRequest::accept`] answers.
+/// How [`ConnRequest::accept`](crate::ConnRequest::accept) answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcceptParams {
     /// Private data for the initiator.

@@ -18,10 +18,12 @@
 //! Work requests and completions are the engine's types ([`SendWr`], [`RecvWr`], [`Sge`],
 //! [`WorkCompletion`], ...), re-exported here.
 //!
-//! One progress thread per [`Context`] runs every connection of the context with `mio`
-//! (epoll): `TCP_NODELAY`, FPDUs no larger than the path MSS by default
-//! ([`FpduSize`]), FPDUs coalesced into large writes, completions to CQs and events to
-//! completion channels.
+//! The device decides the transport: [`Device::tcp`] (iWARP) or a RoCEv2 device
+//! ([`Device::roce`], [`Device::list`]); everything after [`Device::open`] is the same code.
+//! Progress is caller-driven (`docs/progress.md`): a thread waiting on a CQ or a completion
+//! channel runs the transport itself, posts transmit in the posting thread, and a background
+//! thread per context does the work only while nobody waits. iWARP connections use
+//! `TCP_NODELAY` and FPDUs no larger than the path MSS by default ([`FpduSize`]).
 //!
 //! ```no_run
 //! use softrdma::*;
