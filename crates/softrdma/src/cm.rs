@@ -242,31 +242,8 @@ impl Listener {
         };
         // Refuse a bad configuration now rather than at each request.
         Startup::responder(params.startup_config(), Instant::now())?;
-        let mut last = None;
-        let mut bound = None;
-        for a in addr.to_socket_addrs()? {
-            let domain = socket2::Domain::for_address(a);
-            let sock =
-                socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-            sock.set_reuse_address(true)?;
-            match sock
-                .bind(&a.into())
-                .and_then(|()| sock.listen(params.backlog.min(i32::MAX as u32) as i32))
-            {
-                Ok(()) => {
-                    bound = Some(sock);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let sock = match (bound, last) {
-            (Some(s), _) => s,
-            (None, Some(e)) => return Err(e.into()),
-            (None, None) => return Err(Error::InvalidArgument("address resolved to nothing")),
-        };
-        sock.set_nonblocking(true)?;
-        let std_listener: std::net::TcpListener = sock.into();
+        let std_listener = crate::net::listen(addr, params.backlog)?;
+        std_listener.set_nonblocking(true)?;
         let local_addr = std_listener.local_addr()?;
         let shared = Arc::new(ListenerShared::new(params));
         let token = tcp.token();

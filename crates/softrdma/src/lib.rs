@@ -46,7 +46,7 @@
 #![warn(missing_docs)]
 
 // Floors, top-down: the API (device, mr, qp, cm) over the transport drivers (tcp, roce)
-// over what every layer shares (connparams, cq, srq, event, state, error); no module imports one above.
+// over what every layer shares (connparams, cq, srq, event, state, leader, net, error); no module imports one above.
 mod cm;
 mod connparams;
 mod cq;
@@ -55,6 +55,7 @@ mod error;
 mod event;
 mod leader;
 mod mr;
+mod net;
 mod qp;
 mod roce;
 mod srq;

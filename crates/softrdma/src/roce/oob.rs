@@ -278,22 +278,7 @@ pub(crate) fn connect(
     check_private_data(&params.private_data)?;
     let pmtu = check_pmtu(params.roce_pmtu)?;
     let deadline = Instant::now() + params.timeout;
-    let mut last = None;
-    let mut stream = None;
-    for a in addr.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&a, remaining(deadline)?) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let mut stream = match (stream, last) {
-        (Some(s), _) => s,
-        (None, Some(e)) => return Err(e.into()),
-        (None, None) => return Err(Error::InvalidArgument("address resolved to nothing")),
-    };
+    let mut stream = crate::net::connect(addr, remaining(deadline)?)?;
     stream.set_nodelay(true)?;
     let my_psn = initial_psn();
     let req = Msg {
@@ -355,33 +340,12 @@ impl RoceListener {
         backlog: u32,
         request_timeout: Duration,
     ) -> Result<RoceListener, Error> {
-        let mut last = None;
-        for a in addr.to_socket_addrs()? {
-            let sock = socket2::Socket::new(
-                socket2::Domain::for_address(a),
-                socket2::Type::STREAM,
-                Some(socket2::Protocol::TCP),
-            )?;
-            sock.set_reuse_address(true)?;
-            match sock
-                .bind(&a.into())
-                .and_then(|()| sock.listen(backlog.min(i32::MAX as u32) as i32))
-            {
-                Ok(()) => {
-                    let listener: TcpListener = sock.into();
-                    let local_addr = listener.local_addr()?;
-                    return Ok(RoceListener {
-                        listener,
-                        local_addr,
-                        request_timeout,
-                    });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(match last {
-            Some(e) => e.into(),
-            None => Error::InvalidArgument("address resolved to nothing"),
+        let listener = crate::net::listen(addr, backlog)?;
+        let local_addr = listener.local_addr()?;
+        Ok(RoceListener {
+            listener,
+            local_addr,
+            request_timeout,
         })
     }
 

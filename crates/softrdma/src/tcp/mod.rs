@@ -519,22 +519,7 @@ impl TcpShared {
         };
         // Refuse a bad configuration before touching the network.
         Startup::initiator(cfg.clone(), start)?;
-        let mut last = None;
-        let mut stream = None;
-        for a in addr.to_socket_addrs()? {
-            match TcpStream::connect_timeout(&a, params.timeout) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let stream = match (stream, last) {
-            (Some(s), _) => s,
-            (None, Some(e)) => return Err(e.into()),
-            (None, None) => return Err(Error::InvalidArgument("address resolved to nothing")),
-        };
+        let stream = crate::net::connect(addr, params.timeout)?;
         let emss = prepare_stream(&stream)?;
         let remaining = params.timeout.saturating_sub(start.elapsed());
         let (reply, rx) = sync_channel(1);

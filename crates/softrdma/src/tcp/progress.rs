@@ -250,19 +250,14 @@ impl Driver {
     /// A busy poller's turn: read what has arrived on the connections of `cq`'s QPs.
     pub(crate) fn sweep(&mut self, ctx: &TcpShared, cq: &crate::cq::CqShared) {
         let now = Instant::now();
-        let tokens: Vec<Token> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                c.qp.as_ref().is_some_and(|q| {
-                    std::ptr::eq(Arc::as_ptr(&q.send_cq), cq)
-                        || std::ptr::eq(Arc::as_ptr(&q.recv_cq), cq)
-                })
+        let feeds = |c: &Conn| {
+            c.qp.as_ref().is_some_and(|q| {
+                std::ptr::eq(Arc::as_ptr(&q.send_cq), cq)
+                    || std::ptr::eq(Arc::as_ptr(&q.recv_cq), cq)
             })
-            .map(|(t, _)| *t)
-            .collect();
-        for t in tokens {
-            self.conn_event(ctx, t, true, now);
+        };
+        for c in self.conns.values_mut().filter(|c| feeds(c)) {
+            c.on_event(ctx, &mut self.bufs, true, now);
         }
     }
 
@@ -502,14 +497,9 @@ impl Driver {
     }
 
     fn conn_event(&mut self, ctx: &TcpShared, token: Token, readable: bool, now: Instant) {
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        if readable {
-            c.more_rx = false;
-            c.read(ctx, &mut self.bufs, now);
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.on_event(ctx, &mut self.bufs, readable, now);
         }
-        c.service(ctx, &mut self.bufs);
     }
 
     fn timeouts(&mut self, ctx: &TcpShared, now: Instant) {
@@ -651,6 +641,15 @@ impl Conn {
             sends: Vec::new(),
             recvs: VecDeque::new(),
         })
+    }
+
+    /// The socket is ready (or polled): read what arrived, then run the connection.
+    fn on_event(&mut self, ctx: &TcpShared, bufs: &mut Bufs, readable: bool, now: Instant) {
+        if readable {
+            self.more_rx = false;
+            self.read(ctx, bufs, now);
+        }
+        self.service(ctx, bufs);
     }
 
     fn read(&mut self, ctx: &TcpShared, bufs: &mut Bufs, now: Instant) {
