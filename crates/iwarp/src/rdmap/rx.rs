@@ -294,6 +294,20 @@ impl RdmapEngine {
         Ok(())
     }
 
+    /// RFC 5040 §6.1: the IRD slots are QN 1's buffers, shared by Read and Atomic Requests
+    /// (RFC 7306 §5): the request must carry the next MSN and find a slot.
+    fn qn1_admits(&self, msn: u32) -> Result<(), Fault> {
+        let available = usize::from(self.cfg.ird).saturating_sub(self.responses.len());
+        let d = msn.wrapping_sub(self.rx_msn[1]);
+        if d != 0 {
+            return Err(msn_fault(d, available));
+        }
+        if available == 0 {
+            return Err(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer));
+        }
+        Ok(())
+    }
+
     /// RFC 5040 §5.2.1: Read Request on QN 1, processed only after everything before it was
     /// placed (RDMAP-78, RDMAP-83: ULPDUs are handled in order), at most IRD at a time
     /// (RDMAP-91), source validated unless zero-length (RDMAP-49, RDMAP-50). No completion at
@@ -308,16 +322,7 @@ impl RdmapEngine {
         let ddp::Repr::Untagged { msn, .. } = *hdr else {
             return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
         };
-        // RFC 5040 §6.1: the IRD slots are QN 1's buffers (shared with Atomic Requests,
-        // RFC 7306 §5); the excess finds none.
-        let available = usize::from(self.cfg.ird).saturating_sub(self.responses.len());
-        let d = msn.wrapping_sub(self.rx_msn[1]);
-        if d != 0 {
-            return Err(at(msn_fault(d, available)));
-        }
-        if available == 0 {
-            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
-        }
+        self.qn1_admits(msn).map_err(at)?;
         self.rx_msn[1] = msn.wrapping_add(1);
         let source = if req.rdmardsz == 0 {
             None
@@ -424,14 +429,7 @@ impl RdmapEngine {
             }
             _ => return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode))),
         };
-        let available = usize::from(self.cfg.ird).saturating_sub(self.responses.len());
-        let d = msn.wrapping_sub(self.rx_msn[1]);
-        if d != 0 {
-            return Err(at(msn_fault(d, available)));
-        }
-        if available == 0 {
-            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
-        }
+        self.qn1_admits(msn).map_err(at)?;
         let id = req.request_identifier;
         if self
             .responses
