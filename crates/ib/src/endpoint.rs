@@ -617,8 +617,21 @@ impl RoceEndpoint {
         scratch: &mut Vec<u8>,
         out: &mut Vec<u8>,
     ) -> Option<Transmit> {
+        self.poll_transmit_holding(qp, now, scratch, out, false)
+    }
+
+    /// As [`RoceEndpoint::poll_transmit`], holding back a lone positive ACK with `hold_ack`
+    /// ([`IbQp::poll_transmit_holding`]).
+    pub fn poll_transmit_holding(
+        &self,
+        qp: &mut IbQp,
+        now: Instant,
+        scratch: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+        hold_ack: bool,
+    ) -> Option<Transmit> {
         loop {
-            let tx = qp.poll_transmit(now, scratch)?;
+            let tx = qp.poll_transmit_holding(now, scratch, hold_ack)?;
             let payload = scratch.get(..tx.len).unwrap_or(&[]);
             match self.encapsulate(qp.qpn(), tx.dest, payload, out) {
                 Ok(t) => return Some(t),

@@ -665,21 +665,51 @@ impl IbQp {
         }
     }
 
-    /// Writes the next packet to send (responses first, then requests).
+    /// Writes the next packet to send: responses first, then requests — but a lone positive
+    /// ACK ([`Responder::ack_may_wait`]) goes after the requests, so a reply reaches the peer
+    /// before the ACK of what it answers.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<Tx> {
+        self.poll_transmit_holding(now, out, false)
+    }
+
+    /// As [`IbQp::poll_transmit`]; with `hold_ack`, a lone positive ACK is not sent at all
+    /// ([`IbQp::ack_held`] then says so): a driver whose caller is about to post the reply
+    /// sends it with that reply, in one batch, instead of before it. The driver must send it
+    /// later without `hold_ack`, whatever happens (the peer's requester retries without it).
+    pub fn poll_transmit_holding(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u8>,
+        hold_ack: bool,
+    ) -> Option<Tx> {
         if self.state == QpState::Reset || self.state == QpState::Init {
             return None;
         }
-        if let Some(len) = self.responder.poll_response(out) {
+        let lone_ack = self.responder.ack_may_wait();
+        if !lone_ack && let Some(len) = self.responder.poll_response(out) {
             return Some(Tx { len, dest: None });
         }
-        if matches!(self.state, QpState::Rts | QpState::Sqd) {
-            let r = self.requester.as_mut()?;
+        if matches!(self.state, QpState::Rts | QpState::Sqd)
+            && let Some(r) = self.requester.as_mut()
+        {
             let tx = r.poll_transmit(now, out);
             self.follow_send_queue();
-            return tx;
+            if tx.is_some() {
+                return tx;
+            }
+        }
+        if lone_ack && !hold_ack {
+            return self
+                .responder
+                .poll_response(out)
+                .map(|len| Tx { len, dest: None });
         }
         None
+    }
+
+    /// Whether a positive ACK waits to be sent (see [`IbQp::poll_transmit_holding`]).
+    pub fn ack_held(&self) -> bool {
+        self.state != QpState::Reset && self.state != QpState::Init && self.responder.ack_may_wait()
     }
 
     /// Next send-queue completion.

@@ -197,6 +197,8 @@ pub struct Responder {
     counters: ResponderCounters,
     /// Scratch for the payload of a READ response.
     read_buf: Vec<u8>,
+    /// The queued ACK answers a duplicate: a requester is retrying, it must not wait.
+    ack_now: bool,
 }
 
 /// The outcome of checking/executing one expected packet.
@@ -250,6 +252,7 @@ impl Responder {
             completions: VecDeque::new(),
             counters: ResponderCounters::default(),
             read_buf: Vec::new(),
+            ack_now: false,
         }
     }
 
@@ -295,6 +298,7 @@ impl Responder {
     pub fn flush(&mut self) {
         self.abandon(WcStatus::WorkRequestFlushed);
         self.responses.clear();
+        self.ack_now = false;
         if let RecvQueue::Own(rq) = &mut self.rq {
             for w in rq.drain(..) {
                 self.completions.push_back(WorkCompletion::new(
@@ -967,6 +971,7 @@ impl Responder {
                 self.counters.duplicates += 1;
                 if pkt.bth.ack_req {
                     self.push_ack(psn_sub(self.epsn, 1), Syndrome::ACK, self.msn);
+                    self.ack_now = true;
                 }
             }
         }
@@ -1000,11 +1005,25 @@ impl Responder {
             .push_back(WorkCompletion::new(wqe.wr_id(), status, WcOpcode::Recv, 0));
     }
 
+    /// Whether all there is to send is one positive ACK of new requests, which may wait for
+    /// the next packet this QP sends: an ACK acknowledges everything before it (IBA
+    /// 9.7.5.1.4), so a later one replaces it, and a requester waits a whole local ACK timeout
+    /// (C9-139; 67 ms at rxe's default) before it retries. An ACK answering a duplicate or a
+    /// NAK never waits.
+    pub fn ack_may_wait(&self) -> bool {
+        !self.ack_now
+            && self.responses.len() == 1
+            && matches!(self.responses.front(), Some(Pending::Ack { syndrome, .. }) if syndrome.is_ack())
+    }
+
     /// Writes the next response packet (BTH .. pad, no ICRC) into `out` (cleared first) and
     /// returns its length.
     pub fn poll_response(&mut self, out: &mut Vec<u8>) -> Option<usize> {
         let dest = self.cfg.dest_qp;
         let pending = self.responses.pop_front()?;
+        if self.responses.is_empty() {
+            self.ack_now = false;
+        }
         // One buffer for every READ response (no allocation per packet).
         let mut data = std::mem::take(&mut self.read_buf);
         data.clear();

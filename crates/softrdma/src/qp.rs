@@ -259,13 +259,7 @@ impl Qp {
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, Error)> {
         match &self.inner {
-            Inner::Tcp(q) => {
-                let d = self.ctx.tcp().map_err(|e| (0, e))?;
-                for (i, wr) in wrs.into_iter().enumerate() {
-                    q.post_send(d, wr).map_err(|e| (i, e))?;
-                }
-                Ok(())
-            }
+            Inner::Tcp(q) => q.post_send_list(self.ctx.tcp().map_err(|e| (0, e))?, wrs),
             Inner::Roce(q) => self
                 .ctx
                 .roce()

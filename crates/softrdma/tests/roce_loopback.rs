@@ -616,3 +616,56 @@ fn destroyed_qp_is_no_longer_routed() {
             .unwrap();
     assert_ne!(next.qp_num(), qpn);
 }
+
+/// The requester's retransmissions so far.
+fn retransmitted(s: &Side) -> u64 {
+    s.qp.counters().retransmitted
+}
+
+/// A receiver that got its completion in its own thread holds the ACK back for the reply it
+/// may post (docs/progress.md); when it posts nothing and never calls again, its background
+/// thread still sends the ACK — the sender completes without retrying. A long local ACK
+/// timeout (timeout 20: 4.3 s) makes a lost ACK show as a retransmission.
+#[test]
+fn held_acks_leave_without_a_reply_and_at_destruction() {
+    let (a, b) = pair(QpType::Rc, 1 << 16);
+    a.qp.modify(&QpAttr {
+        timeout: Some(20),
+        ..QpAttr::default()
+    })
+    .unwrap();
+    for (i, poll) in [false, true, false, true].into_iter().enumerate() {
+        let i = i as u64;
+        b.qp.post_recv(RecvWr::new(i, vec![b.mr.sge(0, 64)]))
+            .unwrap();
+        a.qp.post_send(SendWr::send(i, vec![a.mr.sge(0, 64)]).with_flags(SendFlags::SIGNALED))
+            .unwrap();
+        // The receiver drives its own receive: blocking, or busy polling.
+        let r = if poll {
+            let mut out = Vec::new();
+            while b.cq.poll(1, &mut out) == 0 {
+                std::hint::spin_loop();
+            }
+            out[0]
+        } else {
+            b.wait(1)[0]
+        };
+        assert_eq!((r.wr_id, r.status), (i, WcStatus::Success));
+        // ... and goes away: the sender's completion needs the ACK.
+        let s = a.wait(1)[0];
+        assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
+    }
+    assert_eq!(retransmitted(&a), 0);
+    // The receiver's QP is destroyed right after its completion: the ACK leaves first.
+    b.qp.post_recv(RecvWr::new(9, vec![b.mr.sge(0, 64)]))
+        .unwrap();
+    a.qp.post_send(SendWr::send(9, vec![a.mr.sge(0, 64)]).with_flags(SendFlags::SIGNALED))
+        .unwrap();
+    assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+    let Side { qp, ctx, .. } = b;
+    drop(qp);
+    let s = a.wait(1)[0];
+    assert_eq!((s.wr_id, s.status), (9, WcStatus::Success));
+    assert_eq!(retransmitted(&a), 0);
+    drop(ctx);
+}

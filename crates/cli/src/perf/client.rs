@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use softrdma::ib::RequesterCounters;
 use softrdma::{
-    Access, ConnectParams, ConnectionInfo, Context, Cq, Error, FpduSize, Key, Mr, Pd, Qp, QpCap,
-    QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, BusyPoll, ConnectParams, ConnectionInfo, Context, Cq, Error, FpduSize, Key, Mr, Pd, Qp,
+    QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::proto::{
@@ -101,8 +101,8 @@ pub struct ClientOpts {
     pub rx_depth: u32,
     /// Blocking or busy-polling waits.
     pub wait: WaitMode,
-    /// Blocking waits poll this long before they sleep.
-    pub busy_poll: Duration,
+    /// How blocking waits poll before they sleep.
+    pub busy_poll: BusyPoll,
 }
 
 /// The client's end of a session: one context, one connection per test.

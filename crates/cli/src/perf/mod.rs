@@ -29,7 +29,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use softrdma::{Context, Device, FpduSize, ListenParams, Listener, MemError, RoceConfig};
+use softrdma::{
+    BusyPoll, Context, DEFAULT_BUSY_POLL, Device, FpduSize, ListenParams, Listener, MemError,
+    RoceConfig,
+};
 
 pub use self::client::{Client, ClientOpts};
 pub use self::perftest_client::{PerftestResult, PerftestTest, perftest_client};
@@ -209,9 +212,10 @@ pub struct PerfArgs {
     #[arg(long)]
     pub busy: bool,
     /// Blocking waits poll this many microseconds before they sleep (hybrid wait, as
-    /// Linux's SO_BUSY_POLL; `Cq::set_busy_poll`). 0: sleep at once.
-    #[arg(long, value_name = "US", default_value_t = 0)]
-    pub busy_poll_us: u64,
+    /// Linux's SO_BUSY_POLL; `Cq::set_busy_poll`). 0: sleep at once. Default: the
+    /// library's adaptive poll (up to 50 µs, as long as recent completions took).
+    #[arg(long, value_name = "US")]
+    pub busy_poll_us: Option<u64>,
     /// iWARP: ask for MPA CRC32c.
     #[arg(long)]
     pub crc: bool,
@@ -340,8 +344,16 @@ impl PerfArgs {
             tx_depth: self.tx_depth.clamp(1, 16383),
             rx_depth: self.rx_depth.clamp(4, 1 << 16),
             wait: self.wait(),
-            busy_poll: Duration::from_micros(self.busy_poll_us),
+            busy_poll: self.busy_poll(),
         })
+    }
+
+    fn busy_poll(&self) -> BusyPoll {
+        match self.busy_poll_us {
+            None => DEFAULT_BUSY_POLL,
+            Some(0) => BusyPoll::Off,
+            Some(us) => BusyPoll::Fixed(Duration::from_micros(us)),
+        }
     }
 
     fn server_opts(&self, log: bool) -> Result<ServerOpts, PerfError> {
@@ -350,7 +362,7 @@ impl PerfArgs {
             pmtu: valid_mtu(self.mtu.unwrap_or(4096))?,
             log,
             wait: self.wait(),
-            busy_poll: Duration::from_micros(self.busy_poll_us),
+            busy_poll: self.busy_poll(),
         })
     }
 

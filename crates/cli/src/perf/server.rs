@@ -11,8 +11,8 @@ use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    AcceptParams, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp, QpCap,
-    QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AcceptParams, BusyPoll, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp,
+    QpCap, QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::PerfError;
@@ -38,8 +38,8 @@ pub struct ServerOpts {
     pub log: bool,
     /// Blocking or busy-polling waits.
     pub wait: WaitMode,
-    /// Blocking waits poll this long before they sleep.
-    pub busy_poll: Duration,
+    /// How blocking waits poll before they sleep.
+    pub busy_poll: BusyPoll,
 }
 
 /// How the listening thread tells a test thread its test is over.

@@ -34,6 +34,7 @@ use nix::sys::socket::{
     sendmmsg,
 };
 use parking_lot::{Condvar, Mutex, RwLock};
+use smallvec::SmallVec;
 use softrdma_ib::{
     EndpointError, IbQp, Incoming, QpAttr, QpCaps, QpState as IbQpState, QpType, RoceEndpoint,
     SocketKind, Transmit,
@@ -166,6 +167,8 @@ pub(crate) struct RoceShared {
     /// The receive buffer the kernel granted (octets of kernel memory).
     pub(crate) rcvbuf: usize,
     alive: AtomicBool,
+    /// Some QP holds back an ACK ([`RoceQpShared::ack_held`]).
+    acks_held: AtomicBool,
 }
 
 struct Engine {
@@ -188,6 +191,34 @@ pub(crate) struct RoceQpShared {
     /// Told when send requests retire, for local invalidations waiting on them.
     retired: Condvar,
     invalidating: AtomicUsize,
+    /// Its engine holds back a positive ACK for the reply the caller is about to post
+    /// ([`RoceShared::flush`] with [`Hold::Ack`]).
+    ack_held: AtomicBool,
+}
+
+/// Moves the QP's completions to its CQs.
+fn deliver(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) {
+    while let Some(wc) = qp.poll_send_completion() {
+        wcs.push(wc);
+    }
+    q.send_cq.push(wcs);
+    while let Some(wc) = qp.poll_recv_completion() {
+        wcs.push(wc);
+    }
+    q.recv_cq.push(wcs);
+}
+
+/// Whether a flush may hold back a lone positive ACK.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Send everything.
+    Nothing,
+    /// The flushing thread is a caller who gets a completion or a Write now and will likely
+    /// post the reply: the ACK waits for that reply's batch (and goes after it), so the
+    /// peer wakes once, for the reply. Sent no later than the next call into this context,
+    /// the next turn of its receive thread (a datagram, a timer, at most [`IDLE_WAIT`]), a
+    /// modify, or the QP's destruction.
+    Ack,
 }
 
 impl RoceShared {
@@ -249,6 +280,7 @@ impl RoceShared {
             counters: SocketCounters::default(),
             rcvbuf,
             alive: AtomicBool::new(true),
+            acks_held: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&shared);
         let h = std::thread::Builder::new()
@@ -258,8 +290,9 @@ impl RoceShared {
         Ok(shared)
     }
 
-    /// Sends everything the QP has to send, then moves its completions to the CQs.
-    fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant) {
+    /// Moves the QP's completions to the CQs (a waiter on another thread starts on them
+    /// while the datagrams go out), then sends what the QP has to send.
+    fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant, hold: Hold) {
         let Engine {
             qp,
             scratch,
@@ -268,6 +301,7 @@ impl RoceShared {
             wcs,
             ..
         } = e;
+        deliver(q, qp, wcs);
         loop {
             dgram.clear();
             batch.clear();
@@ -275,7 +309,9 @@ impl RoceShared {
                 // Not held across the system call: it would keep writers waiting.
                 let ep = self.endpoint.read();
                 while batch.len() < SEND_BATCH {
-                    let Some(t) = ep.poll_transmit(qp, now, scratch, dgram) else {
+                    let Some(t) =
+                        ep.poll_transmit_holding(qp, now, scratch, dgram, hold == Hold::Ack)
+                    else {
                         break;
                     };
                     batch.push(t);
@@ -286,16 +322,36 @@ impl RoceShared {
                 break;
             }
         }
-        while let Some(wc) = qp.poll_send_completion() {
-            wcs.push(wc);
+        // UD and UC sends complete as they leave.
+        deliver(q, qp, wcs);
+        let held = hold == Hold::Ack && qp.ack_held();
+        if held != q.ack_held.load(Ordering::Relaxed) {
+            q.ack_held.store(held, Ordering::Release);
+            if held {
+                self.acks_held.store(true, Ordering::Release);
+            }
         }
-        q.send_cq.push(wcs);
-        while let Some(wc) = qp.poll_recv_completion() {
-            wcs.push(wc);
-        }
-        q.recv_cq.push(wcs);
         if q.invalidating.load(Ordering::Acquire) > 0 {
             q.retired.notify_all();
+        }
+    }
+
+    /// Sends the ACKs callers held back ([`Hold::Ack`]).
+    fn release_acks(&self, now: Instant) {
+        if !self.acks_held.load(Ordering::Acquire) || !self.acks_held.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
+        let held: SmallVec<[Arc<RoceQpShared>; 4]> = self
+            .qps
+            .read()
+            .values()
+            .filter(|q| q.ack_held.load(Ordering::Acquire))
+            .cloned()
+            .collect();
+        for q in held {
+            let mut e = q.engine.lock();
+            self.flush(&q, &mut e, now, Hold::Nothing);
         }
     }
 
@@ -422,7 +478,7 @@ thread_local! {
 impl RoceShared {
     /// Reads what is queued on the socket (without blocking), up to a few batches, and
     /// processes it. The caller holds `rx_lock`: datagrams are handled in arrival order.
-    fn drain_socket(&self, rx: &mut RxBufs) -> usize {
+    fn drain_socket(&self, rx: &mut RxBufs, hold: Hold) -> usize {
         let fd = self.socket.as_raw_fd();
         let mut total = 0;
         for _ in 0..4 {
@@ -484,7 +540,7 @@ impl RoceShared {
             drop(routed);
             for q in rx.touched.drain(..) {
                 let mut e = q.engine.lock();
-                self.flush(&q, &mut e, now);
+                self.flush(&q, &mut e, now, hold);
             }
             total += rx.got.len();
             if rx.got.len() < RECV_BATCH {
@@ -509,7 +565,7 @@ impl Progress for RoceShared {
             until,
             done,
             || self.wake_pipe.signal(),
-            |_, until| self.turn(until),
+            |_, until| self.turn(until, Hold::Ack),
         )
     }
 
@@ -520,6 +576,7 @@ impl Progress for RoceShared {
     }
 
     fn progress(&self, _cq: &CqShared) {
+        self.release_acks(Instant::now());
         // The receive thread is handling datagrams right now: nothing to add.
         let Some(_g) = self.rx_lock.try_lock() else {
             return;
@@ -527,7 +584,7 @@ impl Progress for RoceShared {
         CALLER_RX.with(|c| {
             let mut c = c.borrow_mut();
             let rx = c.get_or_insert_with(RxBufs::new);
-            self.drain_socket(rx);
+            self.drain_socket(rx, Hold::Ack);
         });
     }
 }
@@ -542,7 +599,7 @@ fn rx_loop(weak: Weak<RoceShared>) {
         }
         d.leader.background(
             |_| {
-                d.turn(Some(Instant::now() + IDLE_WAIT));
+                d.turn(Some(Instant::now() + IDLE_WAIT), Hold::Nothing);
                 true
             },
             || {
@@ -555,8 +612,8 @@ fn rx_loop(weak: Weak<RoceShared>) {
 
 impl RoceShared {
     /// One turn with the slot: fire due timers, wait on the socket (and the wake pipe) until
-    /// the next timer or `until`, read and process what arrived.
-    fn turn(&self, until: Option<Instant>) {
+    /// the next timer or `until`, read and process what arrived (`hold`: a caller's turn).
+    fn turn(&self, until: Option<Instant>, hold: Hold) {
         let now = Instant::now();
         let mut wait = self.run_timers(now);
         if let Some(u) = until {
@@ -578,7 +635,7 @@ impl RoceShared {
             let _g = self.rx_lock.lock();
             CALLER_RX.with(|c| {
                 let mut c = c.borrow_mut();
-                self.drain_socket(c.get_or_insert_with(RxBufs::new));
+                self.drain_socket(c.get_or_insert_with(RxBufs::new), hold);
             });
         }
     }
@@ -594,8 +651,9 @@ fn socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
 }
 
 impl RoceShared {
-    /// Fires due timers; returns how long until the next one.
+    /// Sends held ACKs and fires due timers; returns how long until the next one.
     fn run_timers(&self, now: Instant) -> Duration {
+        self.release_acks(now);
         let qps: Vec<_> = self.qps.read().values().cloned().collect();
         let mut next = now + IDLE_WAIT;
         for q in qps {
@@ -603,7 +661,7 @@ impl RoceShared {
             if let Some(t) = e.qp.poll_timeout() {
                 if t <= now {
                     e.qp.handle_timeout(now);
-                    self.flush(&q, &mut e, now);
+                    self.flush(&q, &mut e, now, Hold::Nothing);
                 }
                 if let Some(t) = e.qp.poll_timeout() {
                     next = next.min(t);
@@ -616,6 +674,7 @@ impl RoceShared {
 
 impl Drop for RoceShared {
     fn drop(&mut self) {
+        self.release_acks(Instant::now());
         self.alive.store(false, Ordering::Release);
     }
 }
@@ -666,6 +725,7 @@ impl RoceShared {
                 qpn,
                 retired: Condvar::new(),
                 invalidating: AtomicUsize::new(0),
+                ack_held: AtomicBool::new(false),
                 engine: Mutex::new(Engine {
                     qp,
                     scratch: Vec::new(),
@@ -688,6 +748,12 @@ impl RoceShared {
 
     /// Removes a QP (`ibv_destroy_qp`): from now on its QPN is unknown to the endpoint.
     pub(crate) fn destroy_qp(&self, qpn: u32) {
+        let q = self.qps.read().get(&qpn).cloned();
+        if let Some(q) = q {
+            // The peer gets the ACK of what this QP received, not a retry.
+            let mut e = q.engine.lock();
+            self.flush(&q, &mut e, Instant::now(), Hold::Nothing);
+        }
         let mut ep = self.endpoint.write();
         ep.remove_qp(qpn);
         self.qps.write().remove(&qpn);
@@ -728,6 +794,10 @@ impl RoceShared {
                 "RTR needs the path (Qp::set_remote)",
             ));
         }
+        if q.ack_held.load(Ordering::Acquire) {
+            // Error and Reset drop what is queued: the peer must have its ACK first.
+            self.flush(q, &mut e, Instant::now(), Hold::Nothing);
+        }
         e.qp.modify(attr)?;
         if let Some(m) = attr.pmtu {
             // Go-back-N resends whatever overflowed the peer's socket buffer: keep a window
@@ -737,7 +807,7 @@ impl RoceShared {
             e.qp.set_window(w.min(MAX_WINDOW));
         }
         // Error flushes: deliver those completions now.
-        self.flush(q, &mut e, Instant::now());
+        self.flush(q, &mut e, Instant::now(), Hold::Nothing);
         Ok(())
     }
 
@@ -757,7 +827,8 @@ impl RoceShared {
             }
             e.posted += 1;
         }
-        self.flush(q, &mut e, Instant::now());
+        // A held ACK goes after the requests (IbQp::poll_transmit), in the same batch.
+        self.flush(q, &mut e, Instant::now(), Hold::Nothing);
         res
     }
 
@@ -786,7 +857,8 @@ impl RoceShared {
     pub(crate) fn post_recv(&self, q: &RoceQpShared, wr: RecvWr) -> Result<(), Error> {
         let mut e = q.engine.lock();
         e.qp.post_recv(wr)?;
-        self.flush(q, &mut e, Instant::now());
+        // Only flushed completions to deliver; a held ACK waits for the next Send.
+        self.flush(q, &mut e, Instant::now(), Hold::Ack);
         Ok(())
     }
 }

@@ -23,7 +23,7 @@ use softrdma_iwarp::rdmap::{check_send, send_limits};
 use softrdma_iwarp::startup::{PeerParams, Rtr, RtrSet, Startup, StartupConfig, StartupError};
 use softrdma_memory::{Key, KeyTable, MemError, PdId};
 use softrdma_verbs_types::{
-    CheckedRecv, CheckedSend, PostError, RecvWr, SendFlags, SendWr, check_recv,
+    CheckedRecv, CheckedSend, PostError, RecvWr, SendFlags, SendLimits, SendWr, check_recv,
 };
 use softrdma_wire::mpa::{MAX_PRIVATE_DATA, REV_2};
 
@@ -434,30 +434,51 @@ impl TcpQp {
     }
 
     /// Queues a checked send request for the engine (which the progress thread alone owns).
-    pub(crate) fn post_send(
+    pub(crate) fn post_send(self: &Arc<Self>, drv: &TcpShared, wr: SendWr) -> Result<(), Error> {
+        self.post_send_list(drv, std::iter::once(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Checks and queues send requests in order, then hands them to the engine at once (one
+    /// write for the lot, not one per message); stops at the first refused one and returns
+    /// its index. Those queued before it are sent.
+    pub(crate) fn post_send_list(
         self: &Arc<Self>,
         drv: &TcpShared,
-        mut wr: SendWr,
-    ) -> Result<(), Error> {
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<(), (usize, Error)> {
+        let lim = send_limits(self.cap.max_send_sge, self.cap.max_inline_data);
+        let mut res = Ok(());
+        let mut queued = 0;
+        for (i, wr) in wrs.into_iter().enumerate() {
+            if let Err(e) = self.queue_send(drv, &lim, wr) {
+                res = Err((i, e));
+                break;
+            }
+            queued += 1;
+        }
+        if queued > 0 {
+            drv.submit(self);
+        }
+        res
+    }
+
+    fn queue_send(&self, drv: &TcpShared, lim: &SendLimits, mut wr: SendWr) -> Result<(), Error> {
         if self.sq_sig_all {
             wr.flags |= SendFlags::SIGNALED;
         }
         if wr.opcode.is_read_or_atomic() && self.ord.load(Ordering::Acquire) == 0 {
             return Err(PostError::ReadsDisabled.into());
         }
-        let lim = send_limits(self.cap.max_send_sge, self.cap.max_inline_data);
-        let wr = check_send(wr, &lim, &drv.keys, self.pd)?;
-        {
-            let mut sub = self.sub.lock();
-            let outstanding =
-                self.sq_posted.load(Ordering::Relaxed) - self.sq_retired.load(Ordering::Acquire);
-            if outstanding >= u64::from(self.cap.max_send_wr) {
-                return Err(PostError::QueueFull.into());
-            }
-            sub.sq.push_back(SqItem::Send(wr));
-            self.sq_posted.fetch_add(1, Ordering::Release);
+        let wr = check_send(wr, lim, &drv.keys, self.pd)?;
+        let mut sub = self.sub.lock();
+        let outstanding =
+            self.sq_posted.load(Ordering::Relaxed) - self.sq_retired.load(Ordering::Acquire);
+        if outstanding >= u64::from(self.cap.max_send_wr) {
+            return Err(PostError::QueueFull.into());
         }
-        drv.submit(self);
+        sub.sq.push_back(SqItem::Send(wr));
+        self.sq_posted.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
