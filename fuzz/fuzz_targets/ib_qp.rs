@@ -69,7 +69,9 @@ fuzz_target!(|data: &[u8]| {
     let mut now = Instant::now();
     let mut out = Vec::new();
     while rest.len() >= 2 {
-        let n = usize::from(u16::from_le_bytes([rest[0], rest[1]])) % 1100;
+        // The top bit picks whether a lone ACK may wait (a caller's drain in the driver).
+        let hold = rest[1] & 0x80 != 0;
+        let n = usize::from(u16::from_le_bytes([rest[0], rest[1] & 0x7F])) % 1100;
         rest = &rest[2..];
         let pkt = &rest[..n.min(rest.len())];
         rest = &rest[pkt.len()..];
@@ -77,10 +79,16 @@ fuzz_target!(|data: &[u8]| {
             qp.handle_packet(&p, &[0; 40], now);
         }
         for _ in 0..1000 {
-            if qp.poll_transmit(now, &mut out).is_none() {
+            if qp.poll_transmit_holding(now, &mut out, hold).is_none() {
                 break;
             }
             PacketRepr::parse(&out).expect("emitted packet parses");
+        }
+        // What was held goes out when asked, and only an ACK is ever held.
+        if qp.ack_held() {
+            qp.poll_transmit(now, &mut out).expect("a held ACK is sent on request");
+            let p = PacketRepr::parse(&out).expect("emitted packet parses");
+            assert!(p.aeth.is_some_and(|a| a.syndrome.is_ack()), "{p:?}");
         }
         while qp.poll_send_completion().is_some() {}
         while qp.poll_recv_completion().is_some() {}

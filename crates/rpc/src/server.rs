@@ -1,0 +1,332 @@
+//! The RPC server: programs registered by (program, version), calls dispatched on a pool of
+//! threads, every reply status of RFC 5531 §9 where it applies.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Sender, bounded};
+use parking_lot::{Condvar, Mutex};
+use softrdma_wire::onc_rpc::AuthStat;
+
+use crate::msg::{Auth, CallHeader, ReplyStatus, decode_call, encode_reply};
+use crate::record::MAX_FRAGMENT;
+use crate::tcp::{DEFAULT_MAX_RECORD, RecordReader, write_record};
+
+/// What a procedure's handler sees besides its arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct CallContext<'a> {
+    /// The call's header: credential, procedure.
+    pub header: &'a CallHeader,
+    /// Where it came from.
+    pub peer: Option<SocketAddr>,
+}
+
+/// A procedure that does not return results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcError {
+    /// `PROC_UNAVAIL`: no such procedure in this version.
+    ProcUnavail,
+    /// `GARBAGE_ARGS`: the arguments do not decode.
+    GarbageArgs,
+    /// `SYSTEM_ERR`: the server failed.
+    SystemErr,
+    /// `AUTH_ERROR` with this status (e.g. `TooWeak` for a credential the program refuses).
+    Auth(AuthStat),
+}
+
+/// One version of a program: its procedures.
+pub trait Program: Send + Sync + 'static {
+    /// Runs procedure `ctx.header.proc` on XDR `args`; its XDR results.
+    fn call(&self, ctx: &CallContext<'_>, args: &[u8]) -> Result<Vec<u8>, ProcError>;
+}
+
+impl<F> Program for F
+where
+    F: Fn(&CallContext<'_>, &[u8]) -> Result<Vec<u8>, ProcError> + Send + Sync + 'static,
+{
+    fn call(&self, ctx: &CallContext<'_>, args: &[u8]) -> Result<Vec<u8>, ProcError> {
+        self(ctx, args)
+    }
+}
+
+/// The programs a server serves, and the dispatch of one call message to them.
+#[derive(Default, Clone)]
+pub struct Registry {
+    progs: HashMap<u32, BTreeMap<u32, Arc<dyn Program>>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Serves version `vers` of program `prog` with `p` (replacing an earlier one).
+    pub fn register(&mut self, prog: u32, vers: u32, p: impl Program) -> &mut Registry {
+        self.progs
+            .entry(prog)
+            .or_default()
+            .insert(vers, Arc::new(p));
+        self
+    }
+
+    /// Answers the call message `msg`: the reply message, or `None` when there is nothing
+    /// to answer (not a call). A handler that panics answers `SYSTEM_ERR`.
+    pub fn dispatch(&self, msg: &[u8], peer: Option<SocketAddr>) -> Option<Vec<u8>> {
+        let (h, off) = match decode_call(msg) {
+            Ok(c) => c,
+            Err(bad) => {
+                let (xid, st) = bad.answer()?;
+                return Some(reply(xid, st, &[]));
+            }
+        };
+        let results;
+        let status = match self.route(&h) {
+            Err(st) => st,
+            Ok(p) => {
+                let ctx = CallContext { header: &h, peer };
+                let args = &msg[off..];
+                match catch_unwind(AssertUnwindSafe(|| p.call(&ctx, args))) {
+                    Ok(Ok(r)) => {
+                        results = r;
+                        return Some(reply(h.xid, ReplyStatus::Success, &results));
+                    }
+                    Ok(Err(e)) => match e {
+                        ProcError::ProcUnavail => ReplyStatus::ProcUnavail,
+                        ProcError::GarbageArgs => ReplyStatus::GarbageArgs,
+                        ProcError::SystemErr => ReplyStatus::SystemErr,
+                        ProcError::Auth(s) => ReplyStatus::AuthError(s),
+                    },
+                    Err(_) => {
+                        tracing::error!(
+                            xid = h.xid,
+                            prog = h.prog,
+                            proc = h.proc,
+                            "RPC handler panicked"
+                        );
+                        ReplyStatus::SystemErr
+                    }
+                }
+            }
+        };
+        Some(reply(h.xid, status, &[]))
+    }
+
+    /// The handler of a call, or the status that refuses it.
+    fn route(&self, h: &CallHeader) -> Result<&Arc<dyn Program>, ReplyStatus> {
+        // RFC 5531 §8.2, §10: AUTH_NONE and AUTH_SYS credentials, with AUTH_NONE verifiers
+        // (what Linux's svcauth accepts without RPCSEC_GSS).
+        match h.cred {
+            Auth::None | Auth::Sys(_) => {}
+            Auth::Other { .. } => return Err(ReplyStatus::AuthError(AuthStat::BadCred)),
+        }
+        if h.verf != Auth::None {
+            return Err(ReplyStatus::AuthError(AuthStat::BadVerf));
+        }
+        let versions = self.progs.get(&h.prog).ok_or(ReplyStatus::ProgUnavail)?;
+        versions.get(&h.vers).ok_or_else(|| {
+            let low = versions.keys().next().copied().unwrap_or(0);
+            let high = versions.keys().next_back().copied().unwrap_or(0);
+            ReplyStatus::ProgMismatch { low, high }
+        })
+    }
+}
+
+fn reply(xid: u32, st: ReplyStatus, results: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(32 + results.len());
+    // AUTH_NONE verifier and a status: always encodable.
+    encode_reply(xid, st, &Auth::None, results, &mut m).expect("AUTH_NONE reply encodes");
+    m
+}
+
+/// How a [`Server`] runs.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerConfig {
+    /// Threads running handlers.
+    pub threads: usize,
+    /// Calls of one connection being served at once; its next call is not read before one
+    /// of them is answered (a client cannot make the server queue without limit).
+    pub max_in_flight: usize,
+    /// Largest call record accepted over TCP (a larger one ends the connection).
+    pub max_record: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            threads: 4,
+            max_in_flight: 64,
+            max_record: DEFAULT_MAX_RECORD,
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A pool of handler threads and the registry they dispatch to.
+pub struct Server {
+    registry: Arc<Registry>,
+    cfg: ServerConfig,
+    jobs: Option<Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Starts `cfg.threads` handler threads for `registry`.
+    pub fn new(registry: Registry, cfg: ServerConfig) -> Server {
+        let threads = cfg.threads.max(1);
+        let (tx, rx) = bounded::<Job>(threads * 4);
+        let workers = (0..threads)
+            .map(|i| {
+                let rx = rx.clone();
+                std::thread::Builder::new()
+                    .name(format!("rpc-worker-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            job();
+                        }
+                    })
+                    .expect("spawn an RPC worker")
+            })
+            .collect();
+        Server {
+            registry: Arc::new(registry),
+            cfg,
+            jobs: Some(tx),
+            workers,
+        }
+    }
+
+    /// The programs served.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Runs `job` on the pool (blocks while the pool's queue is full).
+    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        if let Some(tx) = &self.jobs {
+            let _ = tx.send(Box::new(job));
+        }
+    }
+
+    /// Serves RPC over TCP on `listener` until the handle is shut down or dropped.
+    pub fn serve_tcp(self: &Arc<Self>, listener: TcpListener) -> io::Result<TcpServer> {
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (server, stop2, conns2) = (self.clone(), stop.clone(), conns.clone());
+        let accept = std::thread::Builder::new()
+            .name("rpc-tcp-accept".into())
+            .spawn(move || {
+                for s in listener.incoming() {
+                    if stop2.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(s) = s else { continue };
+                    let Ok(clone) = s.try_clone() else { continue };
+                    conns2.lock().push(clone);
+                    let server = server.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("rpc-tcp-conn".into())
+                        .spawn(move || server.serve_connection(s));
+                }
+            })?;
+        Ok(TcpServer {
+            addr,
+            stop,
+            conns,
+            accept: Some(accept),
+        })
+    }
+
+    /// Reads calls from one connection, each answered by the pool in any order.
+    fn serve_connection(self: Arc<Self>, s: TcpStream) {
+        let peer = s.peer_addr().ok();
+        let _ = s.set_nodelay(true);
+        let Ok(w) = s.try_clone() else { return };
+        let writer = Arc::new(Mutex::new(w));
+        let gate = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let mut reader = RecordReader::new(s, self.cfg.max_record);
+        loop {
+            let msg = match reader.read_record() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(?peer, error = %e, "RPC connection ended");
+                    break;
+                }
+            };
+            {
+                let (n, cv) = &*gate;
+                let mut n = n.lock();
+                while *n >= self.cfg.max_in_flight.max(1) {
+                    cv.wait(&mut n);
+                }
+                *n += 1;
+            }
+            let (reg, writer, gate) = (self.registry.clone(), writer.clone(), gate.clone());
+            self.spawn(move || {
+                if let Some(r) = reg.dispatch(&msg, peer) {
+                    let mut w = writer.lock();
+                    if write_record(&mut *w, &r, MAX_FRAGMENT).is_err() {
+                        let _ = w.shutdown(Shutdown::Both);
+                    }
+                }
+                let (n, cv) = &*gate;
+                *n.lock() -= 1;
+                cv.notify_one();
+            });
+        }
+        let _ = writer.lock().shutdown(Shutdown::Both);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// A running TCP service; shut down when dropped.
+pub struct TcpServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl TcpServer {
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and ends every connection.
+    pub fn shutdown(&mut self) {
+        if self.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Wakes the accepting thread.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+        for c in self.conns.lock().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,131 @@
+//! RPC over TCP with record marking (RFC 5531 §11).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT};
+use crate::record::{MAX_FRAGMENT, RecordDecoder, encode_record};
+
+/// The largest record accepted by default: a 1 MiB NFS READ or WRITE plus headers, with room.
+pub const DEFAULT_MAX_RECORD: usize = 4 << 20;
+
+/// Reads whole records from a stream.
+pub struct RecordReader<R> {
+    inner: R,
+    decoder: RecordDecoder,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl<R: Read> RecordReader<R> {
+    /// Records of at most `max_record` octets from `inner`.
+    pub fn new(inner: R, max_record: usize) -> RecordReader<R> {
+        RecordReader {
+            inner,
+            decoder: RecordDecoder::new(max_record),
+            buf: vec![0; 64 * 1024].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// The next record; `Ok(None)` at an end of stream between records. A record over the
+    /// limit, or an end inside one, is an `InvalidData` / `UnexpectedEof` error.
+    pub fn read_record(&mut self) -> io::Result<Option<Vec<u8>>> {
+        loop {
+            if self.start < self.end {
+                let mut input = &self.buf[self.start..self.end];
+                let before = input.len();
+                let r = self
+                    .decoder
+                    .decode(&mut input)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                self.start += before - input.len();
+                if let Some(rec) = r {
+                    return Ok(Some(rec));
+                }
+            }
+            self.start = 0;
+            self.end = match self.inner.read(&mut self.buf) {
+                Ok(0) if self.decoder.is_idle() => return Ok(None),
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(e),
+            };
+        }
+    }
+}
+
+/// Writes `msg` as one record (fragments of at most `max_fragment`) with one `write_all`.
+pub fn write_record(w: &mut impl Write, msg: &[u8], max_fragment: usize) -> io::Result<()> {
+    let mut out = Vec::with_capacity(msg.len() + 8);
+    encode_record(&[msg], max_fragment, &mut out);
+    w.write_all(&out)
+}
+
+/// A client's TCP connection.
+pub struct TcpTransport {
+    writer: Mutex<TcpStream>,
+    reader: Mutex<RecordReader<TcpStream>>,
+    stream: TcpStream,
+    max_fragment: usize,
+}
+
+impl TcpTransport {
+    /// Connects to `addr` (`TCP_NODELAY`: calls are not held back).
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpTransport> {
+        let s = TcpStream::connect(addr)?;
+        TcpTransport::from_stream(s, DEFAULT_MAX_RECORD)
+    }
+
+    /// Over an established stream.
+    pub fn from_stream(s: TcpStream, max_record: usize) -> io::Result<TcpTransport> {
+        s.set_nodelay(true)?;
+        Ok(TcpTransport {
+            writer: Mutex::new(s.try_clone()?),
+            reader: Mutex::new(RecordReader::new(s.try_clone()?, max_record)),
+            stream: s,
+            max_fragment: MAX_FRAGMENT,
+        })
+    }
+
+    /// Sends calls as fragments of at most `n` octets (one fragment by default, as Linux).
+    pub fn with_max_fragment(mut self, n: usize) -> TcpTransport {
+        self.max_fragment = n;
+        self
+    }
+
+    /// The server's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.peer_addr()
+    }
+}
+
+impl ClientTransport for TcpTransport {
+    fn send(&self, msg: &[u8]) -> io::Result<()> {
+        write_record(&mut *self.writer.lock(), msg, self.max_fragment)
+    }
+
+    fn recv(&self) -> io::Result<Option<Vec<u8>>> {
+        self.reader.lock().read_record()
+    }
+
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+impl Client {
+    /// A client of the RPC server at `addr` over TCP.
+    pub fn connect_tcp(addr: impl ToSocketAddrs) -> io::Result<Client> {
+        Ok(Client::new(
+            Arc::new(TcpTransport::connect(addr)?),
+            DEFAULT_MAX_IN_FLIGHT,
+        ))
+    }
+}
