@@ -22,7 +22,9 @@ fuzz_target!(|data: &[u8]| {
         2 => Err(ProcError::GarbageArgs),
         _ => Err(ProcError::ProcUnavail),
     });
-    reg.register(100_003, 4, |_: &CallContext<'_>, _: &[u8]| Err(ProcError::SystemErr));
+    reg.register(100_003, 4, |_: &CallContext<'_>, _: &[u8]| {
+        Err::<Vec<u8>, _>(ProcError::SystemErr)
+    });
     let mut d = RecordDecoder::new(LIMIT);
     let step = usize::from(cut).max(1);
     for chunk in stream.chunks(step) {
@@ -32,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
                 Ok(Some(rec)) => {
                     assert!(rec.len() <= LIMIT);
                     if let Some(reply) = reg.dispatch(&rec, None) {
-                        let (h, _) = decode_reply(&reply).expect("our replies decode");
+                        let (h, _) = decode_reply(&reply.msg).expect("our replies decode");
                         assert_eq!(Some((h.xid, false)), peek(&rec));
                     }
                 }

@@ -15,6 +15,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use parking_lot::{Condvar, Mutex};
 
 use crate::msg::{Auth, CallHeader, ReplyHeader, ReplyStatus, decode_reply, encode_call};
+use crate::payload::Payload;
 
 /// Why a call did not return results.
 #[derive(Debug, thiserror::Error)]
@@ -34,9 +35,13 @@ pub enum RpcError {
     /// A reply that does not decode.
     #[error("undecodable RPC reply: {0}")]
     BadReply(softrdma_wire::Error),
-    /// The call cannot be encoded (an over-long credential).
+    /// The call cannot be encoded (an over-long credential, a DDP-eligible range that is
+    /// not an XDR item).
     #[error("RPC call not encodable: {0}")]
-    Encode(softrdma_wire::Error),
+    Encode(String),
+    /// The transport refused the call for good (RPC-over-RDMA `RDMA_ERROR`, RFC 8166 §4.5).
+    #[error("the RPC transport refused the call: {0}")]
+    Transport(String),
 }
 
 /// A reply with results.
@@ -44,16 +49,72 @@ pub enum RpcError {
 pub struct Reply {
     /// The reply's header (status `Success`).
     pub header: ReplyHeader,
-    /// The procedure's results (XDR).
+    /// The procedure's results (XDR). When `bulk` is `Some`, the data of the DDP-eligible
+    /// result was taken out of this stream (its length word stays, RFC 8166 §3.4.4).
     pub results: Vec<u8>,
+    /// The DDP-eligible result's data, when it came apart (an RPC-over-RDMA Write chunk).
+    pub bulk: Option<Vec<u8>>,
 }
 
-/// Moves whole RPC messages for a [`Client`]: record marking over TCP, RPC-over-RDMA.
+/// Room a call's reply may need (the Upper-Layer Binding's maximum reply size,
+/// RFC 8166 §6, RPCRDMA-76): transports that place replies in advance size for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplySpace {
+    /// Largest reply message (RPC header and results).
+    pub max: usize,
+    /// Largest DDP-eligible result data, if the procedure has one (RPCRDMA-48).
+    pub ddp: Option<usize>,
+}
+
+impl Default for ReplySpace {
+    fn default() -> ReplySpace {
+        ReplySpace {
+            max: 64 * 1024,
+            ddp: None,
+        }
+    }
+}
+
+/// A call message on its way out.
+#[derive(Debug, Clone)]
+pub struct OutCall {
+    /// The RPC call message (header and arguments), unreduced.
+    pub msg: Vec<u8>,
+    /// The DDP-eligible argument data, a range of `msg`.
+    pub ddp: Option<std::ops::Range<usize>>,
+    /// What the reply may need.
+    pub reply: ReplySpace,
+}
+
+/// A message from the server.
+#[derive(Debug)]
+pub enum Incoming {
+    /// An RPC reply message (`bulk`: see [`Reply::bulk`]).
+    Reply {
+        /// The RPC reply message.
+        msg: Vec<u8>,
+        /// The DDP-eligible result's data, delivered apart.
+        bulk: Option<Vec<u8>>,
+    },
+    /// The transport refused call `xid` for good.
+    Refused {
+        /// The call.
+        xid: u32,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Moves RPC messages for a [`Client`]: record marking over TCP, RPC-over-RDMA.
 pub trait ClientTransport: Send + Sync + 'static {
-    /// Sends one call message.
-    fn send(&self, msg: &[u8]) -> io::Result<()>;
+    /// Sends one call (blocking while the transport has no room, e.g. no credit).
+    fn send(&self, call: &OutCall) -> io::Result<()>;
     /// Blocks for the next message from the server; `Ok(None)` at a clean end.
-    fn recv(&self) -> io::Result<Option<Vec<u8>>>;
+    fn recv(&self) -> io::Result<Option<Incoming>>;
+    /// The call `xid` is over (answered, abandoned, failed): its resources may go.
+    fn release(&self, xid: u32) {
+        let _ = xid;
+    }
     /// Ends the connection: a thread blocked in `recv` returns.
     fn shutdown(&self);
 }
@@ -133,29 +194,53 @@ impl Shared {
         if self.slots.lock().waiting.remove(&xid).is_some() {
             self.freed.notify_one();
         }
+        self.transport.release(xid);
     }
 
-    fn deliver(&self, msg: Vec<u8>) {
+    fn deliver(&self, inc: Incoming) {
+        let (msg, bulk) = match inc {
+            Incoming::Reply { msg, bulk } => (msg, bulk),
+            Incoming::Refused { xid, why } => {
+                self.fail(xid, RpcError::Transport(why));
+                return;
+            }
+        };
         let (h, off) = match decode_reply(&msg) {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(error = %e, "RPC client: undecodable message dropped");
+                if let Some((xid, _)) = crate::msg::peek(&msg) {
+                    self.fail(xid, RpcError::BadReply(e));
+                }
                 return;
             }
         };
-        let Some(tx) = self.slots.lock().waiting.remove(&h.xid) else {
+        // Whether or not someone still waits, the call is over for the transport.
+        let tx = self.slots.lock().waiting.remove(&h.xid);
+        self.freed.notify_one();
+        self.transport.release(h.xid);
+        let Some(tx) = tx else {
             tracing::debug!(xid = h.xid, "RPC client: reply to no call in flight");
             return;
         };
-        self.freed.notify_one();
         let out = match h.status {
             ReplyStatus::Success => Ok(Reply {
                 header: h,
                 results: msg[off..].to_vec(),
+                bulk,
             }),
             st => Err(RpcError::Status(st)),
         };
         let _ = tx.send(out);
+    }
+
+    fn fail(&self, xid: u32, e: RpcError) {
+        let tx = self.slots.lock().waiting.remove(&xid);
+        self.freed.notify_one();
+        self.transport.release(xid);
+        if let Some(tx) = tx {
+            let _ = tx.send(Err(e));
+        }
     }
 
     fn close(&self) {
@@ -197,7 +282,7 @@ impl Client {
             .spawn(move || {
                 loop {
                     match s.transport.recv() {
-                        Ok(Some(msg)) => s.deliver(msg),
+                        Ok(Some(inc)) => s.deliver(inc),
                         Ok(None) => break,
                         Err(e) => {
                             tracing::debug!(error = %e, "RPC client connection ended");
@@ -230,6 +315,25 @@ impl Client {
     /// Sends a call of `prog`/`vers`/`proc` with XDR `args`; waits for a slot if
     /// `max_in_flight` calls are outstanding.
     pub fn start(&self, prog: u32, vers: u32, proc: u32, args: &[u8]) -> Result<Pending, RpcError> {
+        self.start_with(
+            prog,
+            vers,
+            proc,
+            &Payload::from(args.to_vec()),
+            ReplySpace::default(),
+        )
+    }
+
+    /// As [`Client::start`], with a DDP-eligible argument and the reply's room.
+    pub fn start_with(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc: u32,
+        args: &Payload,
+        reply: ReplySpace,
+    ) -> Result<Pending, RpcError> {
+        args.check().map_err(|e| RpcError::Encode(e.to_string()))?;
         let s = &self.shared;
         let xid = s.next_xid.fetch_add(1, Ordering::Relaxed);
         let h = CallHeader {
@@ -240,8 +344,14 @@ impl Client {
             cred: s.cred.lock().clone(),
             verf: Auth::None,
         };
-        let mut msg = Vec::with_capacity(args.len() + 128);
-        encode_call(&h, args, &mut msg).map_err(RpcError::Encode)?;
+        let mut msg = Vec::with_capacity(args.xdr.len() + 128);
+        encode_call(&h, &args.xdr, &mut msg).map_err(|e| RpcError::Encode(e.to_string()))?;
+        let at = msg.len() - args.xdr.len();
+        let call = OutCall {
+            msg,
+            ddp: args.ddp.clone().map(|r| r.start + at..r.end + at),
+            reply,
+        };
         let (tx, rx) = bounded(1);
         {
             let mut slots = s.slots.lock();
@@ -253,7 +363,7 @@ impl Client {
             }
             slots.waiting.insert(xid, tx);
         }
-        if let Err(e) = s.transport.send(&msg) {
+        if let Err(e) = s.transport.send(&call) {
             s.release(xid);
             return Err(e.into());
         }
@@ -267,6 +377,18 @@ impl Client {
     /// One call: its results, or why there are none.
     pub fn call(&self, prog: u32, vers: u32, proc: u32, args: &[u8]) -> Result<Reply, RpcError> {
         self.start(prog, vers, proc, args)?.wait()
+    }
+
+    /// One call with a DDP-eligible argument and the reply's room.
+    pub fn call_with(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc: u32,
+        args: &Payload,
+        reply: ReplySpace,
+    ) -> Result<Reply, RpcError> {
+        self.start_with(prog, vers, proc, args, reply)?.wait()
     }
 
     /// One call, waiting at most `timeout` for the reply.

@@ -4,11 +4,18 @@
 
 pub mod client;
 pub mod msg;
+pub mod payload;
+pub mod rdma;
 pub mod record;
 pub mod server;
 pub mod tcp;
 
-pub use client::{Client, ClientTransport, Pending, Reply, RpcError};
+pub use client::{
+    Client, ClientTransport, Incoming, OutCall, Pending, Reply, ReplySpace, RpcError,
+};
 pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
-pub use server::{CallContext, ProcError, Program, Registry, Server, ServerConfig, TcpServer};
+pub use payload::{ChunkError, Payload};
+pub use server::{
+    CallContext, OutReply, ProcError, Program, Registry, Server, ServerConfig, TcpServer,
+};
 pub use softrdma_wire::onc_rpc::AuthStat;

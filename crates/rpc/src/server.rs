@@ -14,6 +14,7 @@ use parking_lot::{Condvar, Mutex};
 use softrdma_wire::onc_rpc::AuthStat;
 
 use crate::msg::{Auth, CallHeader, ReplyStatus, decode_call, encode_reply};
+use crate::payload::Payload;
 use crate::record::MAX_FRAGMENT;
 use crate::tcp::{DEFAULT_MAX_RECORD, RecordReader, write_record};
 
@@ -41,17 +42,31 @@ pub enum ProcError {
 
 /// One version of a program: its procedures.
 pub trait Program: Send + Sync + 'static {
-    /// Runs procedure `ctx.header.proc` on XDR `args`; its XDR results.
-    fn call(&self, ctx: &CallContext<'_>, args: &[u8]) -> Result<Vec<u8>, ProcError>;
+    /// Runs procedure `ctx.header.proc` on XDR `args` (whole: DDP-eligible data the
+    /// transport moved apart is back in place); its XDR results, with the DDP-eligible
+    /// result item marked if the procedure has one (RFC 8166 §6).
+    fn call(&self, ctx: &CallContext<'_>, args: &[u8]) -> Result<Payload, ProcError>;
 }
 
-impl<F> Program for F
+impl<F, R> Program for F
 where
-    F: Fn(&CallContext<'_>, &[u8]) -> Result<Vec<u8>, ProcError> + Send + Sync + 'static,
+    F: Fn(&CallContext<'_>, &[u8]) -> Result<R, ProcError> + Send + Sync + 'static,
+    R: Into<Payload>,
 {
-    fn call(&self, ctx: &CallContext<'_>, args: &[u8]) -> Result<Vec<u8>, ProcError> {
-        self(ctx, args)
+    fn call(&self, ctx: &CallContext<'_>, args: &[u8]) -> Result<Payload, ProcError> {
+        self(ctx, args).map(Into::into)
     }
+}
+
+/// A reply message on its way out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutReply {
+    /// The call's xid.
+    pub xid: u32,
+    /// The RPC reply message (header and results), unreduced.
+    pub msg: Vec<u8>,
+    /// The DDP-eligible result data, a range of `msg`.
+    pub ddp: Option<std::ops::Range<usize>>,
 }
 
 /// The programs a server serves, and the dispatch of one call message to them.
@@ -77,7 +92,7 @@ impl Registry {
 
     /// Answers the call message `msg`: the reply message, or `None` when there is nothing
     /// to answer (not a call). A handler that panics answers `SYSTEM_ERR`.
-    pub fn dispatch(&self, msg: &[u8], peer: Option<SocketAddr>) -> Option<Vec<u8>> {
+    pub fn dispatch(&self, msg: &[u8], peer: Option<SocketAddr>) -> Option<OutReply> {
         let (h, off) = match decode_call(msg) {
             Ok(c) => c,
             Err(bad) => {
@@ -92,9 +107,16 @@ impl Registry {
                 let ctx = CallContext { header: &h, peer };
                 let args = &msg[off..];
                 match catch_unwind(AssertUnwindSafe(|| p.call(&ctx, args))) {
-                    Ok(Ok(r)) => {
+                    Ok(Ok(r)) if r.check().is_ok() => {
                         results = r;
-                        return Some(reply(h.xid, ReplyStatus::Success, &results));
+                        let mut out = reply(h.xid, ReplyStatus::Success, &results.xdr);
+                        let at = out.msg.len() - results.xdr.len();
+                        out.ddp = results.ddp.map(|d| d.start + at..d.end + at);
+                        return Some(out);
+                    }
+                    Ok(Ok(_)) => {
+                        tracing::error!(xid = h.xid, "RPC handler marked a bad DDP-eligible item");
+                        ReplyStatus::SystemErr
                     }
                     Ok(Err(e)) => match e {
                         ProcError::ProcUnavail => ReplyStatus::ProcUnavail,
@@ -137,11 +159,15 @@ impl Registry {
     }
 }
 
-fn reply(xid: u32, st: ReplyStatus, results: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(32 + results.len());
+fn reply(xid: u32, st: ReplyStatus, results: &[u8]) -> OutReply {
+    let mut msg = Vec::with_capacity(32 + results.len());
     // AUTH_NONE verifier and a status: always encodable.
-    encode_reply(xid, st, &Auth::None, results, &mut m).expect("AUTH_NONE reply encodes");
-    m
+    encode_reply(xid, st, &Auth::None, results, &mut msg).expect("AUTH_NONE reply encodes");
+    OutReply {
+        xid,
+        msg,
+        ddp: None,
+    }
 }
 
 /// How a [`Server`] runs.
@@ -273,7 +299,7 @@ impl Server {
             self.spawn(move || {
                 if let Some(r) = reg.dispatch(&msg, peer) {
                     let mut w = writer.lock();
-                    if write_record(&mut *w, &r, MAX_FRAGMENT).is_err() {
+                    if write_record(&mut *w, &r.msg, MAX_FRAGMENT).is_err() {
                         let _ = w.shutdown(Shutdown::Both);
                     }
                 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT};
+use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::record::{MAX_FRAGMENT, RecordDecoder, encode_record};
 
 /// The largest record accepted by default: a 1 MiB NFS READ or WRITE plus headers, with room.
@@ -107,12 +107,17 @@ impl TcpTransport {
 }
 
 impl ClientTransport for TcpTransport {
-    fn send(&self, msg: &[u8]) -> io::Result<()> {
-        write_record(&mut *self.writer.lock(), msg, self.max_fragment)
+    fn send(&self, call: &OutCall) -> io::Result<()> {
+        // A byte stream carries the DDP-eligible data in place.
+        write_record(&mut *self.writer.lock(), &call.msg, self.max_fragment)
     }
 
-    fn recv(&self) -> io::Result<Option<Vec<u8>>> {
-        self.reader.lock().read_record()
+    fn recv(&self) -> io::Result<Option<Incoming>> {
+        Ok(self
+            .reader
+            .lock()
+            .read_record()?
+            .map(|msg| Incoming::Reply { msg, bulk: None }))
     }
 
     fn shutdown(&self) {

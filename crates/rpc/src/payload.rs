@@ -1,0 +1,185 @@
+//! An RPC message body and its DDP-eligible item (RFC 8166 §3.4), and the XDR reduction a
+//! chunk makes of it: what leaves the Payload stream and how the receiver puts it back.
+
+use std::ops::Range;
+
+use softrdma_wire::xdr::{pad_len, padded_len};
+
+/// XDR octets (call arguments or reply results) with at most one DDP-eligible item: the data
+/// octets of one variable-length opaque, `ddp`, which the Upper-Layer Binding names
+/// (RFC 8166 §6; for NFSv3 the data of WRITE and READ, RFC 8267 §4). Its length word stays
+/// before it in `xdr`; its XDR padding follows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Payload {
+    /// The whole (unreduced) XDR stream.
+    pub xdr: Vec<u8>,
+    /// The DDP-eligible data, a range of `xdr` starting at a multiple of 4.
+    pub ddp: Option<Range<usize>>,
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(xdr: Vec<u8>) -> Payload {
+        Payload { xdr, ddp: None }
+    }
+}
+
+impl Payload {
+    /// `xdr` with the data of `opaque` appended as a DDP-eligible `opaque<>` (length word,
+    /// data, padding) — the usual last argument or result (NFS WRITE, READ).
+    pub fn with_opaque(mut xdr: Vec<u8>, opaque: &[u8]) -> Payload {
+        debug_assert!(xdr.len().is_multiple_of(4));
+        xdr.extend_from_slice(&(opaque.len() as u32).to_be_bytes());
+        let start = xdr.len();
+        xdr.extend_from_slice(opaque);
+        xdr.resize(padded_len(xdr.len()), 0);
+        Payload {
+            xdr,
+            ddp: Some(start..start + opaque.len()),
+        }
+    }
+
+    /// The DDP-eligible data, if any.
+    pub fn ddp_data(&self) -> Option<&[u8]> {
+        self.ddp.clone().and_then(|r| self.xdr.get(r))
+    }
+
+    /// A well-formed item: inside `xdr`, 4-aligned, its padding inside `xdr` too.
+    pub fn check(&self) -> Result<(), ChunkError> {
+        match &self.ddp {
+            None => Ok(()),
+            Some(r)
+                if r.start.is_multiple_of(4)
+                    && r.start <= r.end
+                    && padded_len(r.end) <= self.xdr.len() =>
+            {
+                Ok(())
+            }
+            Some(_) => Err(ChunkError::BadItem),
+        }
+    }
+
+    /// The reduced stream: `xdr` without the DDP-eligible data and its padding
+    /// (RFC 8166 §3.4.4, RPCRDMA-14, RPCRDMA-18). Without an item, `xdr` itself.
+    pub fn reduced(&self) -> Vec<u8> {
+        match &self.ddp {
+            Some(r) => {
+                let end = padded_len(r.end).min(self.xdr.len());
+                let mut v = Vec::with_capacity(self.xdr.len() - (end - r.start));
+                v.extend_from_slice(&self.xdr[..r.start]);
+                v.extend_from_slice(&self.xdr[end..]);
+                v
+            }
+            None => self.xdr.clone(),
+        }
+    }
+}
+
+/// A chunk list that does not fit the stream it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkError {
+    /// A Read chunk's Position lies past the end of the stream, before the previous chunk's
+    /// end, or off a 4-octet boundary.
+    #[error("a chunk's position does not fit the payload stream")]
+    BadPosition,
+    /// The reconstructed message would exceed the limit.
+    #[error("the message with its chunks exceeds the limit")]
+    TooLarge,
+    /// A DDP-eligible range that is not an XDR item.
+    #[error("the DDP-eligible item is not 4-aligned inside the stream")]
+    BadItem,
+}
+
+/// The receiver's reconstruction (RFC 8166 §3.4.5, RPCRDMA-22): the unreduced stream from the
+/// reduced one and the chunks' data, each re-inserted at its Position in the unreduced
+/// stream (in order of Position) followed by its XDR padding unless the chunk carried it.
+/// At most `max` octets.
+pub fn splice(reduced: &[u8], chunks: &[(u32, &[u8])], max: usize) -> Result<Vec<u8>, ChunkError> {
+    let total = chunks.iter().fold(reduced.len(), |n, (_, d)| {
+        n.saturating_add(padded_len(d.len()))
+    });
+    if total > max {
+        return Err(ChunkError::TooLarge);
+    }
+    let mut out = Vec::with_capacity(total);
+    let mut src = 0;
+    for &(pos, data) in chunks {
+        let pos = pos as usize;
+        if !pos.is_multiple_of(4) || pos < out.len() {
+            return Err(ChunkError::BadPosition);
+        }
+        let take = pos - out.len();
+        let piece = reduced
+            .get(src..src + take)
+            .ok_or(ChunkError::BadPosition)?;
+        out.extend_from_slice(piece);
+        src += take;
+        out.extend_from_slice(data);
+        out.resize(out.len() + pad_len(data.len()), 0);
+    }
+    out.extend_from_slice(&reduced[src..]);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// RFC 8166 §3.4.4's worked example: a 7-octet opaque at offset 0x80; the reduced stream
+    /// keeps the length word, the chunk starts at 0x84.
+    #[test]
+    fn the_rfc_example_reduces_and_splices_back() {
+        let head = vec![0xAB; 0x80];
+        let mut p = Payload::with_opaque(head, b"1234567");
+        p.xdr.extend_from_slice(&[9, 9, 9, 9]);
+        assert_eq!(p.ddp, Some(0x84..0x8B));
+        assert_eq!(p.xdr.len(), 0x80 + 4 + 8 + 4);
+        let r = p.reduced();
+        assert_eq!(r.len(), 0x80 + 4 + 4);
+        assert_eq!(&r[0x80..0x84], &[0, 0, 0, 7]);
+        assert_eq!(&r[0x84..], &[9, 9, 9, 9]);
+        let back = splice(&r, &[(0x84, b"1234567")], 1 << 20).unwrap();
+        assert_eq!(back, p.xdr);
+        // A chunk that carried its padding (RPCRDMA-25) splices the same way.
+        let back = splice(&r, &[(0x84, b"1234567\0")], 1 << 20).unwrap();
+        assert_eq!(back, p.xdr);
+    }
+
+    #[test]
+    fn positions_that_do_not_fit_are_refused() {
+        let r = vec![0u8; 16];
+        assert_eq!(splice(&r, &[(2, b"x")], 100), Err(ChunkError::BadPosition));
+        assert_eq!(splice(&r, &[(20, b"x")], 100), Err(ChunkError::BadPosition));
+        assert_eq!(
+            splice(&r, &[(8, b"abcd"), (4, b"x")], 100),
+            Err(ChunkError::BadPosition)
+        );
+        assert_eq!(
+            splice(&r, &[(8, &[0; 100])], 100),
+            Err(ChunkError::TooLarge)
+        );
+        assert_eq!(splice(&r, &[(16, b"z")], 100).unwrap().len(), 20);
+        let bad = Payload {
+            xdr: vec![0; 8],
+            ddp: Some(2..4),
+        };
+        assert_eq!(bad.check(), Err(ChunkError::BadItem));
+    }
+
+    proptest! {
+        /// Reducing any item and splicing its data back gives the stream again.
+        #[test]
+        fn reduce_then_splice_is_identity(
+            head in 0usize..40,
+            data in prop::collection::vec(any::<u8>(), 0..50),
+            tail in 0usize..10,
+        ) {
+            let mut p = Payload::with_opaque(vec![1; head * 4], &data);
+            p.xdr.extend(std::iter::repeat_n(2, tail * 4));
+            prop_assert!(p.check().is_ok());
+            let pos = p.ddp.clone().unwrap().start as u32;
+            let back = splice(&p.reduced(), &[(pos, &data)], 1 << 20).unwrap();
+            prop_assert_eq!(back, p.xdr);
+        }
+    }
+}

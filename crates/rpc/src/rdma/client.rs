@@ -1,0 +1,591 @@
+//! The requester's side of RPC-over-RDMA (RFC 8166 §3.5, §4.3; the steps of the digest's
+//! §7.1): credits, the call forms (short, chunked, long), Write and Reply chunks for the
+//! reply, and the reply's reconstruction.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use softrdma::{
+    Access, ConnectParams, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+use softrdma_wire::rpcrdma::{
+    Body, Chunks, ErrorBody, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
+};
+
+use super::{RdmaConfig, Thresholds, thresholds, wrid};
+use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
+use crate::msg::peek;
+
+/// Memory a call lent the responder; deregistered (invalidated) when the call is over.
+#[derive(Default)]
+struct Lent {
+    /// The Send buffer slot.
+    slot: Option<usize>,
+    /// Read chunk source (argument data or the whole call).
+    read: Option<Mr>,
+    /// Write chunk target for the DDP-eligible result.
+    write: Option<Mr>,
+    /// Reply chunk target (a long reply).
+    reply: Option<Mr>,
+    /// The reply arrived: its credit is returned.
+    answered: bool,
+}
+
+/// How this connection's calls and replies travelled (RFC 8166 §3.5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdmaStats {
+    /// Calls sent whole in the Send (short).
+    pub calls_short: u64,
+    /// Calls with their DDP-eligible argument in a Read chunk.
+    pub calls_chunked: u64,
+    /// Long Calls: the message in a Position-Zero Read chunk (RDMA_NOMSG).
+    pub calls_long: u64,
+    /// Replies received inline.
+    pub replies_inline: u64,
+    /// Replies whose DDP-eligible result came through our Write chunk.
+    pub replies_write_chunk: u64,
+    /// Long Replies, through our Reply chunk (RDMA_NOMSG).
+    pub replies_reply_chunk: u64,
+    /// RDMA_ERROR received.
+    pub errors: u64,
+    /// The most calls in flight at once.
+    pub max_in_flight: u32,
+}
+
+struct State {
+    /// The latest grant (RPCRDMA-04; 1 until the first reply, RPCRDMA-08).
+    granted: u32,
+    /// Calls sent and not answered (a call abandoned by its caller still counts until its
+    /// reply comes: the responder has not acknowledged it).
+    unanswered: u32,
+    calls: HashMap<u32, Lent>,
+    free_slots: Vec<usize>,
+    closed: bool,
+    stats: RdmaStats,
+}
+
+/// A client's RPC-over-RDMA connection ([`ClientTransport`]).
+pub struct RdmaTransport {
+    _ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    cfg: RdmaConfig,
+    th: Thresholds,
+    /// Receive buffers, `credits` of `inline_recv` octets.
+    recv_mr: Mr,
+    /// Send buffers, `credits` of `inline_send` octets.
+    send_mr: Mr,
+    state: Mutex<State>,
+    room: Condvar,
+    /// Messages decoded from a batch of completions, not yet handed out.
+    ready: Mutex<VecDeque<Incoming>>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl RdmaTransport {
+    /// Connects to the RPC-over-RDMA server at `addr` on `ctx`'s device.
+    pub fn connect(
+        ctx: &Context,
+        addr: impl ToSocketAddrs,
+        cfg: RdmaConfig,
+    ) -> io::Result<RdmaTransport> {
+        let credits = cfg.credits.max(1);
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(4 * credits as usize + 64, None);
+        let mut attr = QpInitAttr::new(&cq, &cq);
+        attr.cap = QpCap {
+            max_send_wr: 2 * credits + 16,
+            max_recv_wr: credits,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(attr).map_err(io_err)?;
+        let recv_mr = pd
+            .alloc_mr(credits as usize * cfg.inline_recv, Access::LOCAL_WRITE)
+            .map_err(io_err)?;
+        let send_mr = pd
+            .alloc_mr(credits as usize * cfg.inline_send, Access::empty())
+            .map_err(io_err)?;
+        // RPCRDMA-06: a Receive for every reply we may get, before anything is sent.
+        for i in 0..credits as usize {
+            post_recv(&qp, &recv_mr, cfg.inline_recv, i)?;
+        }
+        let info = qp
+            .connect(
+                addr,
+                ConnectParams {
+                    private_data: cfg.private_data(),
+                    ..ConnectParams::default()
+                },
+            )
+            .map_err(io_err)?;
+        let th = thresholds(&cfg, &info.peer_private_data, true);
+        Ok(RdmaTransport {
+            _ctx: ctx.clone(),
+            pd,
+            cq,
+            qp,
+            cfg,
+            th,
+            recv_mr,
+            send_mr,
+            state: Mutex::new(State {
+                granted: 1,
+                unanswered: 0,
+                calls: HashMap::new(),
+                free_slots: (0..credits as usize).rev().collect(),
+                closed: false,
+                stats: RdmaStats::default(),
+            }),
+            room: Condvar::new(),
+            ready: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// The connection's inline thresholds.
+    pub fn thresholds(&self) -> Thresholds {
+        self.th
+    }
+
+    /// How calls and replies travelled so far.
+    pub fn stats(&self) -> RdmaStats {
+        self.state.lock().stats
+    }
+
+    /// The credits the server grants now.
+    pub fn granted(&self) -> u32 {
+        self.state.lock().granted
+    }
+
+    /// Registers `len` octets for the responder: `data` copied in (a Read chunk) or room
+    /// to write (`write`). A fresh registration per call: a new handle the peer cannot
+    /// guess from earlier ones, gone once the call is over (RFC 8166 §8.1).
+    fn lend(&self, len: usize, data: Option<&[u8]>) -> io::Result<Mr> {
+        let access = if data.is_some() {
+            Access::REMOTE_READ
+        } else {
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE
+        };
+        let mr = self.pd.alloc_mr(len.max(1), access).map_err(io_err)?;
+        if let Some(d) = data {
+            mr.copy_in(0, d).map_err(io_err)?;
+        }
+        Ok(mr)
+    }
+
+    fn segment(mr: &Mr, len: usize) -> Segment {
+        Segment {
+            handle: mr.rkey().0,
+            length: len as u32,
+            offset: mr.addr(0),
+        }
+    }
+
+    /// Turns completions into messages for `recv`.
+    fn on_completion(&self, wc: &WorkCompletion) -> io::Result<()> {
+        match wrid::kind(wc.wr_id) {
+            wrid::RECV => {
+                if wc.status != WcStatus::Success {
+                    return Err(io_err(format!("receive completed {:?}", wc.status)));
+                }
+                let i = wrid::index(wc.wr_id) as usize;
+                let mut buf = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
+                self.recv_mr
+                    .copy_out(i * self.cfg.inline_recv, &mut buf)
+                    .map_err(io_err)?;
+                post_recv(&self.qp, &self.recv_mr, self.cfg.inline_recv, i)?;
+                if let Some(inc) = self.on_message(&buf) {
+                    self.ready.lock().push_back(inc);
+                }
+                Ok(())
+            }
+            _ if wc.status != WcStatus::Success => {
+                Err(io_err(format!("{:?} completed {:?}", wc.opcode, wc.status)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A message from the responder: the reply it carries, or nothing (discarded).
+    fn on_message(&self, buf: &[u8]) -> Option<Incoming> {
+        // RPCRDMA-56, -58, -61: whatever does not parse is dropped.
+        let (h, hlen) = Repr::parse(buf).ok()?;
+        let xid = h.rdma_xid;
+        let mut st = self.state.lock();
+        let lent = st.calls.get(&xid)?;
+        if lent.answered {
+            return None;
+        }
+        let out = match &h.body {
+            Body::Error(e) => {
+                st.stats.errors += 1;
+                Incoming::Refused {
+                    xid,
+                    why: match e {
+                        ErrorBody::Vers {
+                            rdma_vers_low: low,
+                            rdma_vers_high: high,
+                        } => {
+                            format!("ERR_VERS: the server speaks RPC-over-RDMA {low}..={high}")
+                        }
+                        ErrorBody::Chunk => "ERR_CHUNK".to_string(),
+                    },
+                }
+            }
+            Body::Msg(c) => {
+                let msg = buf[hlen..].to_vec();
+                // RPCRDMA-38: the header's xid is the message's.
+                if peek(&msg).map(|(x, _)| x) != Some(xid) {
+                    return None;
+                }
+                let bulk = match self.write_result(lent, c) {
+                    Ok(b) => b,
+                    Err(why) => return Some(self.refuse(&mut st, xid, why)),
+                };
+                if bulk.is_some() {
+                    st.stats.replies_write_chunk += 1;
+                } else {
+                    st.stats.replies_inline += 1;
+                }
+                Incoming::Reply { msg, bulk }
+            }
+            Body::NoMsg(c) => {
+                let msg = match self.reply_chunk(lent, c) {
+                    Ok(m) => m,
+                    Err(why) => return Some(self.refuse(&mut st, xid, why)),
+                };
+                let bulk = match self.write_result(lent, c) {
+                    Ok(b) => b,
+                    Err(why) => return Some(self.refuse(&mut st, xid, why)),
+                };
+                st.stats.replies_reply_chunk += 1;
+                if bulk.is_some() {
+                    st.stats.replies_write_chunk += 1;
+                }
+                Incoming::Reply { msg, bulk }
+            }
+            // RPCRDMA-69, -70: never sent, silently dropped.
+            _ => return None,
+        };
+        st.granted = h.rdma_credit.clamp(1, self.cfg.credits.max(1));
+        self.answer(&mut st, xid);
+        Some(out)
+    }
+
+    fn refuse(&self, st: &mut State, xid: u32, why: String) -> Incoming {
+        self.answer(st, xid);
+        // RPCRDMA-74, -75: a reply that breaks the chunk rules is a permanent error.
+        Incoming::Refused { xid, why }
+    }
+
+    fn answer(&self, st: &mut State, xid: u32) {
+        if let Some(l) = st.calls.get_mut(&xid)
+            && !l.answered
+        {
+            l.answered = true;
+            st.unanswered -= 1;
+            self.room.notify_all();
+        }
+    }
+
+    /// The DDP-eligible result the responder wrote into our Write chunk (RFC 8166
+    /// §3.4.6.1), checked against what we offered.
+    fn write_result(&self, lent: &Lent, c: &Chunks<'_>) -> Result<Option<Vec<u8>>, String> {
+        let mut chunks = c.write_list.iter();
+        let first = chunks.next();
+        if chunks.next().is_some() {
+            return Err("more Write chunks returned than offered".into());
+        }
+        let (Some(ch), Some(mr)) = (first, lent.write.as_ref()) else {
+            return match first {
+                Some(ch) if ch.total_len() > 0 => Err("a Write chunk we did not offer".into()),
+                _ => Ok(None),
+            };
+        };
+        let mut segs = ch.iter();
+        let Some(seg) = segs.next() else {
+            return Ok(None);
+        };
+        if segs.next().is_some() || seg.handle != mr.rkey().0 || seg.offset != mr.addr(0) {
+            return Err("a Write chunk unlike the one offered".into());
+        }
+        let len = seg.length as usize;
+        if len > mr.len() {
+            return Err("a Write chunk longer than offered".into());
+        }
+        if len == 0 {
+            // Unused (RPCRDMA-49): the result is inline.
+            return Ok(None);
+        }
+        let mut v = vec![0u8; len];
+        mr.copy_out(0, &mut v).map_err(|e| e.to_string())?;
+        Ok(Some(v))
+    }
+
+    /// A long reply: the message the responder wrote into our Reply chunk.
+    fn reply_chunk(&self, lent: &Lent, c: &Chunks<'_>) -> Result<Vec<u8>, String> {
+        let (Some(ch), Some(mr)) = (c.reply_chunk.as_ref(), lent.reply.as_ref()) else {
+            return Err("RDMA_NOMSG without the Reply chunk we offered".into());
+        };
+        let mut segs = ch.iter();
+        let seg = segs.next().ok_or("an empty Reply chunk")?;
+        if segs.next().is_some() || seg.handle != mr.rkey().0 || seg.offset != mr.addr(0) {
+            return Err("a Reply chunk unlike the one offered".into());
+        }
+        let len = seg.length as usize;
+        if len > mr.len() {
+            return Err("a Reply chunk longer than offered".into());
+        }
+        let mut v = vec![0u8; len];
+        mr.copy_out(0, &mut v).map_err(|e| e.to_string())?;
+        Ok(v)
+    }
+}
+
+fn post_recv(qp: &Qp, mr: &Mr, size: usize, i: usize) -> io::Result<()> {
+    qp.post_recv(RecvWr::new(
+        wrid::RECV | i as u64,
+        vec![mr.sge(i * size, size as u32)],
+    ))
+    .map_err(io_err)
+}
+
+/// Octets of an RDMA_MSG/NOMSG header with these lists.
+fn header_len(reads: usize, write: bool, reply: bool) -> usize {
+    // Fixed 16, Read list (1 + 20 per segment, then 0), Write list, Reply chunk.
+    16 + 4
+        + reads * 24
+        + 4
+        + if write { 4 + 4 + 16 } else { 0 }
+        + 4
+        + if reply { 4 + 16 } else { 0 }
+}
+
+impl ClientTransport for RdmaTransport {
+    fn send(&self, call: &OutCall) -> io::Result<()> {
+        let Some((xid, false)) = peek(&call.msg) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not an RPC call",
+            ));
+        };
+        let mut lent = Lent::default();
+        // Reply resources first (RPCRDMA-76): a Write chunk for the DDP-eligible result
+        // (RPCRDMA-26, -48) and a Reply chunk if the reply may exceed the threshold
+        // (RPCRDMA-52).
+        if let Some(n) = call.reply.ddp {
+            lent.write = Some(self.lend(n, None)?);
+        }
+        let fixed = header_len(0, lent.write.is_some(), true);
+        if call.reply.max + fixed > self.th.reply {
+            lent.reply = Some(self.lend(call.reply.max.min(self.cfg.max_message), None)?);
+        }
+        let write = lent.write.as_ref().map(|m| [Self::segment(m, m.len())]);
+        let reply = lent.reply.as_ref().map(|m| [Self::segment(m, m.len())]);
+        let write_chunks: Vec<WriteChunk<'_>> =
+            write.iter().map(|s| WriteChunk::from(&s[..])).collect();
+        let base = header_len(0, write.is_some(), reply.is_some());
+        // The call's form (RFC 8166 §3.5): short, chunked, or long.
+        let mut read: Vec<ReadSegment> = Vec::new();
+        let (nomsg, payload): (bool, Vec<u8>) = if base + call.msg.len() <= self.th.call {
+            (false, call.msg.clone())
+        } else {
+            let reduced = call.ddp.as_ref().map(|r| {
+                let end = softrdma_wire::xdr::padded_len(r.end).min(call.msg.len());
+                let mut v = call.msg[..r.start].to_vec();
+                v.extend_from_slice(&call.msg[end..]);
+                (r.clone(), v)
+            });
+            match reduced {
+                Some((r, v))
+                    if header_len(1, write.is_some(), reply.is_some()) + v.len()
+                        <= self.th.call =>
+                {
+                    // RPCRDMA-24: the chunk leaves the padding out.
+                    let mr = self.lend(r.len(), Some(&call.msg[r.clone()]))?;
+                    read.push(ReadSegment {
+                        position: r.start as u32,
+                        handle: mr.rkey().0,
+                        length: r.len() as u32,
+                        offset: mr.addr(0),
+                    });
+                    lent.read = Some(mr);
+                    (false, v)
+                }
+                _ => {
+                    // Long Call: the whole message in a Position-Zero Read chunk
+                    // (RPCRDMA-31, -32, -35).
+                    let mr = self.lend(call.msg.len(), Some(&call.msg))?;
+                    read.push(ReadSegment {
+                        position: 0,
+                        handle: mr.rkey().0,
+                        length: call.msg.len() as u32,
+                        offset: mr.addr(0),
+                    });
+                    lent.read = Some(mr);
+                    (true, Vec::new())
+                }
+            }
+        };
+        // Credits (RPCRDMA-02, -04, -08), and a Send buffer.
+        let slot = {
+            let mut st = self.state.lock();
+            loop {
+                if st.closed {
+                    return Err(io::ErrorKind::NotConnected.into());
+                }
+                if st.unanswered < st.granted.min(self.cfg.credits.max(1))
+                    && let Some(s) = st.free_slots.pop()
+                {
+                    // The credit is taken now, under the lock that checked it.
+                    st.unanswered += 1;
+                    st.stats.max_in_flight = st.stats.max_in_flight.max(st.unanswered);
+                    break s;
+                }
+                self.room.wait_for(&mut st, Duration::from_millis(100));
+                if self.qp.state().is_dead() {
+                    st.closed = true;
+                }
+            }
+        };
+        lent.slot = Some(slot);
+        let chunks = Chunks {
+            read_list: ReadList::from(&read[..]),
+            write_list: WriteList::from(&write_chunks[..]),
+            reply_chunk: reply.as_ref().map(|s| WriteChunk::from(&s[..])),
+        };
+        let credits = self.cfg.credits.max(1);
+        let hdr = if nomsg {
+            Repr::nomsg(xid, credits, chunks)
+        } else {
+            Repr::msg(xid, credits, chunks)
+        };
+        let hlen = hdr.buffer_len();
+        let mut out = vec![0u8; hlen + payload.len()];
+        let emitted = hdr.emit(&mut out).map_err(io_err);
+        let fits = out.len() <= self.cfg.inline_send;
+        let mut st = self.state.lock();
+        if emitted.is_err() || !fits {
+            st.free_slots.push(slot);
+            st.unanswered -= 1;
+            self.room.notify_all();
+            emitted?;
+            return Err(io_err("the RPC-over-RDMA header does not fit a Send"));
+        }
+        out[hlen..].copy_from_slice(&payload);
+        let off = slot * self.cfg.inline_send;
+        if let Err(e) = self.send_mr.copy_in(off, &out) {
+            st.free_slots.push(slot);
+            st.unanswered -= 1;
+            self.room.notify_all();
+            return Err(io_err(e));
+        }
+        match (nomsg, read.is_empty()) {
+            (true, _) => st.stats.calls_long += 1,
+            (false, false) => st.stats.calls_chunked += 1,
+            (false, true) => st.stats.calls_short += 1,
+        }
+        st.calls.insert(xid, lent);
+        drop(st);
+        let wr = SendWr::send(
+            wrid::SEND | slot as u64,
+            vec![self.send_mr.sge(off, out.len() as u32)],
+        )
+        .with_flags(SendFlags::SIGNALED);
+        if let Err(e) = self.qp.post_send(wr) {
+            let mut st = self.state.lock();
+            if st.calls.remove(&xid).is_some() {
+                st.unanswered -= 1;
+                st.free_slots.push(slot);
+            }
+            self.room.notify_all();
+            return Err(io_err(e));
+        }
+        Ok(())
+    }
+
+    fn recv(&self) -> io::Result<Option<Incoming>> {
+        let mut wcs = Vec::with_capacity(32);
+        loop {
+            if let Some(m) = self.ready.lock().pop_front() {
+                return Ok(Some(m));
+            }
+            if self.state.lock().closed {
+                return Ok(None);
+            }
+            wcs.clear();
+            match self.cq.wait(1, 32, Duration::from_millis(200), &mut wcs) {
+                Ok(_) => {}
+                Err(softrdma::Error::Timeout) => {
+                    if self.qp.state().is_dead() {
+                        self.close();
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(io_err(e)),
+            }
+            for wc in &wcs {
+                if let Err(e) = self.on_completion(wc) {
+                    self.close();
+                    if wc.status == WcStatus::WorkRequestFlushed || wc.opcode == WcOpcode::Recv {
+                        return Ok(None);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn release(&self, xid: u32) {
+        let mut st = self.state.lock();
+        // A call given up before its reply keeps its credit and its memory registered
+        // until the reply comes (the responder may still write into it); then it goes.
+        if st.calls.get(&xid).is_some_and(|l| l.answered)
+            && let Some(l) = st.calls.remove(&xid)
+        {
+            if let Some(s) = l.slot {
+                st.free_slots.push(s);
+            }
+            self.room.notify_all();
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = self.qp.disconnect();
+        self.close();
+    }
+}
+
+impl RdmaTransport {
+    fn close(&self) {
+        let mut st = self.state.lock();
+        st.closed = true;
+        self.room.notify_all();
+    }
+}
+
+impl Client {
+    /// A client of the RPC-over-RDMA server at `addr`, on `ctx`'s device.
+    pub fn connect_rdma(
+        ctx: &Context,
+        addr: impl ToSocketAddrs,
+        cfg: RdmaConfig,
+    ) -> io::Result<Client> {
+        let t = RdmaTransport::connect(ctx, addr, cfg)?;
+        Ok(Client::new(
+            Arc::new(t),
+            DEFAULT_MAX_IN_FLIGHT.min(cfg.credits.max(1) as usize),
+        ))
+    }
+}

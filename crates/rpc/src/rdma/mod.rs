@@ -1,0 +1,137 @@
+//! RPC-over-RDMA Version One (RFC 8166) on the softrdma verbs API, with the RFC 8797
+//! connection private data: [`RdmaTransport`] for clients, [`crate::Server::serve_rdma`] for
+//! servers. One code path for iWARP and RoCE: the device the context was opened on decides.
+
+mod client;
+mod server;
+
+pub use client::{RdmaStats, RdmaTransport};
+pub use server::RdmaServer;
+
+use softrdma_wire::rpcrdma::{
+    DEFAULT_INLINE_THRESHOLD, PRIVATE_DATA_FLAG_REMOTE_INVALIDATE, PRIVATE_DATA_LEN,
+    PrivateDataRepr,
+};
+
+/// The NFS/RDMA port (RFC 8166 §9, RFC 8267).
+pub const NFS_RDMA_PORT: u16 = 20049;
+
+/// How an RPC-over-RDMA connection is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaConfig {
+    /// Client: credits asked for (calls in flight); server: credits granted (never 0,
+    /// RPCRDMA-03), each backed by a posted Receive (RPCRDMA-05).
+    pub credits: u32,
+    /// Largest Send we post (advertised as the RFC 8797 Send Size).
+    pub inline_send: usize,
+    /// Size of each Receive buffer (advertised as the Receive Size).
+    pub inline_recv: usize,
+    /// Largest RPC message put together from chunks (a larger Read chunk is refused,
+    /// RPCRDMA-81; a larger reply needs a larger Reply chunk than the client offers).
+    pub max_message: usize,
+}
+
+impl Default for RdmaConfig {
+    /// 32 credits and 4 KiB inline both ways (what Linux advertises), 4 MiB messages.
+    fn default() -> RdmaConfig {
+        RdmaConfig {
+            credits: 32,
+            inline_send: 4096,
+            inline_recv: 4096,
+            max_message: 4 << 20,
+        }
+    }
+}
+
+impl RdmaConfig {
+    /// Our RFC 8797 private data (we do not take remote invalidation: chunk memory is
+    /// deregistered locally when the call completes).
+    fn private_data(&self) -> Vec<u8> {
+        let mut b = vec![0u8; PRIVATE_DATA_LEN];
+        let repr = PrivateDataRepr::new(self.inline_send as u32, self.inline_recv as u32, false);
+        let _ = repr.emit(&mut b);
+        b
+    }
+}
+
+/// The inline thresholds of a connection (RFC 8166 §3.3.2): what fits in one Send each way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Requester → Responder.
+    pub call: usize,
+    /// Responder → Requester.
+    pub reply: usize,
+    /// Both ends take remote invalidation (RFC 8797 flag); informational here.
+    pub remote_invalidate: bool,
+}
+
+/// The thresholds from our sizes and the peer's private data; without valid private data,
+/// 1024 each way (RPCRDMA-10). `client`: we are the requester.
+fn thresholds(cfg: &RdmaConfig, peer: &[u8], client: bool) -> Thresholds {
+    let (send, recv) = (cfg.inline_send, cfg.inline_recv);
+    match PrivateDataRepr::parse(peer) {
+        Ok(p) => {
+            let ps = p.max_send_size as usize;
+            let pr = p.max_receive_size as usize;
+            let out = send.min(pr);
+            let inn = recv.min(ps);
+            Thresholds {
+                call: if client { out } else { inn },
+                reply: if client { inn } else { out },
+                remote_invalidate: p.flags & PRIVATE_DATA_FLAG_REMOTE_INVALIDATE != 0,
+            }
+        }
+        Err(_) => Thresholds {
+            call: DEFAULT_INLINE_THRESHOLD as usize,
+            reply: DEFAULT_INLINE_THRESHOLD as usize,
+            remote_invalidate: false,
+        },
+    }
+}
+
+/// What a completion's `wr_id` stands for: kind in the top octet, a number below.
+mod wrid {
+    pub const RECV: u64 = 1 << 56;
+    pub const SEND: u64 = 2 << 56;
+    pub const READ: u64 = 3 << 56;
+    pub const WRITE: u64 = 4 << 56;
+    pub const KIND: u64 = 0xFF << 56;
+
+    pub fn kind(id: u64) -> u64 {
+        id & KIND
+    }
+
+    pub fn index(id: u64) -> u64 {
+        id & !KIND
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_are_the_smaller_of_each_pair_or_1024() {
+        let ours = RdmaConfig {
+            inline_send: 8192,
+            inline_recv: 2048,
+            ..RdmaConfig::default()
+        };
+        let mut peer = vec![0u8; 8];
+        PrivateDataRepr::new(4096, 4096, true)
+            .emit(&mut peer)
+            .unwrap();
+        let t = thresholds(&ours, &peer, true);
+        assert_eq!((t.call, t.reply, t.remote_invalidate), (4096, 2048, true));
+        let t = thresholds(&ours, &peer, false);
+        assert_eq!((t.call, t.reply), (2048, 4096));
+        let t = thresholds(&ours, b"junk", true);
+        assert_eq!((t.call, t.reply), (1024, 1024));
+        assert_eq!(ours.private_data().len(), 8);
+        let back = PrivateDataRepr::parse(&ours.private_data()).unwrap();
+        assert_eq!(
+            (back.max_send_size, back.max_receive_size, back.flags),
+            (8192, 2048, 0)
+        );
+    }
+}

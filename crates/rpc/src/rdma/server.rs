@@ -1,0 +1,597 @@
+//! The responder's side of RPC-over-RDMA (RFC 8166; the digest's §7.2 and §11): header
+//! checks and RDMA_ERROR, Read chunks pulled with RDMA Read, the reply through Write and
+//! Reply chunks, a constant grant backed by posted Receives.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use softrdma::{
+    AcceptParams, Access, ConnRequest, Context, Cq, Key, Listener, Mr, Pd, Qp, QpCap, QpInitAttr,
+    RecvWr, SendFlags, SendWr, WcStatus, WorkCompletion,
+};
+use softrdma_wire::rpcrdma::{
+    Body, Chunks, Header, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
+};
+use softrdma_wire::xdr::padded_len;
+
+use super::{RdmaConfig, Thresholds, thresholds, wrid};
+use crate::msg::peek;
+use crate::payload::splice;
+use crate::server::{OutReply, Server};
+
+/// The chunks a call offered, owned (they outlive the receive buffer).
+#[derive(Debug, Clone, Default)]
+struct Offered {
+    writes: Vec<Vec<Segment>>,
+    reply: Option<Vec<Segment>>,
+}
+
+/// A call whose Read chunks are being pulled.
+struct Pulling {
+    xid: u32,
+    /// RDMA Reads not yet complete.
+    left: usize,
+    mr: Mr,
+    /// (Position, offset in `mr`, length) per Read chunk.
+    chunks: Vec<(u32, usize, usize)>,
+    /// The reduced Payload stream (empty for a Long Call).
+    payload: Vec<u8>,
+    long: bool,
+    offered: Offered,
+}
+
+struct Sends {
+    free: Vec<usize>,
+    /// Memory RDMA Writes of a reply read from, kept until its Send completes (Writes are
+    /// done before the Send after them).
+    held: HashMap<usize, Vec<Mr>>,
+}
+
+struct Conn {
+    server: Arc<Server>,
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    cfg: RdmaConfig,
+    th: Thresholds,
+    peer: SocketAddr,
+    recv_mr: Mr,
+    send_mr: Mr,
+    sends: Mutex<Sends>,
+    send_room: Condvar,
+    pulling: Mutex<HashMap<u64, Pulling>>,
+    next_pull: AtomicU64,
+    dead: AtomicBool,
+}
+
+/// A running RPC-over-RDMA service; shut down when dropped.
+pub struct RdmaServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl RdmaServer {
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting; connections end as their clients leave or the server is dropped.
+    pub fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl Server {
+    /// Serves RPC-over-RDMA on `listener` (bound on `ctx`): each connection gets its QP,
+    /// `cfg.credits` Receives and the RFC 8797 private data; calls run on the pool.
+    pub fn serve_rdma(
+        self: &Arc<Self>,
+        ctx: &Context,
+        listener: Listener,
+        cfg: RdmaConfig,
+    ) -> io::Result<RdmaServer> {
+        let addr = listener.local_addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (server, ctx, stop2) = (self.clone(), ctx.clone(), stop.clone());
+        let accept = std::thread::Builder::new()
+            .name("rpc-rdma-accept".into())
+            .spawn(move || {
+                let mut conns = Vec::new();
+                while !stop2.load(Ordering::Acquire) {
+                    let Ok(req) = listener.accept_timeout(Duration::from_millis(100)) else {
+                        continue;
+                    };
+                    match Conn::accept(&server, &ctx, req, cfg) {
+                        Ok(c) => {
+                            let c2 = c.clone();
+                            if let Ok(h) = std::thread::Builder::new()
+                                .name("rpc-rdma-conn".into())
+                                .spawn(move || c2.run())
+                            {
+                                conns.push((c, h));
+                            }
+                        }
+                        Err(e) => tracing::debug!(error = %e, "RPC-over-RDMA accept failed"),
+                    }
+                    conns.retain(|(_, h)| !h.is_finished());
+                }
+                for (c, h) in conns {
+                    c.dead.store(true, Ordering::Release);
+                    let _ = c.qp.disconnect();
+                    let _ = h.join();
+                }
+            })?;
+        Ok(RdmaServer {
+            addr,
+            stop,
+            accept: Some(accept),
+        })
+    }
+}
+
+impl Conn {
+    fn accept(
+        server: &Arc<Server>,
+        ctx: &Context,
+        req: ConnRequest,
+        cfg: RdmaConfig,
+    ) -> io::Result<Arc<Conn>> {
+        let credits = cfg.credits.max(1);
+        let th = thresholds(&cfg, req.private_data(), false);
+        let peer = req.peer_addr();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(4 * credits as usize + 256, None);
+        let mut attr = QpInitAttr::new(&cq, &cq);
+        attr.cap = QpCap {
+            max_send_wr: 4 * credits + 256,
+            max_recv_wr: credits,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(attr).map_err(io_err)?;
+        let recv_mr = pd
+            .alloc_mr(credits as usize * cfg.inline_recv, Access::LOCAL_WRITE)
+            .map_err(io_err)?;
+        let send_mr = pd
+            .alloc_mr(credits as usize * cfg.inline_send, Access::empty())
+            .map_err(io_err)?;
+        // RPCRDMA-05: every credit granted has its Receive posted before the grant is sent.
+        for i in 0..credits as usize {
+            post_recv(&qp, &recv_mr, cfg.inline_recv, i)?;
+        }
+        req.accept(
+            &qp,
+            AcceptParams {
+                private_data: cfg.private_data(),
+                ..AcceptParams::default()
+            },
+        )
+        .map_err(io_err)?;
+        Ok(Arc::new(Conn {
+            server: server.clone(),
+            pd,
+            cq,
+            qp,
+            cfg,
+            th,
+            peer,
+            recv_mr,
+            send_mr,
+            sends: Mutex::new(Sends {
+                free: (0..credits as usize).rev().collect(),
+                held: HashMap::new(),
+            }),
+            send_room: Condvar::new(),
+            pulling: Mutex::new(HashMap::new()),
+            next_pull: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
+        }))
+    }
+
+    /// Runs the connection's completions until it ends.
+    fn run(self: Arc<Self>) {
+        let mut wcs = Vec::with_capacity(64);
+        while !self.dead.load(Ordering::Acquire) {
+            wcs.clear();
+            match self.cq.wait(1, 64, Duration::from_millis(200), &mut wcs) {
+                Ok(_) => {}
+                Err(softrdma::Error::Timeout) => {
+                    if self.qp.state().is_dead() {
+                        break;
+                    }
+                    continue;
+                }
+                Err(_) => break,
+            }
+            for wc in &wcs {
+                if let Err(e) = self.on_completion(wc) {
+                    tracing::debug!(peer = %self.peer, error = %e, "RPC-over-RDMA connection ends");
+                    self.dead.store(true, Ordering::Release);
+                    break;
+                }
+            }
+        }
+        self.dead.store(true, Ordering::Release);
+        let _ = self.qp.disconnect();
+        self.send_room.notify_all();
+    }
+
+    fn on_completion(self: &Arc<Self>, wc: &WorkCompletion) -> io::Result<()> {
+        if wc.status != WcStatus::Success {
+            // RPCRDMA-65, -68: a failed Read, Write or Send (a bad chunk, a lost peer) ends
+            // the connection; the requester retransmits on a new one.
+            return Err(io_err(format!("{:?} completed {:?}", wc.opcode, wc.status)));
+        }
+        let i = wrid::index(wc.wr_id);
+        match wrid::kind(wc.wr_id) {
+            wrid::RECV => {
+                let i = i as usize;
+                let mut msg = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
+                self.recv_mr
+                    .copy_out(i * self.cfg.inline_recv, &mut msg)
+                    .map_err(io_err)?;
+                post_recv(&self.qp, &self.recv_mr, self.cfg.inline_recv, i)?;
+                self.on_call(&msg)
+            }
+            wrid::READ => {
+                let done = {
+                    let mut p = self.pulling.lock();
+                    match p.get_mut(&i) {
+                        Some(c) => {
+                            c.left -= 1;
+                            if c.left == 0 { p.remove(&i) } else { None }
+                        }
+                        None => None,
+                    }
+                };
+                if let Some(c) = done {
+                    self.pulled(c)?;
+                }
+                Ok(())
+            }
+            wrid::SEND => {
+                let mut s = self.sends.lock();
+                s.held.remove(&(i as usize));
+                s.free.push(i as usize);
+                self.send_room.notify_one();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A message from the requester (RFC 8166 §4.5 for everything that is wrong with it).
+    fn on_call(self: &Arc<Self>, msg: &[u8]) -> io::Result<()> {
+        let Ok(h) = Header::new_checked(msg) else {
+            return Ok(()); // RPCRDMA-56
+        };
+        let (repr, hlen) = match Repr::parse(msg) {
+            Ok(r) => r,
+            Err(softrdma_wire::Error::Unknown {
+                field: "rdma_vers", ..
+            }) => return self.send_error(Repr::err_vers(&h, self.credits())), // RPCRDMA-62
+            Err(_) if h.check_message_len().is_err() => return Ok(()), // RPCRDMA-56
+            Err(_) => return self.send_error(Repr::err_chunk(&h, self.credits())), // RPCRDMA-63
+        };
+        let xid = repr.rdma_xid;
+        let (chunks, long) = match &repr.body {
+            Body::Msg(c) => (c, false),
+            Body::NoMsg(c) => (c, true),
+            // RPCRDMA-69: ERR_CHUNK for RDMA_MSGP.
+            Body::MsgP { .. } => return self.send_error(Repr::err_chunk(&h, self.credits())),
+            // RPCRDMA-42, -70: RDMA_ERROR and RDMA_DONE from a requester are dropped.
+            _ => return Ok(()),
+        };
+        let offered = Offered {
+            writes: chunks
+                .write_list
+                .iter()
+                .map(|c| c.iter().collect())
+                .collect(),
+            reply: chunks.reply_chunk.as_ref().map(|c| c.iter().collect()),
+        };
+        let reads: Vec<ReadSegment> = chunks.read_list.iter().collect();
+        let payload = if long {
+            Vec::new()
+        } else {
+            msg[hlen..].to_vec()
+        };
+        let chunk_err = || self.send_error(Repr::err_chunk(&h, self.credits()));
+        // A Long Call is a Position-Zero Read chunk and nothing else (RPCRDMA-32, -41);
+        // an RDMA_MSG's payload carries the call's xid (RPCRDMA-38).
+        if long && (reads.is_empty() || reads.iter().any(|s| s.position != 0)) {
+            return chunk_err();
+        }
+        if !long && (peek(&payload) != Some((xid, false)) || reads.iter().any(|s| s.position == 0))
+        {
+            return chunk_err();
+        }
+        let total = reads
+            .iter()
+            .fold(0usize, |n, s| n.saturating_add(s.length as usize));
+        if total > self.cfg.max_message || payload.len() + total > self.cfg.max_message {
+            return chunk_err(); // RPCRDMA-81
+        }
+        if reads.is_empty() {
+            self.dispatch(xid, payload, offered);
+            return Ok(());
+        }
+        // RPCRDMA-22: pull the chunks (segments in list order, one chunk per Position).
+        let mr = self
+            .pd
+            .alloc_mr(total.max(1), Access::LOCAL_WRITE)
+            .map_err(io_err)?;
+        let id = self.next_pull.fetch_add(1, Ordering::Relaxed);
+        let mut chunks: Vec<(u32, usize, usize)> = Vec::new();
+        let mut wrs = Vec::with_capacity(reads.len());
+        let mut off = 0;
+        for s in &reads {
+            match chunks.last_mut() {
+                Some(c) if c.0 == s.position => c.2 += s.length as usize,
+                _ => chunks.push((s.position, off, s.length as usize)),
+            }
+            if s.length > 0 {
+                wrs.push(
+                    SendWr::read(
+                        wrid::READ | id,
+                        Some(mr.sge(off, s.length)),
+                        Key(s.handle),
+                        s.offset,
+                    )
+                    .with_flags(SendFlags::SIGNALED),
+                );
+            }
+            off += s.length as usize;
+        }
+        if wrs.is_empty() {
+            let c = Pulling {
+                xid,
+                left: 0,
+                mr,
+                chunks,
+                payload,
+                long,
+                offered,
+            };
+            return self.pulled(c);
+        }
+        self.pulling.lock().insert(
+            id,
+            Pulling {
+                xid,
+                left: wrs.len(),
+                mr,
+                chunks,
+                payload,
+                long,
+                offered,
+            },
+        );
+        self.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))
+    }
+
+    /// Every Read chunk of a call arrived: the call, whole, goes to the pool.
+    fn pulled(self: &Arc<Self>, c: Pulling) -> io::Result<()> {
+        let data = c.mr.to_vec();
+        let msg = if c.long {
+            let len = c.chunks.iter().map(|x| x.2).sum::<usize>();
+            data[..len].to_vec()
+        } else {
+            let parts: Vec<(u32, &[u8])> = c
+                .chunks
+                .iter()
+                .map(|&(pos, off, len)| (pos, &data[off..off + len]))
+                .collect();
+            match splice(&c.payload, &parts, self.cfg.max_message) {
+                Ok(m) => m,
+                Err(_) => return self.send_error(err_chunk_for(c.xid, self.credits())),
+            }
+        };
+        if peek(&msg) != Some((c.xid, false)) {
+            return self.send_error(err_chunk_for(c.xid, self.credits()));
+        }
+        self.dispatch(c.xid, msg, c.offered);
+        Ok(())
+    }
+
+    fn dispatch(self: &Arc<Self>, xid: u32, msg: Vec<u8>, offered: Offered) {
+        let conn = self.clone();
+        let registry = self.server.registry().clone();
+        self.server.spawn(move || {
+            if let Some(out) = registry.dispatch(&msg, Some(conn.peer))
+                && let Err(e) = conn.reply(xid, out, &offered)
+            {
+                // RPCRDMA-68: a reply that cannot be sent ends the connection.
+                tracing::debug!(peer = %conn.peer, error = %e, "RPC-over-RDMA reply lost");
+                conn.dead.store(true, Ordering::Release);
+                let _ = conn.qp.disconnect();
+            }
+        });
+    }
+
+    fn credits(&self) -> u32 {
+        self.cfg.credits.max(1)
+    }
+
+    /// RDMA-Writes `data` through `segs` in order (RPCRDMA-27); the lengths written per
+    /// segment, or `None` if they hold less than `data`.
+    fn write_through(
+        &self,
+        data: &[u8],
+        segs: &[Segment],
+        held: &mut Vec<Mr>,
+    ) -> io::Result<Option<Vec<Segment>>> {
+        let room = segs
+            .iter()
+            .fold(0usize, |n, s| n.saturating_add(s.length as usize));
+        if room < data.len() {
+            return Ok(None);
+        }
+        let mr = self
+            .pd
+            .alloc_mr(data.len().max(1), Access::empty())
+            .map_err(io_err)?;
+        mr.copy_in(0, data).map_err(io_err)?;
+        let mut out = Vec::with_capacity(segs.len());
+        let mut off = 0;
+        let mut wrs = Vec::new();
+        for s in segs {
+            let n = (s.length as usize).min(data.len() - off);
+            if n > 0 {
+                wrs.push(SendWr::write(
+                    wrid::WRITE,
+                    vec![mr.sge(off, n as u32)],
+                    Key(s.handle),
+                    s.offset,
+                ));
+            }
+            out.push(Segment {
+                length: n as u32,
+                ..*s
+            });
+            off += n;
+        }
+        if !wrs.is_empty() {
+            self.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))?;
+        }
+        held.push(mr);
+        Ok(Some(out))
+    }
+
+    /// Sends the reply the way RFC 8166 §4.3 says (the digest's §7.2).
+    fn reply(&self, xid: u32, out: OutReply, offered: &Offered) -> io::Result<()> {
+        let mut held = Vec::new();
+        let mut msg = out.msg;
+        // Write list: the DDP-eligible result into the first Write chunk (RPCRDMA-45,
+        // -46); chunks left over come back unused (RPCRDMA-49), empty ones echoed empty
+        // with the result inline (RPCRDMA-51).
+        let mut writes: Vec<Vec<Segment>> = offered
+            .writes
+            .iter()
+            .map(|c| c.iter().map(|s| Segment { length: 0, ..*s }).collect())
+            .collect();
+        if let (Some(r), Some(first)) = (out.ddp.clone(), offered.writes.first())
+            && !first.is_empty()
+        {
+            match self.write_through(&msg[r.clone()], first, &mut held)? {
+                Some(segs) => {
+                    writes[0] = segs;
+                    // RPCRDMA-18: the data and its padding leave the stream.
+                    let end = padded_len(r.end).min(msg.len());
+                    msg.drain(r.start..end);
+                }
+                None => return self.send_error(err_chunk_for(xid, self.credits())),
+            }
+        }
+        let write_chunks: Vec<WriteChunk<'_>> =
+            writes.iter().map(|c| WriteChunk::from(&c[..])).collect();
+        let inline_hdr = Repr::msg(
+            xid,
+            self.credits(),
+            Chunks {
+                read_list: ReadList::EMPTY, // RPCRDMA-44
+                write_list: WriteList::from(&write_chunks[..]),
+                reply_chunk: None,
+            },
+        );
+        if inline_hdr.buffer_len() + msg.len() <= self.th.reply.min(self.cfg.inline_send) {
+            return self.send(&inline_hdr, &msg, held);
+        }
+        // Long Reply (RPCRDMA-34, -54): the message through the Reply chunk.
+        let Some(rc) = offered.reply.as_ref() else {
+            return self.send_error(err_chunk_for(xid, self.credits()));
+        };
+        let Some(segs) = self.write_through(&msg, rc, &mut held)? else {
+            return self.send_error(err_chunk_for(xid, self.credits()));
+        };
+        let hdr = Repr::nomsg(
+            xid,
+            self.credits(),
+            Chunks {
+                read_list: ReadList::EMPTY,
+                write_list: WriteList::from(&write_chunks[..]),
+                reply_chunk: Some(WriteChunk::from(&segs[..])),
+            },
+        );
+        self.send(&hdr, &[], held)
+    }
+
+    fn send_error(&self, r: Repr<'_>) -> io::Result<()> {
+        self.send(&r, &[], Vec::new())
+    }
+
+    /// One Send of `hdr` and `payload` from a send slot (waiting for one).
+    fn send(&self, hdr: &Repr<'_>, payload: &[u8], held: Vec<Mr>) -> io::Result<()> {
+        let hlen = hdr.buffer_len();
+        let len = hlen + payload.len();
+        if len > self.cfg.inline_send {
+            return Err(io_err("an RPC-over-RDMA message larger than a Send"));
+        }
+        let slot = {
+            let mut s = self.sends.lock();
+            loop {
+                if self.dead.load(Ordering::Acquire) {
+                    return Err(io::ErrorKind::NotConnected.into());
+                }
+                if let Some(i) = s.free.pop() {
+                    s.held.insert(i, held);
+                    break i;
+                }
+                self.send_room.wait_for(&mut s, Duration::from_millis(100));
+            }
+        };
+        let mut buf = vec![0u8; len];
+        hdr.emit(&mut buf).map_err(io_err)?;
+        buf[hlen..].copy_from_slice(payload);
+        let off = slot * self.cfg.inline_send;
+        self.send_mr.copy_in(off, &buf).map_err(io_err)?;
+        self.qp
+            .post_send(
+                SendWr::send(
+                    wrid::SEND | slot as u64,
+                    vec![self.send_mr.sge(off, len as u32)],
+                )
+                .with_flags(SendFlags::SIGNALED),
+            )
+            .map_err(io_err)
+    }
+}
+
+/// ERR_CHUNK for call `xid` (RPCRDMA-59: its xid and version 1 echoed).
+fn err_chunk_for(xid: u32, credits: u32) -> Repr<'static> {
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&xid.to_be_bytes());
+    b[4..8].copy_from_slice(&1u32.to_be_bytes());
+    let h = Header::new_unchecked(&b[..]);
+    Repr::err_chunk(&h, credits)
+}
+
+fn post_recv(qp: &Qp, mr: &Mr, size: usize, i: usize) -> io::Result<()> {
+    qp.post_recv(RecvWr::new(
+        wrid::RECV | i as u64,
+        vec![mr.sge(i * size, size as u32)],
+    ))
+    .map_err(io_err)
+}

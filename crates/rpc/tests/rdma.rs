@@ -1,0 +1,619 @@
+//! RPC-over-RDMA (RFC 8166) over loopback, on both transports through the one verbs API:
+//! every call and reply form, thresholds at ±1 octet, credits, and RDMA_ERROR.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use softrdma::{
+    Access, ConnectParams, Context, Device, Listener, Mr, QpCap, QpInitAttr, RecvWr, SendFlags,
+    SendWr, WcStatus,
+};
+use softrdma_rpc::msg::{decode_reply, encode_call};
+use softrdma_rpc::rdma::{RdmaConfig, RdmaServer, RdmaTransport};
+use softrdma_rpc::*;
+use softrdma_wire::rpcrdma::{
+    Body, Chunks, ErrorBody, PrivateDataRepr, ReadList, ReadSegment, Repr, WriteList,
+};
+
+const PROG: u32 = 0x2000_0002;
+const LONG: Duration = Duration::from_secs(60);
+
+mod proc {
+    pub const NULL: u32 = 0;
+    /// Echoes its arguments.
+    pub const ECHO: u32 = 1;
+    /// Arguments: an opaque (DDP-eligible); results: its length and a checksum.
+    pub const SUM: u32 = 2;
+    /// Arguments: a length n and a seed; results: an opaque of n octets (DDP-eligible).
+    pub const MAKE: u32 = 3;
+    /// Parks until the gate opens, then NULL.
+    pub const GATE: u32 = 4;
+    /// Arguments: a length n; results: n octets inline (not DDP-eligible).
+    pub const BIG: u32 = 5;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum T {
+    Iwarp,
+    Roce,
+}
+
+fn contexts(t: T) -> (Context, Context) {
+    match t {
+        T::Iwarp => (Device::tcp().open().unwrap(), Device::tcp().open().unwrap()),
+        T::Roce => (
+            roce(Ipv4Addr::new(127, 0, 0, 1)),
+            roce(Ipv4Addr::new(127, 0, 0, 2)),
+        ),
+    }
+}
+
+fn roce(ip: Ipv4Addr) -> Context {
+    let mut cfg = softrdma::RoceConfig::new(IpAddr::V4(ip));
+    cfg.port = 0;
+    Device::roce(cfg).open().unwrap()
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn sum(d: &[u8]) -> u64 {
+    d.iter().enumerate().fold(0u64, |a, (i, &b)| {
+        a.wrapping_add((i as u64 + 1) * u64::from(b))
+    })
+}
+
+fn opaque_at(args: &[u8], at: usize) -> &[u8] {
+    let n = u32::from_be_bytes(args[at..at + 4].try_into().unwrap()) as usize;
+    &args[at + 4..at + 4 + n]
+}
+
+#[derive(Default)]
+struct Gate {
+    s: Mutex<(usize, usize, bool)>,
+    cv: Condvar,
+}
+
+fn program(gate: Arc<Gate>) -> impl Program {
+    move |ctx: &CallContext<'_>, args: &[u8]| -> Result<Payload, ProcError> {
+        match ctx.header.proc {
+            proc::NULL => Ok(Payload::default()),
+            proc::ECHO => Ok(args.to_vec().into()),
+            proc::SUM => {
+                let d = opaque_at(args, 4);
+                let mut r = (d.len() as u64).to_be_bytes().to_vec();
+                r.extend_from_slice(&sum(d).to_be_bytes());
+                // The word before the opaque comes back too: the stream around the chunk
+                // was put back in place.
+                r.extend_from_slice(&args[..4]);
+                Ok(r.into())
+            }
+            proc::MAKE => {
+                let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
+                Ok(Payload::with_opaque(vec![0, 0, 0, 7], &pattern(n, args[7])))
+            }
+            proc::GATE => {
+                let mut s = gate.s.lock();
+                s.0 += 1;
+                s.1 = s.1.max(s.0);
+                gate.cv.notify_all();
+                while !s.2 {
+                    gate.cv.wait(&mut s);
+                }
+                s.0 -= 1;
+                Ok(Payload::default())
+            }
+            proc::BIG => {
+                let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
+                Ok(pattern(n, 3).into())
+            }
+            _ => Err(ProcError::ProcUnavail),
+        }
+    }
+}
+
+struct Rig {
+    t: T,
+    _server: Arc<Server>,
+    rdma: RdmaServer,
+    client_ctx: Context,
+    _server_ctx: Context,
+    gate: Arc<Gate>,
+}
+
+fn rig(t: T, scfg: RdmaConfig) -> Rig {
+    let (sctx, cctx) = contexts(t);
+    let gate = Arc::new(Gate::default());
+    let mut reg = Registry::new();
+    reg.register(PROG, 1, program(gate.clone()));
+    let server = Arc::new(Server::new(
+        reg,
+        ServerConfig {
+            threads: 16,
+            ..ServerConfig::default()
+        },
+    ));
+    let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
+    let rdma = server.serve_rdma(&sctx, l, scfg).unwrap();
+    Rig {
+        t,
+        _server: server,
+        rdma,
+        client_ctx: cctx,
+        _server_ctx: sctx,
+        gate,
+    }
+}
+
+impl Rig {
+    fn client(&self, cfg: RdmaConfig) -> (Client, Arc<RdmaTransport>) {
+        let tr = Arc::new(
+            RdmaTransport::connect(&self.client_ctx, self.rdma.local_addr(), cfg).unwrap(),
+        );
+        (Client::new(tr.clone(), 128), tr)
+    }
+}
+
+fn both(f: impl Fn(T)) {
+    for t in [T::Iwarp, T::Roce] {
+        f(t);
+    }
+}
+
+/// The smallest call that leaves the connection's call threshold (4096 by default) with an
+/// ECHO of `n` octets of arguments: header 28 + RPC call header 40 + n.
+const CALL_OVERHEAD: usize = 28 + 40;
+
+/// RPCRDMA-43, RPCRDMA-31, RPCRDMA-33: a call that fits the threshold goes in the Send; one
+/// octet more becomes a Long Call (nothing DDP-eligible), echoed back intact either way.
+#[test]
+fn rpcrdma_31_43_call_threshold_edges() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, tr) = r.client(RdmaConfig::default());
+        assert_eq!(tr.thresholds().call, 4096);
+        // NULL first: the grant arrives (RPCRDMA-08).
+        c.call(PROG, 1, proc::NULL, &[]).unwrap();
+        let fit = 4096 - CALL_OVERHEAD;
+        for (n, long) in [
+            (fit - 4, false),
+            (fit, false),
+            (fit + 4, true),
+            (20000, true),
+        ] {
+            let before = tr.stats();
+            let args = pattern(n, n as u8);
+            // The echo of a call that fits comes back inline too (the reply header is
+            // shorter): no Reply chunk, which would lengthen the call's header.
+            let space = ReplySpace {
+                max: if long { n + 64 } else { 1024 },
+                ddp: None,
+            };
+            let got = c
+                .call_with(PROG, 1, proc::ECHO, &args.clone().into(), space)
+                .unwrap();
+            assert_eq!(got.results, args, "{t:?} {n}");
+            let after = tr.stats();
+            assert_eq!(
+                (
+                    after.calls_long - before.calls_long,
+                    after.calls_short - before.calls_short
+                ),
+                if long { (1, 0) } else { (0, 1) },
+                "{t:?} {n}"
+            );
+        }
+    });
+}
+
+/// RPCRDMA-22, RPCRDMA-24, RPCRDMA-19: the DDP-eligible argument moves in a Read chunk;
+/// the responder puts it back at its Position (the words around it arrive unchanged).
+#[test]
+fn rpcrdma_19_22_read_chunks() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, tr) = r.client(RdmaConfig::default());
+        for n in [1usize, 4095, 4096, 4097, 100_001, 1 << 20] {
+            let data = pattern(n, 9);
+            let args = Payload::with_opaque(0xC0FF_EE00u32.to_be_bytes().to_vec(), &data);
+            let before = tr.stats();
+            let got = c
+                .call_with(PROG, 1, proc::SUM, &args, ReplySpace::default())
+                .unwrap();
+            assert_eq!(&got.results[..8], &(n as u64).to_be_bytes(), "{t:?} {n}");
+            assert_eq!(&got.results[8..16], &sum(&data).to_be_bytes());
+            assert_eq!(&got.results[16..20], &0xC0FF_EE00u32.to_be_bytes());
+            let chunked = tr.stats().calls_chunked - before.calls_chunked;
+            assert_eq!(
+                chunked,
+                u64::from(n + CALL_OVERHEAD + 12 > 4096),
+                "{t:?} {n}"
+            );
+        }
+    });
+}
+
+/// RPCRDMA-45, RPCRDMA-28, RPCRDMA-30: a DDP-eligible result goes through the Write chunk
+/// (its data out of the inline results, its length word left); RPCRDMA-51/-49: a result
+/// that does not come through a chunk stays inline.
+#[test]
+fn rpcrdma_28_45_write_chunks() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, tr) = r.client(RdmaConfig::default());
+        for n in [0usize, 1, 1000, 4097, 300_000] {
+            let mut args = (n as u32).to_be_bytes().to_vec();
+            args.extend_from_slice(&[0, 0, 0, 5]);
+            let space = ReplySpace {
+                max: 1024,
+                ddp: Some(1 << 20),
+            };
+            let before = tr.stats();
+            let got = c
+                .call_with(PROG, 1, proc::MAKE, &args.into(), space)
+                .unwrap();
+            // Results: the word 7, the length word; the data through the chunk.
+            assert_eq!(
+                &got.results[..8],
+                &[0, 0, 0, 7, 0, 0, 0, 0][..4]
+                    .iter()
+                    .chain(&(n as u32).to_be_bytes())
+                    .copied()
+                    .collect::<Vec<u8>>()[..]
+            );
+            let after = tr.stats();
+            if n == 0 {
+                // Nothing written: the chunk comes back unused and the (empty) data is inline.
+                assert_eq!(got.bulk, None);
+                assert_eq!(got.results.len(), 8);
+            } else {
+                assert_eq!(got.bulk.as_deref(), Some(&pattern(n, 5)[..]), "{t:?} {n}");
+                assert_eq!(got.results.len(), 8, "data and padding left the stream");
+                assert_eq!(after.replies_write_chunk - before.replies_write_chunk, 1);
+            }
+        }
+        // Without a Write chunk the same result comes inline, or through the Reply chunk.
+        for n in [100usize, 200_000] {
+            let mut args = (n as u32).to_be_bytes().to_vec();
+            args.extend_from_slice(&[0, 0, 0, 5]);
+            let got = c
+                .call_with(
+                    PROG,
+                    1,
+                    proc::MAKE,
+                    &args.into(),
+                    ReplySpace {
+                        max: n + 64,
+                        ddp: None,
+                    },
+                )
+                .unwrap();
+            assert_eq!(got.bulk, None);
+            assert_eq!(&got.results[8..8 + n], &pattern(n, 5)[..], "{t:?} {n}");
+        }
+    });
+}
+
+/// RPCRDMA-34, RPCRDMA-54, RPCRDMA-52: a reply over the reply threshold comes through the
+/// Reply chunk (RDMA_NOMSG); at the threshold it comes inline; with no Reply chunk offered
+/// for a reply that does not fit, the call fails with ERR_CHUNK.
+#[test]
+fn rpcrdma_34_52_54_reply_chunk_and_reply_threshold() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, tr) = r.client(RdmaConfig::default());
+        // Reply: RDMA header 28, RPC reply header 24, then n octets.
+        let fit = 4096 - 28 - 24;
+        for (n, long) in [(fit, false), (fit + 4, true), (1 << 20, true)] {
+            let before = tr.stats();
+            let got = c
+                .call_with(
+                    PROG,
+                    1,
+                    proc::BIG,
+                    &(n as u32).to_be_bytes().to_vec().into(),
+                    ReplySpace {
+                        max: n + 64,
+                        ddp: None,
+                    },
+                )
+                .unwrap();
+            assert_eq!(got.results, pattern(n, 3), "{t:?} {n}");
+            let after = tr.stats();
+            assert_eq!(
+                after.replies_reply_chunk - before.replies_reply_chunk,
+                u64::from(long),
+                "{t:?} {n}"
+            );
+        }
+        // The client said the reply stays small: no Reply chunk; the server cannot answer.
+        let e = c.call_with(
+            PROG,
+            1,
+            proc::BIG,
+            &5000u32.to_be_bytes().to_vec().into(),
+            ReplySpace {
+                max: 100,
+                ddp: None,
+            },
+        );
+        assert!(
+            matches!(e, Err(RpcError::Transport(ref w)) if w == "ERR_CHUNK"),
+            "{e:?}"
+        );
+        // The connection goes on.
+        c.call(PROG, 1, proc::NULL, &[]).unwrap();
+        assert_eq!(tr.stats().errors, 1);
+    });
+}
+
+/// RPCRDMA-02, -04, -08: never more calls in flight than granted; the smaller of what the
+/// client asks and the server grants.
+#[test]
+fn rpcrdma_02_04_credits_bound_the_calls_in_flight() {
+    both(|t| {
+        let r = rig(
+            t,
+            RdmaConfig {
+                credits: 4,
+                ..RdmaConfig::default()
+            },
+        );
+        let (c, tr) = r.client(RdmaConfig {
+            credits: 8,
+            ..RdmaConfig::default()
+        });
+        c.call(PROG, 1, proc::NULL, &[]).unwrap();
+        assert_eq!(tr.granted(), 4);
+        // Twelve callers; the ones past the credit wait for it inside `start`.
+        let callers: Vec<_> = (0..12)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || c.call(PROG, 1, proc::GATE, &[]).map(|_| ()))
+            })
+            .collect();
+        {
+            // Four calls reach the handler; the rest wait for credits at the client.
+            let mut s = r.gate.s.lock();
+            while s.0 < 4 {
+                assert!(!r.gate.cv.wait_for(&mut s, LONG).timed_out());
+            }
+            s.2 = true;
+            r.gate.cv.notify_all();
+        }
+        for h in callers {
+            h.join().unwrap().unwrap();
+        }
+        assert_eq!(r.gate.s.lock().1, 4, "{t:?}");
+        assert_eq!(tr.stats().max_in_flight, 4);
+    });
+}
+
+/// Many calls in flight from several threads, every form mixed, every result checked.
+#[test]
+fn mixed_calls_in_flight() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, _tr) = r.client(RdmaConfig::default());
+        let threads: Vec<_> = (0..4u8)
+            .map(|k| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for i in 0..40usize {
+                        let n = (i * 7919 + usize::from(k) * 104_729) % 70_000;
+                        let data = pattern(n, k);
+                        let args = Payload::with_opaque(vec![0, 0, 0, k], &data);
+                        let got = c
+                            .call_with(PROG, 1, proc::SUM, &args, ReplySpace::default())
+                            .unwrap();
+                        assert_eq!(&got.results[8..16], &sum(&data).to_be_bytes());
+                        let mut a = (n as u32).to_be_bytes().to_vec();
+                        a.extend_from_slice(&[0, 0, 0, k]);
+                        let got = c
+                            .call_with(
+                                PROG,
+                                1,
+                                proc::MAKE,
+                                &a.into(),
+                                ReplySpace {
+                                    max: 256,
+                                    ddp: Some(70_000),
+                                },
+                            )
+                            .unwrap();
+                        let bulk = got.bulk.unwrap_or_default();
+                        assert_eq!(bulk, pattern(n, k));
+                    }
+                })
+            })
+            .collect();
+        for h in threads {
+            h.join().unwrap();
+        }
+        let _ = r.t;
+    });
+}
+
+/// A raw requester: one QP with Receives, for hand-made RPC-over-RDMA messages.
+struct Raw {
+    qp: softrdma::Qp,
+    cq: softrdma::Cq,
+    mr: Mr,
+}
+
+impl Raw {
+    fn connect(ctx: &Context, addr: SocketAddr) -> Raw {
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(64, None);
+        let mut attr = QpInitAttr::new(&cq, &cq);
+        attr.cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(attr).unwrap();
+        let mr = pd
+            .alloc_mr(64 * 1024, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        for i in 0..8 {
+            qp.post_recv(RecvWr::new(i, vec![mr.sge(i as usize * 4096, 4096)]))
+                .unwrap();
+        }
+        let mut pd8 = vec![0u8; 8];
+        PrivateDataRepr::new(4096, 4096, false)
+            .emit(&mut pd8)
+            .unwrap();
+        qp.connect(
+            addr,
+            ConnectParams {
+                private_data: pd8,
+                ..ConnectParams::default()
+            },
+        )
+        .unwrap();
+        Raw { qp, cq, mr }
+    }
+
+    fn send(&self, bytes: &[u8]) {
+        self.mr.copy_in(40 * 1024, bytes).unwrap();
+        self.qp
+            .post_send(
+                SendWr::send(100, vec![self.mr.sge(40 * 1024, bytes.len() as u32)])
+                    .with_flags(SendFlags::SIGNALED),
+            )
+            .unwrap();
+    }
+
+    /// The next message received, or `None` within `wait`.
+    fn recv(&self, wait: Duration) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        loop {
+            out.clear();
+            if self.cq.wait(1, 1, wait, &mut out).is_err() {
+                return None;
+            }
+            let wc = out[0];
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            if wc.wr_id < 8 {
+                let mut b = vec![0u8; wc.byte_len as usize];
+                self.mr.copy_out(wc.wr_id as usize * 4096, &mut b).unwrap();
+                self.qp
+                    .post_recv(RecvWr::new(
+                        wc.wr_id,
+                        vec![self.mr.sge(wc.wr_id as usize * 4096, 4096)],
+                    ))
+                    .unwrap();
+                return Some(b);
+            }
+        }
+    }
+}
+
+fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
+    let mut m = Vec::new();
+    encode_call(
+        &CallHeader {
+            xid,
+            prog: PROG,
+            vers: 1,
+            proc,
+            cred: Auth::None,
+            verf: Auth::None,
+        },
+        args,
+        &mut m,
+    )
+    .unwrap();
+    m
+}
+
+fn header(xid: u32, vers: u32, proc: u32, rest: &[u32]) -> Vec<u8> {
+    [xid, vers, 8, proc]
+        .iter()
+        .chain(rest)
+        .flat_map(|w| w.to_be_bytes())
+        .collect()
+}
+
+/// RPCRDMA-56, -59, -62, -63, -69, -70, -42: every header error gets the answer RFC 8166
+/// §4.5 prescribes, and the connection keeps serving.
+#[test]
+fn rpcrdma_56_59_62_63_69_70_header_errors() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let raw = Raw::connect(&r.client_ctx, r.rdma.local_addr());
+        let quiet = Duration::from_millis(300);
+        let expect_err = |xid: u32, vers: u32, body: ErrorBody| {
+            let m = raw.recv(LONG).expect("an RDMA_ERROR");
+            let (h, _) = Repr::parse(&m).unwrap();
+            assert_eq!((h.rdma_xid, h.rdma_vers), (xid, vers), "{t:?}");
+            assert_eq!(h.body, Body::Error(body), "{t:?}");
+            assert!(h.rdma_credit >= 1);
+        };
+        // Too short (RPCRDMA-56): nothing.
+        raw.send(&header(1, 1, 0, &[0])[..20]);
+        // Version 2 (RPCRDMA-62): ERR_VERS 1..1, the version echoed.
+        raw.send(&header(2, 2, 0, &[0, 0, 0]));
+        expect_err(
+            2,
+            2,
+            ErrorBody::Vers {
+                rdma_vers_low: 1,
+                rdma_vers_high: 1,
+            },
+        );
+        // An unknown procedure, RDMA_NOMSG without chunks, RDMA_MSGP, a payload whose xid
+        // is not the header's, a Read chunk at an unaligned Position: ERR_CHUNK.
+        raw.send(&header(3, 1, 9, &[0, 0, 0]));
+        expect_err(3, 1, ErrorBody::Chunk);
+        raw.send(&header(4, 1, 1, &[0, 0, 0]));
+        expect_err(4, 1, ErrorBody::Chunk);
+        raw.send(&header(5, 1, 2, &[0, 0, 0, 0, 0]));
+        expect_err(5, 1, ErrorBody::Chunk);
+        let mut m = header(6, 1, 0, &[0, 0, 0]);
+        m.extend_from_slice(&call_msg(7, proc::NULL, &[]));
+        raw.send(&m);
+        expect_err(6, 1, ErrorBody::Chunk);
+        let mut m = header(8, 1, 0, &[1, 6, 1, 4, 0, 0, 0, 0, 0, 0]);
+        m.extend_from_slice(&call_msg(8, proc::NULL, &[]));
+        raw.send(&m);
+        expect_err(8, 1, ErrorBody::Chunk);
+        // A Read chunk bigger than the server takes (RPCRDMA-81).
+        let mut m = header(9, 1, 0, &[1, 4, 1, 0x4000_0000, 0, 0, 0, 0, 0]);
+        m.extend_from_slice(&call_msg(9, proc::ECHO, &[0, 0, 0, 0]));
+        raw.send(&m);
+        expect_err(9, 1, ErrorBody::Chunk);
+        // RDMA_DONE and RDMA_ERROR from a requester (RPCRDMA-70, -42): nothing.
+        raw.send(&header(10, 1, 3, &[]));
+        raw.send(&header(11, 1, 4, &[2]));
+        assert!(raw.recv(quiet).is_none(), "{t:?}");
+        // A good call afterwards is answered (its reply carries an empty Read list,
+        // RPCRDMA-44).
+        let mut m = header(12, 1, 0, &[0, 0, 0]);
+        m.extend_from_slice(&call_msg(12, proc::ECHO, b"ok!!"));
+        raw.send(&m);
+        let reply = raw.recv(LONG).unwrap();
+        let (h, hl) = Repr::parse(&reply).unwrap();
+        assert_eq!(h.rdma_xid, 12);
+        match h.body {
+            Body::Msg(Chunks {
+                read_list,
+                write_list,
+                reply_chunk,
+            }) => {
+                assert!(read_list.is_empty() && write_list.is_empty() && reply_chunk.is_none());
+            }
+            b => panic!("{b:?}"),
+        }
+        let (rh, off) = decode_reply(&reply[hl..]).unwrap();
+        assert_eq!((rh.xid, &reply[hl + off..]), (12, &b"ok!!"[..]));
+        let _ = (ReadList::EMPTY, WriteList::EMPTY, ReadSegment::LEN);
+    });
+}
