@@ -10,14 +10,13 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
-    Access, ConnectParams, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr,
-    WcOpcode, WcStatus, WorkCompletion,
+    Access, ConnectParams, Context, Mr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_wire::rpcrdma::{
     Body, Chunks, ErrorBody, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
 };
 
-use super::{RdmaConfig, Thresholds, thresholds, wrid};
+use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::msg::peek;
 
@@ -72,23 +71,13 @@ struct State {
 /// A client's RPC-over-RDMA connection ([`ClientTransport`]).
 pub struct RdmaTransport {
     _ctx: Context,
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
+    ep: Endpoint,
     cfg: RdmaConfig,
     th: Thresholds,
-    /// Receive buffers, `credits` of `inline_recv` octets.
-    recv_mr: Mr,
-    /// Send buffers, `credits` of `inline_send` octets.
-    send_mr: Mr,
     state: Mutex<State>,
     room: Condvar,
     /// Messages decoded from a batch of completions, not yet handed out.
     ready: Mutex<VecDeque<Incoming>>,
-}
-
-fn io_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(e.to_string())
 }
 
 impl RdmaTransport {
@@ -99,28 +88,10 @@ impl RdmaTransport {
         cfg: RdmaConfig,
     ) -> io::Result<RdmaTransport> {
         let credits = cfg.credits.max(1);
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(4 * credits as usize + 64, None);
-        let mut attr = QpInitAttr::new(&cq, &cq);
-        attr.cap = QpCap {
-            max_send_wr: 2 * credits + 16,
-            max_recv_wr: credits,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(attr).map_err(io_err)?;
-        let recv_mr = pd
-            .alloc_mr(credits as usize * cfg.inline_recv, Access::LOCAL_WRITE)
-            .map_err(io_err)?;
-        let send_mr = pd
-            .alloc_mr(credits as usize * cfg.inline_send, Access::empty())
-            .map_err(io_err)?;
         // RPCRDMA-06: a Receive for every reply we may get, before anything is sent.
-        for i in 0..credits as usize {
-            post_recv(&qp, &recv_mr, cfg.inline_recv, i)?;
-        }
-        let info = qp
+        let ep = Endpoint::new(ctx, &cfg, credits)?;
+        let info = ep
+            .qp
             .connect(
                 addr,
                 ConnectParams {
@@ -132,13 +103,9 @@ impl RdmaTransport {
         let th = thresholds(&cfg, &info.peer_private_data, true);
         Ok(RdmaTransport {
             _ctx: ctx.clone(),
-            pd,
-            cq,
-            qp,
+            ep,
             cfg,
             th,
-            recv_mr,
-            send_mr,
             state: Mutex::new(State {
                 granted: 1,
                 unanswered: 0,
@@ -176,7 +143,7 @@ impl RdmaTransport {
         } else {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE
         };
-        let mr = self.pd.alloc_mr(len.max(1), access).map_err(io_err)?;
+        let mr = self.ep.pd.alloc_mr(len.max(1), access).map_err(io_err)?;
         if let Some(d) = data {
             mr.copy_in(0, d).map_err(io_err)?;
         }
@@ -200,10 +167,11 @@ impl RdmaTransport {
                 }
                 let i = wrid::index(wc.wr_id) as usize;
                 let mut buf = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
-                self.recv_mr
+                self.ep
+                    .recv_mr
                     .copy_out(i * self.cfg.inline_recv, &mut buf)
                     .map_err(io_err)?;
-                post_recv(&self.qp, &self.recv_mr, self.cfg.inline_recv, i)?;
+                self.ep.post_recv(self.cfg.inline_recv, i)?;
                 if let Some(inc) = self.on_message(&buf) {
                     self.ready.lock().push_back(inc);
                 }
@@ -352,14 +320,6 @@ impl RdmaTransport {
     }
 }
 
-fn post_recv(qp: &Qp, mr: &Mr, size: usize, i: usize) -> io::Result<()> {
-    qp.post_recv(RecvWr::new(
-        wrid::RECV | i as u64,
-        vec![mr.sge(i * size, size as u32)],
-    ))
-    .map_err(io_err)
-}
-
 /// Octets of an RDMA_MSG/NOMSG header with these lists.
 fn header_len(reads: usize, write: bool, reply: bool) -> usize {
     // Fixed 16, Read list (1 + 20 per segment, then 0), Write list, Reply chunk.
@@ -453,7 +413,7 @@ impl ClientTransport for RdmaTransport {
                     break s;
                 }
                 self.room.wait_for(&mut st, Duration::from_millis(100));
-                if self.qp.state().is_dead() {
+                if self.ep.qp.state().is_dead() {
                     st.closed = true;
                 }
             }
@@ -484,7 +444,7 @@ impl ClientTransport for RdmaTransport {
         }
         out[hlen..].copy_from_slice(&payload);
         let off = slot * self.cfg.inline_send;
-        if let Err(e) = self.send_mr.copy_in(off, &out) {
+        if let Err(e) = self.ep.send_mr.copy_in(off, &out) {
             st.free_slots.push(slot);
             st.unanswered -= 1;
             self.room.notify_all();
@@ -499,10 +459,10 @@ impl ClientTransport for RdmaTransport {
         drop(st);
         let wr = SendWr::send(
             wrid::SEND | slot as u64,
-            vec![self.send_mr.sge(off, out.len() as u32)],
+            vec![self.ep.send_mr.sge(off, out.len() as u32)],
         )
         .with_flags(SendFlags::SIGNALED);
-        if let Err(e) = self.qp.post_send(wr) {
+        if let Err(e) = self.ep.qp.post_send(wr) {
             let mut st = self.state.lock();
             if st.calls.remove(&xid).is_some() {
                 st.unanswered -= 1;
@@ -524,10 +484,10 @@ impl ClientTransport for RdmaTransport {
                 return Ok(None);
             }
             wcs.clear();
-            match self.cq.wait(1, 32, Duration::from_millis(200), &mut wcs) {
+            match self.ep.cq.wait(1, 32, Duration::from_millis(200), &mut wcs) {
                 Ok(_) => {}
                 Err(softrdma::Error::Timeout) => {
-                    if self.qp.state().is_dead() {
+                    if self.ep.qp.state().is_dead() {
                         self.close();
                         return Ok(None);
                     }
@@ -562,7 +522,7 @@ impl ClientTransport for RdmaTransport {
     }
 
     fn shutdown(&self) {
-        let _ = self.qp.disconnect();
+        let _ = self.ep.qp.disconnect();
         self.close();
     }
 }

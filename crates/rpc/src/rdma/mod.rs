@@ -8,6 +8,9 @@ mod server;
 pub use client::{RdmaStats, RdmaTransport};
 pub use server::RdmaServer;
 
+use std::io;
+
+use softrdma::{Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr};
 use softrdma_wire::rpcrdma::{
     DEFAULT_INLINE_THRESHOLD, PRIVATE_DATA_FLAG_REMOTE_INVALIDATE, PRIVATE_DATA_LEN,
     PrivateDataRepr,
@@ -86,6 +89,66 @@ fn thresholds(cfg: &RdmaConfig, peer: &[u8], client: bool) -> Thresholds {
             reply: DEFAULT_INLINE_THRESHOLD as usize,
             remote_invalidate: false,
         },
+    }
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+/// One end's verbs objects: a QP on one CQ, `credits` Receive buffers (all posted) and
+/// `credits` Send buffers.
+struct Endpoint {
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    recv_mr: Mr,
+    send_mr: Mr,
+}
+
+impl Endpoint {
+    /// Room for `extra_sends` RDMA Reads and Writes besides the Sends. Every Receive is
+    /// posted before the connection exists (RPCRDMA-05, -06).
+    fn new(ctx: &Context, cfg: &RdmaConfig, extra_sends: u32) -> io::Result<Endpoint> {
+        let credits = cfg.credits.max(1);
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq((2 * credits + extra_sends) as usize + 64, None);
+        let mut attr = QpInitAttr::new(&cq, &cq);
+        attr.cap = QpCap {
+            max_send_wr: credits + extra_sends + 16,
+            max_recv_wr: credits,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(attr).map_err(io_err)?;
+        let recv_mr = pd
+            .alloc_mr(credits as usize * cfg.inline_recv, Access::LOCAL_WRITE)
+            .map_err(io_err)?;
+        let send_mr = pd
+            .alloc_mr(credits as usize * cfg.inline_send, Access::empty())
+            .map_err(io_err)?;
+        let e = Endpoint {
+            pd,
+            cq,
+            qp,
+            recv_mr,
+            send_mr,
+        };
+        for i in 0..credits as usize {
+            e.post_recv(cfg.inline_recv, i)?;
+        }
+        Ok(e)
+    }
+
+    /// (Re)posts Receive buffer `i` of `size` octets.
+    fn post_recv(&self, size: usize, i: usize) -> io::Result<()> {
+        self.qp
+            .post_recv(RecvWr::new(
+                wrid::RECV | i as u64,
+                vec![self.recv_mr.sge(i * size, size as u32)],
+            ))
+            .map_err(io_err)
     }
 }
 

@@ -12,15 +12,15 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
-    AcceptParams, Access, ConnRequest, Context, Cq, Key, Listener, Mr, Pd, Qp, QpCap, QpInitAttr,
-    RecvWr, SendFlags, SendWr, WcStatus, WorkCompletion,
+    AcceptParams, Access, ConnRequest, Context, Key, Listener, Mr, SendFlags, SendWr, WcStatus,
+    WorkCompletion,
 };
 use softrdma_wire::rpcrdma::{
     Body, Chunks, Header, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
 };
 use softrdma_wire::xdr::padded_len;
 
-use super::{RdmaConfig, Thresholds, thresholds, wrid};
+use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::msg::peek;
 use crate::payload::splice;
 use crate::server::{OutReply, Server};
@@ -55,14 +55,10 @@ struct Sends {
 
 struct Conn {
     server: Arc<Server>,
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
+    ep: Endpoint,
     cfg: RdmaConfig,
     th: Thresholds,
     peer: SocketAddr,
-    recv_mr: Mr,
-    send_mr: Mr,
     sends: Mutex<Sends>,
     send_room: Condvar,
     pulling: Mutex<HashMap<u64, Pulling>>,
@@ -96,10 +92,6 @@ impl Drop for RdmaServer {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-fn io_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(e.to_string())
 }
 
 impl Server {
@@ -138,7 +130,7 @@ impl Server {
                 }
                 for (c, h) in conns {
                     c.dead.store(true, Ordering::Release);
-                    let _ = c.qp.disconnect();
+                    let _ = c.ep.qp.disconnect();
                     let _ = h.join();
                 }
             })?;
@@ -160,29 +152,10 @@ impl Conn {
         let credits = cfg.credits.max(1);
         let th = thresholds(&cfg, req.private_data(), false);
         let peer = req.peer_addr();
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(4 * credits as usize + 256, None);
-        let mut attr = QpInitAttr::new(&cq, &cq);
-        attr.cap = QpCap {
-            max_send_wr: 4 * credits + 256,
-            max_recv_wr: credits,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(attr).map_err(io_err)?;
-        let recv_mr = pd
-            .alloc_mr(credits as usize * cfg.inline_recv, Access::LOCAL_WRITE)
-            .map_err(io_err)?;
-        let send_mr = pd
-            .alloc_mr(credits as usize * cfg.inline_send, Access::empty())
-            .map_err(io_err)?;
         // RPCRDMA-05: every credit granted has its Receive posted before the grant is sent.
-        for i in 0..credits as usize {
-            post_recv(&qp, &recv_mr, cfg.inline_recv, i)?;
-        }
+        let ep = Endpoint::new(ctx, &cfg, 4 * credits + 192)?;
         req.accept(
-            &qp,
+            &ep.qp,
             AcceptParams {
                 private_data: cfg.private_data(),
                 ..AcceptParams::default()
@@ -191,14 +164,10 @@ impl Conn {
         .map_err(io_err)?;
         Ok(Arc::new(Conn {
             server: server.clone(),
-            pd,
-            cq,
-            qp,
+            ep,
             cfg,
             th,
             peer,
-            recv_mr,
-            send_mr,
             sends: Mutex::new(Sends {
                 free: (0..credits as usize).rev().collect(),
                 held: HashMap::new(),
@@ -215,10 +184,10 @@ impl Conn {
         let mut wcs = Vec::with_capacity(64);
         while !self.dead.load(Ordering::Acquire) {
             wcs.clear();
-            match self.cq.wait(1, 64, Duration::from_millis(200), &mut wcs) {
+            match self.ep.cq.wait(1, 64, Duration::from_millis(200), &mut wcs) {
                 Ok(_) => {}
                 Err(softrdma::Error::Timeout) => {
-                    if self.qp.state().is_dead() {
+                    if self.ep.qp.state().is_dead() {
                         break;
                     }
                     continue;
@@ -234,7 +203,7 @@ impl Conn {
             }
         }
         self.dead.store(true, Ordering::Release);
-        let _ = self.qp.disconnect();
+        let _ = self.ep.qp.disconnect();
         self.send_room.notify_all();
     }
 
@@ -249,10 +218,11 @@ impl Conn {
             wrid::RECV => {
                 let i = i as usize;
                 let mut msg = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
-                self.recv_mr
+                self.ep
+                    .recv_mr
                     .copy_out(i * self.cfg.inline_recv, &mut msg)
                     .map_err(io_err)?;
-                post_recv(&self.qp, &self.recv_mr, self.cfg.inline_recv, i)?;
+                self.ep.post_recv(self.cfg.inline_recv, i)?;
                 self.on_call(&msg)
             }
             wrid::READ => {
@@ -340,6 +310,7 @@ impl Conn {
         }
         // RPCRDMA-22: pull the chunks (segments in list order, one chunk per Position).
         let mr = self
+            .ep
             .pd
             .alloc_mr(total.max(1), Access::LOCAL_WRITE)
             .map_err(io_err)?;
@@ -389,7 +360,7 @@ impl Conn {
                 offered,
             },
         );
-        self.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))
+        self.ep.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))
     }
 
     /// Every Read chunk of a call arrived: the call, whole, goes to the pool.
@@ -426,7 +397,7 @@ impl Conn {
                 // RPCRDMA-68: a reply that cannot be sent ends the connection.
                 tracing::debug!(peer = %conn.peer, error = %e, "RPC-over-RDMA reply lost");
                 conn.dead.store(true, Ordering::Release);
-                let _ = conn.qp.disconnect();
+                let _ = conn.ep.qp.disconnect();
             }
         });
     }
@@ -450,6 +421,7 @@ impl Conn {
             return Ok(None);
         }
         let mr = self
+            .ep
             .pd
             .alloc_mr(data.len().max(1), Access::empty())
             .map_err(io_err)?;
@@ -474,7 +446,7 @@ impl Conn {
             off += n;
         }
         if !wrs.is_empty() {
-            self.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))?;
+            self.ep.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))?;
         }
         held.push(mr);
         Ok(Some(out))
@@ -566,12 +538,13 @@ impl Conn {
         hdr.emit(&mut buf).map_err(io_err)?;
         buf[hlen..].copy_from_slice(payload);
         let off = slot * self.cfg.inline_send;
-        self.send_mr.copy_in(off, &buf).map_err(io_err)?;
-        self.qp
+        self.ep.send_mr.copy_in(off, &buf).map_err(io_err)?;
+        self.ep
+            .qp
             .post_send(
                 SendWr::send(
                     wrid::SEND | slot as u64,
-                    vec![self.send_mr.sge(off, len as u32)],
+                    vec![self.ep.send_mr.sge(off, len as u32)],
                 )
                 .with_flags(SendFlags::SIGNALED),
             )
@@ -586,12 +559,4 @@ fn err_chunk_for(xid: u32, credits: u32) -> Repr<'static> {
     b[4..8].copy_from_slice(&1u32.to_be_bytes());
     let h = Header::new_unchecked(&b[..]);
     Repr::err_chunk(&h, credits)
-}
-
-fn post_recv(qp: &Qp, mr: &Mr, size: usize, i: usize) -> io::Result<()> {
-    qp.post_recv(RecvWr::new(
-        wrid::RECV | i as u64,
-        vec![mr.sge(i * size, size as u32)],
-    ))
-    .map_err(io_err)
 }
