@@ -1,6 +1,7 @@
 //! softrdma command-line tools, as a library so tests can drive them.
 
 pub mod decode;
+pub mod nfs;
 pub mod perf;
 pub mod pingpong;
 pub mod rping;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use softrdma_cli::decode;
-use softrdma_cli::{perf, pingpong, rping};
+use softrdma_cli::{nfs, perf, pingpong, rping};
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +48,9 @@ enum Cmd {
     /// A peer of rdma-core's ibv_rc_pingpong / ibv_uc_pingpong / ibv_ud_pingpong over
     /// RoCEv2: server without HOST, client with it.
     Pingpong(pingpong::PingpongArgs),
+    /// An NFSv3 client over RPC-over-RDMA (default) or TCP: ls, get, put, rm, stat of
+    /// nfs://HOST[:PORT]/EXPORT/PATH.
+    Nfs(nfs::NfsArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         },
         Cmd::Rping(args) => ExitCode::from(rping::run(&args).clamp(0, 255) as u8),
         Cmd::Pingpong(args) => ExitCode::from(pingpong::run(&args).clamp(0, 255) as u8),
+        Cmd::Nfs(args) => ExitCode::from(nfs::run(&args).clamp(0, 255) as u8),
     }
 }
 
