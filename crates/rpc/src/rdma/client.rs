@@ -66,6 +66,10 @@ struct State {
     free_slots: Vec<usize>,
     closed: bool,
     stats: RdmaStats,
+    /// Something came from the responder on this connection.
+    heard: bool,
+    /// RDMA_DONE nudges sent (see [`RdmaTransport::nudge`]).
+    nudges: u32,
 }
 
 /// A client's RPC-over-RDMA connection ([`ClientTransport`]).
@@ -113,6 +117,8 @@ impl RdmaTransport {
                 free_slots: (0..credits as usize).rev().collect(),
                 closed: false,
                 stats: RdmaStats::default(),
+                heard: false,
+                nudges: 0,
             }),
             room: Condvar::new(),
             ready: Mutex::new(VecDeque::new()),
@@ -165,6 +171,7 @@ impl RdmaTransport {
                 if wc.status != WcStatus::Success {
                     return Err(io_err(format!("receive completed {:?}", wc.status)));
                 }
+                self.state.lock().heard = true;
                 let i = wrid::index(wc.wr_id) as usize;
                 let mut buf = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
                 self.ep
@@ -491,6 +498,7 @@ impl ClientTransport for RdmaTransport {
                         self.close();
                         return Ok(None);
                     }
+                    self.nudge();
                     continue;
                 }
                 Err(e) => return Err(io_err(e)),
@@ -527,7 +535,42 @@ impl ClientTransport for RdmaTransport {
     }
 }
 
+/// Most RDMA_DONE nudges per connection.
+const MAX_NUDGES: u32 = 5;
+
 impl RdmaTransport {
+    /// Works around a race in Linux siw (6.12, `siw_accept`): the responder attaches its QP
+    /// to the socket only after it has sent the MPA Reply, and an FPDU that arrives in
+    /// between stays in the socket until more data comes — our first call is then never
+    /// answered. When a call has waited a receive timeout and nothing at all came back on
+    /// an iWARP connection, send an RDMA_DONE: obsolete, and silently discarded by every
+    /// responder (RFC 8166 §4.2.4, RPCRDMA-70; Linux `svc_rdma_xdr_decode_req` drops it),
+    /// but new data for siw's socket, which then reads the call behind it. At most
+    /// [`MAX_NUDGES`] per connection, from a Send buffer no call uses.
+    fn nudge(&self) {
+        if self._ctx.transport() != softrdma::Transport::Iwarp {
+            return;
+        }
+        {
+            let mut st = self.state.lock();
+            if st.heard || st.unanswered == 0 || st.nudges >= MAX_NUDGES || st.closed {
+                return;
+            }
+            st.nudges += 1;
+        }
+        let done: Vec<u8> = [0u32, 1, self.cfg.credits.max(1), 3]
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .collect();
+        let off = self.cfg.credits.max(1) as usize * self.cfg.inline_send;
+        if self.ep.send_mr.copy_in(off, &done).is_ok() {
+            let _ = self.ep.qp.post_send(SendWr::send(
+                wrid::SEND | u64::from(u32::MAX),
+                vec![self.ep.send_mr.sge(off, done.len() as u32)],
+            ));
+        }
+    }
+
     fn close(&self) {
         let mut st = self.state.lock();
         st.closed = true;
