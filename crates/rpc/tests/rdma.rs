@@ -617,3 +617,84 @@ fn rpcrdma_56_59_62_63_69_70_header_errors() {
         let _ = (ReadList::EMPTY, WriteList::EMPTY, ReadSegment::LEN);
     });
 }
+
+/// A responder that, as Linux siw can after its MPA Reply (see `RdmaTransport::nudge`),
+/// leaves the first call unread until more data arrives: the client's RDMA_DONE — discarded
+/// by every responder, RPCRDMA-70 — gets the call answered. iWARP only.
+#[test]
+fn rpcrdma_70_a_stuck_first_call_is_nudged_with_rdma_done() {
+    let (sctx, cctx) = contexts(T::Iwarp);
+    let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
+    let addr = l.local_addr();
+    let server = std::thread::spawn(move || {
+        let req = l.accept().unwrap();
+        let pd = sctx.alloc_pd();
+        let cq = sctx.create_cq(16, None);
+        let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
+        let mr = pd.alloc_mr(16 * 4096, Access::LOCAL_WRITE).unwrap();
+        for i in 0..4 {
+            qp.post_recv(RecvWr::new(i, vec![mr.sge(i as usize * 4096, 4096)]))
+                .unwrap();
+        }
+        let mut pd8 = vec![0u8; 8];
+        PrivateDataRepr::new(4096, 4096, false)
+            .emit(&mut pd8)
+            .unwrap();
+        req.accept(
+            &qp,
+            softrdma::AcceptParams {
+                private_data: pd8,
+                ..softrdma::AcceptParams::default()
+            },
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        let mut wcs = Vec::new();
+        // The call, then whatever comes next; only then the reply.
+        while got.len() < 2 {
+            wcs.clear();
+            cq.wait(1, 4, LONG, &mut wcs).unwrap();
+            for wc in &wcs {
+                assert_eq!(wc.status, WcStatus::Success);
+                let mut b = vec![0u8; wc.byte_len as usize];
+                mr.copy_out(wc.wr_id as usize * 4096, &mut b).unwrap();
+                got.push(b);
+            }
+        }
+        let (call, hl) = Repr::parse(&got[0]).unwrap();
+        // RDMA_DONE is void: 16 octets (a receiver drops it either way, RPCRDMA-56/-70).
+        let done = softrdma_wire::rpcrdma::Header::new_checked(&got[1][..]).unwrap();
+        assert_eq!((got[1].len(), done.rdma_proc()), (16, 3), "an RDMA_DONE");
+        let mut rpc = Vec::new();
+        let (h, _) = softrdma_rpc::msg::decode_call(&got[0][hl..]).unwrap();
+        softrdma_rpc::msg::encode_reply(
+            h.xid,
+            ReplyStatus::Success,
+            &Auth::None,
+            b"pong",
+            &mut rpc,
+        )
+        .unwrap();
+        let hdr = Repr::msg(call.rdma_xid, 4, Chunks::NONE);
+        let mut msg = vec![0u8; hdr.buffer_len()];
+        hdr.emit(&mut msg).unwrap();
+        msg.extend_from_slice(&rpc);
+        mr.copy_in(8 * 4096, &msg).unwrap();
+        qp.post_send(
+            SendWr::send(9, vec![mr.sge(8 * 4096, msg.len() as u32)])
+                .with_flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+        wcs.clear();
+        cq.wait(1, 4, LONG, &mut wcs).unwrap();
+        // Stay until the client has its reply.
+        let _ = cq.wait(1, 4, Duration::from_secs(2), &mut wcs);
+    });
+    let c = Client::connect_rdma(&cctx, addr, RdmaConfig::default()).unwrap();
+    let r = c
+        .call_timeout(PROG, 1, proc::NULL, &[], Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(r.results, b"pong");
+    drop(c);
+    server.join().unwrap();
+}
