@@ -300,8 +300,9 @@ fn rpcrdma_28_45_write_chunks() {
 }
 
 /// RPCRDMA-34, RPCRDMA-54, RPCRDMA-52: a reply over the reply threshold comes through the
-/// Reply chunk (RDMA_NOMSG); at the threshold it comes inline; with no Reply chunk offered
-/// for a reply that does not fit, the call fails with ERR_CHUNK.
+/// Reply chunk (RDMA_NOMSG); RPCRDMA-53: at the threshold it comes inline although a Reply
+/// chunk was offered; with no Reply chunk offered for a reply that does not fit, the server
+/// answers ERR_CHUNK and RPCRDMA-60: the call fails with a permanent error.
 #[test]
 fn rpcrdma_34_52_54_reply_chunk_and_reply_threshold() {
     both(|t| {

@@ -3,6 +3,7 @@
 //! servers. One code path for iWARP and RoCE: the device the context was opened on decides.
 
 mod client;
+pub mod plan;
 mod server;
 
 pub use client::{RdmaStats, RdmaTransport};

@@ -15,22 +15,14 @@ use softrdma::{
     AcceptParams, Access, ConnRequest, Context, Key, Listener, Mr, SendFlags, SendWr, WcStatus,
     WorkCompletion,
 };
-use softrdma_wire::rpcrdma::{
-    Body, Chunks, Header, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
-};
+use softrdma_wire::rpcrdma::{Chunks, Header, ReadList, Repr, Segment, WriteChunk, WriteList};
 use softrdma_wire::xdr::padded_len;
 
+use super::plan::{CallPlan, Offered, fill, plan_call};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::msg::peek;
 use crate::payload::splice;
 use crate::server::{OutReply, Server};
-
-/// The chunks a call offered, owned (they outlive the receive buffer).
-#[derive(Debug, Clone, Default)]
-struct Offered {
-    writes: Vec<Vec<Segment>>,
-    reply: Option<Vec<Segment>>,
-}
 
 /// A call whose Read chunks are being pulled.
 struct Pulling {
@@ -254,56 +246,23 @@ impl Conn {
 
     /// A message from the requester (RFC 8166 §4.5 for everything that is wrong with it).
     fn on_call(self: &Arc<Self>, msg: &[u8]) -> io::Result<()> {
-        let Ok(h) = Header::new_checked(msg) else {
-            return Ok(()); // RPCRDMA-56
+        let p = match plan_call(msg, self.cfg.max_message) {
+            Ok(p) => p,
+            Err(r) => {
+                return match r.answer(msg, self.credits()) {
+                    Some(e) => self.send_error(e),
+                    None => Ok(()),
+                };
+            }
         };
-        let (repr, hlen) = match Repr::parse(msg) {
-            Ok(r) => r,
-            Err(softrdma_wire::Error::Unknown {
-                field: "rdma_vers", ..
-            }) => return self.send_error(Repr::err_vers(&h, self.credits())), // RPCRDMA-62
-            Err(_) if h.check_message_len().is_err() => return Ok(()), // RPCRDMA-56
-            Err(_) => return self.send_error(Repr::err_chunk(&h, self.credits())), // RPCRDMA-63
-        };
-        let xid = repr.rdma_xid;
-        let (chunks, long) = match &repr.body {
-            Body::Msg(c) => (c, false),
-            Body::NoMsg(c) => (c, true),
-            // RPCRDMA-69: ERR_CHUNK for RDMA_MSGP.
-            Body::MsgP { .. } => return self.send_error(Repr::err_chunk(&h, self.credits())),
-            // RPCRDMA-42, -70: RDMA_ERROR and RDMA_DONE from a requester are dropped.
-            _ => return Ok(()),
-        };
-        let offered = Offered {
-            writes: chunks
-                .write_list
-                .iter()
-                .map(|c| c.iter().collect())
-                .collect(),
-            reply: chunks.reply_chunk.as_ref().map(|c| c.iter().collect()),
-        };
-        let reads: Vec<ReadSegment> = chunks.read_list.iter().collect();
-        let payload = if long {
-            Vec::new()
-        } else {
-            msg[hlen..].to_vec()
-        };
-        let chunk_err = || self.send_error(Repr::err_chunk(&h, self.credits()));
-        // A Long Call is a Position-Zero Read chunk and nothing else (RPCRDMA-32, -41);
-        // an RDMA_MSG's payload carries the call's xid (RPCRDMA-38).
-        if long && (reads.is_empty() || reads.iter().any(|s| s.position != 0)) {
-            return chunk_err();
-        }
-        if !long && (peek(&payload) != Some((xid, false)) || reads.iter().any(|s| s.position == 0))
-        {
-            return chunk_err();
-        }
-        let total = reads
-            .iter()
-            .fold(0usize, |n, s| n.saturating_add(s.length as usize));
-        if total > self.cfg.max_message || payload.len() + total > self.cfg.max_message {
-            return chunk_err(); // RPCRDMA-81
-        }
+        let CallPlan {
+            xid,
+            long,
+            payload,
+            reads,
+            read_len: total,
+            offered,
+        } = p;
         if reads.is_empty() {
             self.dispatch(xid, payload, offered);
             return Ok(());
@@ -316,9 +275,9 @@ impl Conn {
             .map_err(io_err)?;
         let id = self.next_pull.fetch_add(1, Ordering::Relaxed);
         let mut chunks: Vec<(u32, usize, usize)> = Vec::new();
-        let mut wrs = Vec::with_capacity(reads.len());
+        let mut wrs = Vec::new();
         let mut off = 0;
-        for s in &reads {
+        for s in reads.iter().flat_map(|(_, segs)| segs) {
             match chunks.last_mut() {
                 Some(c) if c.0 == s.position => c.2 += s.length as usize,
                 _ => chunks.push((s.position, off, s.length as usize)),
@@ -414,36 +373,25 @@ impl Conn {
         segs: &[Segment],
         held: &mut Vec<Mr>,
     ) -> io::Result<Option<Vec<Segment>>> {
-        let room = segs
-            .iter()
-            .fold(0usize, |n, s| n.saturating_add(s.length as usize));
-        if room < data.len() {
+        let Some(out) = fill(data.len(), segs) else {
             return Ok(None);
-        }
+        };
         let mr = self
             .ep
             .pd
             .alloc_mr(data.len().max(1), Access::empty())
             .map_err(io_err)?;
         mr.copy_in(0, data).map_err(io_err)?;
-        let mut out = Vec::with_capacity(segs.len());
         let mut off = 0;
         let mut wrs = Vec::new();
-        for s in segs {
-            let n = (s.length as usize).min(data.len() - off);
-            if n > 0 {
-                wrs.push(SendWr::write(
-                    wrid::WRITE,
-                    vec![mr.sge(off, n as u32)],
-                    Key(s.handle),
-                    s.offset,
-                ));
-            }
-            out.push(Segment {
-                length: n as u32,
-                ..*s
-            });
-            off += n;
+        for s in out.iter().filter(|s| s.length > 0) {
+            wrs.push(SendWr::write(
+                wrid::WRITE,
+                vec![mr.sge(off, s.length)],
+                Key(s.handle),
+                s.offset,
+            ));
+            off += s.length as usize;
         }
         if !wrs.is_empty() {
             self.ep.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))?;

@@ -1,0 +1,210 @@
+//! The responder's decisions, sans-IO: what a received message asks for (RFC 8166 §4.5 for
+//! everything wrong with it), and how a result fills the segments a requester offered. The
+//! connection code only carries them out; fuzz targets and property tests drive these.
+
+use softrdma_wire::rpcrdma::{Body, Header, ReadSegment, Repr, Segment};
+
+use crate::msg::peek;
+
+/// The chunks a call offered for its reply, owned (they outlive the receive buffer).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offered {
+    /// The Write list: chunks of plain segments.
+    pub writes: Vec<Vec<Segment>>,
+    /// The Reply chunk.
+    pub reply: Option<Vec<Segment>>,
+}
+
+/// A call to carry out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallPlan {
+    /// The call's xid (header and RPC message agree, RPCRDMA-38).
+    pub xid: u32,
+    /// A Long Call: the message is the Position-Zero Read chunk.
+    pub long: bool,
+    /// The inline (reduced) Payload stream; empty for a Long Call.
+    pub payload: Vec<u8>,
+    /// Read chunks to pull: Position and the segments, in list order.
+    pub reads: Vec<(u32, Vec<ReadSegment>)>,
+    /// Octets all Read chunks hold.
+    pub read_len: usize,
+    /// What the reply may use.
+    pub offered: Offered,
+}
+
+/// What a message gets instead of being carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Nothing (RPCRDMA-56, -42, -61, -70).
+    Discard,
+    /// RDMA_ERROR / ERR_VERS (RPCRDMA-62).
+    ErrVers,
+    /// RDMA_ERROR / ERR_CHUNK (RPCRDMA-63, -69, -81).
+    ErrChunk,
+}
+
+impl Refusal {
+    /// The RDMA_ERROR answering `msg` (whose first 16 octets are readable), if any.
+    pub fn answer(self, msg: &[u8], credits: u32) -> Option<Repr<'static>> {
+        let h = Header::new_checked(msg).ok()?;
+        match self {
+            Refusal::Discard => None,
+            Refusal::ErrVers => Some(Repr::err_vers(&h, credits)),
+            Refusal::ErrChunk => Some(Repr::err_chunk(&h, credits)),
+        }
+    }
+}
+
+/// What the message `msg` from a requester asks for; no call message may exceed
+/// `max_message` octets once its chunks are in.
+pub fn plan_call(msg: &[u8], max_message: usize) -> Result<CallPlan, Refusal> {
+    let h = Header::new_checked(msg).map_err(|_| Refusal::Discard)?; // RPCRDMA-56
+    let (repr, hlen) = match Repr::parse(msg) {
+        Ok(r) => r,
+        Err(softrdma_wire::Error::Unknown {
+            field: "rdma_vers", ..
+        }) => return Err(Refusal::ErrVers),
+        Err(_) if h.check_message_len().is_err() => return Err(Refusal::Discard),
+        Err(_) => return Err(Refusal::ErrChunk),
+    };
+    let xid = repr.rdma_xid;
+    let (chunks, long) = match &repr.body {
+        Body::Msg(c) => (c, false),
+        Body::NoMsg(c) => (c, true),
+        Body::MsgP { .. } => return Err(Refusal::ErrChunk), // RPCRDMA-69
+        _ => return Err(Refusal::Discard),                  // RPCRDMA-42, -70
+    };
+    let segs: Vec<ReadSegment> = chunks.read_list.iter().collect();
+    let payload = if long {
+        Vec::new()
+    } else {
+        msg.get(hlen..).unwrap_or(&[]).to_vec()
+    };
+    // A Long Call is a Position-Zero Read chunk and nothing else (RPCRDMA-32, -41); an
+    // RDMA_MSG's payload carries the call's xid (RPCRDMA-38) and no Position-Zero chunk.
+    if long && (segs.is_empty() || segs.iter().any(|s| s.position != 0)) {
+        return Err(Refusal::ErrChunk);
+    }
+    if !long && (peek(&payload) != Some((xid, false)) || segs.iter().any(|s| s.position == 0)) {
+        return Err(Refusal::ErrChunk);
+    }
+    let read_len = segs
+        .iter()
+        .fold(0usize, |n, s| n.saturating_add(s.length as usize));
+    if read_len > max_message || payload.len().saturating_add(read_len) > max_message {
+        return Err(Refusal::ErrChunk); // RPCRDMA-81
+    }
+    // One chunk per Position, segments in list order (RPCRDMA-20, -22); Positions rise.
+    let mut reads: Vec<(u32, Vec<ReadSegment>)> = Vec::new();
+    for s in segs {
+        match reads.last_mut() {
+            Some((p, v)) if *p == s.position => v.push(s),
+            Some((p, _)) if *p > s.position => return Err(Refusal::ErrChunk),
+            _ => reads.push((s.position, vec![s])),
+        }
+    }
+    let offered = Offered {
+        writes: chunks
+            .write_list
+            .iter()
+            .map(|c| c.iter().collect())
+            .collect(),
+        reply: chunks.reply_chunk.as_ref().map(|c| c.iter().collect()),
+    };
+    Ok(CallPlan {
+        xid,
+        long,
+        payload,
+        reads,
+        read_len,
+        offered,
+    })
+}
+
+/// How `len` octets fill `segs` in order (RPCRDMA-27): each segment with the octets it gets
+/// (never more than it offered, RPCRDMA-28), or `None` if they hold less than `len`.
+pub fn fill(len: usize, segs: &[Segment]) -> Option<Vec<Segment>> {
+    let room = segs
+        .iter()
+        .fold(0usize, |n, s| n.saturating_add(s.length as usize));
+    if room < len {
+        return None;
+    }
+    let mut left = len;
+    Some(
+        segs.iter()
+            .map(|s| {
+                let n = (s.length as usize).min(left);
+                left -= n;
+                Segment {
+                    length: n as u32,
+                    ..*s
+                }
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn seg() -> impl Strategy<Value = Segment> {
+        (any::<u32>(), 0u32..5000, any::<u64>()).prop_map(|(handle, length, offset)| Segment {
+            handle,
+            length,
+            offset,
+        })
+    }
+
+    proptest! {
+        /// Whatever a requester offers, a reply never writes past a segment, through a
+        /// handle or at an offset it did not offer, and writes exactly the result.
+        #[test]
+        fn rpcrdma_27_28_fill_stays_inside_the_offered_segments(
+            segs in prop::collection::vec(seg(), 0..6),
+            len in 0usize..20000,
+        ) {
+            match fill(len, &segs) {
+                Some(out) => {
+                    prop_assert_eq!(out.len(), segs.len());
+                    let mut total = 0usize;
+                    for (o, s) in out.iter().zip(&segs) {
+                        prop_assert!(o.length <= s.length);
+                        prop_assert_eq!((o.handle, o.offset), (s.handle, s.offset));
+                        total += o.length as usize;
+                    }
+                    prop_assert_eq!(total, len);
+                }
+                None => {
+                    let room: usize = segs.iter().map(|s| s.length as usize).sum();
+                    prop_assert!(room < len);
+                }
+            }
+        }
+
+        /// Arbitrary octets never panic the planner; what it accepts is consistent.
+        #[test]
+        fn rpcrdma_57_any_message_gets_a_plan_or_a_refusal(msg in prop::collection::vec(any::<u8>(), 0..400)) {
+            if let Ok(p) = plan_call(&msg, 1 << 20) {
+                prop_assert!(p.read_len <= 1 << 20);
+                prop_assert!(p.reads.iter().all(|(pos, _)| pos % 4 == 0));
+                prop_assert_eq!(p.long, p.payload.is_empty() && !p.reads.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn positions_must_rise() {
+        // RDMA_MSG with Read chunks at 8 then 4: refused.
+        let mut m: Vec<u8> = [7u32, 1, 1, 0]
+            .iter()
+            .chain(&[1, 8, 1, 10, 0, 0, 1, 4, 1, 10, 0, 0, 0, 0, 0])
+            .flat_map(|w: &u32| w.to_be_bytes())
+            .collect();
+        m.extend_from_slice(&7u32.to_be_bytes());
+        m.extend_from_slice(&[0; 12]);
+        assert_eq!(plan_call(&m, 1 << 20), Err(Refusal::ErrChunk));
+    }
+}
