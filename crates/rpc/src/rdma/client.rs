@@ -12,10 +12,9 @@ use parking_lot::{Condvar, Mutex};
 use softrdma::{
     Access, ConnectParams, Context, Mr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-use softrdma_wire::rpcrdma::{
-    Body, Chunks, ErrorBody, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
-};
+use softrdma_wire::rpcrdma::{Chunks, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList};
 
+use super::plan::{Lent as Offer, ReplyForm, plan_reply};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::msg::peek;
@@ -193,37 +192,35 @@ impl RdmaTransport {
 
     /// A message from the responder: the reply it carries, or nothing (discarded).
     fn on_message(&self, buf: &[u8]) -> Option<Incoming> {
-        // RPCRDMA-56, -58, -61: whatever does not parse is dropped.
-        let (h, hlen) = Repr::parse(buf).ok()?;
-        let xid = h.rdma_xid;
         let mut st = self.state.lock();
+        let lent_of = |m: &Option<Mr>| {
+            m.as_ref().map(|m| Offer {
+                handle: m.rkey().0,
+                offset: m.addr(0),
+                len: m.len(),
+            })
+        };
+        let (xid, credit, form) = plan_reply(buf, |xid| {
+            let l = st.calls.get(&xid).filter(|l| !l.answered)?;
+            Some((lent_of(&l.write), lent_of(&l.reply)))
+        })?;
         let lent = st.calls.get(&xid)?;
-        if lent.answered {
-            return None;
-        }
-        let out = match &h.body {
-            Body::Error(e) => {
+        let copy = |m: &Option<Mr>, n: usize| -> Result<Vec<u8>, String> {
+            let mut v = vec![0u8; n];
+            m.as_ref()
+                .ok_or("no such chunk")?
+                .copy_out(0, &mut v)
+                .map_err(|e| e.to_string())?;
+            Ok(v)
+        };
+        let out = match form {
+            Err(why) => return Some(self.refuse(&mut st, xid, why)),
+            Ok(ReplyForm::Refused(why)) => {
                 st.stats.errors += 1;
-                Incoming::Refused {
-                    xid,
-                    why: match e {
-                        ErrorBody::Vers {
-                            rdma_vers_low: low,
-                            rdma_vers_high: high,
-                        } => {
-                            format!("ERR_VERS: the server speaks RPC-over-RDMA {low}..={high}")
-                        }
-                        ErrorBody::Chunk => "ERR_CHUNK".to_string(),
-                    },
-                }
+                Incoming::Refused { xid, why }
             }
-            Body::Msg(c) => {
-                let msg = buf[hlen..].to_vec();
-                // RPCRDMA-38: the header's xid is the message's.
-                if peek(&msg).map(|(x, _)| x) != Some(xid) {
-                    return None;
-                }
-                let bulk = match self.write_result(lent, c) {
+            Ok(ReplyForm::Inline { at, write }) => {
+                let bulk = match write.map(|n| copy(&lent.write, n)).transpose() {
                     Ok(b) => b,
                     Err(why) => return Some(self.refuse(&mut st, xid, why)),
                 };
@@ -232,16 +229,18 @@ impl RdmaTransport {
                 } else {
                     st.stats.replies_inline += 1;
                 }
-                Incoming::Reply { msg, bulk }
+                Incoming::Reply {
+                    msg: buf[at..].to_vec(),
+                    bulk,
+                }
             }
-            Body::NoMsg(c) => {
-                let msg = match self.reply_chunk(lent, c) {
-                    Ok(m) => m,
-                    Err(why) => return Some(self.refuse(&mut st, xid, why)),
-                };
-                let bulk = match self.write_result(lent, c) {
-                    Ok(b) => b,
-                    Err(why) => return Some(self.refuse(&mut st, xid, why)),
+            Ok(ReplyForm::Long { len, write }) => {
+                let (msg, bulk) = match (
+                    copy(&lent.reply, len),
+                    write.map(|n| copy(&lent.write, n)).transpose(),
+                ) {
+                    (Ok(m), Ok(b)) => (m, b),
+                    (Err(why), _) | (_, Err(why)) => return Some(self.refuse(&mut st, xid, why)),
                 };
                 st.stats.replies_reply_chunk += 1;
                 if bulk.is_some() {
@@ -249,10 +248,8 @@ impl RdmaTransport {
                 }
                 Incoming::Reply { msg, bulk }
             }
-            // RPCRDMA-69, -70: never sent, silently dropped.
-            _ => return None,
         };
-        st.granted = h.rdma_credit.clamp(1, self.cfg.credits.max(1));
+        st.granted = credit.clamp(1, self.cfg.credits.max(1));
         self.answer(&mut st, xid);
         Some(out)
     }
@@ -271,59 +268,6 @@ impl RdmaTransport {
             st.unanswered -= 1;
             self.room.notify_all();
         }
-    }
-
-    /// The DDP-eligible result the responder wrote into our Write chunk (RFC 8166
-    /// §3.4.6.1), checked against what we offered.
-    fn write_result(&self, lent: &Lent, c: &Chunks<'_>) -> Result<Option<Vec<u8>>, String> {
-        let mut chunks = c.write_list.iter();
-        let first = chunks.next();
-        if chunks.next().is_some() {
-            return Err("more Write chunks returned than offered".into());
-        }
-        let (Some(ch), Some(mr)) = (first, lent.write.as_ref()) else {
-            return match first {
-                Some(ch) if ch.total_len() > 0 => Err("a Write chunk we did not offer".into()),
-                _ => Ok(None),
-            };
-        };
-        let mut segs = ch.iter();
-        let Some(seg) = segs.next() else {
-            return Ok(None);
-        };
-        if segs.next().is_some() || seg.handle != mr.rkey().0 || seg.offset != mr.addr(0) {
-            return Err("a Write chunk unlike the one offered".into());
-        }
-        let len = seg.length as usize;
-        if len > mr.len() {
-            return Err("a Write chunk longer than offered".into());
-        }
-        if len == 0 {
-            // Unused (RPCRDMA-49): the result is inline.
-            return Ok(None);
-        }
-        let mut v = vec![0u8; len];
-        mr.copy_out(0, &mut v).map_err(|e| e.to_string())?;
-        Ok(Some(v))
-    }
-
-    /// A long reply: the message the responder wrote into our Reply chunk.
-    fn reply_chunk(&self, lent: &Lent, c: &Chunks<'_>) -> Result<Vec<u8>, String> {
-        let (Some(ch), Some(mr)) = (c.reply_chunk.as_ref(), lent.reply.as_ref()) else {
-            return Err("RDMA_NOMSG without the Reply chunk we offered".into());
-        };
-        let mut segs = ch.iter();
-        let seg = segs.next().ok_or("an empty Reply chunk")?;
-        if segs.next().is_some() || seg.handle != mr.rkey().0 || seg.offset != mr.addr(0) {
-            return Err("a Reply chunk unlike the one offered".into());
-        }
-        let len = seg.length as usize;
-        if len > mr.len() {
-            return Err("a Reply chunk longer than offered".into());
-        }
-        let mut v = vec![0u8; len];
-        mr.copy_out(0, &mut v).map_err(|e| e.to_string())?;
-        Ok(v)
     }
 }
 

@@ -2,7 +2,7 @@
 //! everything wrong with it), and how a result fills the segments a requester offered. The
 //! connection code only carries them out; fuzz targets and property tests drive these.
 
-use softrdma_wire::rpcrdma::{Body, Header, ReadSegment, Repr, Segment};
+use softrdma_wire::rpcrdma::{Body, Chunks, ErrorBody, Header, ReadSegment, Repr, Segment};
 
 use crate::msg::peek;
 
@@ -143,6 +143,119 @@ pub fn fill(len: usize, segs: &[Segment]) -> Option<Vec<Segment>> {
             })
             .collect(),
     )
+}
+
+/// Memory a call offered the responder: the one segment of a Write or Reply chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lent {
+    /// Its handle (R_Key / STag).
+    pub handle: u32,
+    /// Its offset (address).
+    pub offset: u64,
+    /// Octets offered.
+    pub len: usize,
+}
+
+/// How a reply came (RFC 8166 §3.5), checked against what its call offered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyForm {
+    /// The RPC reply is the message from octet `at` on; `write`: octets of the DDP-eligible
+    /// result in our Write chunk.
+    Inline {
+        /// Where the RPC reply starts.
+        at: usize,
+        /// Octets written into our Write chunk.
+        write: Option<usize>,
+    },
+    /// A Long Reply: the first `len` octets of our Reply chunk (RDMA_NOMSG).
+    Long {
+        /// Octets of the RPC reply.
+        len: usize,
+        /// Octets written into our Write chunk.
+        write: Option<usize>,
+    },
+    /// RDMA_ERROR (RPCRDMA-60).
+    Refused(String),
+}
+
+/// A reply for call `xid`: what `lookup(xid)` says the call offered (its Write chunk and
+/// Reply chunk), or `None` when there is no such call (dropped). `None` for whatever must
+/// be dropped silently (RPCRDMA-56, -58, -61, -69, -70); `Err` for a reply that breaks the
+/// chunk rules (a permanent error for that call, RPCRDMA-74, -75); `(xid, credit, form)`.
+#[allow(clippy::type_complexity)]
+pub fn plan_reply(
+    buf: &[u8],
+    lookup: impl FnOnce(u32) -> Option<(Option<Lent>, Option<Lent>)>,
+) -> Option<(u32, u32, Result<ReplyForm, String>)> {
+    let (h, hlen) = Repr::parse(buf).ok()?;
+    let xid = h.rdma_xid;
+    let (write, reply) = lookup(xid)?;
+    let form = match &h.body {
+        Body::Error(e) => Ok(ReplyForm::Refused(match e {
+            ErrorBody::Vers {
+                rdma_vers_low: low,
+                rdma_vers_high: high,
+            } => format!("ERR_VERS: the server speaks RPC-over-RDMA {low}..={high}"),
+            ErrorBody::Chunk => "ERR_CHUNK".to_string(),
+        })),
+        Body::Msg(c) => {
+            // RPCRDMA-38: the header's xid is the message's.
+            if peek(buf.get(hlen..)?).map(|(x, _)| x) != Some(xid) {
+                return None;
+            }
+            written(c, write).map(|w| ReplyForm::Inline { at: hlen, write: w })
+        }
+        Body::NoMsg(c) => long_reply(c, reply)
+            .and_then(|len| written(c, write).map(|w| ReplyForm::Long { len, write: w })),
+        _ => return None,
+    };
+    Some((xid, h.rdma_credit, form))
+}
+
+/// The octets of the DDP-eligible result in our Write chunk (RFC 8166 §3.4.6.1), checked
+/// against what was offered; `None` when it came inline (an unused or empty chunk).
+fn written(c: &Chunks<'_>, offered: Option<Lent>) -> Result<Option<usize>, String> {
+    let mut chunks = c.write_list.iter();
+    let first = chunks.next();
+    if chunks.next().is_some() {
+        return Err("more Write chunks returned than offered".into());
+    }
+    let (Some(ch), Some(lent)) = (first, offered) else {
+        return match first {
+            Some(ch) if ch.total_len() > 0 => Err("a Write chunk we did not offer".into()),
+            _ => Ok(None),
+        };
+    };
+    let mut segs = ch.iter();
+    let Some(seg) = segs.next() else {
+        return Ok(None);
+    };
+    if segs.next().is_some() || seg.handle != lent.handle || seg.offset != lent.offset {
+        return Err("a Write chunk unlike the one offered".into());
+    }
+    let len = seg.length as usize;
+    if len > lent.len {
+        return Err("a Write chunk longer than offered".into());
+    }
+    // Unused (RPCRDMA-49): the result is inline.
+    Ok((len > 0).then_some(len))
+}
+
+/// The octets of a Long Reply in our Reply chunk, checked against what was offered.
+fn long_reply(c: &Chunks<'_>, offered: Option<Lent>) -> Result<usize, String> {
+    let (Some(ch), Some(lent)) = (c.reply_chunk.as_ref(), offered) else {
+        return Err("RDMA_NOMSG without the Reply chunk we offered".into());
+    };
+    let mut segs = ch.iter();
+    let seg = segs.next().ok_or("an empty Reply chunk")?;
+    if segs.next().is_some() || seg.handle != lent.handle || seg.offset != lent.offset {
+        return Err("a Reply chunk unlike the one offered".into());
+    }
+    let len = seg.length as usize;
+    if len > lent.len {
+        return Err("a Reply chunk longer than offered".into());
+    }
+    Ok(len)
 }
 
 #[cfg(test)]
