@@ -90,7 +90,8 @@ impl RdmaTransport {
         addr: impl ToSocketAddrs,
         cfg: RdmaConfig,
     ) -> io::Result<RdmaTransport> {
-        let credits = cfg.credits.max(1);
+        let cfg = cfg.normalized();
+        let credits = cfg.credits;
         // RPCRDMA-06: a Receive for every reply we may get, before anything is sent.
         let ep = Endpoint::new(ctx, &cfg, credits)?;
         let info = ep

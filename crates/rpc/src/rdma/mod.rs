@@ -19,6 +19,15 @@ use softrdma_wire::rpcrdma::{
 
 /// The NFS/RDMA port (RFC 8166 §9, RFC 8267).
 pub const NFS_RDMA_PORT: u16 = 20049;
+/// rpcbind netid of RPC-over-RDMA on IPv4 (RFC 8166 §9, RPCRDMA-86).
+pub const NETID_RDMA: &str = "rdma";
+/// rpcbind netid of RPC-over-RDMA on IPv6.
+pub const NETID_RDMA6: &str = "rdma6";
+
+/// Smallest inline threshold a receiver supports (RFC 8166 §3.3.3, RPCRDMA-09).
+pub const MIN_INLINE: usize = 1024;
+/// Largest buffer size RFC 8797 private data can state.
+pub const MAX_INLINE: usize = 256 * 1024;
 
 /// How an RPC-over-RDMA connection is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +57,18 @@ impl Default for RdmaConfig {
 }
 
 impl RdmaConfig {
+    /// The configuration as it is used: Send and Receive buffers of 1 KiB to 256 KiB in
+    /// whole KiB (RPCRDMA-09; what RFC 8797 can state), at least one credit.
+    pub fn normalized(self) -> RdmaConfig {
+        let size = |n: usize| (n.clamp(MIN_INLINE, MAX_INLINE) / 1024) * 1024;
+        RdmaConfig {
+            credits: self.credits.max(1),
+            inline_send: size(self.inline_send),
+            inline_recv: size(self.inline_recv),
+            ..self
+        }
+    }
+
     /// Our RFC 8797 private data (we do not take remote invalidation: chunk memory is
     /// deregistered locally when the call completes).
     fn private_data(&self) -> Vec<u8> {
@@ -174,6 +195,28 @@ mod wrid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RPCRDMA-09, RPCRDMA-86.
+    #[test]
+    fn rpcrdma_09_86_buffers_of_at_least_1024_and_the_netids() {
+        let c = RdmaConfig {
+            credits: 0,
+            inline_send: 100,
+            inline_recv: 5000,
+            ..RdmaConfig::default()
+        }
+        .normalized();
+        assert_eq!((c.credits, c.inline_send, c.inline_recv), (1, 1024, 4096));
+        let big = RdmaConfig {
+            inline_send: 1 << 20,
+            ..RdmaConfig::default()
+        };
+        assert_eq!(big.normalized().inline_send, MAX_INLINE);
+        assert_eq!(
+            (NETID_RDMA, NETID_RDMA6, NFS_RDMA_PORT),
+            ("rdma", "rdma6", 20049)
+        );
+    }
 
     #[test]
     fn thresholds_are_the_smaller_of_each_pair_or_1024() {

@@ -95,6 +95,7 @@ impl Server {
         listener: Listener,
         cfg: RdmaConfig,
     ) -> io::Result<RdmaServer> {
+        let cfg = cfg.normalized();
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
         let (server, ctx, stop2) = (self.clone(), ctx.clone(), stop.clone());
