@@ -331,3 +331,72 @@ mod tests {
         assert_eq!(entries[1].fh.as_deref(), Some(&[1u8; 12][..]));
     }
 }
+
+/// The name of procedure `proc` of `prog` version `vers`, as tshark writes it
+/// (e.g. `NFS3 READ`, `MOUNT3 MNT`, `PORTMAP2 GETPORT`), for the programs NFS uses.
+pub fn procedure_name(prog: u32, vers: u32, proc: u32) -> Option<String> {
+    const NFS3: [&str; 22] = [
+        "NULL",
+        "GETATTR",
+        "SETATTR",
+        "LOOKUP",
+        "ACCESS",
+        "READLINK",
+        "READ",
+        "WRITE",
+        "CREATE",
+        "MKDIR",
+        "SYMLINK",
+        "MKNOD",
+        "REMOVE",
+        "RMDIR",
+        "RENAME",
+        "LINK",
+        "READDIR",
+        "READDIRPLUS",
+        "FSSTAT",
+        "FSINFO",
+        "PATHCONF",
+        "COMMIT",
+    ];
+    const NFS4: [&str; 2] = ["NULL", "COMPOUND"];
+    const MOUNT3: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
+    const PMAP2: [&str; 6] = ["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT"];
+    const NFSACL3: [&str; 3] = ["NULL", "GETACL", "SETACL"];
+    let (prefix, names): (&str, &[&str]) = match (prog, vers) {
+        (NFS_PROGRAM, 3) => ("NFS3", &NFS3),
+        (NFS_PROGRAM, 4) => ("NFS4", &NFS4),
+        (MOUNT_PROGRAM, 3) => ("MOUNT3", &MOUNT3),
+        (PMAP_PROGRAM, 2) => ("PORTMAP2", &PMAP2),
+        (100_227, 3) => ("NFSACL3", &NFSACL3),
+        _ => return None,
+    };
+    names.get(proc as usize).map(|n| format!("{prefix} {n}"))
+}
+
+#[cfg(test)]
+mod names {
+    use super::*;
+
+    #[test]
+    fn procedures_are_named_as_tshark_names_them() {
+        assert_eq!(
+            procedure_name(NFS_PROGRAM, 3, 6).as_deref(),
+            Some("NFS3 READ")
+        );
+        assert_eq!(
+            procedure_name(NFS_PROGRAM, 3, 17).as_deref(),
+            Some("NFS3 READDIRPLUS")
+        );
+        assert_eq!(
+            procedure_name(MOUNT_PROGRAM, 3, 1).as_deref(),
+            Some("MOUNT3 MNT")
+        );
+        assert_eq!(
+            procedure_name(PMAP_PROGRAM, 2, 3).as_deref(),
+            Some("PORTMAP2 GETPORT")
+        );
+        assert_eq!(procedure_name(NFS_PROGRAM, 3, 22), None);
+        assert_eq!(procedure_name(1, 1, 0), None);
+    }
+}

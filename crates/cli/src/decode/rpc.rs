@@ -69,10 +69,16 @@ fn proc_name(p: rpcrdma::Proc) -> &'static str {
 
 fn rpc_summary(m: &onc_rpc::Repr<'_>) -> String {
     match &m.body {
-        onc_rpc::MsgBody::Call(c) => format!(
-            "RPC CALL xid {:#010x} prog {} vers {} proc {}",
-            m.xid, c.prog, c.vers, c.proc
-        ),
+        onc_rpc::MsgBody::Call(c) => {
+            let mut s = format!(
+                "RPC CALL xid {:#010x} prog {} vers {} proc {}",
+                m.xid, c.prog, c.vers, c.proc
+            );
+            if let Some(n) = softrdma_nfs::proto::procedure_name(c.prog, c.vers, c.proc) {
+                s.push_str(&format!(" ({n})"));
+            }
+            s
+        }
         onc_rpc::MsgBody::Reply(onc_rpc::ReplyBody::Accepted(a)) => {
             format!(
                 "RPC REPLY xid {:#010x} {:?}",
