@@ -4,5 +4,6 @@ pub mod decode;
 pub mod nfs;
 pub mod perf;
 pub mod pingpong;
+pub mod rpcbench;
 pub mod rping;
 pub mod verbs_util;

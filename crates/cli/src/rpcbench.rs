@@ -1,0 +1,251 @@
+//! `softrdma rpc bench`: ONC RPC over RPC-over-RDMA beside the same RPC over TCP, in one
+//! process over loopback: the NULL-call rate with calls in flight, and 1 MiB calls whose
+//! result comes back through a Write chunk (RFC 8166 §3.4.6) — as `perf` sets RDMA beside raw
+//! sockets.
+
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softrdma::{Context, Device, Listener, RoceConfig};
+use softrdma_rpc::rdma::{RdmaConfig, RdmaTransport};
+use softrdma_rpc::tcp::TcpTransport;
+use softrdma_rpc::{
+    CallContext, Client, Payload, Pending, ProcError, Registry, ReplySpace, Server, ServerConfig,
+};
+
+use crate::verbs_util::TransportArg;
+
+const PROG: u32 = 0x2000_5150;
+const NULL: u32 = 0;
+/// Results: an opaque of the length the arguments ask for (DDP-eligible).
+const FETCH: u32 = 1;
+
+/// `softrdma rpc bench` arguments.
+#[derive(clap::Args, Debug)]
+pub struct RpcBenchArgs {
+    /// RDMA device: iwarp or roce.
+    #[arg(long, value_enum, default_value = "iwarp")]
+    pub transport: TransportArg,
+    /// Seconds per test.
+    #[arg(short = 'D', long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Calls in flight per connection.
+    #[arg(short = 'q', long, default_value_t = 16)]
+    pub depth: usize,
+    /// Size of the large calls' result.
+    #[arg(short = 's', long, default_value_t = 1 << 20)]
+    pub size: usize,
+    /// One JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `softrdma rpc` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum RpcCmd {
+    /// NULL-call rate and large calls, RPC-over-RDMA beside RPC over TCP (loopback).
+    Bench(RpcBenchArgs),
+}
+
+fn program(size: usize) -> impl softrdma_rpc::Program {
+    let data = Arc::new(vec![0x5Au8; size]);
+    move |ctx: &CallContext<'_>, args: &[u8]| -> Result<Payload, ProcError> {
+        match ctx.header.proc {
+            NULL => Ok(Payload::default()),
+            FETCH => {
+                let n = args
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                    .ok_or(ProcError::GarbageArgs)?;
+                Ok(Payload::with_opaque(Vec::new(), &data[..n.min(data.len())]))
+            }
+            _ => Err(ProcError::ProcUnavail),
+        }
+    }
+}
+
+/// One measured figure per transport.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Figures {
+    /// NULL calls per second.
+    pub null_per_s: f64,
+    /// Large-call result bandwidth, Gb/s.
+    pub large_gbps: f64,
+}
+
+/// Calls `call` with `depth` in flight for `d`; completed calls per second.
+fn rate(
+    c: &Client,
+    depth: usize,
+    d: Duration,
+    mut start: impl FnMut(&Client) -> Pending,
+    mut check: impl FnMut(softrdma_rpc::Reply),
+) -> Result<f64, String> {
+    let mut q: std::collections::VecDeque<Pending> = (0..depth).map(|_| start(c)).collect();
+    let t0 = Instant::now();
+    let mut done = 0u64;
+    while let Some(p) = q.pop_front() {
+        check(p.wait().map_err(|e| e.to_string())?);
+        done += 1;
+        if t0.elapsed() < d {
+            q.push_back(start(c));
+        }
+    }
+    Ok(done as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
+    let d = Duration::from_secs_f64(a.duration);
+    let null = rate(
+        c,
+        a.depth,
+        d,
+        |c| {
+            // A NULL reply is 24 octets: no Reply chunk needed (the ULB's maximum).
+            c.start_with(
+                PROG,
+                1,
+                NULL,
+                &Payload::default(),
+                ReplySpace { max: 64, ddp: None },
+            )
+            .expect("start")
+        },
+        |_| {},
+    )?;
+    let size = a.size;
+    let space = ReplySpace {
+        max: 256,
+        ddp: Some(size),
+    };
+    let args = Payload::from((size as u32).to_be_bytes().to_vec());
+    let mut bad = 0usize;
+    let large = rate(
+        c,
+        a.depth.min(4),
+        d,
+        |c| c.start_with(PROG, 1, FETCH, &args, space).expect("start"),
+        |r| {
+            let n = r
+                .bulk
+                .as_ref()
+                .map_or(r.results.len().saturating_sub(4), Vec::len);
+            if n != size {
+                bad += 1;
+            }
+        },
+    )?;
+    if bad > 0 {
+        return Err(format!("{bad} large calls came back short"));
+    }
+    Ok(Figures {
+        null_per_s: null,
+        large_gbps: large * size as f64 * 8.0 / 1e9,
+    })
+}
+
+fn open(t: TransportArg, ip: Ipv4Addr) -> Result<Context, String> {
+    let dev = match t {
+        TransportArg::Iwarp => Device::tcp(),
+        TransportArg::Roce => {
+            let mut cfg = RoceConfig::new(IpAddr::V4(ip));
+            cfg.port = 0;
+            Device::roce(cfg)
+        }
+    };
+    dev.open().map_err(|e| format!("{}: {e}", dev.name()))
+}
+
+/// Runs `softrdma rpc bench`; the exit status.
+pub fn run(cmd: &RpcCmd) -> i32 {
+    let RpcCmd::Bench(a) = cmd;
+    match bench(a) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("softrdma rpc bench: {e}");
+            1
+        }
+    }
+}
+
+fn bench(a: &RpcBenchArgs) -> Result<(), String> {
+    let mut reg = Registry::new();
+    reg.register(PROG, 1, program(a.size));
+    let server = Arc::new(Server::new(
+        reg,
+        ServerConfig {
+            threads: 4,
+            max_record: a.size + 4096,
+            ..ServerConfig::default()
+        },
+    ));
+    let sctx = open(a.transport, Ipv4Addr::new(127, 0, 0, 1))?;
+    let cctx = open(a.transport, Ipv4Addr::new(127, 0, 0, 2))?;
+    let cfg = RdmaConfig {
+        credits: 32,
+        max_message: a.size + 4096,
+        ..RdmaConfig::default()
+    };
+    let l = Listener::bind(&sctx, "127.0.0.1:0").map_err(|e| e.to_string())?;
+    let rdma_srv = server
+        .serve_rdma(&sctx, l, cfg)
+        .map_err(|e| e.to_string())?;
+    let tcp_srv = server
+        .serve_tcp(TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let rdma = Client::new(
+        Arc::new(
+            RdmaTransport::connect(&cctx, rdma_srv.local_addr(), cfg).map_err(|e| e.to_string())?,
+        ),
+        a.depth.max(1),
+    );
+    let tcp = Client::new(
+        Arc::new(
+            TcpTransport::from_stream(
+                std::net::TcpStream::connect(tcp_srv.local_addr()).map_err(|e| e.to_string())?,
+                a.size + 4096,
+            )
+            .map_err(|e| e.to_string())?,
+        ),
+        a.depth.max(1),
+    );
+    // Warm both up (the RDMA client's first grant).
+    for c in [&rdma, &tcp] {
+        c.call(PROG, 1, NULL, &[]).map_err(|e| e.to_string())?;
+    }
+    let r = measure(&rdma, a)?;
+    let t = measure(&tcp, a)?;
+    if a.json {
+        let doc = serde_json::json!({
+            "transport": format!("{:?}", a.transport).to_lowercase(),
+            "depth": a.depth,
+            "size": a.size,
+            "rdma": r,
+            "tcp": t,
+            "null_ratio": r.null_per_s / t.null_per_s,
+            "large_ratio": r.large_gbps / t.large_gbps,
+        });
+        println!("{doc}");
+    } else {
+        println!(
+            " test                       {:>14} {:>14}   ratio",
+            "RPC-over-RDMA", "RPC over TCP"
+        );
+        println!(
+            " NULL calls/s (depth {:>3})   {:>14.0} {:>14.0}   {:.2}",
+            a.depth,
+            r.null_per_s,
+            t.null_per_s,
+            r.null_per_s / t.null_per_s
+        );
+        println!(
+            " {:>7}-octet results Gb/s  {:>14.2} {:>14.2}   {:.2}",
+            a.size,
+            r.large_gbps,
+            t.large_gbps,
+            r.large_gbps / t.large_gbps
+        );
+    }
+    Ok(())
+}
