@@ -315,13 +315,7 @@ impl Client {
     /// Sends a call of `prog`/`vers`/`proc` with XDR `args`; waits for a slot if
     /// `max_in_flight` calls are outstanding.
     pub fn start(&self, prog: u32, vers: u32, proc: u32, args: &[u8]) -> Result<Pending, RpcError> {
-        self.start_with(
-            prog,
-            vers,
-            proc,
-            &Payload::from(args.to_vec()),
-            ReplySpace::default(),
-        )
+        self.send_call(prog, vers, proc, args, None, ReplySpace::default())
     }
 
     /// As [`Client::start`], with a DDP-eligible argument and the reply's room.
@@ -334,6 +328,19 @@ impl Client {
         reply: ReplySpace,
     ) -> Result<Pending, RpcError> {
         args.check().map_err(|e| RpcError::Encode(e.to_string()))?;
+        self.send_call(prog, vers, proc, &args.xdr, args.ddp.clone(), reply)
+    }
+
+    /// Encodes and sends a call of XDR `args` (`ddp`: its DDP-eligible range).
+    fn send_call(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc: u32,
+        args: &[u8],
+        ddp: Option<std::ops::Range<usize>>,
+        reply: ReplySpace,
+    ) -> Result<Pending, RpcError> {
         let s = &self.shared;
         let xid = s.next_xid.fetch_add(1, Ordering::Relaxed);
         let h = CallHeader {
@@ -344,12 +351,12 @@ impl Client {
             cred: s.cred.lock().clone(),
             verf: Auth::None,
         };
-        let mut msg = Vec::with_capacity(args.xdr.len() + 128);
-        encode_call(&h, &args.xdr, &mut msg).map_err(|e| RpcError::Encode(e.to_string()))?;
-        let at = msg.len() - args.xdr.len();
+        let mut msg = Vec::with_capacity(args.len() + 128);
+        encode_call(&h, args, &mut msg).map_err(|e| RpcError::Encode(e.to_string()))?;
+        let at = msg.len() - args.len();
         let call = OutCall {
             msg,
-            ddp: args.ddp.clone().map(|r| r.start + at..r.end + at),
+            ddp: ddp.map(|r| r.start + at..r.end + at),
             reply,
         };
         let (tx, rx) = bounded(1);

@@ -62,16 +62,25 @@ impl Payload {
     /// (RFC 8166 §3.4.4, RPCRDMA-14, RPCRDMA-18). Without an item, `xdr` itself.
     pub fn reduced(&self) -> Vec<u8> {
         match &self.ddp {
-            Some(r) => {
-                let end = padded_len(r.end).min(self.xdr.len());
-                let mut v = Vec::with_capacity(self.xdr.len() - (end - r.start));
-                v.extend_from_slice(&self.xdr[..r.start]);
-                v.extend_from_slice(&self.xdr[end..]);
-                v
-            }
+            Some(r) => reduce(&self.xdr, r),
             None => self.xdr.clone(),
         }
     }
+}
+
+/// The octets a reduction takes out of a stream of `len` octets for the DDP-eligible data
+/// `ddp`: the data and its XDR padding (RFC 8166 §3.4.4, RPCRDMA-18); the length word stays.
+pub fn removed(len: usize, ddp: &Range<usize>) -> Range<usize> {
+    ddp.start.min(len)..padded_len(ddp.end).min(len)
+}
+
+/// `xdr` without the octets [`removed`] names.
+pub fn reduce(xdr: &[u8], ddp: &Range<usize>) -> Vec<u8> {
+    let cut = removed(xdr.len(), ddp);
+    let mut v = Vec::with_capacity(xdr.len() - cut.len());
+    v.extend_from_slice(&xdr[..cut.start]);
+    v.extend_from_slice(&xdr[cut.end..]);
+    v
 }
 
 /// A chunk list that does not fit the stream it belongs to.

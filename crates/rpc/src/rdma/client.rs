@@ -9,19 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use softrdma::{
-    Access, ConnectParams, Context, Mr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
-};
+use softrdma::{Access, ConnectParams, Context, Mr, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_wire::rpcrdma::{Chunks, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList};
 
-use super::plan::{Lent as Offer, ReplyForm, plan_reply};
+use super::plan::{Lent, ReplyForm, plan_reply};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::msg::peek;
+use crate::payload::reduce;
 
 /// Memory a call lent the responder; deregistered (invalidated) when the call is over.
 #[derive(Default)]
-struct Lent {
+struct CallMemory {
     /// The Send buffer slot.
     slot: Option<usize>,
     /// Read chunk source (argument data or the whole call).
@@ -61,7 +60,7 @@ struct State {
     /// Calls sent and not answered (a call abandoned by its caller still counts until its
     /// reply comes: the responder has not acknowledged it).
     unanswered: u32,
-    calls: HashMap<u32, Lent>,
+    calls: HashMap<u32, CallMemory>,
     free_slots: Vec<usize>,
     closed: bool,
     stats: RdmaStats,
@@ -195,7 +194,7 @@ impl RdmaTransport {
     fn on_message(&self, buf: &[u8]) -> Option<Incoming> {
         let mut st = self.state.lock();
         let lent_of = |m: &Option<Mr>| {
-            m.as_ref().map(|m| Offer {
+            m.as_ref().map(|m| Lent {
                 handle: m.rkey().0,
                 offset: m.addr(0),
                 len: m.len(),
@@ -291,7 +290,7 @@ impl ClientTransport for RdmaTransport {
                 "not an RPC call",
             ));
         };
-        let mut lent = Lent::default();
+        let mut lent = CallMemory::default();
         // Reply resources first (RPCRDMA-76): a Write chunk for the DDP-eligible result
         // (RPCRDMA-26, -48) and a Reply chunk if the reply may exceed the threshold
         // (RPCRDMA-52).
@@ -309,44 +308,39 @@ impl ClientTransport for RdmaTransport {
         let base = header_len(0, write.is_some(), reply.is_some());
         // The call's form (RFC 8166 §3.5): short, chunked, or long.
         let mut read: Vec<ReadSegment> = Vec::new();
-        let (nomsg, payload): (bool, Vec<u8>) = if base + call.msg.len() <= self.th.call {
-            (false, call.msg.clone())
-        } else {
-            let reduced = call.ddp.as_ref().map(|r| {
-                let end = softrdma_wire::xdr::padded_len(r.end).min(call.msg.len());
-                let mut v = call.msg[..r.start].to_vec();
-                v.extend_from_slice(&call.msg[end..]);
-                (r.clone(), v)
-            });
-            match reduced {
-                Some((r, v))
-                    if header_len(1, write.is_some(), reply.is_some()) + v.len()
-                        <= self.th.call =>
-                {
-                    // RPCRDMA-24: the chunk leaves the padding out.
-                    let mr = self.lend(r.len(), Some(&call.msg[r.clone()]))?;
-                    read.push(ReadSegment {
-                        position: r.start as u32,
-                        handle: mr.rkey().0,
-                        length: r.len() as u32,
-                        offset: mr.addr(0),
-                    });
-                    lent.read = Some(mr);
-                    (false, v)
-                }
-                _ => {
-                    // Long Call: the whole message in a Position-Zero Read chunk
-                    // (RPCRDMA-31, -32, -35).
-                    let mr = self.lend(call.msg.len(), Some(&call.msg))?;
-                    read.push(ReadSegment {
-                        position: 0,
-                        handle: mr.rkey().0,
-                        length: call.msg.len() as u32,
-                        offset: mr.addr(0),
-                    });
-                    lent.read = Some(mr);
-                    (true, Vec::new())
-                }
+        let short = base + call.msg.len() <= self.th.call;
+        let reduced = match &call.ddp {
+            Some(r) if !short => Some((r.clone(), reduce(&call.msg, r))),
+            _ => None,
+        };
+        let (nomsg, payload): (bool, &[u8]) = match &reduced {
+            _ if short => (false, &call.msg),
+            Some((r, v))
+                if header_len(1, write.is_some(), reply.is_some()) + v.len() <= self.th.call =>
+            {
+                // RPCRDMA-24: the chunk leaves the padding out.
+                let mr = self.lend(r.len(), Some(&call.msg[r.clone()]))?;
+                read.push(ReadSegment {
+                    position: r.start as u32,
+                    handle: mr.rkey().0,
+                    length: r.len() as u32,
+                    offset: mr.addr(0),
+                });
+                lent.read = Some(mr);
+                (false, v)
+            }
+            _ => {
+                // Long Call: the whole message in a Position-Zero Read chunk
+                // (RPCRDMA-31, -32, -35).
+                let mr = self.lend(call.msg.len(), Some(&call.msg))?;
+                read.push(ReadSegment {
+                    position: 0,
+                    handle: mr.rkey().0,
+                    length: call.msg.len() as u32,
+                    offset: mr.addr(0),
+                });
+                lent.read = Some(mr);
+                (true, &[])
             }
         };
         // Credits (RPCRDMA-02, -04, -08), and a Send buffer.
@@ -382,46 +376,37 @@ impl ClientTransport for RdmaTransport {
         } else {
             Repr::msg(xid, credits, chunks)
         };
-        let hlen = hdr.buffer_len();
-        let mut out = vec![0u8; hlen + payload.len()];
-        let emitted = hdr.emit(&mut out).map_err(io_err);
-        let fits = out.len() <= self.cfg.inline_send;
-        let mut st = self.state.lock();
-        if emitted.is_err() || !fits {
-            st.free_slots.push(slot);
-            st.unanswered -= 1;
-            self.room.notify_all();
-            emitted?;
-            return Err(io_err("the RPC-over-RDMA header does not fit a Send"));
+        {
+            let mut st = self.state.lock();
+            if hdr.buffer_len() + payload.len() > self.cfg.inline_send {
+                st.free_slots.push(slot);
+                st.unanswered -= 1;
+                self.room.notify_all();
+                return Err(io_err("the RPC-over-RDMA message does not fit a Send"));
+            }
+            match (nomsg, read.is_empty()) {
+                (true, _) => st.stats.calls_long += 1,
+                (false, false) => st.stats.calls_chunked += 1,
+                (false, true) => st.stats.calls_short += 1,
+            }
+            // In the table before the Send leaves: the reply may come at once.
+            st.calls.insert(xid, lent);
         }
-        out[hlen..].copy_from_slice(&payload);
-        let off = slot * self.cfg.inline_send;
-        if let Err(e) = self.ep.send_mr.copy_in(off, &out) {
-            st.free_slots.push(slot);
-            st.unanswered -= 1;
-            self.room.notify_all();
-            return Err(io_err(e));
-        }
-        match (nomsg, read.is_empty()) {
-            (true, _) => st.stats.calls_long += 1,
-            (false, false) => st.stats.calls_chunked += 1,
-            (false, true) => st.stats.calls_short += 1,
-        }
-        st.calls.insert(xid, lent);
-        drop(st);
-        let wr = SendWr::send(
+        let sent = self.ep.send(
+            slot,
+            self.cfg.inline_send,
+            &hdr,
+            payload,
             wrid::SEND | slot as u64,
-            vec![self.ep.send_mr.sge(off, out.len() as u32)],
-        )
-        .with_flags(SendFlags::SIGNALED);
-        if let Err(e) = self.ep.qp.post_send(wr) {
+        );
+        if let Err(e) = sent {
             let mut st = self.state.lock();
             if st.calls.remove(&xid).is_some() {
                 st.unanswered -= 1;
                 st.free_slots.push(slot);
             }
             self.room.notify_all();
-            return Err(io_err(e));
+            return Err(e);
         }
         Ok(())
     }

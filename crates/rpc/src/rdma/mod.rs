@@ -11,7 +11,8 @@ pub use server::RdmaServer;
 
 use std::io;
 
-use softrdma::{Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr};
+use softrdma::{Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr};
+use softrdma_wire::rpcrdma::Repr;
 use softrdma_wire::rpcrdma::{
     DEFAULT_INLINE_THRESHOLD, PRIVATE_DATA_FLAG_REMOTE_INVALIDATE, PRIVATE_DATA_LEN,
     PrivateDataRepr,
@@ -162,6 +163,39 @@ impl Endpoint {
             e.post_recv(cfg.inline_recv, i)?;
         }
         Ok(e)
+    }
+
+    /// Writes `hdr` and `payload` straight into Send buffer `slot` (of `size` octets) and
+    /// posts the Send, signaled, as `wr_id`.
+    fn send(
+        &self,
+        slot: usize,
+        size: usize,
+        hdr: &Repr<'_>,
+        payload: &[u8],
+        wr_id: u64,
+    ) -> io::Result<()> {
+        let hlen = hdr.buffer_len();
+        let len = hlen + payload.len();
+        if len > size {
+            return Err(io_err("an RPC-over-RDMA message larger than a Send buffer"));
+        }
+        let off = slot * size;
+        {
+            let mut g = self.send_mr.write();
+            let at = self.send_mr.buffer_offset() + off;
+            let buf = g
+                .get_mut(at..at + len)
+                .ok_or_else(|| io_err("no such Send buffer"))?;
+            hdr.emit(&mut buf[..hlen]).map_err(io_err)?;
+            buf[hlen..].copy_from_slice(payload);
+        }
+        self.qp
+            .post_send(
+                SendWr::send(wr_id, vec![self.send_mr.sge(off, len as u32)])
+                    .with_flags(SendFlags::SIGNALED),
+            )
+            .map_err(io_err)
     }
 
     /// (Re)posts Receive buffer `i` of `size` octets.

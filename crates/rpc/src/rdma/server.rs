@@ -16,12 +16,11 @@ use softrdma::{
     WorkCompletion,
 };
 use softrdma_wire::rpcrdma::{Chunks, Header, ReadList, Repr, Segment, WriteChunk, WriteList};
-use softrdma_wire::xdr::padded_len;
 
 use super::plan::{CallPlan, Offered, fill, plan_call};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::msg::peek;
-use crate::payload::splice;
+use crate::payload::{removed, splice};
 use crate::server::{OutReply, Server};
 
 /// A call whose Read chunks are being pulled.
@@ -325,20 +324,24 @@ impl Conn {
 
     /// Every Read chunk of a call arrived: the call, whole, goes to the pool.
     fn pulled(self: &Arc<Self>, c: Pulling) -> io::Result<()> {
-        let data = c.mr.to_vec();
-        let msg = if c.long {
-            let len = c.chunks.iter().map(|x| x.2).sum::<usize>();
-            data[..len].to_vec()
-        } else {
-            let parts: Vec<(u32, &[u8])> = c
-                .chunks
-                .iter()
-                .map(|&(pos, off, len)| (pos, &data[off..off + len]))
-                .collect();
-            match splice(&c.payload, &parts, self.cfg.max_message) {
-                Ok(m) => m,
-                Err(_) => return self.send_error(err_chunk_for(c.xid, self.credits())),
+        // Read in place: the chunks' octets are copied once, into the call.
+        let msg = {
+            let g = c.mr.read();
+            let data = &g[c.mr.buffer_offset()..c.mr.buffer_offset() + c.mr.len()];
+            if c.long {
+                let len = c.chunks.iter().map(|x| x.2).sum::<usize>();
+                Some(data[..len].to_vec())
+            } else {
+                let parts: Vec<(u32, &[u8])> = c
+                    .chunks
+                    .iter()
+                    .map(|&(pos, off, len)| (pos, &data[off..off + len]))
+                    .collect();
+                splice(&c.payload, &parts, self.cfg.max_message).ok()
             }
+        };
+        let Some(msg) = msg else {
+            return self.send_error(err_chunk_for(c.xid, self.credits()));
         };
         if peek(&msg) != Some((c.xid, false)) {
             return self.send_error(err_chunk_for(c.xid, self.credits()));
@@ -420,8 +423,7 @@ impl Conn {
                 Some(segs) => {
                     writes[0] = segs;
                     // RPCRDMA-18: the data and its padding leave the stream.
-                    let end = padded_len(r.end).min(msg.len());
-                    msg.drain(r.start..end);
+                    msg.drain(removed(msg.len(), &r));
                 }
                 None => return self.send_error(err_chunk_for(xid, self.credits())),
             }
@@ -465,9 +467,7 @@ impl Conn {
 
     /// One Send of `hdr` and `payload` from a send slot (waiting for one).
     fn send(&self, hdr: &Repr<'_>, payload: &[u8], held: Vec<Mr>) -> io::Result<()> {
-        let hlen = hdr.buffer_len();
-        let len = hlen + payload.len();
-        if len > self.cfg.inline_send {
+        if hdr.buffer_len() + payload.len() > self.cfg.inline_send {
             return Err(io_err("an RPC-over-RDMA message larger than a Send"));
         }
         let slot = {
@@ -483,21 +483,13 @@ impl Conn {
                 self.send_room.wait_for(&mut s, Duration::from_millis(100));
             }
         };
-        let mut buf = vec![0u8; len];
-        hdr.emit(&mut buf).map_err(io_err)?;
-        buf[hlen..].copy_from_slice(payload);
-        let off = slot * self.cfg.inline_send;
-        self.ep.send_mr.copy_in(off, &buf).map_err(io_err)?;
-        self.ep
-            .qp
-            .post_send(
-                SendWr::send(
-                    wrid::SEND | slot as u64,
-                    vec![self.ep.send_mr.sge(off, len as u32)],
-                )
-                .with_flags(SendFlags::SIGNALED),
-            )
-            .map_err(io_err)
+        self.ep.send(
+            slot,
+            self.cfg.inline_send,
+            hdr,
+            payload,
+            wrid::SEND | slot as u64,
+        )
     }
 }
 
