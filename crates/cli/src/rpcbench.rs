@@ -36,6 +36,9 @@ pub struct RpcBenchArgs {
     /// Size of the large calls' result.
     #[arg(short = 's', long, default_value_t = 1 << 20)]
     pub size: usize,
+    /// Large calls in flight (each lends a Write chunk of `size` octets).
+    #[arg(long, default_value_t = 4)]
+    pub large_depth: usize,
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -123,7 +126,7 @@ fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
     let mut bad = 0usize;
     let large = rate(
         c,
-        a.depth.min(4),
+        a.large_depth.max(1),
         d,
         |c| c.start_with(PROG, 1, FETCH, &args, space).expect("start"),
         |r| {
@@ -216,6 +219,8 @@ fn bench(a: &RpcBenchArgs) -> Result<(), String> {
     }
     let r = measure(&rdma, a)?;
     let t = measure(&tcp, a)?;
+    drop((rdma, tcp, rdma_srv, tcp_srv));
+    let write = plain_write(a)?;
     if a.json {
         let doc = serde_json::json!({
             "transport": format!("{:?}", a.transport).to_lowercase(),
@@ -225,6 +230,8 @@ fn bench(a: &RpcBenchArgs) -> Result<(), String> {
             "tcp": t,
             "null_ratio": r.null_per_s / t.null_per_s,
             "large_ratio": r.large_gbps / t.large_gbps,
+            "rdma_write_gbps": write,
+            "large_vs_write": r.large_gbps / write,
         });
         println!("{doc}");
     } else {
@@ -246,6 +253,44 @@ fn bench(a: &RpcBenchArgs) -> Result<(), String> {
             t.large_gbps,
             r.large_gbps / t.large_gbps
         );
+        println!(
+            " plain RDMA Write Gb/s (perf) {:>12.2} {:>14}   {:.2}  (results / Write)",
+            write,
+            "",
+            r.large_gbps / write
+        );
     }
     Ok(())
+}
+
+/// `softrdma perf --loopback --bw --op write` of `size` octets on the same transport, in
+/// this run: what the large calls' Write chunks are measured against.
+fn plain_write(a: &RpcBenchArgs) -> Result<f64, String> {
+    #[derive(clap::Parser)]
+    struct P {
+        #[command(flatten)]
+        perf: crate::perf::PerfArgs,
+    }
+    let transport = format!("{:?}", a.transport).to_lowercase();
+    let (size, secs) = (a.size.to_string(), a.duration.to_string());
+    let p = <P as clap::Parser>::try_parse_from([
+        "perf",
+        "--loopback",
+        "--bw",
+        "--op",
+        "write",
+        "--transport",
+        &transport,
+        "-s",
+        &size,
+        "-D",
+        &secs,
+    ])
+    .map_err(|e| e.to_string())?;
+    let report = crate::perf::run_loopback(&p.perf).map_err(|e| e.to_string())?;
+    report
+        .bw
+        .first()
+        .map(|row| row.rdma.gbit_s)
+        .ok_or_else(|| "perf measured no RDMA Write".to_string())
 }

@@ -39,6 +39,7 @@ impl Storage {
 }
 
 /// Registered memory: page-aligned (4096), zero-initialised, fixed length; `Send + Sync`.
+/// (A buffer [adopted](Buffer::adopt) from a vector keeps the vector's contents and address.)
 ///
 /// The network places data under the write lock ([`Target`](crate::Target) methods); the user
 /// accesses it through [`read`](Buffer::read) / [`write`](Buffer::write) guards or the copy and
@@ -77,6 +78,37 @@ impl Buffer {
             mem: RwLock::new(storage),
             len,
         })
+    }
+
+    /// `data` itself as a buffer, neither copied nor aligned: for memory that is already
+    /// filled (a reply's results) or that the caller wants back ([`Buffer::into_vec`]).
+    pub fn adopt(data: Vec<u8>) -> Arc<Buffer> {
+        let len = data.len();
+        Arc::new(Buffer {
+            mem: RwLock::new(Storage {
+                raw: data,
+                start: 0,
+                len,
+            }),
+            len,
+        })
+    }
+
+    /// The contents as a vector, without a copy when the buffer was adopted; the buffer back
+    /// if it is still shared (registered, or in use by the network).
+    pub fn into_vec(this: Arc<Buffer>) -> Result<Vec<u8>, Arc<Buffer>> {
+        let b = Arc::try_unwrap(this)?;
+        let Storage {
+            mut raw,
+            start,
+            len,
+        } = b.mem.into_inner();
+        if start == 0 {
+            raw.truncate(len);
+            Ok(raw)
+        } else {
+            Ok(raw[start..start + len].to_vec())
+        }
     }
 
     /// Length in bytes.

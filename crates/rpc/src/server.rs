@@ -16,7 +16,7 @@ use softrdma_wire::onc_rpc::AuthStat;
 use crate::msg::{Auth, CallHeader, ReplyStatus, decode_call, encode_reply};
 use crate::payload::Payload;
 use crate::record::MAX_FRAGMENT;
-use crate::tcp::{DEFAULT_MAX_RECORD, RecordReader, write_record};
+use crate::tcp::{DEFAULT_MAX_RECORD, RecordReader, write_record_parts};
 
 /// What a procedure's handler sees besides its arguments.
 #[derive(Debug, Clone, Copy)]
@@ -58,15 +58,38 @@ where
     }
 }
 
-/// A reply message on its way out.
+/// A reply message on its way out: the RPC reply header, then the procedure's results as
+/// the program made them (never copied to put the header in front).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutReply {
     /// The call's xid.
     pub xid: u32,
-    /// The RPC reply message (header and results), unreduced.
-    pub msg: Vec<u8>,
-    /// The DDP-eligible result data, a range of `msg`.
-    pub ddp: Option<std::ops::Range<usize>>,
+    /// The reply header (through the accept status).
+    pub head: Vec<u8>,
+    /// The results, unreduced, with their DDP-eligible item.
+    pub body: Payload,
+}
+
+impl OutReply {
+    /// The message in order: header, then results.
+    pub fn parts(&self) -> [&[u8]; 2] {
+        [&self.head, &self.body.xdr]
+    }
+
+    /// Octets of the whole message.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.xdr.len()
+    }
+
+    /// `true` for an empty message (never for one [`Registry::dispatch`] made).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole message in one vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.parts().concat()
+    }
 }
 
 /// The programs a server serves, and the dispatch of one call message to them.
@@ -97,10 +120,9 @@ impl Registry {
             Ok(c) => c,
             Err(bad) => {
                 let (xid, st) = bad.answer()?;
-                return Some(reply(xid, st, &[]));
+                return Some(reply(xid, st));
             }
         };
-        let results;
         let status = match self.route(&h) {
             Err(st) => st,
             Ok(p) => {
@@ -108,10 +130,8 @@ impl Registry {
                 let args = &msg[off..];
                 match catch_unwind(AssertUnwindSafe(|| p.call(&ctx, args))) {
                     Ok(Ok(r)) if r.check().is_ok() => {
-                        results = r;
-                        let mut out = reply(h.xid, ReplyStatus::Success, &results.xdr);
-                        let at = out.msg.len() - results.xdr.len();
-                        out.ddp = results.ddp.map(|d| d.start + at..d.end + at);
+                        let mut out = reply(h.xid, ReplyStatus::Success);
+                        out.body = r;
                         return Some(out);
                     }
                     Ok(Ok(_)) => {
@@ -136,7 +156,7 @@ impl Registry {
                 }
             }
         };
-        Some(reply(h.xid, status, &[]))
+        Some(reply(h.xid, status))
     }
 
     /// The handler of a call, or the status that refuses it.
@@ -159,14 +179,15 @@ impl Registry {
     }
 }
 
-fn reply(xid: u32, st: ReplyStatus, results: &[u8]) -> OutReply {
-    let mut msg = Vec::with_capacity(32 + results.len());
+/// The reply header for `st`; the results follow it.
+fn reply(xid: u32, st: ReplyStatus) -> OutReply {
+    let mut head = Vec::with_capacity(32);
     // AUTH_NONE verifier and a status: always encodable.
-    encode_reply(xid, st, &Auth::None, results, &mut msg).expect("AUTH_NONE reply encodes");
+    encode_reply(xid, st, &Auth::None, &[], &mut head).expect("AUTH_NONE reply encodes");
     OutReply {
         xid,
-        msg,
-        ddp: None,
+        head,
+        body: Payload::default(),
     }
 }
 
@@ -299,7 +320,7 @@ impl Server {
             self.spawn(move || {
                 if let Some(r) = reg.dispatch(&msg, peer) {
                     let mut w = writer.lock();
-                    if write_record(&mut *w, &r.msg, MAX_FRAGMENT).is_err() {
+                    if write_record_parts(&mut *w, &r.parts(), MAX_FRAGMENT).is_err() {
                         let _ = w.shutdown(Shutdown::Both);
                     }
                 }

@@ -63,8 +63,18 @@ impl<R: Read> RecordReader<R> {
 
 /// Writes `msg` as one record (fragments of at most `max_fragment`) with one `write_all`.
 pub fn write_record(w: &mut impl Write, msg: &[u8], max_fragment: usize) -> io::Result<()> {
-    let mut out = Vec::with_capacity(msg.len() + 8);
-    encode_record(&[msg], max_fragment, &mut out);
+    write_record_parts(w, &[msg], max_fragment)
+}
+
+/// [`write_record`] of a message given in parts, in order.
+pub fn write_record_parts(
+    w: &mut impl Write,
+    parts: &[&[u8]],
+    max_fragment: usize,
+) -> io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out = Vec::with_capacity(total + 8);
+    encode_record(parts, max_fragment, &mut out);
     w.write_all(&out)
 }
 

@@ -62,3 +62,21 @@ fn ibt_x_12_buffer_atomics() {
     assert_eq!(b.fetch_add(32, 1), Err(MemError::OutOfRange));
     assert_eq!(b.fetch_add(24, 1), Ok(0));
 }
+
+#[test]
+fn adopted_vectors_come_back_without_a_copy() {
+    let data = vec![9u8; 10_000];
+    let at = data.as_ptr();
+    let b = Buffer::adopt(data);
+    b.copy_in(100, &[1, 2, 3]).unwrap();
+    let shared = b.clone();
+    let b = Buffer::into_vec(b).expect_err("still shared");
+    drop(shared);
+    let v = Buffer::into_vec(b).unwrap();
+    assert_eq!(v.as_ptr(), at, "the same block");
+    assert_eq!(v.len(), 10_000);
+    assert_eq!(&v[99..104], &[9, 1, 2, 3, 9]);
+    // An aligned buffer comes back as its contents.
+    let z = Buffer::from_vec(vec![5u8; 3000]);
+    assert_eq!(Buffer::into_vec(z).unwrap(), vec![5u8; 3000]);
+}

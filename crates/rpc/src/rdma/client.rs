@@ -9,10 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use softrdma::{Access, ConnectParams, Context, Mr, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use softrdma::{
+    Access, Buffer, ConnectParams, Context, Mr, MrFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
 use softrdma_wire::rpcrdma::{Chunks, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList};
 
 use super::plan::{Lent, ReplyForm, plan_reply};
+use super::pool::{Lease, Pool};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::msg::peek;
@@ -24,11 +27,11 @@ struct CallMemory {
     /// The Send buffer slot.
     slot: Option<usize>,
     /// Read chunk source (argument data or the whole call).
-    read: Option<Mr>,
-    /// Write chunk target for the DDP-eligible result.
+    read: Option<Lease>,
+    /// Write chunk target for the DDP-eligible result: the vector the caller gets.
     write: Option<Mr>,
     /// Reply chunk target (a long reply).
-    reply: Option<Mr>,
+    reply: Option<Lease>,
     /// The reply arrived: its credit is returned.
     answered: bool,
 }
@@ -80,6 +83,7 @@ pub struct RdmaTransport {
     room: Condvar,
     /// Messages decoded from a batch of completions, not yet handed out.
     ready: Mutex<VecDeque<Incoming>>,
+    pool: Arc<Pool>,
 }
 
 impl RdmaTransport {
@@ -121,6 +125,7 @@ impl RdmaTransport {
             }),
             room: Condvar::new(),
             ready: Mutex::new(VecDeque::new()),
+            pool: Pool::new(3 * credits as usize, 8 * cfg.max_message),
         })
     }
 
@@ -142,13 +147,16 @@ impl RdmaTransport {
     /// Registers `len` octets for the responder: `data` copied in (a Read chunk) or room
     /// to write (`write`). A fresh registration per call: a new handle the peer cannot
     /// guess from earlier ones, gone once the call is over (RFC 8166 §8.1).
-    fn lend(&self, len: usize, data: Option<&[u8]>) -> io::Result<Mr> {
+    fn lend(&self, len: usize, data: Option<&[u8]>) -> io::Result<Lease> {
         let access = if data.is_some() {
             Access::REMOTE_READ
         } else {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE
         };
-        let mr = self.ep.pd.alloc_mr(len.max(1), access).map_err(io_err)?;
+        let mr = self
+            .pool
+            .lease(&self.ep.pd, len, access, MrFlags::empty())
+            .map_err(io_err)?;
         if let Some(d) = data {
             mr.copy_in(0, d).map_err(io_err)?;
         }
@@ -193,8 +201,8 @@ impl RdmaTransport {
     /// A message from the responder: the reply it carries, or nothing (discarded).
     fn on_message(&self, buf: &[u8]) -> Option<Incoming> {
         let mut st = self.state.lock();
-        let lent_of = |m: &Option<Mr>| {
-            m.as_ref().map(|m| Lent {
+        let lent_of = |m: Option<&Mr>| {
+            m.map(|m| Lent {
                 handle: m.rkey().0,
                 offset: m.addr(0),
                 len: m.len(),
@@ -202,13 +210,29 @@ impl RdmaTransport {
         };
         let (xid, credit, form) = plan_reply(buf, |xid| {
             let l = st.calls.get(&xid).filter(|l| !l.answered)?;
-            Some((lent_of(&l.write), lent_of(&l.reply)))
+            Some((lent_of(l.write.as_ref()), lent_of(l.reply.as_deref())))
         })?;
+        // The Write chunk's region is invalidated now, before its data is looked at
+        // (RPCRDMA-55); the vector under it becomes the bulk data.
+        let written = st.calls.get_mut(&xid)?.write.take();
+        let bulk = |n: usize| -> Result<Vec<u8>, String> {
+            let mr = written.ok_or("no Write chunk was offered")?;
+            let buf = mr.buffer().clone();
+            drop(mr);
+            let mut v = match Buffer::into_vec(buf) {
+                Ok(v) => v,
+                Err(buf) => buf.read().to_vec(),
+            };
+            if n > v.len() {
+                return Err("more written than the chunk holds".into());
+            }
+            v.truncate(n);
+            Ok(v)
+        };
         let lent = st.calls.get(&xid)?;
-        let copy = |m: &Option<Mr>, n: usize| -> Result<Vec<u8>, String> {
+        let copy = |m: Option<&Mr>, n: usize| -> Result<Vec<u8>, String> {
             let mut v = vec![0u8; n];
-            m.as_ref()
-                .ok_or("no such chunk")?
+            m.ok_or("no such chunk")?
                 .copy_out(0, &mut v)
                 .map_err(|e| e.to_string())?;
             Ok(v)
@@ -220,7 +244,7 @@ impl RdmaTransport {
                 Incoming::Refused { xid, why }
             }
             Ok(ReplyForm::Inline { at, write }) => {
-                let bulk = match write.map(|n| copy(&lent.write, n)).transpose() {
+                let bulk = match write.map(bulk).transpose() {
                     Ok(b) => b,
                     Err(why) => return Some(self.refuse(&mut st, xid, why)),
                 };
@@ -236,8 +260,8 @@ impl RdmaTransport {
             }
             Ok(ReplyForm::Long { len, write }) => {
                 let (msg, bulk) = match (
-                    copy(&lent.reply, len),
-                    write.map(|n| copy(&lent.write, n)).transpose(),
+                    copy(lent.reply.as_deref(), len),
+                    write.map(bulk).transpose(),
                 ) {
                     (Ok(m), Ok(b)) => (m, b),
                     (Err(why), _) | (_, Err(why)) => return Some(self.refuse(&mut st, xid, why)),
@@ -295,7 +319,15 @@ impl ClientTransport for RdmaTransport {
         // (RPCRDMA-26, -48) and a Reply chunk if the reply may exceed the threshold
         // (RPCRDMA-52).
         if let Some(n) = call.reply.ddp {
-            lent.write = Some(self.lend(n, None)?);
+            // Placed straight into the vector the reply hands over: no copy (RFC 8166
+            // §3.4.6 is direct data placement).
+            let buf = Buffer::adopt(vec![0u8; n.max(1)]);
+            lent.write = Some(
+                self.ep
+                    .pd
+                    .reg_mr(buf, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .map_err(io_err)?,
+            );
         }
         let fixed = header_len(0, lent.write.is_some(), true);
         if call.reply.max + fixed > self.th.reply {
@@ -396,7 +428,7 @@ impl ClientTransport for RdmaTransport {
             slot,
             self.cfg.inline_send,
             &hdr,
-            payload,
+            &[payload],
             wrid::SEND | slot as u64,
         );
         if let Err(e) = sent {

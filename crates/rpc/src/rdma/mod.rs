@@ -4,6 +4,7 @@
 
 mod client;
 pub mod plan;
+mod pool;
 mod server;
 
 pub use client::{RdmaStats, RdmaTransport};
@@ -165,18 +166,18 @@ impl Endpoint {
         Ok(e)
     }
 
-    /// Writes `hdr` and `payload` straight into Send buffer `slot` (of `size` octets) and
-    /// posts the Send, signaled, as `wr_id`.
+    /// Writes `hdr` and the payload `parts` (in order) straight into Send buffer `slot` (of
+    /// `size` octets) and posts the Send, signaled, as `wr_id`.
     fn send(
         &self,
         slot: usize,
         size: usize,
         hdr: &Repr<'_>,
-        payload: &[u8],
+        parts: &[&[u8]],
         wr_id: u64,
     ) -> io::Result<()> {
         let hlen = hdr.buffer_len();
-        let len = hlen + payload.len();
+        let len = hlen + parts.iter().map(|p| p.len()).sum::<usize>();
         if len > size {
             return Err(io_err("an RPC-over-RDMA message larger than a Send buffer"));
         }
@@ -188,7 +189,11 @@ impl Endpoint {
                 .get_mut(at..at + len)
                 .ok_or_else(|| io_err("no such Send buffer"))?;
             hdr.emit(&mut buf[..hlen]).map_err(io_err)?;
-            buf[hlen..].copy_from_slice(payload);
+            let mut at = hlen;
+            for p in parts {
+                buf[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
         }
         self.qp
             .post_send(

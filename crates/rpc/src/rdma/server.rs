@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
-    AcceptParams, Access, ConnRequest, Context, Key, Listener, Mr, SendFlags, SendWr, WcStatus,
-    WorkCompletion,
+    AcceptParams, Access, Buffer, ConnRequest, Context, Key, Listener, MrAttr, MrFlags, SendFlags,
+    SendWr, WcStatus, WorkCompletion,
 };
 use softrdma_wire::rpcrdma::{Chunks, Header, ReadList, Repr, Segment, WriteChunk, WriteList};
 
 use super::plan::{CallPlan, Offered, fill, plan_call};
+use super::pool::{Lease, Pool};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::msg::peek;
 use crate::payload::{removed, splice};
@@ -28,7 +29,7 @@ struct Pulling {
     xid: u32,
     /// RDMA Reads not yet complete.
     left: usize,
-    mr: Mr,
+    mr: Lease,
     /// (Position, offset in `mr`, length) per Read chunk.
     chunks: Vec<(u32, usize, usize)>,
     /// The reduced Payload stream (empty for a Long Call).
@@ -41,7 +42,7 @@ struct Sends {
     free: Vec<usize>,
     /// Memory RDMA Writes of a reply read from, kept until its Send completes (Writes are
     /// done before the Send after them).
-    held: HashMap<usize, Vec<Mr>>,
+    held: HashMap<usize, Vec<Lease>>,
 }
 
 struct Conn {
@@ -55,6 +56,8 @@ struct Conn {
     pulling: Mutex<HashMap<u64, Pulling>>,
     next_pull: AtomicU64,
     dead: AtomicBool,
+    /// Read chunk targets and Write/Reply chunk sources (shared by the server's connections).
+    pool: Arc<Pool>,
 }
 
 /// A running RPC-over-RDMA service; shut down when dropped.
@@ -102,11 +105,12 @@ impl Server {
             .name("rpc-rdma-accept".into())
             .spawn(move || {
                 let mut conns = Vec::new();
+                let pool = Pool::new(4 * cfg.credits.max(1) as usize, 8 * cfg.max_message);
                 while !stop2.load(Ordering::Acquire) {
                     let Ok(req) = listener.accept_timeout(Duration::from_millis(100)) else {
                         continue;
                     };
-                    match Conn::accept(&server, &ctx, req, cfg) {
+                    match Conn::accept(&server, &ctx, req, cfg, &pool) {
                         Ok(c) => {
                             let c2 = c.clone();
                             if let Ok(h) = std::thread::Builder::new()
@@ -140,6 +144,7 @@ impl Conn {
         ctx: &Context,
         req: ConnRequest,
         cfg: RdmaConfig,
+        pool: &Arc<Pool>,
     ) -> io::Result<Arc<Conn>> {
         let credits = cfg.credits.max(1);
         let th = thresholds(&cfg, req.private_data(), false);
@@ -168,6 +173,7 @@ impl Conn {
             pulling: Mutex::new(HashMap::new()),
             next_pull: AtomicU64::new(0),
             dead: AtomicBool::new(false),
+            pool: pool.clone(),
         }))
     }
 
@@ -269,9 +275,8 @@ impl Conn {
         }
         // RPCRDMA-22: pull the chunks (segments in list order, one chunk per Position).
         let mr = self
-            .ep
-            .pd
-            .alloc_mr(total.max(1), Access::LOCAL_WRITE)
+            .pool
+            .lease(&self.ep.pd, total, Access::LOCAL_WRITE, MrFlags::empty())
             .map_err(io_err)?;
         let id = self.next_pull.fetch_add(1, Ordering::Relaxed);
         let mut chunks: Vec<(u32, usize, usize)> = Vec::new();
@@ -369,23 +374,18 @@ impl Conn {
         self.cfg.credits.max(1)
     }
 
-    /// RDMA-Writes `data` through `segs` in order (RPCRDMA-27); the lengths written per
-    /// segment, or `None` if they hold less than `data`.
+    /// RDMA-Writes the whole of `mr` through `segs` in order (RPCRDMA-27); the lengths
+    /// written per segment, or `None` if they hold less. `mr` is held until the reply's
+    /// Send completes (the Writes before it are then done).
     fn write_through(
         &self,
-        data: &[u8],
+        mr: Lease,
         segs: &[Segment],
-        held: &mut Vec<Mr>,
+        held: &mut Vec<Lease>,
     ) -> io::Result<Option<Vec<Segment>>> {
-        let Some(out) = fill(data.len(), segs) else {
+        let Some(out) = fill(mr.len(), segs) else {
             return Ok(None);
         };
-        let mr = self
-            .ep
-            .pd
-            .alloc_mr(data.len().max(1), Access::empty())
-            .map_err(io_err)?;
-        mr.copy_in(0, data).map_err(io_err)?;
         let mut off = 0;
         let mut wrs = Vec::new();
         for s in out.iter().filter(|s| s.length > 0) {
@@ -407,7 +407,7 @@ impl Conn {
     /// Sends the reply the way RFC 8166 §4.3 says (the digest's §7.2).
     fn reply(&self, xid: u32, out: OutReply, offered: &Offered) -> io::Result<()> {
         let mut held = Vec::new();
-        let mut msg = out.msg;
+        let OutReply { head, body, .. } = out;
         // Write list: the DDP-eligible result into the first Write chunk (RPCRDMA-45,
         // -46); chunks left over come back unused (RPCRDMA-49), empty ones echoed empty
         // with the result inline (RPCRDMA-51).
@@ -416,18 +416,38 @@ impl Conn {
             .iter()
             .map(|c| c.iter().map(|s| Segment { length: 0, ..*s }).collect())
             .collect();
-        if let (Some(r), Some(first)) = (out.ddp.clone(), offered.writes.first())
+        // The results, reduced or whole: the results' memory itself, registered for the
+        // Writes (no copy); the rest of the message is read from it.
+        let results = Buffer::adopt(body.xdr);
+        let mut cut = 0..0;
+        if let (Some(r), Some(first)) = (body.ddp.clone(), offered.writes.first())
             && !first.is_empty()
         {
-            match self.write_through(&msg[r.clone()], first, &mut held)? {
+            let mr = self
+                .ep
+                .pd
+                .reg_mr_with(
+                    results.clone(),
+                    MrAttr {
+                        range: r.clone(),
+                        iova: 0,
+                        access: Access::empty(),
+                        flags: MrFlags::empty(),
+                    },
+                )
+                .map_err(io_err)?;
+            match self.write_through(Lease::own(mr), first, &mut held)? {
                 Some(segs) => {
                     writes[0] = segs;
                     // RPCRDMA-18: the data and its padding leave the stream.
-                    msg.drain(removed(msg.len(), &r));
+                    cut = removed(results.len(), &r);
                 }
                 None => return self.send_error(err_chunk_for(xid, self.credits())),
             }
         }
+        let g = results.read();
+        let parts: [&[u8]; 3] = [&head, &g[..cut.start], &g[cut.end..]];
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         let write_chunks: Vec<WriteChunk<'_>> =
             writes.iter().map(|c| WriteChunk::from(&c[..])).collect();
         let inline_hdr = Repr::msg(
@@ -439,14 +459,27 @@ impl Conn {
                 reply_chunk: None,
             },
         );
-        if inline_hdr.buffer_len() + msg.len() <= self.th.reply.min(self.cfg.inline_send) {
-            return self.send(&inline_hdr, &msg, held);
+        if inline_hdr.buffer_len() + len <= self.th.reply.min(self.cfg.inline_send) {
+            return self.send(&inline_hdr, &parts, held);
         }
         // Long Reply (RPCRDMA-34, -54): the message through the Reply chunk.
         let Some(rc) = offered.reply.as_ref() else {
             return self.send_error(err_chunk_for(xid, self.credits()));
         };
-        let Some(segs) = self.write_through(&msg, rc, &mut held)? else {
+        let mr = self
+            .pool
+            .lease(&self.ep.pd, len, Access::empty(), MrFlags::empty())
+            .map_err(io_err)?;
+        {
+            let mut w = mr.write();
+            let mut at = mr.buffer_offset();
+            for p in parts {
+                w[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+        }
+        drop(g);
+        let Some(segs) = self.write_through(mr, rc, &mut held)? else {
             return self.send_error(err_chunk_for(xid, self.credits()));
         };
         let hdr = Repr::nomsg(
@@ -466,8 +499,8 @@ impl Conn {
     }
 
     /// One Send of `hdr` and `payload` from a send slot (waiting for one).
-    fn send(&self, hdr: &Repr<'_>, payload: &[u8], held: Vec<Mr>) -> io::Result<()> {
-        if hdr.buffer_len() + payload.len() > self.cfg.inline_send {
+    fn send(&self, hdr: &Repr<'_>, parts: &[&[u8]], held: Vec<Lease>) -> io::Result<()> {
+        if hdr.buffer_len() + parts.iter().map(|p| p.len()).sum::<usize>() > self.cfg.inline_send {
             return Err(io_err("an RPC-over-RDMA message larger than a Send"));
         }
         let slot = {
@@ -487,7 +520,7 @@ impl Conn {
             slot,
             self.cfg.inline_send,
             hdr,
-            payload,
+            parts,
             wrid::SEND | slot as u64,
         )
     }
