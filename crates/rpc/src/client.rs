@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
@@ -121,19 +121,68 @@ pub trait ClientTransport: Send + Sync + 'static {
 
 type Outcome = Result<Reply, RpcError>;
 
+/// Makes a new connection to the server a [`Client`] talks to.
+pub type Connector = Box<dyn Fn() -> io::Result<Arc<dyn ClientTransport>> + Send + Sync>;
+
+/// What a [`Client`] does when its connection is lost: connect again and retransmit every
+/// call in flight on the new connection with its xid unchanged, so that a server's
+/// duplicate request cache recognises the calls it already executed (RFC 5531 §9;
+/// RFC 8166 §4.4: RPC-over-RDMA retransmits only on a new connection).
+pub struct Reconnect {
+    /// Makes the new connection.
+    pub connect: Connector,
+    /// Connection attempts per loss (50 ms apart, doubling up to 2 s) before the calls in
+    /// flight fail.
+    pub attempts: u32,
+    /// A call unanswered this long makes the client drop the connection and retransmit on
+    /// a new one (the Linux RPC-over-RDMA client's major timeout); `None`: only on loss.
+    pub retransmit_after: Option<Duration>,
+    /// Retransmissions of one call before it fails with [`RpcError::Timeout`].
+    pub max_retransmits: u32,
+}
+
+impl Reconnect {
+    /// Five attempts per loss, three retransmissions per call, no retransmit timer.
+    pub fn new(connect: Connector) -> Reconnect {
+        Reconnect {
+            connect,
+            attempts: 5,
+            retransmit_after: None,
+            max_retransmits: 3,
+        }
+    }
+}
+
+/// A call in flight.
+struct Waiting {
+    tx: Sender<Outcome>,
+    /// Kept for retransmission (with a [`Reconnect`] only).
+    call: Option<Arc<OutCall>>,
+    /// The connection it was last sent on.
+    generation: u64,
+    sent: Instant,
+    retransmits: u32,
+}
+
 struct Slots {
-    waiting: HashMap<u32, Sender<Outcome>>,
+    waiting: HashMap<u32, Waiting>,
     /// The receiving thread ended (the error it ended with, once).
     closed: bool,
+    /// The connection now, and how many connections came before it.
+    conn: Arc<dyn ClientTransport>,
+    generation: u64,
 }
 
 struct Shared {
-    transport: Arc<dyn ClientTransport>,
     slots: Mutex<Slots>,
     freed: Condvar,
     max_in_flight: usize,
     next_xid: AtomicU32,
     cred: Mutex<Auth>,
+    reconnect: Option<Reconnect>,
+    /// The client is going away: no reconnection.
+    stopping: AtomicBool,
+    stop_cv: Condvar,
 }
 
 /// An RPC client on one connection. Clones share it.
@@ -145,13 +194,19 @@ pub struct Client {
 
 struct ReceiverThread {
     shared: Arc<Shared>,
-    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The receiving thread and the retransmit timer.
+    handle: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for ReceiverThread {
     fn drop(&mut self) {
-        self.shared.transport.shutdown();
-        if let Some(h) = self.handle.lock().take() {
+        self.shared.stopping.store(true, Ordering::Release);
+        {
+            let s = self.shared.slots.lock();
+            s.conn.shutdown();
+            self.shared.stop_cv.notify_all();
+        }
+        for h in self.handle.lock().drain(..) {
             let _ = h.join();
         }
     }
@@ -190,11 +245,19 @@ impl Pending {
 }
 
 impl Shared {
+    fn conn(&self) -> Arc<dyn ClientTransport> {
+        self.slots.lock().conn.clone()
+    }
+
     fn release(&self, xid: u32) {
-        if self.slots.lock().waiting.remove(&xid).is_some() {
-            self.freed.notify_one();
-        }
-        self.transport.release(xid);
+        let conn = {
+            let mut s = self.slots.lock();
+            if s.waiting.remove(&xid).is_some() {
+                self.freed.notify_one();
+            }
+            s.conn.clone()
+        };
+        conn.release(xid);
     }
 
     fn deliver(&self, inc: Incoming) {
@@ -216,9 +279,9 @@ impl Shared {
             }
         };
         // Whether or not someone still waits, the call is over for the transport.
-        let tx = self.slots.lock().waiting.remove(&h.xid);
+        let tx = self.slots.lock().waiting.remove(&h.xid).map(|w| w.tx);
         self.freed.notify_one();
-        self.transport.release(h.xid);
+        self.conn().release(h.xid);
         let Some(tx) = tx else {
             tracing::debug!(xid = h.xid, "RPC client: reply to no call in flight");
             return;
@@ -235,9 +298,9 @@ impl Shared {
     }
 
     fn fail(&self, xid: u32, e: RpcError) {
-        let tx = self.slots.lock().waiting.remove(&xid);
+        let tx = self.slots.lock().waiting.remove(&xid).map(|w| w.tx);
         self.freed.notify_one();
-        self.transport.release(xid);
+        self.conn().release(xid);
         if let Some(tx) = tx {
             let _ = tx.send(Err(e));
         }
@@ -246,11 +309,157 @@ impl Shared {
     fn close(&self) {
         let mut s = self.slots.lock();
         s.closed = true;
-        for (_, tx) in s.waiting.drain() {
-            let _ = tx.send(Err(RpcError::Disconnected));
+        for (_, w) in s.waiting.drain() {
+            let _ = w.tx.send(Err(RpcError::Disconnected));
         }
         self.freed.notify_all();
+        self.stop_cv.notify_all();
     }
+
+    /// The receiving thread: replies until the connection ends, then (with a
+    /// [`Reconnect`]) a new connection and the calls in flight again, until the client goes.
+    fn receive(self: &Arc<Self>) {
+        loop {
+            let conn = self.conn();
+            loop {
+                match conn.recv() {
+                    Ok(Some(inc)) => self.deliver(inc),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "RPC client connection ended");
+                        break;
+                    }
+                }
+            }
+            conn.shutdown();
+            drop(conn);
+            if self.stopping.load(Ordering::Acquire) || !self.reconnect_and_resend() {
+                break;
+            }
+        }
+        self.close();
+    }
+
+    /// Connects again and retransmits the calls in flight; `false` if no connection came.
+    fn reconnect_and_resend(self: &Arc<Self>) -> bool {
+        let Some(r) = &self.reconnect else {
+            return false;
+        };
+        let mut backoff = Duration::from_millis(50);
+        let mut conn = None;
+        for i in 0..r.attempts.max(1) {
+            if self.stopping.load(Ordering::Acquire) {
+                return false;
+            }
+            match (r.connect)() {
+                Ok(c) => {
+                    conn = Some(c);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, attempt = i + 1, "RPC client reconnect failed");
+                    // Backoff between attempts: a wait for the server, not for a thread.
+                    let mut s = self.slots.lock();
+                    if !self.stopping.load(Ordering::Acquire) {
+                        self.stop_cv.wait_for(&mut s, backoff);
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        let Some(conn) = conn else {
+            return false;
+        };
+        // Every call not yet sent on the new connection goes again, oldest first.
+        let mut again: Vec<(Instant, u32, Arc<OutCall>)> = Vec::new();
+        let mut expired = Vec::new();
+        {
+            let mut s = self.slots.lock();
+            s.conn = conn.clone();
+            s.generation += 1;
+            let g = s.generation;
+            for (&xid, w) in s.waiting.iter_mut() {
+                if w.generation >= g {
+                    continue;
+                }
+                w.retransmits += 1;
+                match &w.call {
+                    Some(c) if w.retransmits <= r.max_retransmits => {
+                        w.generation = g;
+                        again.push((w.sent, xid, c.clone()));
+                        w.sent = Instant::now();
+                    }
+                    _ => expired.push(xid),
+                }
+            }
+        }
+        for xid in expired {
+            self.fail(xid, RpcError::Timeout);
+        }
+        again.sort_by_key(|a| (a.0, a.1));
+        if !again.is_empty() {
+            // Not on this thread: a send may wait for a credit that only a reply received
+            // here returns.
+            let _ = std::thread::Builder::new()
+                .name("rpc-client-resend".into())
+                .spawn(move || {
+                    for (_, xid, call) in again {
+                        if let Err(e) = conn.send(&call) {
+                            // The next connection takes it up again.
+                            tracing::debug!(xid, error = %e, "RPC retransmission not sent");
+                            break;
+                        }
+                    }
+                });
+        }
+        true
+    }
+
+    /// The retransmit timer: a call unanswered for `after` ends the connection, which
+    /// [`Shared::receive`] replaces.
+    fn watch(&self, after: Duration) {
+        let mut s = self.slots.lock();
+        while !self.stopping.load(Ordering::Acquire) && !s.closed {
+            let now = Instant::now();
+            let g = s.generation;
+            let late = s
+                .waiting
+                .values()
+                .any(|w| w.generation == g && now.duration_since(w.sent) >= after);
+            if late {
+                tracing::debug!("RPC call unanswered: reconnecting to retransmit");
+                s.conn.shutdown();
+                // Each call's clock restarts when it is sent again.
+                for w in s.waiting.values_mut() {
+                    w.sent = now;
+                }
+            }
+            let next = s
+                .waiting
+                .values()
+                .map(|w| w.sent + after)
+                .min()
+                .unwrap_or(now + after);
+            let _ = self.stop_cv.wait_for(
+                &mut s,
+                next.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            );
+        }
+    }
+}
+
+/// A transport error that means the connection is gone (a retransmission on the next one
+/// delivers the call).
+fn is_loss(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotConnected
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof
+    )
 }
 
 /// Default bound on calls in flight (the Linux client's default TCP slot table is 2..65536,
@@ -258,48 +467,79 @@ impl Shared {
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 128;
 
 impl Client {
-    /// A client over `transport`, with at most `max_in_flight` calls outstanding.
+    /// A client over `transport`, with at most `max_in_flight` calls outstanding; the calls
+    /// in flight fail if the connection is lost.
     pub fn new(transport: Arc<dyn ClientTransport>, max_in_flight: usize) -> Client {
+        Client::build(transport, max_in_flight, None)
+    }
+
+    /// A client that connects with `reconnect.connect` now and again whenever the
+    /// connection is lost, retransmitting the calls in flight (same xids).
+    pub fn with_reconnect(reconnect: Reconnect, max_in_flight: usize) -> io::Result<Client> {
+        let first = (reconnect.connect)()?;
+        Ok(Client::build(first, max_in_flight, Some(reconnect)))
+    }
+
+    fn build(
+        transport: Arc<dyn ClientTransport>,
+        max_in_flight: usize,
+        reconnect: Option<Reconnect>,
+    ) -> Client {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
             .unwrap_or(1)
             ^ std::process::id().rotate_left(16);
+        let timer = reconnect.as_ref().and_then(|r| r.retransmit_after);
         let shared = Arc::new(Shared {
-            transport,
             slots: Mutex::new(Slots {
                 waiting: HashMap::new(),
                 closed: false,
+                conn: transport,
+                generation: 0,
             }),
             freed: Condvar::new(),
             max_in_flight: max_in_flight.max(1),
             next_xid: AtomicU32::new(seed),
             cred: Mutex::new(Auth::None),
+            reconnect,
+            stopping: AtomicBool::new(false),
+            stop_cv: Condvar::new(),
         });
         let s = shared.clone();
-        let handle = std::thread::Builder::new()
-            .name("rpc-client-rx".into())
-            .spawn(move || {
-                loop {
-                    match s.transport.recv() {
-                        Ok(Some(inc)) => s.deliver(inc),
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "RPC client connection ended");
-                            break;
-                        }
-                    }
-                }
-                s.close();
-            })
-            .expect("spawn the RPC client's receiving thread");
+        let mut handles = vec![
+            std::thread::Builder::new()
+                .name("rpc-client-rx".into())
+                .spawn(move || s.receive())
+                .expect("spawn the RPC client's receiving thread"),
+        ];
+        if let Some(after) = timer {
+            let s = shared.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name("rpc-client-timer".into())
+                    .spawn(move || s.watch(after))
+                    .expect("spawn the RPC client's retransmit timer"),
+            );
+        }
         Client {
             _rx: Arc::new(ReceiverThread {
                 shared: shared.clone(),
-                handle: Mutex::new(Some(handle)),
+                handle: Mutex::new(handles),
             }),
             shared,
         }
+    }
+
+    /// Ends the current connection: with a [`Reconnect`], the calls in flight go again on
+    /// a new one; without, they fail.
+    pub fn reconnect(&self) {
+        self.shared.conn().shutdown();
+    }
+
+    /// Connections made after the first.
+    pub fn reconnects(&self) -> u64 {
+        self.shared.slots.lock().generation
     }
 
     /// The credential of the calls from now on (`AUTH_NONE` until set).
@@ -359,8 +599,9 @@ impl Client {
             ddp: ddp.map(|r| r.start + at..r.end + at),
             reply,
         };
+        let call = Arc::new(call);
         let (tx, rx) = bounded(1);
-        {
+        let conn = {
             let mut slots = s.slots.lock();
             while !slots.closed && slots.waiting.len() >= s.max_in_flight {
                 s.freed.wait(&mut slots);
@@ -368,11 +609,27 @@ impl Client {
             if slots.closed {
                 return Err(RpcError::Disconnected);
             }
-            slots.waiting.insert(xid, tx);
-        }
-        if let Err(e) = s.transport.send(&call) {
-            s.release(xid);
-            return Err(e.into());
+            let generation = slots.generation;
+            slots.waiting.insert(
+                xid,
+                Waiting {
+                    tx,
+                    call: s.reconnect.is_some().then(|| call.clone()),
+                    generation,
+                    sent: Instant::now(),
+                    retransmits: 0,
+                },
+            );
+            slots.conn.clone()
+        };
+        if let Err(e) = conn.send(&call) {
+            // A lost connection: the receiving thread connects again and retransmits.
+            if s.reconnect.is_some() && is_loss(&e) {
+                conn.shutdown();
+            } else {
+                s.release(xid);
+                return Err(e.into());
+            }
         }
         Ok(Pending {
             xid,

@@ -3,6 +3,7 @@
 //! today; RPC-over-RDMA (RFC 8166) plugs in as another transport.
 
 pub mod client;
+mod drc;
 pub mod msg;
 pub mod payload;
 pub mod rdma;
@@ -11,7 +12,8 @@ pub mod server;
 pub mod tcp;
 
 pub use client::{
-    Client, ClientTransport, Incoming, OutCall, Pending, Reply, ReplySpace, RpcError,
+    Client, ClientTransport, Connector, Incoming, OutCall, Pending, Reconnect, Reply, ReplySpace,
+    RpcError,
 };
 pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
 pub use payload::{ChunkError, Payload};

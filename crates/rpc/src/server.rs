@@ -1,7 +1,7 @@
 //! The RPC server: programs registered by (program, version), calls dispatched on a pool of
 //! threads, every reply status of RFC 5531 §9 where it applies.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -13,6 +13,7 @@ use crossbeam_channel::{Sender, bounded};
 use parking_lot::{Condvar, Mutex};
 use softrdma_wire::onc_rpc::AuthStat;
 
+use crate::drc::{CallKey, ReplyCache, Seen};
 use crate::msg::{Auth, CallHeader, ReplyStatus, decode_call, encode_reply};
 use crate::payload::Payload;
 use crate::record::MAX_FRAGMENT;
@@ -96,6 +97,9 @@ impl OutReply {
 #[derive(Default, Clone)]
 pub struct Registry {
     progs: HashMap<u32, BTreeMap<u32, Arc<dyn Program>>>,
+    /// Procedures whose replies go into the duplicate request cache.
+    non_idempotent: HashSet<(u32, u32, u32)>,
+    drc: Arc<ReplyCache>,
 }
 
 impl Registry {
@@ -113,8 +117,18 @@ impl Registry {
         self
     }
 
+    /// Marks procedures `procs` of `prog`/`vers` as not idempotent: a retransmission of one
+    /// of their calls (same client address, xid, procedure and arguments) is answered from
+    /// the duplicate request cache, never executed twice.
+    pub fn non_idempotent(&mut self, prog: u32, vers: u32, procs: &[u32]) -> &mut Registry {
+        self.non_idempotent
+            .extend(procs.iter().map(|&p| (prog, vers, p)));
+        self
+    }
+
     /// Answers the call message `msg`: the reply message, or `None` when there is nothing
-    /// to answer (not a call). A handler that panics answers `SYSTEM_ERR`.
+    /// to answer (not a call, or a retransmission of a call still executing). A handler
+    /// that panics answers `SYSTEM_ERR`.
     pub fn dispatch(&self, msg: &[u8], peer: Option<SocketAddr>) -> Option<OutReply> {
         let (h, off) = match decode_call(msg) {
             Ok(c) => c,
@@ -126,37 +140,62 @@ impl Registry {
         let status = match self.route(&h) {
             Err(st) => st,
             Ok(p) => {
-                let ctx = CallContext { header: &h, peer };
                 let args = &msg[off..];
-                match catch_unwind(AssertUnwindSafe(|| p.call(&ctx, args))) {
-                    Ok(Ok(r)) if r.check().is_ok() => {
-                        let mut out = reply(h.xid, ReplyStatus::Success);
-                        out.body = r;
-                        return Some(out);
-                    }
-                    Ok(Ok(_)) => {
-                        tracing::error!(xid = h.xid, "RPC handler marked a bad DDP-eligible item");
-                        ReplyStatus::SystemErr
-                    }
-                    Ok(Err(e)) => match e {
-                        ProcError::ProcUnavail => ReplyStatus::ProcUnavail,
-                        ProcError::GarbageArgs => ReplyStatus::GarbageArgs,
-                        ProcError::SystemErr => ReplyStatus::SystemErr,
-                        ProcError::Auth(s) => ReplyStatus::AuthError(s),
-                    },
-                    Err(_) => {
-                        tracing::error!(
-                            xid = h.xid,
-                            prog = h.prog,
-                            proc = h.proc,
-                            "RPC handler panicked"
-                        );
-                        ReplyStatus::SystemErr
-                    }
+                if self.non_idempotent.contains(&(h.prog, h.vers, h.proc)) {
+                    let key =
+                        CallKey::new(peer.map(|a| a.ip()), h.xid, (h.prog, h.vers, h.proc), args);
+                    return match self.drc.begin(key) {
+                        Seen::New => {
+                            let out = self.execute(&h, p, args, peer);
+                            self.drc.finish(key, &out);
+                            Some(out)
+                        }
+                        Seen::InProgress => None,
+                        Seen::Done(r) => Some(r),
+                    };
                 }
+                return Some(self.execute(&h, p, args, peer));
             }
         };
         Some(reply(h.xid, status))
+    }
+
+    /// Runs the handler of call `h`.
+    fn execute(
+        &self,
+        h: &CallHeader,
+        p: &Arc<dyn Program>,
+        args: &[u8],
+        peer: Option<SocketAddr>,
+    ) -> OutReply {
+        let ctx = CallContext { header: h, peer };
+        let status = match catch_unwind(AssertUnwindSafe(|| p.call(&ctx, args))) {
+            Ok(Ok(r)) if r.check().is_ok() => {
+                let mut out = reply(h.xid, ReplyStatus::Success);
+                out.body = r;
+                return out;
+            }
+            Ok(Ok(_)) => {
+                tracing::error!(xid = h.xid, "RPC handler marked a bad DDP-eligible item");
+                ReplyStatus::SystemErr
+            }
+            Ok(Err(e)) => match e {
+                ProcError::ProcUnavail => ReplyStatus::ProcUnavail,
+                ProcError::GarbageArgs => ReplyStatus::GarbageArgs,
+                ProcError::SystemErr => ReplyStatus::SystemErr,
+                ProcError::Auth(s) => ReplyStatus::AuthError(s),
+            },
+            Err(_) => {
+                tracing::error!(
+                    xid = h.xid,
+                    prog = h.prog,
+                    proc = h.proc,
+                    "RPC handler panicked"
+                );
+                ReplyStatus::SystemErr
+            }
+        };
+        reply(h.xid, status)
     }
 
     /// The handler of a call, or the status that refuses it.

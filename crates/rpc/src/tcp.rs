@@ -93,6 +93,16 @@ impl TcpTransport {
         TcpTransport::from_stream(s, DEFAULT_MAX_RECORD)
     }
 
+    /// Connections to `addr` (records up to `max_record` octets), for
+    /// [`Client::with_reconnect`](crate::Client::with_reconnect).
+    pub fn connector(addr: std::net::SocketAddr, max_record: usize) -> crate::client::Connector {
+        Box::new(move || {
+            let s = TcpStream::connect(addr)?;
+            Ok(Arc::new(TcpTransport::from_stream(s, max_record)?)
+                as Arc<dyn crate::ClientTransport>)
+        })
+    }
+
     /// Over an established stream.
     pub fn from_stream(s: TcpStream, max_record: usize) -> io::Result<TcpTransport> {
         s.set_nodelay(true)?;

@@ -17,7 +17,7 @@ use softrdma_wire::rpcrdma::{Chunks, ReadList, ReadSegment, Repr, Segment, Write
 use super::plan::{Lent, ReplyForm, plan_reply};
 use super::pool::{Lease, Pool};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
-use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
+use crate::client::{Client, ClientTransport, Connector, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::msg::peek;
 use crate::payload::reduce;
 
@@ -537,6 +537,17 @@ impl RdmaTransport {
         let mut st = self.state.lock();
         st.closed = true;
         self.room.notify_all();
+    }
+}
+
+impl RdmaTransport {
+    /// Connections to the RPC-over-RDMA server at `addr` on `ctx`'s device, for
+    /// [`Client::with_reconnect`].
+    pub fn connector(ctx: &Context, addr: std::net::SocketAddr, cfg: RdmaConfig) -> Connector {
+        let ctx = ctx.clone();
+        Box::new(move || {
+            Ok(Arc::new(RdmaTransport::connect(&ctx, addr, cfg)?) as Arc<dyn ClientTransport>)
+        })
     }
 }
 
