@@ -426,8 +426,9 @@ fn rpcrdma_07_a_responder_only_answers() {
 }
 
 /// RPCRDMA-58: replies with header errors are dropped without a word (with RPCRDMA-61,
-/// -69, -70 at the requester and RPCRDMA-38's xid check): the call completes with the good
-/// reply after them, nothing counts as an RDMA_ERROR, and the connection goes on.
+/// RPCRDMA-69, RPCRDMA-70 at the requester and RPCRDMA-38's xid check): the call completes
+/// with the good reply after them, nothing counts as an RDMA_ERROR, and the connection
+/// goes on.
 #[test]
 fn rpcrdma_58_a_requester_drops_replies_with_header_errors() {
     both(|t| {
@@ -597,9 +598,10 @@ fn rpcrdma_11_thresholds_are_fixed_when_the_connection_is() {
     });
 }
 
-/// RPCRDMA-12, -14, -17, -19, -72: our requester reduces the one item the caller marks
-/// DDP-eligible and nothing else, into one Read chunk at the item's Position; the stream
-/// keeps the length word and every other item, and splices back to the call.
+/// RPCRDMA-12, RPCRDMA-14, RPCRDMA-17, RPCRDMA-19, RPCRDMA-72: our requester reduces the
+/// one item the caller marks DDP-eligible and nothing else, into one Read chunk at the
+/// item's Position; the stream keeps the length word and every other item, and splices
+/// back to the call.
 /// RPCRDMA-15: marked optional-data leaves its "is present" word in the stream.
 #[test]
 fn rpcrdma_12_15_17_72_the_requester_reduces_only_the_marked_item() {
@@ -649,10 +651,10 @@ fn rpcrdma_12_15_17_72_the_requester_reduces_only_the_marked_item() {
     });
 }
 
-/// RPCRDMA-35, -72, -17: a call too big for the Send with nothing marked, or whose reduced
-/// stream is still too big, goes whole in a Position-Zero Read chunk — its XDR padding
-/// included, a multiple of 4 octets, the eligible item inside unreduced — and in no other
-/// chunk.
+/// RPCRDMA-35, RPCRDMA-72, RPCRDMA-17: a call too big for the Send with nothing marked, or
+/// whose reduced stream is still too big, goes whole in a Position-Zero Read chunk — its
+/// XDR padding included, a multiple of 4 octets, the eligible item inside unreduced — and
+/// in no other chunk.
 #[test]
 fn rpcrdma_35_a_long_call_carries_the_whole_stream_with_its_padding() {
     both(|t| {
@@ -679,10 +681,10 @@ fn rpcrdma_35_a_long_call_carries_the_whole_stream_with_its_padding() {
     });
 }
 
-/// RPCRDMA-12, -17, -72 at our responder: the one result marked DDP-eligible fills one
-/// Write chunk (the second comes back unused and untouched); a result not marked never
-/// goes into a Write chunk, however large. RPCRDMA-35: a Long Reply's Reply chunk holds the
-/// whole reply with its XDR padding, a multiple of 4 octets.
+/// RPCRDMA-12, RPCRDMA-17, RPCRDMA-72 at our responder: the one result marked DDP-eligible
+/// fills one Write chunk (the second comes back unused and untouched); a result not marked
+/// never goes into a Write chunk, however large. RPCRDMA-35: a Long Reply's Reply chunk
+/// holds the whole reply with its XDR padding, a multiple of 4 octets.
 #[test]
 fn rpcrdma_12_17_35_72_the_responder_reduces_only_the_marked_result() {
     both(|t| {
