@@ -14,7 +14,10 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let opts = Options { all: mode & 2 != 0 };
+    let opts = Options {
+        all: mode & 2 != 0,
+        sends: mode & 4 != 0,
+    };
     if mode & 1 == 0 {
         let _ = decode_bytes(rest, &opts);
         return;

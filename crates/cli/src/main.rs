@@ -87,7 +87,13 @@ fn run_decode(
     strict: bool,
     all: bool,
 ) -> ExitCode {
-    let out = match decode::decode_file(file, &decode::Options { all }) {
+    let out = match decode::decode_file(
+        file,
+        &decode::Options {
+            all,
+            ..decode::Options::default()
+        },
+    ) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("softrdma decode: {e}");

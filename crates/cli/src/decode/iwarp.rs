@@ -291,7 +291,7 @@ impl Connection {
                     Some(same),
                     if same { "" } else { "FPDU re-encode differs" },
                 );
-                decode_ulpdu(&mut r, u);
+                decode_ulpdu(&mut r, u, ctx.sends);
                 out.push(r);
                 d.fpdu_pos = d.fpdu_pos.wrapping_add(info.consumed as u32);
                 d.consume(info.consumed);
@@ -331,8 +331,8 @@ fn record(ctx: &Ctx, d: &mut Direction, proto: &'static str, upto: usize) -> Rec
     Record::new(frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), proto)
 }
 
-/// DDP + RDMAP, and RPC-over-RDMA inside a Send.
-fn decode_ulpdu(r: &mut Record, u: &[u8]) {
+/// DDP + RDMAP, and RPC-over-RDMA inside a Send; `keep_send`: [`super::Options::sends`].
+fn decode_ulpdu(r: &mut Record, u: &[u8], keep_send: bool) {
     match rdmap::Segment::parse(u) {
         Ok(seg) => {
             r.summary = super::summary::segment(&seg);
@@ -349,6 +349,9 @@ fn decode_ulpdu(r: &mut Record, u: &[u8]) {
                 c.insert("opcode_code".into(), u8::from(seg.control.opcode).into());
             }
             r.reemit(u, |b| seg.emit(b), seg.buffer_len());
+            if keep_send {
+                r.send = super::summary::send_segment(&seg);
+            }
             if let Some(payload) = super::summary::rpc_candidate(&seg) {
                 rpc::decode_into(r, payload);
             }

@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 pub use capture::CaptureError;
-pub use record::{Check, Record};
+pub use record::{Check, Record, SendSegment};
 
 use net::{L4, NetPacket};
 
@@ -33,6 +33,9 @@ use net::{L4, NetPacket};
 pub struct Options {
     /// Also report frames that carry no RDMA message.
     pub all: bool,
+    /// Keep every Send segment's payload ([`Record::send`]), for tools and tests that look
+    /// at what the Sends carry beyond the headers decoded.
+    pub sends: bool,
 }
 
 /// The result of decoding one capture.
@@ -85,6 +88,8 @@ pub(crate) struct Ctx {
     pub time: f64,
     pub src: String,
     pub dst: String,
+    /// [`Options::sends`].
+    pub sends: bool,
 }
 
 struct Decoder {
@@ -142,6 +147,7 @@ impl Decoder {
                     time,
                     src: endpoint(src, src_port),
                     dst: endpoint(dst, dst_port),
+                    sends: self.opts.sends,
                 };
                 if dst_port == roce::ROCEV2_PORT {
                     self.records.push(roce::decode(&ctx, ip));
@@ -168,6 +174,7 @@ impl Decoder {
                     time,
                     src: endpoint(src, src_port),
                     dst: endpoint(dst, dst_port),
+                    sends: self.opts.sends,
                 };
                 let conn = self.conns.entry(key).or_default();
                 let before = self.records.len();

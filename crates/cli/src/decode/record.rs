@@ -32,6 +32,20 @@ pub struct Record {
     pub checks: Vec<Check>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
+    /// A Send-family segment's payload, whole, when [`super::Options::sends`] asks for it.
+    #[serde(skip)]
+    pub send: Option<SendSegment>,
+}
+
+/// One segment of an RDMA Send, Send with Solicited Event or Send with Invalidate message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendSegment {
+    /// It starts its message (DDP MO 0, RFC 5041 §4.4; IB First or Only).
+    pub first: bool,
+    /// It ends its message (DDP Last flag; IB Last or Only).
+    pub last: bool,
+    /// Its payload octets.
+    pub payload: Vec<u8>,
 }
 
 impl Record {
@@ -46,6 +60,7 @@ impl Record {
             layers: Map::new(),
             checks: Vec::new(),
             errors: Vec::new(),
+            send: None,
         }
     }
 

@@ -3,7 +3,7 @@
 use softrdma_wire::ib::{Operation, PacketRepr, Service};
 use softrdma_wire::rocev2::{self, RoceV2Packet, RoceV2Repr, UdpChecksum};
 
-use super::record::Record;
+use super::record::{Record, SendSegment};
 use super::{Ctx, rpc, summary};
 
 pub(crate) const ROCEV2_PORT: u16 = rocev2::ROCEV2_UDP_PORT;
@@ -83,16 +83,38 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
             r.summary.push_str(&format!(" | {s}"));
             r.layer("mad", mad);
         }
-    } else if matches!(
-        op.operation(),
-        Operation::SendFirst
-            | Operation::SendOnly
-            | Operation::SendOnlyWithImmediate
-            | Operation::SendOnlyWithInvalidate
-    ) {
-        rpc::decode_into(&mut r, ib.payload);
+    } else {
+        if ctx.sends {
+            r.send = send_segment(op.operation(), ib.payload);
+        }
+        if matches!(
+            op.operation(),
+            Operation::SendFirst
+                | Operation::SendOnly
+                | Operation::SendOnlyWithImmediate
+                | Operation::SendOnlyWithInvalidate
+        ) {
+            rpc::decode_into(&mut r, ib.payload);
+        }
     }
     r
+}
+
+/// A packet of a Send message (IBA 9.4.1: First, Middle, Last or Only), whole.
+fn send_segment(op: Operation, payload: &[u8]) -> Option<SendSegment> {
+    use Operation::*;
+    let (first, last) = match op {
+        SendFirst => (true, false),
+        SendMiddle => (false, false),
+        SendLast | SendLastWithImmediate | SendLastWithInvalidate => (false, true),
+        SendOnly | SendOnlyWithImmediate | SendOnlyWithInvalidate => (true, true),
+        _ => return None,
+    };
+    Some(SendSegment {
+        first,
+        last,
+        payload: payload.to_vec(),
+    })
 }
 
 /// IBA ch. 13.4 MAD common header; CM (class 0x07) attribute names as tshark prints them.

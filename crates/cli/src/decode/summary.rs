@@ -3,6 +3,8 @@
 use softrdma_wire::ib::{PacketRepr, Syndrome};
 use softrdma_wire::{ddp, mpa, rdmap};
 
+use super::record::SendSegment;
+
 pub(crate) fn mpa_frame(f: &mpa::FrameRepr<'_>) -> String {
     let kind = match f.kind {
         mpa::FrameKind::Request => "MPA Request",
@@ -76,6 +78,24 @@ fn opcode_name(op: rdmap::Opcode) -> &'static str {
         rdmap::Opcode::ImmediateDataWithSe => "Immediate Data with SE",
         rdmap::Opcode::AtomicRequest => "Atomic Request",
         rdmap::Opcode::AtomicResponse => "Atomic Response",
+    }
+}
+
+/// A segment of a Send-family message (untagged, queue 0: RFC 5040 §5), whole.
+pub(crate) fn send_segment(seg: &rdmap::Segment<'_>) -> Option<SendSegment> {
+    let ddp::Repr::Untagged { last, mo, .. } = seg.ddp else {
+        return None;
+    };
+    match seg.body {
+        rdmap::Body::Send { payload }
+        | rdmap::Body::SendWithSe { payload }
+        | rdmap::Body::SendWithInvalidate { payload, .. }
+        | rdmap::Body::SendWithSeAndInvalidate { payload, .. } => Some(SendSegment {
+            first: mo == 0,
+            last,
+            payload: payload.to_vec(),
+        }),
+        _ => None,
     }
 }
 
