@@ -10,8 +10,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use softrdma::Context;
-use softrdma_rpc::rdma::{NFS_RDMA_PORT, RdmaConfig};
-use softrdma_rpc::{Auth, AuthSysParams, Client, Payload, ReplySpace, RpcError};
+use softrdma_rpc::client::DEFAULT_MAX_IN_FLIGHT;
+use softrdma_rpc::rdma::{NFS_RDMA_PORT, RdmaConfig, RdmaTransport};
+use softrdma_rpc::tcp::{DEFAULT_MAX_RECORD, TcpTransport};
+use softrdma_rpc::{Auth, AuthSysParams, Client, Payload, Reconnect, ReplySpace, RpcError};
 use softrdma_wire::xdr::XdrReader;
 
 use crate::proto::*;
@@ -164,7 +166,13 @@ impl Nfs3 {
                     .as_ref()
                     .ok_or_else(|| Error::Path("RDMA needs a device".into()))?;
                 let port = cfg.port.unwrap_or(NFS_RDMA_PORT);
-                Client::connect_rdma(ctx, SocketAddr::new(host, port), cfg.rdma)?
+                // A lost connection is made again and the calls in flight retransmitted
+                // (same xids: the server's reply cache knows them).
+                let connect = RdmaTransport::connector(ctx, SocketAddr::new(host, port), cfg.rdma);
+                Client::with_reconnect(
+                    Reconnect::new(connect),
+                    DEFAULT_MAX_IN_FLIGHT.min(cfg.rdma.credits.max(1) as usize),
+                )?
             }
             Proto::Tcp => {
                 let port = match cfg.port {
@@ -174,7 +182,9 @@ impl Nfs3 {
                         p => p,
                     },
                 };
-                Client::connect_tcp(SocketAddr::new(host, port))?
+                let connect =
+                    TcpTransport::connector(SocketAddr::new(host, port), DEFAULT_MAX_RECORD);
+                Client::with_reconnect(Reconnect::new(connect), DEFAULT_MAX_IN_FLIGHT)?
             }
         };
         nfs.set_cred(cfg.cred());
@@ -325,9 +335,7 @@ impl Nfs3 {
     /// WRITE `data` at `offset` (`stable`: 0 UNSTABLE, 2 FILE_SYNC); octets written. The data
     /// leaves through a Read chunk over RDMA when it does not fit inline (RFC 8267 §4.2).
     pub fn write(&self, fh: &[u8], offset: u64, data: &[u8], stable: u32) -> Result<u32, Error> {
-        let mut x = Xdr::new();
-        x.opaque(fh).u64(offset).u32(data.len() as u32).u32(stable);
-        let args = Payload::with_opaque(x.into_vec(), data);
+        let args = write_args(fh, offset, data, stable);
         let r = self.call(
             proc3::WRITE,
             &args,

@@ -1,6 +1,7 @@
 //! NFSv3 (RFC 1813), MOUNT v3 (RFC 1813 App. I) and portmap v2 GETPORT (RFC 1833) in XDR:
 //! the arguments this client sends and the results it reads.
 
+use softrdma_rpc::Payload;
 use softrdma_wire::xdr::{XdrReader, padded_len};
 
 /// NFS program (RFC 1813 §2.2).
@@ -28,10 +29,58 @@ pub mod proc3 {
     pub const READ: u32 = 6;
     pub const WRITE: u32 = 7;
     pub const CREATE: u32 = 8;
+    pub const SYMLINK: u32 = 10;
     pub const REMOVE: u32 = 12;
     pub const FSINFO: u32 = 19;
     pub const READDIRPLUS: u32 = 17;
     pub const COMMIT: u32 = 21;
+}
+
+/// WRITE3args (RFC 1813 §3.3.7) with `data` as the DDP-eligible argument (RFC 8267 §4).
+pub fn write_args(fh: &[u8], offset: u64, data: &[u8], stable: u32) -> Payload {
+    let mut x = Xdr::new();
+    x.opaque(fh).u64(offset).u32(data.len() as u32).u32(stable);
+    Payload::with_opaque(x.into_vec(), data)
+}
+
+/// The NFSv3 Upper-Layer Binding for arguments (RFC 8267 §4.1): the data of WRITE and the
+/// pathname of SYMLINK are DDP-eligible, nothing else. Given a procedure and its (reduced)
+/// arguments, the offset where the eligible item's data begins; `None` for every other
+/// procedure and for arguments that do not decode that far.
+pub fn ddp_argument(proc: u32, args: &[u8]) -> Option<usize> {
+    let mut r = XdrReader::new(args);
+    match proc {
+        proc3::WRITE => {
+            r.read_opaque(FHSIZE3).ok()?;
+            r.read_u64().ok()?; // offset
+            r.read_u32().ok()?; // count
+            r.read_u32().ok()?; // stable
+        }
+        proc3::SYMLINK => {
+            r.read_opaque(FHSIZE3).ok()?; // where
+            r.read_opaque(MAX_NAME).ok()?;
+            skip_sattr3(&mut r)?;
+        }
+        _ => return None,
+    }
+    r.read_u32().ok()?; // the eligible item's length word
+    Some(r.position())
+}
+
+/// sattr3 (RFC 1813 §2.6): mode, uid, gid, size (each a `set_*` union), atime and mtime.
+fn skip_sattr3(r: &mut XdrReader<'_>) -> Option<()> {
+    for len in [4, 4, 4, 8] {
+        if r.read_u32().ok()? == 1 {
+            r.skip(len).ok()?;
+        }
+    }
+    for _ in 0..2 {
+        // SET_TO_CLIENT_TIME carries an nfstime3.
+        if r.read_u32().ok()? == 2 {
+            r.skip(8).ok()?;
+        }
+    }
+    Some(())
 }
 
 /// Largest file handle (RFC 1813 §2.4 `NFS3_FHSIZE`).
@@ -278,6 +327,54 @@ pub fn readdirplus_ok(r: &mut XdrReader<'_>) -> Result<([u8; 8], Vec<DirEntry>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 8267 §4.1 and RPCRDMA-12/-72/-73: the binding a responder applies finds WRITE's
+    /// data exactly where the client's reduction took it from, for any handle and data
+    /// length; SYMLINK's pathname past a sattr3 of every shape; nothing for other procedures.
+    #[test]
+    fn rpcrdma_12_73_the_nfsv3_binding_matches_what_the_client_reduces() {
+        for fh_len in [0usize, 1, 8, 28, 63, 64] {
+            for n in [0usize, 1, 3, 4, 4097] {
+                let fh: Vec<u8> = (0..fh_len as u8).collect();
+                let data = vec![0xAB; n];
+                let p = write_args(&fh, 1 << 40, &data, 2);
+                let at = p.ddp.clone().unwrap().start;
+                assert_eq!(ddp_argument(proc3::WRITE, &p.reduced()), Some(at));
+                assert_eq!(ddp_argument(proc3::WRITE, &p.xdr), Some(at));
+                // READ's arguments carry nothing eligible.
+                let mut x = Xdr::new();
+                x.opaque(&fh).u64(0).u32(4096);
+                assert_eq!(ddp_argument(proc3::READ, &x.into_vec()), None);
+            }
+        }
+        for (mode, time) in [(0u32, 0u32), (1, 1), (1, 2), (0, 2)] {
+            let mut x = Xdr::new();
+            x.opaque(&[9; 16]).opaque(b"link");
+            for len in [4, 4, 4, 8] {
+                x.u32(mode);
+                if mode == 1 {
+                    x.fixed(&vec![0; len]);
+                }
+            }
+            for _ in 0..2 {
+                x.u32(time);
+                if time == 2 {
+                    x.u64(0);
+                }
+            }
+            let p = Payload::with_opaque(x.into_vec(), b"/target/path");
+            assert_eq!(
+                ddp_argument(proc3::SYMLINK, &p.reduced()),
+                Some(p.ddp.clone().unwrap().start),
+                "{mode} {time}"
+            );
+        }
+        // Truncated arguments: no eligible item, no panic.
+        let p = write_args(&[1; 8], 0, b"data", 0);
+        for cut in 0..p.xdr.len() - 4 - 4 {
+            assert_eq!(ddp_argument(proc3::WRITE, &p.xdr[..cut]), None, "{cut}");
+        }
+    }
 
     #[test]
     fn xdr_builder_pads_and_counts() {

@@ -18,6 +18,7 @@ pub use client::{
 pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
 pub use payload::{ChunkError, Payload};
 pub use server::{
-    CallContext, OutReply, ProcError, Program, Registry, Server, ServerConfig, TcpServer,
+    ArgumentBinding, CallContext, Eligible, OutReply, ProcError, Program, Registry, Server,
+    ServerConfig, TcpServer,
 };
 pub use softrdma_wire::onc_rpc::AuthStat;

@@ -93,12 +93,31 @@ impl OutReply {
     }
 }
 
+/// An Upper-Layer Binding's rule for arguments (RFC 8166 §6): given a procedure and its
+/// arguments as they arrived (reduced), the offset in the arguments where the data of its
+/// DDP-eligible argument belongs (right after the item's length word), or `None` when the
+/// procedure has no DDP-eligible argument (or the arguments do not decode that far).
+pub type ArgumentBinding = Arc<dyn Fn(u32, &[u8]) -> Option<usize> + Send + Sync>;
+
+/// Where a call's Read chunk may go, by its program's Upper-Layer Binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eligible {
+    /// The program declares no binding: any one item may come through a chunk.
+    Unbound,
+    /// Nothing of this call may be reduced.
+    Nothing,
+    /// Only the data at this offset of the call message.
+    At(usize),
+}
+
 /// The programs a server serves, and the dispatch of one call message to them.
 #[derive(Default, Clone)]
 pub struct Registry {
     progs: HashMap<u32, BTreeMap<u32, Arc<dyn Program>>>,
     /// Procedures whose replies go into the duplicate request cache.
     non_idempotent: HashSet<(u32, u32, u32)>,
+    /// Upper-Layer Bindings of the programs' DDP-eligible arguments, by (program, version).
+    bindings: HashMap<(u32, u32), ArgumentBinding>,
     drc: Arc<ReplyCache>,
 }
 
@@ -124,6 +143,34 @@ impl Registry {
         self.non_idempotent
             .extend(procs.iter().map(|&p| (prog, vers, p)));
         self
+    }
+
+    /// Declares the Upper-Layer Binding of version `vers` of program `prog` for arguments:
+    /// an RPC-over-RDMA responder then refuses a call whose Read chunk is anywhere else
+    /// (ERR_CHUNK, RFC 8166 §6.1, RPCRDMA-73).
+    pub fn bind_arguments(
+        &mut self,
+        prog: u32,
+        vers: u32,
+        f: impl Fn(u32, &[u8]) -> Option<usize> + Send + Sync + 'static,
+    ) -> &mut Registry {
+        self.bindings.insert((prog, vers), Arc::new(f));
+        self
+    }
+
+    /// Where a Read chunk of the call whose reduced message is `reduced` may go.
+    pub fn eligible_argument(&self, reduced: &[u8]) -> Eligible {
+        let Ok((h, off)) = decode_call(reduced) else {
+            // A chunk inside the call header, or no call at all.
+            return Eligible::Nothing;
+        };
+        match self.bindings.get(&(h.prog, h.vers)) {
+            None => Eligible::Unbound,
+            Some(f) => match f(h.proc, &reduced[off..]) {
+                Some(at) => Eligible::At(off + at),
+                None => Eligible::Nothing,
+            },
+        }
     }
 
     /// Answers the call message `msg`: the reply message, or `None` when there is nothing

@@ -131,6 +131,9 @@ fn rig(t: T, scfg: RdmaConfig) -> Rig {
     let gate = Arc::new(Gate::default());
     let mut reg = Registry::new();
     reg.register(PROG, 1, program(gate.clone()));
+    // The binding: SUM's opaque (after one word and its length word) is the only
+    // DDP-eligible argument.
+    reg.bind_arguments(PROG, 1, |p, _| (p == proc::SUM).then_some(8));
     let server = Arc::new(Server::new(
         reg,
         ServerConfig {
@@ -235,6 +238,35 @@ fn rpcrdma_19_22_read_chunks() {
                 "{t:?} {n}"
             );
         }
+    });
+}
+
+/// RPCRDMA-73, RPCRDMA-12: a call that reduced an argument its program's binding does not
+/// name (another item of SUM, or anything of ECHO) is not executed: ERR_CHUNK, which the
+/// client reports as the transport's refusal; the eligible one goes through.
+#[test]
+fn rpcrdma_73_a_chunk_where_the_binding_has_none_gets_err_chunk() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, tr) = r.client(RdmaConfig::default());
+        let data = pattern(9000, 4);
+        let good = Payload::with_opaque(7u32.to_be_bytes().to_vec(), &data);
+        let ok = c
+            .call_with(PROG, 1, proc::SUM, &good, ReplySpace::default())
+            .unwrap();
+        assert_eq!(&ok.results[8..16], &sum(&data).to_be_bytes(), "{t:?}");
+        // One word more before the opaque: the chunk's Position is 12, not 8.
+        let shifted = Payload::with_opaque(vec![0; 8], &data);
+        let echo = Payload::with_opaque(Vec::new(), &data);
+        for (p, args) in [(proc::SUM, &shifted), (proc::ECHO, &echo)] {
+            let before = tr.stats();
+            let e = c.call_with(PROG, 1, p, args, ReplySpace::default());
+            assert!(matches!(e, Err(RpcError::Transport(_))), "{t:?} {p}: {e:?}");
+            assert_eq!(tr.stats().errors, before.errors + 1, "{t:?}");
+            assert_eq!(tr.stats().calls_chunked, before.calls_chunked + 1, "{t:?}");
+        }
+        // The connection goes on.
+        assert!(c.call(PROG, 1, proc::NULL, &[]).is_ok());
     });
 }
 

@@ -22,7 +22,7 @@ use super::pool::{Lease, Pool};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::msg::peek;
 use crate::payload::{removed, splice};
-use crate::server::{OutReply, Server};
+use crate::server::{Eligible, OutReply, Server};
 
 /// A call whose Read chunks are being pulled.
 struct Pulling {
@@ -272,6 +272,18 @@ impl Conn {
         if reads.is_empty() {
             self.dispatch(xid, payload, offered);
             return Ok(());
+        }
+        // RPCRDMA-73: a Read chunk where the program's binding has no DDP-eligible argument
+        // is refused before anything is pulled.
+        if !long {
+            let ok = match self.server.registry().eligible_argument(&payload) {
+                Eligible::Unbound => true,
+                Eligible::Nothing => false,
+                Eligible::At(at) => reads.iter().all(|(pos, _)| *pos as usize == at),
+            };
+            if !ok {
+                return self.send_error(err_chunk_for(xid, self.credits()));
+            }
         }
         // RPCRDMA-22: pull the chunks (segments in list order, one chunk per Position).
         let mr = self
