@@ -188,6 +188,9 @@ impl Nfs3 {
             }
         };
         nfs.set_cred(cfg.cred());
+        // RFC 8267: where READ's and READLINK's data belong, and a check that they came
+        // through the Write chunk offered for them (RPCRDMA-75).
+        nfs.bind_results(NFS_PROGRAM, NFS_V3, ddp_result);
         let mut m = Nfs3 {
             nfs,
             mount,

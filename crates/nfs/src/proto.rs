@@ -26,6 +26,7 @@ pub mod proc3 {
     pub const NULL: u32 = 0;
     pub const GETATTR: u32 = 1;
     pub const LOOKUP: u32 = 3;
+    pub const READLINK: u32 = 5;
     pub const READ: u32 = 6;
     pub const WRITE: u32 = 7;
     pub const CREATE: u32 = 8;
@@ -64,6 +65,26 @@ pub fn ddp_argument(proc: u32, args: &[u8]) -> Option<usize> {
         _ => return None,
     }
     r.read_u32().ok()?; // the eligible item's length word
+    Some(r.position())
+}
+
+/// The NFSv3 Upper-Layer Binding for results (RFC 8267 §4.1): the data of a successful
+/// READ and the pathname of a successful READLINK. The offset in the (reduced) results
+/// where the eligible item's data begins; `None` for other procedures and error replies.
+pub fn ddp_result(proc: u32, results: &[u8]) -> Option<usize> {
+    let mut r = XdrReader::new(results);
+    if proc != proc3::READ && proc != proc3::READLINK {
+        return None;
+    }
+    if r.read_u32().ok()? != 0 {
+        return None; // resfail: attributes only
+    }
+    post_op_attr(&mut r).ok()?;
+    if proc == proc3::READ {
+        r.read_u32().ok()?; // count
+        r.read_u32().ok()?; // eof
+    }
+    r.read_u32().ok()?; // the item's length word
     Some(r.position())
 }
 
@@ -368,6 +389,23 @@ mod tests {
                 Some(p.ddp.clone().unwrap().start),
                 "{mode} {time}"
             );
+        }
+        // READ results: after status, post_op_attr (with and without), count and eof.
+        for attrs in [false, true] {
+            let mut x = Xdr::new();
+            x.u32(0).bool(attrs);
+            if attrs {
+                x.fixed(&[0; 84]);
+            }
+            x.u32(5).bool(true);
+            let p = Payload::with_opaque(x.into_vec(), b"hello");
+            let at = p.ddp.clone().unwrap().start;
+            assert_eq!(ddp_result(proc3::READ, &p.reduced()), Some(at));
+            // An error status carries no data.
+            let mut e = p.reduced();
+            e[..4].copy_from_slice(&70u32.to_be_bytes());
+            assert_eq!(ddp_result(proc3::READ, &e), None);
+            assert_eq!(ddp_result(proc3::GETATTR, &p.reduced()), None);
         }
         // Truncated arguments: no eligible item, no panic.
         let p = write_args(&[1; 8], 0, b"data", 0);

@@ -54,7 +54,31 @@ pub struct Reply {
     pub results: Vec<u8>,
     /// The DDP-eligible result's data, when it came apart (an RPC-over-RDMA Write chunk).
     pub bulk: Option<Vec<u8>>,
+    /// Where `bulk` belongs in `results` (after its length word), when the program's
+    /// result binding ([`Client::bind_results`]) says.
+    pub bulk_at: Option<usize>,
 }
+
+impl Reply {
+    /// The results as the server's procedure made them: `bulk` and its XDR padding put
+    /// back at `bulk_at` (RFC 8166 §3.4.6.1, the Requester's reassembly); `results` itself
+    /// when nothing came apart. `None` if `bulk` came without a place to go.
+    pub fn unreduced(&self) -> Option<Vec<u8>> {
+        match (&self.bulk, self.bulk_at) {
+            (None, _) => Some(self.results.clone()),
+            (Some(b), Some(at)) if at <= self.results.len() => {
+                crate::payload::splice(&self.results, &[(at as u32, b)], usize::MAX).ok()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An Upper-Layer Binding's rule for results (RFC 8166 §6): given a procedure and its
+/// results as they arrived (reduced), the offset where the data of its DDP-eligible result
+/// belongs (right after the item's length word), or `None` when this reply has none (e.g.
+/// an error status).
+pub type ResultBinding = Arc<dyn Fn(u32, &[u8]) -> Option<usize> + Send + Sync>;
 
 /// Room a call's reply may need (the Upper-Layer Binding's maximum reply size,
 /// RFC 8166 §6, RPCRDMA-76): transports that place replies in advance size for it.
@@ -156,6 +180,10 @@ impl Reconnect {
 /// A call in flight.
 struct Waiting {
     tx: Sender<Outcome>,
+    /// (program, version, procedure), and whether a place for a DDP-eligible result was
+    /// offered.
+    proc: (u32, u32, u32),
+    ddp_offered: bool,
     /// Kept for retransmission (with a [`Reconnect`] only).
     call: Option<Arc<OutCall>>,
     /// The connection it was last sent on.
@@ -182,6 +210,8 @@ struct Shared {
     reconnect: Option<Reconnect>,
     /// The client is going away: no reconnection.
     stopping: AtomicBool,
+    /// Result bindings by (program, version).
+    results: Mutex<HashMap<(u32, u32), ResultBinding>>,
     stop_cv: Condvar,
 }
 
@@ -279,21 +309,32 @@ impl Shared {
             }
         };
         // Whether or not someone still waits, the call is over for the transport.
-        let tx = self.slots.lock().waiting.remove(&h.xid).map(|w| w.tx);
+        let w = self.slots.lock().waiting.remove(&h.xid);
         self.freed.notify_one();
         self.conn().release(h.xid);
-        let Some(tx) = tx else {
+        let Some(w) = w else {
             tracing::debug!(xid = h.xid, "RPC client: reply to no call in flight");
             return;
         };
+        let (prog, vers, proc) = w.proc;
         let out = match h.status {
-            ReplyStatus::Success => Ok(Reply {
-                header: h,
-                results: msg[off..].to_vec(),
-                bulk,
-            }),
+            ReplyStatus::Success => {
+                let results = msg[off..].to_vec();
+                let binding = self.results.lock().get(&(prog, vers)).cloned();
+                let bulk_at = binding.and_then(|f| f(proc, &results));
+                match eligible_inline(w.ddp_offered, &bulk, bulk_at, &results) {
+                    Some(e) => Err(e),
+                    None => Ok(Reply {
+                        header: h,
+                        results,
+                        bulk,
+                        bulk_at,
+                    }),
+                }
+            }
             st => Err(RpcError::Status(st)),
         };
+        let tx = w.tx;
         let _ = tx.send(out);
     }
 
@@ -449,6 +490,25 @@ impl Shared {
     }
 }
 
+/// RFC 8166 §6.1 (RPCRDMA-75): a place for the DDP-eligible result was offered and came
+/// back unused, yet the binding finds a non-empty eligible result inline — a permanent
+/// error for the call.
+fn eligible_inline(
+    offered: bool,
+    bulk: &Option<Vec<u8>>,
+    at: Option<usize>,
+    results: &[u8],
+) -> Option<RpcError> {
+    let at = at?;
+    if !offered || bulk.is_some() || at < 4 {
+        return None;
+    }
+    let len = results.get(at - 4..at)?;
+    (len != [0; 4]).then(|| {
+        RpcError::Transport("the DDP-eligible result came inline, not in the Write chunk".into())
+    })
+}
+
 /// A transport error that means the connection is gone (a retransmission on the next one
 /// delivers the call).
 fn is_loss(e: &io::Error) -> bool {
@@ -505,6 +565,7 @@ impl Client {
             reconnect,
             stopping: AtomicBool::new(false),
             stop_cv: Condvar::new(),
+            results: Mutex::new(HashMap::new()),
         });
         let s = shared.clone();
         let mut handles = vec![
@@ -529,6 +590,19 @@ impl Client {
             }),
             shared,
         }
+    }
+
+    /// Declares the Upper-Layer Binding of version `vers` of program `prog` for results:
+    /// replies then say where their bulk data belongs ([`Reply::bulk_at`],
+    /// [`Reply::unreduced`]), and a reply that leaves the offered Write chunk unused while
+    /// carrying its eligible result inline fails (RPCRDMA-75).
+    pub fn bind_results(
+        &self,
+        prog: u32,
+        vers: u32,
+        f: impl Fn(u32, &[u8]) -> Option<usize> + Send + Sync + 'static,
+    ) {
+        self.shared.results.lock().insert((prog, vers), Arc::new(f));
     }
 
     /// Ends the current connection: with a [`Reconnect`], the calls in flight go again on
@@ -614,6 +688,8 @@ impl Client {
                 xid,
                 Waiting {
                     tx,
+                    proc: (prog, vers, proc),
+                    ddp_offered: reply.ddp.is_some(),
                     call: s.reconnect.is_some().then(|| call.clone()),
                     generation,
                     sent: Instant::now(),

@@ -13,7 +13,7 @@ pub mod tcp;
 
 pub use client::{
     Client, ClientTransport, Connector, Incoming, OutCall, Pending, Reconnect, Reply, ReplySpace,
-    RpcError,
+    ResultBinding, RpcError,
 };
 pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
 pub use payload::{ChunkError, Payload};

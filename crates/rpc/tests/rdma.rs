@@ -32,6 +32,8 @@ mod proc {
     pub const GATE: u32 = 4;
     /// Arguments: a length n; results: n octets inline (not DDP-eligible).
     pub const BIG: u32 = 5;
+    /// MAKE's results with the opaque not marked: a server that ignores the binding.
+    pub const MAKE_UNMARKED: u32 = 6;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +109,12 @@ fn program(gate: Arc<Gate>) -> impl Program {
                 }
                 s.0 -= 1;
                 Ok(Payload::default())
+            }
+            proc::MAKE_UNMARKED => {
+                let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
+                Ok(Payload::with_opaque(vec![0, 0, 0, 7], &pattern(n, args[7]))
+                    .xdr
+                    .into())
             }
             proc::BIG => {
                 let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
@@ -267,6 +275,51 @@ fn rpcrdma_73_a_chunk_where_the_binding_has_none_gets_err_chunk() {
         }
         // The connection goes on.
         assert!(c.call(PROG, 1, proc::NULL, &[]).is_ok());
+    });
+}
+
+/// RPCRDMA-29: with the program's result binding the client puts the Write chunk's data
+/// back where it came from: the reassembled results equal the server's unreduced ones.
+/// RPCRDMA-75: a reply that leaves the offered Write chunk unused and carries the eligible
+/// result inline fails for good.
+#[test]
+fn rpcrdma_29_75_result_binding_reassembles_and_polices() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, _tr) = r.client(RdmaConfig::default());
+        c.bind_results(PROG, 1, |p, _| {
+            (p == proc::MAKE || p == proc::MAKE_UNMARKED).then_some(8)
+        });
+        for n in [1usize, 3, 4, 4097, 65_537] {
+            let mut args = (n as u32).to_be_bytes().to_vec();
+            args.extend_from_slice(&[0, 0, 0, 5]);
+            let space = ReplySpace {
+                max: 256,
+                ddp: Some(n),
+            };
+            let got = c
+                .call_with(PROG, 1, proc::MAKE, &Payload::from(args.clone()), space)
+                .unwrap();
+            assert!(got.bulk.is_some(), "{t:?} {n}");
+            assert_eq!(got.bulk_at, Some(8));
+            let whole = Payload::with_opaque(vec![0, 0, 0, 7], &pattern(n, 5)).xdr;
+            assert_eq!(got.unreduced().unwrap(), whole, "{t:?} {n}");
+            let e = c.call_with(PROG, 1, proc::MAKE_UNMARKED, &Payload::from(args), space);
+            assert!(matches!(e, Err(RpcError::Transport(_))), "{t:?} {n}: {e:?}");
+        }
+        // Without the binding's complaint (no chunk offered) the same reply is fine.
+        let mut args = 5u32.to_be_bytes().to_vec();
+        args.extend_from_slice(&[0, 0, 0, 5]);
+        let ok = c
+            .call_with(
+                PROG,
+                1,
+                proc::MAKE_UNMARKED,
+                &Payload::from(args),
+                ReplySpace::default(),
+            )
+            .unwrap();
+        assert_eq!(ok.unreduced().unwrap(), ok.results);
     });
 }
 
