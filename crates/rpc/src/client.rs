@@ -509,6 +509,18 @@ fn eligible_inline(
     })
 }
 
+/// RPCSEC_GSS (flavor 6, RFC 2203 §5) with the integrity (2) or privacy (3) service: the
+/// credential body is version, procedure, sequence number, service, handle.
+fn gss_protected(cred: &Auth) -> bool {
+    const RPCSEC_GSS: u32 = 6;
+    match cred {
+        Auth::Other { flavor, body } if *flavor == RPCSEC_GSS => body
+            .get(12..16)
+            .is_some_and(|w| matches!(u32::from_be_bytes([w[0], w[1], w[2], w[3]]), 2 | 3)),
+        _ => false,
+    }
+}
+
 /// A transport error that means the connection is gone (a retransmission on the next one
 /// delivers the call).
 fn is_loss(e: &io::Error) -> bool {
@@ -664,6 +676,14 @@ impl Client {
             proc,
             cred: s.cred.lock().clone(),
             verf: Auth::None,
+        };
+        // RFC 8166 §8.2.2.3 (RPCRDMA-85): RPCSEC_GSS integrity or privacy wraps arguments
+        // and results whole: nothing is reduced either way (a Long Call, a Reply chunk).
+        let (ddp, reply) = if gss_protected(&h.cred) {
+            let max = reply.max.saturating_add(reply.ddp.map_or(0, |n| n + 8));
+            (None, ReplySpace { max, ddp: None })
+        } else {
+            (ddp, reply)
         };
         let mut msg = Vec::with_capacity(args.len() + 128);
         encode_call(&h, args, &mut msg).map_err(|e| RpcError::Encode(e.to_string()))?;

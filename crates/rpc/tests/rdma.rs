@@ -323,6 +323,45 @@ fn rpcrdma_29_75_result_binding_reassembles_and_polices() {
     });
 }
 
+/// RPCRDMA-85: under RPCSEC_GSS with integrity or privacy the client reduces nothing: the
+/// call that would have had a Read chunk goes as a Long Call (the server here refuses the
+/// credential, which it answers all the same); with the authentication-only service the
+/// argument is reduced as usual.
+#[test]
+fn rpcrdma_85_gss_integrity_disables_reduction() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, tr) = r.client(RdmaConfig::default());
+        let data = pattern(9000, 1);
+        let args = Payload::with_opaque(7u32.to_be_bytes().to_vec(), &data);
+        for (service, chunked, long) in [(2u32, 0u64, 1u64), (3, 0, 1), (1, 1, 0)] {
+            let mut body = Vec::new();
+            for w in [1u32, 0, 1, service, 4] {
+                body.extend_from_slice(&w.to_be_bytes());
+            }
+            body.extend_from_slice(b"hndl");
+            c.set_cred(Auth::Other { flavor: 6, body });
+            let before = tr.stats();
+            let e = c.call_with(PROG, 1, proc::SUM, &args, ReplySpace::default());
+            assert!(
+                matches!(e, Err(RpcError::Status(ReplyStatus::AuthError(_)))),
+                "{t:?} {service}: {e:?}"
+            );
+            let after = tr.stats();
+            assert_eq!(
+                after.calls_chunked - before.calls_chunked,
+                chunked,
+                "{t:?} {service}"
+            );
+            assert_eq!(
+                after.calls_long - before.calls_long,
+                long,
+                "{t:?} {service}"
+            );
+        }
+    });
+}
+
 /// RPCRDMA-45, RPCRDMA-28, RPCRDMA-30: a DDP-eligible result goes through the Write chunk
 /// (its data out of the inline results, its length word left); RPCRDMA-51/-49: a result
 /// that does not come through a chunk stays inline.
