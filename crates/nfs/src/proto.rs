@@ -359,7 +359,7 @@ mod tests {
                 let fh: Vec<u8> = (0..fh_len as u8).collect();
                 let data = vec![0xAB; n];
                 let p = write_args(&fh, 1 << 40, &data, 2);
-                let at = p.ddp.clone().unwrap().start;
+                let at = p.ddp[0].start;
                 assert_eq!(ddp_argument(proc3::WRITE, &p.reduced()), Some(at));
                 assert_eq!(ddp_argument(proc3::WRITE, &p.xdr), Some(at));
                 // READ's arguments carry nothing eligible.
@@ -386,7 +386,7 @@ mod tests {
             let p = Payload::with_opaque(x.into_vec(), b"/target/path");
             assert_eq!(
                 ddp_argument(proc3::SYMLINK, &p.reduced()),
-                Some(p.ddp.clone().unwrap().start),
+                Some(p.ddp[0].start),
                 "{mode} {time}"
             );
         }
@@ -399,7 +399,7 @@ mod tests {
             }
             x.u32(5).bool(true);
             let p = Payload::with_opaque(x.into_vec(), b"hello");
-            let at = p.ddp.clone().unwrap().start;
+            let at = p.ddp[0].start;
             assert_eq!(ddp_result(proc3::READ, &p.reduced()), Some(at));
             // An error status carries no data.
             let mut e = p.reduced();

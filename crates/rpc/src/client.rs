@@ -104,8 +104,8 @@ impl Default for ReplySpace {
 pub struct OutCall {
     /// The RPC call message (header and arguments), unreduced.
     pub msg: Vec<u8>,
-    /// The DDP-eligible argument data, a range of `msg`.
-    pub ddp: Option<std::ops::Range<usize>>,
+    /// The DDP-eligible arguments' data, ranges of `msg` in order.
+    pub ddp: Vec<std::ops::Range<usize>>,
     /// What the reply may need.
     pub reply: ReplySpace,
 }
@@ -641,7 +641,7 @@ impl Client {
     /// Sends a call of `prog`/`vers`/`proc` with XDR `args`; waits for a slot if
     /// `max_in_flight` calls are outstanding.
     pub fn start(&self, prog: u32, vers: u32, proc: u32, args: &[u8]) -> Result<Pending, RpcError> {
-        self.send_call(prog, vers, proc, args, None, ReplySpace::default())
+        self.send_call(prog, vers, proc, args, Vec::new(), ReplySpace::default())
     }
 
     /// As [`Client::start`], with a DDP-eligible argument and the reply's room.
@@ -664,7 +664,7 @@ impl Client {
         vers: u32,
         proc: u32,
         args: &[u8],
-        ddp: Option<std::ops::Range<usize>>,
+        ddp: Vec<std::ops::Range<usize>>,
         reply: ReplySpace,
     ) -> Result<Pending, RpcError> {
         let s = &self.shared;
@@ -681,7 +681,7 @@ impl Client {
         // and results whole: nothing is reduced either way (a Long Call, a Reply chunk).
         let (ddp, reply) = if gss_protected(&h.cred) {
             let max = reply.max.saturating_add(reply.ddp.map_or(0, |n| n + 8));
-            (None, ReplySpace { max, ddp: None })
+            (Vec::new(), ReplySpace { max, ddp: None })
         } else {
             (ddp, reply)
         };
@@ -690,7 +690,7 @@ impl Client {
         let at = msg.len() - args.len();
         let call = OutCall {
             msg,
-            ddp: ddp.map(|r| r.start + at..r.end + at),
+            ddp: ddp.into_iter().map(|r| r.start + at..r.end + at).collect(),
             reply,
         };
         let call = Arc::new(call);

@@ -5,67 +5,96 @@ use std::ops::Range;
 
 use softrdma_wire::xdr::{pad_len, padded_len};
 
-/// XDR octets (call arguments or reply results) with at most one DDP-eligible item: the data
-/// octets of one variable-length opaque, `ddp`, which the Upper-Layer Binding names
-/// (RFC 8166 §6; for NFSv3 the data of WRITE and READ, RFC 8267 §4). Its length word stays
-/// before it in `xdr`; its XDR padding follows it.
+/// XDR octets (call arguments or reply results) and their DDP-eligible items: the data
+/// octets of variable-length opaques, `ddp`, which the Upper-Layer Binding names
+/// (RFC 8166 §6; for NFSv3 the data of WRITE and READ, RFC 8267 §4). Each item's length
+/// word stays before it in `xdr`; its XDR padding follows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Payload {
     /// The whole (unreduced) XDR stream.
     pub xdr: Vec<u8>,
-    /// The DDP-eligible data, a range of `xdr` starting at a multiple of 4.
-    pub ddp: Option<Range<usize>>,
+    /// The DDP-eligible items' data: ranges of `xdr` in stream order, each starting at a
+    /// multiple of 4 (a transport moves the first through the first chunk, and so on).
+    pub ddp: Vec<Range<usize>>,
 }
 
 impl From<Vec<u8>> for Payload {
     fn from(xdr: Vec<u8>) -> Payload {
-        Payload { xdr, ddp: None }
+        Payload {
+            xdr,
+            ddp: Vec::new(),
+        }
     }
 }
 
 impl Payload {
     /// `xdr` with the data of `opaque` appended as a DDP-eligible `opaque<>` (length word,
     /// data, padding) — the usual last argument or result (NFS WRITE, READ).
-    pub fn with_opaque(mut xdr: Vec<u8>, opaque: &[u8]) -> Payload {
+    pub fn with_opaque(xdr: Vec<u8>, opaque: &[u8]) -> Payload {
+        let mut p = Payload::from(xdr);
+        p.push_opaque(opaque);
+        p
+    }
+
+    /// Appends plain XDR octets (a multiple of 4).
+    pub fn push_xdr(&mut self, xdr: &[u8]) -> &mut Payload {
         debug_assert!(xdr.len().is_multiple_of(4));
-        xdr.extend_from_slice(&(opaque.len() as u32).to_be_bytes());
-        let start = xdr.len();
-        xdr.extend_from_slice(opaque);
-        xdr.resize(padded_len(xdr.len()), 0);
-        Payload {
-            xdr,
-            ddp: Some(start..start + opaque.len()),
-        }
+        self.xdr.extend_from_slice(xdr);
+        self
     }
 
-    /// The DDP-eligible data, if any.
-    pub fn ddp_data(&self) -> Option<&[u8]> {
-        self.ddp.clone().and_then(|r| self.xdr.get(r))
+    /// Appends `opaque` as a DDP-eligible `opaque<>` item.
+    pub fn push_opaque(&mut self, opaque: &[u8]) -> &mut Payload {
+        debug_assert!(self.xdr.len().is_multiple_of(4));
+        self.xdr
+            .extend_from_slice(&(opaque.len() as u32).to_be_bytes());
+        let start = self.xdr.len();
+        self.xdr.extend_from_slice(opaque);
+        self.xdr.resize(padded_len(self.xdr.len()), 0);
+        self.ddp.push(start..start + opaque.len());
+        self
     }
 
-    /// A well-formed item: inside `xdr`, 4-aligned, its padding inside `xdr` too.
+    /// The DDP-eligible items' data, in order.
+    pub fn ddp_data(&self) -> impl Iterator<Item = &[u8]> {
+        self.ddp.iter().filter_map(|r| self.xdr.get(r.clone()))
+    }
+
+    /// Well-formed items: inside `xdr`, 4-aligned, in order, none inside another's padding.
     pub fn check(&self) -> Result<(), ChunkError> {
-        match &self.ddp {
-            None => Ok(()),
-            Some(r)
-                if r.start.is_multiple_of(4)
-                    && r.start <= r.end
-                    && padded_len(r.end) <= self.xdr.len() =>
+        let mut end = 0;
+        for r in &self.ddp {
+            if !(r.start.is_multiple_of(4)
+                && r.start >= end
+                && r.start <= r.end
+                && padded_len(r.end) <= self.xdr.len())
             {
-                Ok(())
+                return Err(ChunkError::BadItem);
             }
-            Some(_) => Err(ChunkError::BadItem),
+            end = padded_len(r.end);
         }
+        Ok(())
     }
 
-    /// The reduced stream: `xdr` without the DDP-eligible data and its padding
-    /// (RFC 8166 §3.4.4, RPCRDMA-14, RPCRDMA-18). Without an item, `xdr` itself.
+    /// The reduced stream: `xdr` without the DDP-eligible items' data and padding
+    /// (RFC 8166 §3.4.4, RPCRDMA-14, RPCRDMA-18). Without items, `xdr` itself.
     pub fn reduced(&self) -> Vec<u8> {
-        match &self.ddp {
-            Some(r) => reduce(&self.xdr, r),
-            None => self.xdr.clone(),
-        }
+        reduce_all(&self.xdr, &self.ddp)
     }
+}
+
+/// `xdr` without the octets [`removed`] names for each of `items` (in order, not
+/// overlapping).
+pub fn reduce_all(xdr: &[u8], items: &[Range<usize>]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(xdr.len());
+    let mut at = 0;
+    for r in items {
+        let cut = removed(xdr.len(), r);
+        v.extend_from_slice(&xdr[at.min(cut.start)..cut.start]);
+        at = at.max(cut.end);
+    }
+    v.extend_from_slice(&xdr[at.min(xdr.len())..]);
+    v
 }
 
 /// The octets a reduction takes out of a stream of `len` octets for the DDP-eligible data
@@ -141,7 +170,7 @@ mod tests {
         let head = vec![0xAB; 0x80];
         let mut p = Payload::with_opaque(head, b"1234567");
         p.xdr.extend_from_slice(&[9, 9, 9, 9]);
-        assert_eq!(p.ddp, Some(0x84..0x8B));
+        assert_eq!(p.ddp, vec![0x84..0x8B]);
         assert_eq!(p.xdr.len(), 0x80 + 4 + 8 + 4);
         let r = p.reduced();
         assert_eq!(r.len(), 0x80 + 4 + 4);
@@ -170,7 +199,18 @@ mod tests {
         assert_eq!(splice(&r, &[(16, b"z")], 100).unwrap().len(), 20);
         let bad = Payload {
             xdr: vec![0; 8],
-            ddp: Some(2..4),
+            ddp: vec![2..4],
+        };
+        assert_eq!(bad.check(), Err(ChunkError::BadItem));
+        // Out of order, or inside the previous item's padding.
+        let bad = Payload {
+            xdr: vec![0; 16],
+            ddp: vec![8..9, 0..4],
+        };
+        assert_eq!(bad.check(), Err(ChunkError::BadItem));
+        let bad = Payload {
+            xdr: vec![0; 16],
+            ddp: vec![0..1, 0..4],
         };
         assert_eq!(bad.check(), Err(ChunkError::BadItem));
     }
@@ -186,9 +226,32 @@ mod tests {
             let mut p = Payload::with_opaque(vec![1; head * 4], &data);
             p.xdr.extend(std::iter::repeat_n(2, tail * 4));
             prop_assert!(p.check().is_ok());
-            let pos = p.ddp.clone().unwrap().start as u32;
+            let pos = p.ddp[0].start as u32;
             let back = splice(&p.reduced(), &[(pos, &data)], 1 << 20).unwrap();
             prop_assert_eq!(back, p.xdr);
+        }
+
+        /// Several items: reduced together, spliced back together (each at its Position in
+        /// the unreduced stream).
+        #[test]
+        fn several_items_reduce_and_splice_back(
+            items in prop::collection::vec(
+                (0usize..5, prop::collection::vec(any::<u8>(), 0..30)), 0..4),
+            tail in 0usize..3,
+        ) {
+            let mut p = Payload::default();
+            for (words, data) in &items {
+                p.push_xdr(&vec![3; words * 4]).push_opaque(data);
+            }
+            p.push_xdr(&vec![4; tail * 4]);
+            prop_assert!(p.check().is_ok());
+            let parts: Vec<(u32, &[u8])> = p
+                .ddp
+                .iter()
+                .map(|r| (r.start as u32, &p.xdr[r.clone()]))
+                .collect();
+            let back = splice(&p.reduced(), &parts, 1 << 20).unwrap();
+            prop_assert_eq!(back, p.xdr.clone());
         }
     }
 }

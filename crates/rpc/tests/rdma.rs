@@ -34,6 +34,12 @@ mod proc {
     pub const BIG: u32 = 5;
     /// MAKE's results with the opaque not marked: a server that ignores the binding.
     pub const MAKE_UNMARKED: u32 = 6;
+    /// Arguments: lengths a and b; results: word 1, opaque of a, word 2, opaque of b (both
+    /// DDP-eligible).
+    pub const TWO: u32 = 7;
+    /// Arguments: a length c; results: a union's arm without an eligible item (its
+    /// discriminant 0), then an eligible opaque of c.
+    pub const ARM: u32 = 8;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +122,20 @@ fn program(gate: Arc<Gate>) -> impl Program {
                     .xdr
                     .into())
             }
+            proc::TWO => {
+                let a = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
+                let b = u32::from_be_bytes(args[4..8].try_into().unwrap()) as usize;
+                let mut p = Payload::default();
+                p.push_xdr(&1u32.to_be_bytes())
+                    .push_opaque(&pattern(a, 1))
+                    .push_xdr(&2u32.to_be_bytes())
+                    .push_opaque(&pattern(b, 2));
+                Ok(p)
+            }
+            proc::ARM => {
+                let c = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
+                Ok(Payload::with_opaque(vec![0; 4], &pattern(c, 3)))
+            }
             proc::BIG => {
                 let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
                 Ok(pattern(n, 3).into())
@@ -135,13 +155,19 @@ struct Rig {
 }
 
 fn rig(t: T, scfg: RdmaConfig) -> Rig {
+    rig_with(t, scfg, true)
+}
+
+fn rig_with(t: T, scfg: RdmaConfig, bind: bool) -> Rig {
     let (sctx, cctx) = contexts(t);
     let gate = Arc::new(Gate::default());
     let mut reg = Registry::new();
     reg.register(PROG, 1, program(gate.clone()));
     // The binding: SUM's opaque (after one word and its length word) is the only
     // DDP-eligible argument.
-    reg.bind_arguments(PROG, 1, |p, _| (p == proc::SUM).then_some(8));
+    if bind {
+        reg.bind_arguments(PROG, 1, |p, _| (p == proc::SUM).then_some(8));
+    }
     let server = Arc::new(Server::new(
         reg,
         ServerConfig {
@@ -585,7 +611,10 @@ impl Raw {
         };
         let qp = pd.create_qp(attr).unwrap();
         let mr = pd
-            .alloc_mr(64 * 1024, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .alloc_mr(
+                64 * 1024,
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
             .unwrap();
         for i in 0..8 {
             qp.post_recv(RecvWr::new(i, vec![mr.sge(i as usize * 4096, 4096)]))
@@ -639,6 +668,104 @@ impl Raw {
             }
         }
     }
+}
+
+/// RPCRDMA-17, RPCRDMA-19: a call with two DDP-eligible arguments sends two Read chunks,
+/// one per item at its own Position; the server (no binding) splices both back.
+#[test]
+fn rpcrdma_17_two_eligible_arguments_two_read_chunks() {
+    both(|t| {
+        let r = rig_with(t, RdmaConfig::default(), false);
+        let (c, tr) = r.client(RdmaConfig::default());
+        for (a, b) in [(5000usize, 3usize), (1, 9000), (4096, 4097)] {
+            let mut args = Payload::default();
+            args.push_xdr(&[0, 0, 0, 1])
+                .push_opaque(&pattern(a, 1))
+                .push_xdr(&[0, 0, 0, 2])
+                .push_opaque(&pattern(b, 2));
+            let before = tr.stats();
+            let got = c
+                .call_with(
+                    PROG,
+                    1,
+                    proc::ECHO,
+                    &args,
+                    ReplySpace {
+                        max: 32 * 1024,
+                        ddp: None,
+                    },
+                )
+                .unwrap();
+            assert_eq!(got.results, args.xdr, "{t:?} {a} {b}");
+            assert_eq!(tr.stats().calls_chunked, before.calls_chunked + 1, "{t:?}");
+        }
+    });
+}
+
+/// RPCRDMA-46: a requester offering two Write chunks gets two eligible results, the first
+/// through the first chunk, the second through the second, their data gone from the inline
+/// results (length words kept). RPCRDMA-47: a union arm without its eligible item leaves
+/// the first chunk to the eligible result after it; the second comes back unused.
+#[test]
+fn rpcrdma_46_47_eligible_results_fill_the_write_chunks_in_order() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let raw = Raw::connect(&r.client_ctx, r.rdma.local_addr());
+        let rkey = raw.mr.rkey().0;
+        let at = |off: usize| raw.mr.addr(off);
+        let seg = |off: usize| -> Vec<u32> {
+            let a = at(off);
+            vec![rkey, 4096, (a >> 32) as u32, a as u32]
+        };
+        // Read list: none; Write list: two chunks of one 4 KiB segment; no Reply chunk.
+        let mut words = vec![0, 1, 1];
+        words.extend(seg(48 * 1024));
+        words.extend([1, 1]);
+        words.extend(seg(56 * 1024));
+        words.extend([0, 0]);
+        let written = |m: &[u8]| -> (Vec<u32>, Vec<u8>) {
+            let (h, hl) = Repr::parse(m).unwrap();
+            let Body::Msg(c) = h.body else {
+                panic!("{:?}", h.body)
+            };
+            let lens = c
+                .write_list
+                .iter()
+                .map(|w| w.iter().map(|s| s.length).sum())
+                .collect();
+            let (rh, off) = decode_reply(&m[hl..]).unwrap();
+            assert_eq!(rh.status, ReplyStatus::Success);
+            (lens, m[hl + off..].to_vec())
+        };
+        let chunk = |off: usize, n: usize| {
+            let mut b = vec![0u8; n];
+            raw.mr.copy_out(off, &mut b).unwrap();
+            b
+        };
+        for (a, b) in [(100usize, 7usize), (4096, 1), (0, 3)] {
+            let mut m = header(20, 1, 0, &words);
+            let mut args = (a as u32).to_be_bytes().to_vec();
+            args.extend_from_slice(&(b as u32).to_be_bytes());
+            m.extend_from_slice(&call_msg(20, proc::TWO, &args));
+            raw.send(&m);
+            let (lens, results) = written(&raw.recv(LONG).unwrap());
+            assert_eq!(lens, vec![a as u32, b as u32], "{t:?}");
+            assert_eq!(chunk(48 * 1024, a), pattern(a, 1), "{t:?}");
+            assert_eq!(chunk(56 * 1024, b), pattern(b, 2), "{t:?}");
+            let inline: Vec<u8> = [1, a as u32, 2, b as u32]
+                .iter()
+                .flat_map(|w| w.to_be_bytes())
+                .collect();
+            assert_eq!(results, inline, "{t:?}");
+        }
+        let mut m = header(21, 1, 0, &words);
+        m.extend_from_slice(&call_msg(21, proc::ARM, &9u32.to_be_bytes()));
+        raw.send(&m);
+        let (lens, results) = written(&raw.recv(LONG).unwrap());
+        assert_eq!(lens, vec![9, 0], "{t:?}");
+        assert_eq!(chunk(48 * 1024, 9), pattern(9, 3), "{t:?}");
+        assert_eq!(results, [0, 0, 0, 0, 0, 0, 0, 9], "{t:?}");
+    });
 }
 
 fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {

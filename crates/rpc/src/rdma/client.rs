@@ -19,7 +19,7 @@ use super::pool::{Lease, Pool};
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::client::{Client, ClientTransport, Connector, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::msg::peek;
-use crate::payload::reduce;
+use crate::payload::reduce_all;
 
 /// Memory a call lent the responder; deregistered (invalidated) when the call is over.
 #[derive(Default)]
@@ -144,23 +144,33 @@ impl RdmaTransport {
         self.state.lock().granted
     }
 
-    /// Registers `len` octets for the responder: `data` copied in (a Read chunk) or room
-    /// to write (`write`). A fresh registration per call: a new handle the peer cannot
-    /// guess from earlier ones, gone once the call is over (RFC 8166 §8.1).
-    fn lend(&self, len: usize, data: Option<&[u8]>) -> io::Result<Lease> {
-        let access = if data.is_some() {
-            Access::REMOTE_READ
-        } else {
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE
-        };
+    /// Registers `parts`, one after the other, for the responder to read (a Read chunk's
+    /// source), or `room` octets for it to write (a Reply chunk). A fresh registration per
+    /// call: a new handle the peer cannot guess from earlier ones, gone once the call is
+    /// over (RFC 8166 §8.1).
+    fn lend_parts(&self, parts: &[&[u8]]) -> io::Result<Lease> {
+        let len = parts.iter().map(|p| p.len()).sum();
         let mr = self
             .pool
-            .lease(&self.ep.pd, len, access, MrFlags::empty())
+            .lease(&self.ep.pd, len, Access::REMOTE_READ, MrFlags::empty())
             .map_err(io_err)?;
-        if let Some(d) = data {
-            mr.copy_in(0, d).map_err(io_err)?;
+        let mut off = 0;
+        for p in parts {
+            mr.copy_in(off, p).map_err(io_err)?;
+            off += p.len();
         }
         Ok(mr)
+    }
+
+    fn lend_room(&self, room: usize) -> io::Result<Lease> {
+        self.pool
+            .lease(
+                &self.ep.pd,
+                room,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                MrFlags::empty(),
+            )
+            .map_err(io_err)
     }
 
     fn segment(mr: &Mr, len: usize) -> Segment {
@@ -331,7 +341,7 @@ impl ClientTransport for RdmaTransport {
         }
         let fixed = header_len(0, lent.write.is_some(), true);
         if call.reply.max + fixed > self.th.reply {
-            lent.reply = Some(self.lend(call.reply.max.min(self.cfg.max_message), None)?);
+            lent.reply = Some(self.lend_room(call.reply.max.min(self.cfg.max_message))?);
         }
         let write = lent.write.as_ref().map(|m| [Self::segment(m, m.len())]);
         let reply = lent.reply.as_ref().map(|m| [Self::segment(m, m.len())]);
@@ -341,30 +351,35 @@ impl ClientTransport for RdmaTransport {
         // The call's form (RFC 8166 §3.5): short, chunked, or long.
         let mut read: Vec<ReadSegment> = Vec::new();
         let short = base + call.msg.len() <= self.th.call;
-        let reduced = match &call.ddp {
-            Some(r) if !short => Some((r.clone(), reduce(&call.msg, r))),
-            _ => None,
+        let reduced = match call.ddp.is_empty() || short {
+            false => Some(reduce_all(&call.msg, &call.ddp)),
+            true => None,
         };
+        let chunked_len = header_len(call.ddp.len(), write.is_some(), reply.is_some());
         let (nomsg, payload): (bool, &[u8]) = match &reduced {
             _ if short => (false, &call.msg),
-            Some((r, v))
-                if header_len(1, write.is_some(), reply.is_some()) + v.len() <= self.th.call =>
-            {
-                // RPCRDMA-24: the chunk leaves the padding out.
-                let mr = self.lend(r.len(), Some(&call.msg[r.clone()]))?;
-                read.push(ReadSegment {
-                    position: r.start as u32,
-                    handle: mr.rkey().0,
-                    length: r.len() as u32,
-                    offset: mr.addr(0),
-                });
+            Some(v) if chunked_len + v.len() <= self.th.call => {
+                // One Read chunk per item, at its Position in the unreduced stream, all
+                // lent from one region (RPCRDMA-17, -19); RPCRDMA-24: without padding.
+                let parts: Vec<&[u8]> = call.ddp.iter().map(|r| &call.msg[r.clone()]).collect();
+                let mr = self.lend_parts(&parts)?;
+                let mut off = 0;
+                for r in &call.ddp {
+                    read.push(ReadSegment {
+                        position: r.start as u32,
+                        handle: mr.rkey().0,
+                        length: r.len() as u32,
+                        offset: mr.addr(off),
+                    });
+                    off += r.len();
+                }
                 lent.read = Some(mr);
                 (false, v)
             }
             _ => {
                 // Long Call: the whole message in a Position-Zero Read chunk
                 // (RPCRDMA-31, -32, -35).
-                let mr = self.lend(call.msg.len(), Some(&call.msg))?;
+                let mr = self.lend_parts(&[&call.msg])?;
                 read.push(ReadSegment {
                     position: 0,
                     handle: mr.rkey().0,

@@ -420,9 +420,11 @@ impl Conn {
     fn reply(&self, xid: u32, out: OutReply, offered: &Offered) -> io::Result<()> {
         let mut held = Vec::new();
         let OutReply { head, body, .. } = out;
-        // Write list: the DDP-eligible result into the first Write chunk (RPCRDMA-45,
-        // -46); chunks left over come back unused (RPCRDMA-49), empty ones echoed empty
-        // with the result inline (RPCRDMA-51).
+        // Write list: the DDP-eligible results into the Write chunks in order, one per
+        // chunk (RPCRDMA-45, -46): a union arm without its eligible item leaves the chunk
+        // to the next one (RPCRDMA-47); chunks left over come back unused (RPCRDMA-49), an
+        // empty one is echoed empty with its result inline (RPCRDMA-51), results past the
+        // last chunk stay inline.
         let mut writes: Vec<Vec<Segment>> = offered
             .writes
             .iter()
@@ -431,10 +433,11 @@ impl Conn {
         // The results, reduced or whole: the results' memory itself, registered for the
         // Writes (no copy); the rest of the message is read from it.
         let results = Buffer::adopt(body.xdr);
-        let mut cut = 0..0;
-        if let (Some(r), Some(first)) = (body.ddp.clone(), offered.writes.first())
-            && !first.is_empty()
-        {
+        let mut cuts = Vec::new();
+        for (i, (r, chunk)) in body.ddp.iter().zip(&offered.writes).enumerate() {
+            if chunk.is_empty() {
+                continue;
+            }
             let mr = self
                 .ep
                 .pd
@@ -448,17 +451,23 @@ impl Conn {
                     },
                 )
                 .map_err(io_err)?;
-            match self.write_through(Lease::own(mr), first, &mut held)? {
+            match self.write_through(Lease::own(mr), chunk, &mut held)? {
                 Some(segs) => {
-                    writes[0] = segs;
+                    writes[i] = segs;
                     // RPCRDMA-18: the data and its padding leave the stream.
-                    cut = removed(results.len(), &r);
+                    cuts.push(removed(results.len(), r));
                 }
                 None => return self.send_error(err_chunk_for(xid, self.credits())),
             }
         }
         let g = results.read();
-        let parts: [&[u8]; 3] = [&head, &g[..cut.start], &g[cut.end..]];
+        let mut parts: Vec<&[u8]> = vec![&head];
+        let mut at = 0;
+        for c in &cuts {
+            parts.push(&g[at..c.start]);
+            at = c.end;
+        }
+        parts.push(&g[at..]);
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let write_chunks: Vec<WriteChunk<'_>> =
             writes.iter().map(|c| WriteChunk::from(&c[..])).collect();
@@ -485,7 +494,7 @@ impl Conn {
         {
             let mut w = mr.write();
             let mut at = mr.buffer_offset();
-            for p in parts {
+            for p in &parts {
                 w[at..at + p.len()].copy_from_slice(p);
                 at += p.len();
             }
