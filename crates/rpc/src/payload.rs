@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(splice(&r, &[(16, b"z")], 100).unwrap().len(), 20);
         let bad = Payload {
             xdr: vec![0; 8],
-            ddp: vec![2..4],
+            ddp: std::iter::once(2..4).collect(),
         };
         assert_eq!(bad.check(), Err(ChunkError::BadItem));
         // Out of order, or inside the previous item's padding.

@@ -618,7 +618,7 @@ fn rpcrdma_12_15_17_72_the_requester_reduces_only_the_marked_item() {
         xdr.extend_from_slice(&[0xD4; 4]);
         let optional = Payload {
             xdr,
-            ddp: vec![start..start + 6000],
+            ddp: std::iter::once(start..start + 6000).collect(),
         };
         for (what, args, word) in [
             ("counted", counted, 4999u32.to_be_bytes()),
@@ -767,7 +767,7 @@ fn rpcrdma_15_optional_data_keeps_its_is_present_word() {
     xdr.extend_from_slice(&[0xF6; 4]);
     let p = Payload {
         xdr: xdr.clone(),
-        ddp: vec![4..11],
+        ddp: std::iter::once(4..11).collect(),
     };
     assert!(p.check().is_ok());
     assert_eq!(p.reduced(), [0, 0, 0, 1, 0xF6, 0xF6, 0xF6, 0xF6]);
