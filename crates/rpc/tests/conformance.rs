@@ -186,6 +186,8 @@ const PROBE_ID: u64 = 1003;
 enum Why {
     /// No such handle (any more).
     NoSuchKey,
+    /// The handle belongs to another connection's Protection Domain.
+    OtherPd,
 }
 
 /// One end of an RPC-over-RDMA connection driven by hand.
@@ -355,6 +357,28 @@ impl End {
         }
     }
 
+    /// Waits until the QP fails (a completion in error: its Receives flushed); messages
+    /// received before are kept.
+    fn wait_dead(&mut self) {
+        let mut wcs = Vec::new();
+        loop {
+            wcs.clear();
+            self.cq
+                .wait(1, 16, LONG, &mut wcs)
+                .expect("the connection to fail in time");
+            for wc in &wcs {
+                if wc.status != WcStatus::Success {
+                    return;
+                }
+                if wc.wr_id < RECVS as u64 {
+                    let mut b = vec![0u8; wc.byte_len as usize];
+                    self.mr.copy_out(wc.wr_id as usize * BUF, &mut b).unwrap();
+                    self.got.push_back(b);
+                }
+            }
+        }
+    }
+
     /// An RDMA Read (`write` false) or Write of 64 octets through `s`, a handle of the
     /// peer's, that the peer must refuse with a remote access error for `why`. RoCE: its
     /// NAK completes the request so (IBA 9.7.5.2.4). iWARP: its Terminate does (a Read), or
@@ -427,6 +451,10 @@ fn refusal(code: TerminateCode, why: Why) -> bool {
         Why::NoSuchKey => (
             RemoteProtectionError::InvalidStag,
             TaggedBufferError::InvalidStag,
+        ),
+        Why::OtherPd => (
+            RemoteProtectionError::StagNotAssociatedWithStream,
+            TaggedBufferError::StagNotAssociatedWithStream,
         ),
     };
     code == TerminateCode::RdmaRemoteProtection(rdmap)
@@ -1060,5 +1088,91 @@ fn rpcrdma_50_write_chunk_memory_is_not_assumed_untouched() {
         }
         let s = tap.tr.stats();
         assert_eq!((s.replies_inline, s.replies_write_chunk), (1, 1), "{t:?}");
+    });
+}
+
+/// RPCRDMA-79 (RFC 8166 §8.1.1): a raw requester with two connections to our responder,
+/// each with its own Protection Domain. On B it offers a Write chunk whose handle is of A's
+/// memory: B's end refuses our responder's RDMA Write (remote access error, nothing
+/// placed), connection B fails and no reply comes on it; A goes on, its handle good on A.
+#[test]
+fn rpcrdma_79_a_handle_used_on_another_connection_fails_that_connection() {
+    both(|t| {
+        let r = rig(t);
+        let mut a = End::connect(&r.client_ctx, r.rdma.local_addr(), RECVS);
+        let mut b = End::connect(&r.client_ctx, r.rdma.local_addr(), RECVS);
+        let theirs = a.lend(0, 4096, 0x11);
+        let make = |xid: u32| {
+            let seg = [theirs];
+            let wl = [WriteChunk::from(&seg[..])];
+            let chunks = Chunks {
+                write_list: WriteList::from(&wl[..]),
+                ..Chunks::NONE
+            };
+            let mut m = emit(&Repr::msg(xid, 8, chunks));
+            m.extend_from_slice(&call_msg(xid, proc::MAKE, &words(&[3000, 9])));
+            m
+        };
+        b.send(&make(1));
+        match t {
+            T::Iwarp => {
+                // B's end refuses the Write with a Terminate saying why (RFC 5041 §7.2),
+                // and B is dead: the reply behind the Write never arrives.
+                b.wait_dead();
+                let code = loop {
+                    match r.client_ctx.get_async_event(LONG) {
+                        Some(AsyncEvent::Qp {
+                            qp_num,
+                            event: QpEvent::LocalError(tr),
+                        }) if qp_num == b.qp.qp_num() => break tr.code,
+                        Some(_) => continue,
+                        None => panic!("no Terminate from B"),
+                    }
+                };
+                assert!(refusal(code, Why::OtherPd), "{code:?}");
+            }
+            T::Roce => {
+                // B's end NAKs the Write (Remote Access Error, IBA 9.7.5.2.4) and stays up;
+                // the NAK fails our responder's QP. Wait for the NAK to leave B (nothing
+                // may arrive meanwhile) ...
+                let mut wcs = Vec::new();
+                let deadline = std::time::Instant::now() + LONG;
+                while b.qp.counters().errors_tx == 0 {
+                    assert!(std::time::Instant::now() < deadline, "B sent no NAK");
+                    let _ = b.cq.wait(1, 16, Duration::from_millis(5), &mut wcs);
+                    assert!(wcs.is_empty(), "{wcs:?}");
+                }
+                // ... then a call behind it on B finds no one: unacknowledged, it fails
+                // B once the retry count is spent (ib-transport.md §13.4).
+                let m = {
+                    let mut m = emit(&Repr::msg(3, 8, Chunks::NONE));
+                    m.extend_from_slice(&call_msg(3, proc::NULL, &[]));
+                    m
+                };
+                b.mr.copy_in(SEND_AT, &m).unwrap();
+                let wr = SendWr::send(SEND_ID, vec![b.mr.sge(SEND_AT, m.len() as u32)]);
+                b.qp.post_send(wr.with_flags(SendFlags::SIGNALED)).unwrap();
+                assert_eq!(b.outcome(SEND_ID), WcStatus::RetryExceeded);
+            }
+        }
+        assert!(b.got.is_empty(), "{t:?}: a reply on B");
+        assert!(b.qp.state().is_dead(), "{t:?}");
+        assert_eq!(a.lent(&theirs, 4096), vec![0x11; 4096], "{t:?}");
+        // A is unharmed: the same handle, on its own connection, takes the result.
+        a.send(&make(2));
+        let got = a.recv();
+        let (h, hl) = Repr::parse(&got).unwrap();
+        assert_eq!(h.rdma_xid, 2, "{t:?}");
+        let c = *h.chunks().unwrap();
+        let lens: Vec<u32> = c
+            .write_list
+            .iter()
+            .flat_map(|w| w.iter())
+            .map(|s| s.length)
+            .collect();
+        assert_eq!(lens, [3000], "{t:?}");
+        let (rh, _) = decode_reply(&got[hl..]).unwrap();
+        assert_eq!((rh.xid, rh.status), (2, ReplyStatus::Success), "{t:?}");
+        assert_eq!(a.lent(&theirs, 3000), pattern(3000, 9), "{t:?}");
     });
 }
