@@ -471,12 +471,16 @@ struct Tap {
 }
 
 fn tap(t: T, private: Vec<u8>) -> Tap {
+    tap_with(t, private, RdmaConfig::default())
+}
+
+fn tap_with(t: T, private: Vec<u8>, cfg: RdmaConfig) -> Tap {
     let (sctx, cctx) = contexts(t);
     let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
     let addr = l.local_addr();
     let ctx = sctx.clone();
     let accept = std::thread::spawn(move || End::accept(&ctx, &l, private));
-    let tr = Arc::new(RdmaTransport::connect(&cctx, addr, RdmaConfig::default()).unwrap());
+    let tr = Arc::new(RdmaTransport::connect(&cctx, addr, cfg).unwrap());
     Tap {
         end: accept.join().unwrap(),
         client: Client::new(tr.clone(), 16),
@@ -1174,5 +1178,37 @@ fn rpcrdma_79_a_handle_used_on_another_connection_fails_that_connection() {
         let (rh, _) = decode_reply(&got[hl..]).unwrap();
         assert_eq!((rh.xid, rh.status), (2, ReplyStatus::Success), "{t:?}");
         assert_eq!(a.lent(&theirs, 3000), pattern(3000, 9), "{t:?}");
+    });
+}
+
+/// RPCRDMA-66 (RFC 8166 §4.5.4): a call the requester cannot build fails at once, from
+/// `start`: here one larger than the connection's largest message. Nothing goes out and no
+/// credit is kept (the connection has one until the first reply): the next call is the
+/// first thing the responder sees, and a call of exactly the largest size goes (Long Call).
+#[test]
+fn rpcrdma_66_a_call_that_cannot_be_built_fails_at_once() {
+    both(|t| {
+        let cfg = RdmaConfig {
+            max_message: 65536,
+            ..RdmaConfig::default()
+        };
+        let mut tap = tap_with(t, private_data(4096, 4096), cfg);
+        // Call header 40, the opaque's length word 4: a message of 65540 octets.
+        let over = opaque(&pattern(65496, 7));
+        match tap.client.start(PROG, 1, proc::ECHO, &over) {
+            Err(RpcError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput),
+            Err(e) => panic!("{t:?}: {e}"),
+            Ok(_) => panic!("{t:?}: a call over max_message started"),
+        }
+        let fits = opaque(&pattern(65492, 7));
+        let p = tap.client.start(PROG, 1, proc::ECHO, &fits).unwrap();
+        let s = seen(&tap.call());
+        assert_eq!(s.xid, p.xid(), "{t:?}");
+        assert!(s.nomsg, "{t:?}");
+        let whole = tap.end.pull(&s.reads);
+        assert_eq!(whole, call_msg(s.xid, proc::ECHO, &fits), "{t:?}");
+        tap.answer(s.xid, 8, b"fits");
+        assert_eq!(p.wait_timeout(LONG).unwrap().results, b"fits", "{t:?}");
+        assert_eq!(tap.tr.stats().calls_long, 1, "{t:?}");
     });
 }
