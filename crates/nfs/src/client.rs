@@ -88,6 +88,20 @@ impl NfsConfig {
         }
     }
 
+    /// The NFS server's port: `port` if set; else for RDMA the NFS/RDMA port 20049 (RFC
+    /// 8166 §9, RFC 8267 — no rpcbind lookup: rpcbind answers for TCP here), for TCP what
+    /// `rpcbind` says, or 2049 when it has nothing.
+    pub fn nfs_port(&self, rpcbind: impl FnOnce() -> Result<u16, Error>) -> Result<u16, Error> {
+        Ok(match (self.port, self.proto) {
+            (Some(p), _) => p,
+            (None, Proto::Rdma) => NFS_RDMA_PORT,
+            (None, Proto::Tcp) => match rpcbind()? {
+                0 => NFS_TCP_PORT,
+                p => p,
+            },
+        })
+    }
+
     fn cred(&self) -> Auth {
         Auth::Sys(AuthSysParams {
             stamp: std::process::id(),
@@ -165,7 +179,8 @@ impl Nfs3 {
                     .ctx
                     .as_ref()
                     .ok_or_else(|| Error::Path("RDMA needs a device".into()))?;
-                let port = cfg.port.unwrap_or(NFS_RDMA_PORT);
+                // rpcbind (portmap v2 here) knows TCP and UDP ports only: never asked.
+                let port = cfg.nfs_port(|| Ok(0))?;
                 // A lost connection is made again and the calls in flight retransmitted
                 // (same xids: the server's reply cache knows them).
                 let connect = RdmaTransport::connector(ctx, SocketAddr::new(host, port), cfg.rdma);
@@ -175,13 +190,7 @@ impl Nfs3 {
                 )?
             }
             Proto::Tcp => {
-                let port = match cfg.port {
-                    Some(p) => p,
-                    None => match getport(host, NFS_PROGRAM, NFS_V3)? {
-                        0 => NFS_TCP_PORT,
-                        p => p,
-                    },
-                };
+                let port = cfg.nfs_port(|| getport(host, NFS_PROGRAM, NFS_V3))?;
                 let connect =
                     TcpTransport::connector(SocketAddr::new(host, port), DEFAULT_MAX_RECORD);
                 Client::with_reconnect(Reconnect::new(connect), DEFAULT_MAX_IN_FLIGHT)?

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softrdma::{
-    AcceptParams, Access, ConnectParams, Context, Cq, Device, Key, Listener, Mr, Qp, QpCap,
-    QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
+    AcceptParams, Access, AsyncEvent, ConnectParams, Context, Cq, Device, Key, Listener, Mr, Qp,
+    QpCap, QpEvent, QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
 };
 use softrdma_rpc::msg::{decode_reply, encode_call, encode_reply};
 use softrdma_rpc::payload::{reduce, splice};
 use softrdma_rpc::rdma::{RdmaConfig, RdmaServer, RdmaTransport};
 use softrdma_rpc::*;
+use softrdma_wire::ddp::{DdpError, TaggedBufferError};
+use softrdma_wire::rdmap::{RemoteProtectionError, TerminateCode};
 use softrdma_wire::rpcrdma::{
     Body, Chunks, PrivateDataRepr, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
 };
@@ -176,6 +178,17 @@ const LENT_AT: usize = 256 * 1024;
 const MR_LEN: usize = 1 << 20;
 const SEND_ID: u64 = 1000;
 const READ_ID: u64 = 1001;
+const WRITE_ID: u64 = 1002;
+const PROBE_ID: u64 = 1003;
+
+/// Why a peer refuses an RDMA Read or Write through a handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    /// No such handle (any more).
+    NoSuchKey,
+    /// The handle belongs to another connection's Protection Domain.
+    OtherPd,
+}
 
 /// One end of an RPC-over-RDMA connection driven by hand.
 struct End {
@@ -311,6 +324,106 @@ impl End {
         out
     }
 
+    /// RDMA-Writes `data` through `s`, a segment the peer offered.
+    fn put(&mut self, s: &Segment, data: &[u8]) {
+        self.mr.copy_in(SINK_AT, data).unwrap();
+        let src = vec![self.mr.sge(SINK_AT, data.len() as u32)];
+        let wr = SendWr::write(WRITE_ID, src, Key(s.handle), s.offset);
+        self.qp
+            .post_send(wr.with_flags(SendFlags::SIGNALED))
+            .unwrap();
+        self.wait_for(WRITE_ID);
+    }
+
+    /// How work request `id` completed; messages received meanwhile are kept, other
+    /// failed completions (Receives flushed by the error) ignored.
+    fn outcome(&mut self, id: u64) -> WcStatus {
+        let mut wcs = Vec::new();
+        loop {
+            wcs.clear();
+            self.cq
+                .wait(1, 16, LONG, &mut wcs)
+                .expect("a completion in time");
+            for wc in &wcs {
+                if wc.wr_id == id {
+                    return wc.status;
+                }
+                if wc.wr_id < RECVS as u64 && wc.status == WcStatus::Success {
+                    let mut b = vec![0u8; wc.byte_len as usize];
+                    self.mr.copy_out(wc.wr_id as usize * BUF, &mut b).unwrap();
+                    self.got.push_back(b);
+                }
+            }
+        }
+    }
+
+    /// Waits until the QP fails (a completion in error: its Receives flushed); messages
+    /// received before are kept.
+    fn wait_dead(&mut self) {
+        let mut wcs = Vec::new();
+        loop {
+            wcs.clear();
+            self.cq
+                .wait(1, 16, LONG, &mut wcs)
+                .expect("the connection to fail in time");
+            for wc in &wcs {
+                if wc.status != WcStatus::Success {
+                    return;
+                }
+                if wc.wr_id < RECVS as u64 {
+                    let mut b = vec![0u8; wc.byte_len as usize];
+                    self.mr.copy_out(wc.wr_id as usize * BUF, &mut b).unwrap();
+                    self.got.push_back(b);
+                }
+            }
+        }
+    }
+
+    /// An RDMA Read (`write` false) or Write of 64 octets through `s`, a handle of the
+    /// peer's, that the peer must refuse with a remote access error for `why`. RoCE: its
+    /// NAK completes the request so (IBA 9.7.5.2.4). iWARP: its Terminate does (a Read), or
+    /// follows (a Write completes once sent, RFC 5040 §5.1); the Terminate's code says why
+    /// (RFC 5040 §4.8, RFC 5041 §7.2). The connection is dead afterwards.
+    fn refused(&mut self, ctx: &Context, t: T, write: bool, s: &Segment, why: Why) {
+        let wr = if write {
+            self.mr.copy_in(SINK_AT, &[0x5A; 64]).unwrap();
+            let src = vec![self.mr.sge(SINK_AT, 64)];
+            SendWr::write(PROBE_ID, src, Key(s.handle), s.offset)
+        } else {
+            SendWr::read(
+                PROBE_ID,
+                Some(self.mr.sge(SINK_AT, 64)),
+                Key(s.handle),
+                s.offset,
+            )
+        };
+        self.qp
+            .post_send(wr.with_flags(SendFlags::SIGNALED))
+            .unwrap();
+        let st = self.outcome(PROBE_ID);
+        if t == T::Roce {
+            assert_eq!(st, WcStatus::RemoteAccess, "{t:?} write {write}");
+            return;
+        }
+        let want = if write {
+            WcStatus::Success
+        } else {
+            WcStatus::RemoteAccess
+        };
+        assert_eq!(st, want, "{t:?} write {write}");
+        let code = loop {
+            match ctx.get_async_event(LONG) {
+                Some(AsyncEvent::Qp {
+                    qp_num,
+                    event: QpEvent::TerminateReceived(tr),
+                }) if qp_num == self.qp.qp_num() => break tr.code,
+                Some(_) => continue,
+                None => panic!("{t:?}: no Terminate after a refused RDMA operation"),
+            }
+        };
+        assert!(refusal(code, why), "{t:?} write {write}: {code:?}");
+    }
+
     /// `len` octets of our memory at `off` for the peer, filled with `fill`.
     fn lend(&self, off: usize, len: usize, fill: u8) -> Segment {
         self.mr.copy_in(LENT_AT + off, &vec![fill; len]).unwrap();
@@ -330,26 +443,49 @@ impl End {
     }
 }
 
+/// Whether Terminate `code` is the remote access error for `why`: the RDMAP code (an RDMA
+/// Read Request's source, RFC 5040 §4.8) or the DDP tagged buffer code (an RDMA Write's
+/// sink, RFC 5041 §7.2).
+fn refusal(code: TerminateCode, why: Why) -> bool {
+    let (rdmap, ddp) = match why {
+        Why::NoSuchKey => (
+            RemoteProtectionError::InvalidStag,
+            TaggedBufferError::InvalidStag,
+        ),
+        Why::OtherPd => (
+            RemoteProtectionError::StagNotAssociatedWithStream,
+            TaggedBufferError::StagNotAssociatedWithStream,
+        ),
+    };
+    code == TerminateCode::RdmaRemoteProtection(rdmap)
+        || code == TerminateCode::Ddp(DdpError::TaggedBuffer(ddp))
+}
+
 /// Our requester connected to a hand-driven responder.
 struct Tap {
     end: End,
     client: Client,
     tr: Arc<RdmaTransport>,
-    _ctx: (Context, Context),
+    /// (the stand-in's, our requester's).
+    ctx: (Context, Context),
 }
 
 fn tap(t: T, private: Vec<u8>) -> Tap {
+    tap_with(t, private, RdmaConfig::default())
+}
+
+fn tap_with(t: T, private: Vec<u8>, cfg: RdmaConfig) -> Tap {
     let (sctx, cctx) = contexts(t);
     let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
     let addr = l.local_addr();
     let ctx = sctx.clone();
     let accept = std::thread::spawn(move || End::accept(&ctx, &l, private));
-    let tr = Arc::new(RdmaTransport::connect(&cctx, addr, RdmaConfig::default()).unwrap());
+    let tr = Arc::new(RdmaTransport::connect(&cctx, addr, cfg).unwrap());
     Tap {
         end: accept.join().unwrap(),
         client: Client::new(tr.clone(), 16),
         tr,
-        _ctx: (sctx, cctx),
+        ctx: (sctx, cctx),
     }
 }
 
@@ -377,6 +513,9 @@ struct Seen {
     xid: u32,
     nomsg: bool,
     reads: Vec<ReadSegment>,
+    /// The Write list's chunks.
+    writes: Vec<Vec<Segment>>,
+    reply: Option<Vec<Segment>>,
     /// The octets after the transport header.
     inline: Vec<u8>,
 }
@@ -392,6 +531,8 @@ fn seen(m: &[u8]) -> Seen {
         xid: h.rdma_xid,
         nomsg,
         reads: c.read_list.iter().collect(),
+        writes: c.write_list.iter().map(|w| w.iter().collect()).collect(),
+        reply: c.reply_chunk.as_ref().map(|r| r.iter().collect()),
         inline: m[hl..].to_vec(),
     }
 }
@@ -772,4 +913,302 @@ fn rpcrdma_15_optional_data_keeps_its_is_present_word() {
     assert!(p.check().is_ok());
     assert_eq!(p.reduced(), [0, 0, 0, 1, 0xF6, 0xF6, 0xF6, 0xF6]);
     assert_eq!(splice(&p.reduced(), &[(4, &data)], 64).unwrap(), xdr);
+}
+
+/// Which of a call's chunks a probe goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chunk {
+    Read,
+    Write,
+    Reply,
+}
+
+/// A call lending all three kinds of chunk: its argument data (6000 octets, DDP-eligible,
+/// past the 4096 threshold) in a Read chunk, a Write chunk of 4096 for the result, and a
+/// Reply chunk (the reply may reach 16 KiB).
+fn lending_call(tap: &Tap, data: &[u8]) -> Pending {
+    let args = Payload::with_opaque(vec![0xA1; 8], data);
+    let space = ReplySpace {
+        max: 16384,
+        ddp: Some(4096),
+    };
+    tap.client
+        .start_with(PROG, 1, proc::ECHO, &args, space)
+        .unwrap()
+}
+
+/// The plain segment under a Read chunk segment.
+fn plain(r: &ReadSegment) -> Segment {
+    Segment {
+        handle: r.handle,
+        length: r.length,
+        offset: r.offset,
+    }
+}
+
+/// RPCRDMA-23: the Read chunk our requester lends stays readable until the reply is sent.
+/// RPCRDMA-55, RPCRDMA-80 (RFC 8166 §4.4.1, §8.1.2-8.1.3): once the reply is in and taken,
+/// every handle the call lent (Read, Write and Reply chunk) is dead — an RDMA Read or Write
+/// through it is a remote access error, and nothing reaches what the caller holds — and the
+/// next call lends under new handles. One probe per connection: the error kills it.
+#[test]
+fn rpcrdma_23_55_80_lent_handles_live_until_the_reply_and_not_after() {
+    both(|t| {
+        for which in [Chunk::Read, Chunk::Write, Chunk::Reply] {
+            let mut tap = tap(t, private_data(4096, 4096));
+            let data = pattern(6000, 1);
+            let p = lending_call(&tap, &data);
+            let first = seen(&tap.call());
+            assert_eq!(first.reads.len(), 1, "{t:?}");
+            let (w, rc) = (first.writes[0][0], first.reply.as_ref().unwrap()[0]);
+            // The responder fills the Write and Reply chunks, then reads the Read chunk,
+            // last thing before its reply.
+            let bulk = pattern(4096, 2);
+            tap.end.put(&w, &bulk);
+            let results = words(&[7, 4096]);
+            let msg = reply_msg(first.xid, &results);
+            tap.end.put(&rc, &msg);
+            assert_eq!(tap.end.pull(&first.reads), data, "{t:?}");
+            let used_w = [Segment { length: 4096, ..w }];
+            let used_rc = [Segment {
+                length: msg.len() as u32,
+                ..rc
+            }];
+            let wl = [WriteChunk::from(&used_w[..])];
+            let chunks = Chunks {
+                read_list: ReadList::EMPTY,
+                write_list: WriteList::from(&wl[..]),
+                reply_chunk: Some(WriteChunk::from(&used_rc[..])),
+            };
+            tap.end.send(&emit(&Repr::nomsg(first.xid, 8, chunks)));
+            let got = p.wait_timeout(LONG).unwrap();
+            assert_eq!(got.results, results, "{t:?}");
+            assert_eq!(got.bulk.as_deref(), Some(&bulk[..]), "{t:?}");
+            // The next call: fresh registrations (RFC 8166 §8.1.2).
+            let _next = lending_call(&tap, &data);
+            let next = seen(&tap.call());
+            assert_ne!(next.reads[0].handle, first.reads[0].handle, "{t:?}");
+            assert_ne!(next.writes[0][0].handle, w.handle, "{t:?}");
+            assert_ne!(next.reply.as_ref().unwrap()[0].handle, rc.handle, "{t:?}");
+            // The first call's handles are gone, though its memory may be lent again.
+            let (old, write) = match which {
+                Chunk::Read => (plain(&first.reads[0]), false),
+                Chunk::Write => (w, true),
+                Chunk::Reply => (rc, true),
+            };
+            tap.end.refused(&tap.ctx.0, t, write, &old, Why::NoSuchKey);
+            assert_eq!(got.bulk.as_deref(), Some(&bulk[..]), "{t:?} {which:?}");
+        }
+    });
+}
+
+/// RPCRDMA-55 (RFC 8166 §4.4.1), a cancelled RPC: the caller gives up on a call before its
+/// reply; the responder may still be reading and writing its chunks, so they stay lent (the
+/// memory is not reused meanwhile) — and die once the reply comes.
+#[test]
+fn rpcrdma_55_an_abandoned_call_keeps_its_chunks_until_its_reply() {
+    both(|t| {
+        for which in [Chunk::Read, Chunk::Write] {
+            let mut tap = tap(t, private_data(4096, 4096));
+            let data = pattern(6000, 3);
+            let p = lending_call(&tap, &data);
+            assert!(
+                matches!(p.wait_timeout(Duration::ZERO), Err(RpcError::Timeout)),
+                "{t:?}"
+            );
+            let s = seen(&tap.call());
+            let w = s.writes[0][0];
+            assert_eq!(tap.end.pull(&s.reads), data, "{t:?}");
+            tap.end.put(&w, &pattern(4096, 4));
+            let used = [Segment { length: 4096, ..w }];
+            let wl = [WriteChunk::from(&used[..])];
+            let chunks = Chunks {
+                write_list: WriteList::from(&wl[..]),
+                ..Chunks::NONE
+            };
+            let mut m = emit(&Repr::msg(s.xid, 8, chunks));
+            m.extend_from_slice(&reply_msg(s.xid, &words(&[7, 4096])));
+            tap.end.send(&m);
+            // Replies are taken in order: once the next call's is in, the first is over.
+            let p = tap.client.start(PROG, 1, proc::NULL, &[]).unwrap();
+            let xid = seen(&tap.call()).xid;
+            tap.answer(xid, 8, b"next");
+            assert_eq!(p.wait_timeout(LONG).unwrap().results, b"next", "{t:?}");
+            let (old, write) = match which {
+                Chunk::Read => (plain(&s.reads[0]), false),
+                _ => (w, true),
+            };
+            tap.end.refused(&tap.ctx.0, t, write, &old, Why::NoSuchKey);
+        }
+    });
+}
+
+/// RPCRDMA-50 (RFC 8166 §4.3.2.2): the requester takes from its Write chunk only what the
+/// responder says it wrote. The stand-in fills the chunk with garbage, then returns it
+/// unused with the result inline — the caller gets the inline result and no bulk data — or
+/// says it wrote 1000 octets — the caller gets those 1000 and none of the garbage after.
+#[test]
+fn rpcrdma_50_write_chunk_memory_is_not_assumed_untouched() {
+    both(|t| {
+        let mut tap = tap(t, private_data(4096, 4096));
+        let space = ReplySpace {
+            max: 1024,
+            ddp: Some(4096),
+        };
+        for used in [0usize, 1000] {
+            let args: Payload = words(&[4096, 1]).into();
+            let p = tap
+                .client
+                .start_with(PROG, 1, proc::MAKE, &args, space)
+                .unwrap();
+            let s = seen(&tap.call());
+            let w = s.writes[0][0];
+            assert_eq!(w.length, 4096, "{t:?}");
+            tap.end.put(&w, &[0xBD; 4096]);
+            let real = pattern(used, 5);
+            let results = if used == 0 {
+                let mut r = words(&[7]);
+                r.extend_from_slice(&opaque(&pattern(100, 6)));
+                r
+            } else {
+                tap.end.put(&w, &real);
+                words(&[7, used as u32])
+            };
+            let back = [Segment {
+                length: used as u32,
+                ..w
+            }];
+            let wl = [WriteChunk::from(&back[..])];
+            let chunks = Chunks {
+                write_list: WriteList::from(&wl[..]),
+                ..Chunks::NONE
+            };
+            let mut m = emit(&Repr::msg(s.xid, 8, chunks));
+            m.extend_from_slice(&reply_msg(s.xid, &results));
+            tap.end.send(&m);
+            let got = p.wait_timeout(LONG).unwrap();
+            assert_eq!(got.results, results, "{t:?} {used}");
+            assert_eq!(got.bulk, (used > 0).then_some(real), "{t:?} {used}");
+        }
+        let s = tap.tr.stats();
+        assert_eq!((s.replies_inline, s.replies_write_chunk), (1, 1), "{t:?}");
+    });
+}
+
+/// RPCRDMA-79 (RFC 8166 §8.1.1): a raw requester with two connections to our responder,
+/// each with its own Protection Domain. On B it offers a Write chunk whose handle is of A's
+/// memory: B's end refuses our responder's RDMA Write (remote access error, nothing
+/// placed), connection B fails and no reply comes on it; A goes on, its handle good on A.
+#[test]
+fn rpcrdma_79_a_handle_used_on_another_connection_fails_that_connection() {
+    both(|t| {
+        let r = rig(t);
+        let mut a = End::connect(&r.client_ctx, r.rdma.local_addr(), RECVS);
+        let mut b = End::connect(&r.client_ctx, r.rdma.local_addr(), RECVS);
+        let theirs = a.lend(0, 4096, 0x11);
+        let make = |xid: u32| {
+            let seg = [theirs];
+            let wl = [WriteChunk::from(&seg[..])];
+            let chunks = Chunks {
+                write_list: WriteList::from(&wl[..]),
+                ..Chunks::NONE
+            };
+            let mut m = emit(&Repr::msg(xid, 8, chunks));
+            m.extend_from_slice(&call_msg(xid, proc::MAKE, &words(&[3000, 9])));
+            m
+        };
+        b.send(&make(1));
+        match t {
+            T::Iwarp => {
+                // B's end refuses the Write with a Terminate saying why (RFC 5041 §7.2),
+                // and B is dead: the reply behind the Write never arrives.
+                b.wait_dead();
+                let code = loop {
+                    match r.client_ctx.get_async_event(LONG) {
+                        Some(AsyncEvent::Qp {
+                            qp_num,
+                            event: QpEvent::LocalError(tr),
+                        }) if qp_num == b.qp.qp_num() => break tr.code,
+                        Some(_) => continue,
+                        None => panic!("no Terminate from B"),
+                    }
+                };
+                assert!(refusal(code, Why::OtherPd), "{code:?}");
+            }
+            T::Roce => {
+                // B's end NAKs the Write (Remote Access Error, IBA 9.7.5.2.4) and stays up;
+                // the NAK fails our responder's QP. Wait for the NAK to leave B (nothing
+                // may arrive meanwhile) ...
+                let mut wcs = Vec::new();
+                let deadline = std::time::Instant::now() + LONG;
+                while b.qp.counters().errors_tx == 0 {
+                    assert!(std::time::Instant::now() < deadline, "B sent no NAK");
+                    let _ = b.cq.wait(1, 16, Duration::from_millis(5), &mut wcs);
+                    assert!(wcs.is_empty(), "{wcs:?}");
+                }
+                // ... then a call behind it on B finds no one: unacknowledged, it fails
+                // B once the retry count is spent (ib-transport.md §13.4).
+                let m = {
+                    let mut m = emit(&Repr::msg(3, 8, Chunks::NONE));
+                    m.extend_from_slice(&call_msg(3, proc::NULL, &[]));
+                    m
+                };
+                b.mr.copy_in(SEND_AT, &m).unwrap();
+                let wr = SendWr::send(SEND_ID, vec![b.mr.sge(SEND_AT, m.len() as u32)]);
+                b.qp.post_send(wr.with_flags(SendFlags::SIGNALED)).unwrap();
+                assert_eq!(b.outcome(SEND_ID), WcStatus::RetryExceeded);
+            }
+        }
+        assert!(b.got.is_empty(), "{t:?}: a reply on B");
+        assert!(b.qp.state().is_dead(), "{t:?}");
+        assert_eq!(a.lent(&theirs, 4096), vec![0x11; 4096], "{t:?}");
+        // A is unharmed: the same handle, on its own connection, takes the result.
+        a.send(&make(2));
+        let got = a.recv();
+        let (h, hl) = Repr::parse(&got).unwrap();
+        assert_eq!(h.rdma_xid, 2, "{t:?}");
+        let c = *h.chunks().unwrap();
+        let lens: Vec<u32> = c
+            .write_list
+            .iter()
+            .flat_map(|w| w.iter())
+            .map(|s| s.length)
+            .collect();
+        assert_eq!(lens, [3000], "{t:?}");
+        let (rh, _) = decode_reply(&got[hl..]).unwrap();
+        assert_eq!((rh.xid, rh.status), (2, ReplyStatus::Success), "{t:?}");
+        assert_eq!(a.lent(&theirs, 3000), pattern(3000, 9), "{t:?}");
+    });
+}
+
+/// RPCRDMA-66 (RFC 8166 §4.5.4): a call the requester cannot build fails at once, from
+/// `start`: here one larger than the connection's largest message. Nothing goes out and no
+/// credit is kept (the connection has one until the first reply): the next call is the
+/// first thing the responder sees, and a call of exactly the largest size goes (Long Call).
+#[test]
+fn rpcrdma_66_a_call_that_cannot_be_built_fails_at_once() {
+    both(|t| {
+        let cfg = RdmaConfig {
+            max_message: 65536,
+            ..RdmaConfig::default()
+        };
+        let mut tap = tap_with(t, private_data(4096, 4096), cfg);
+        // Call header 40, the opaque's length word 4: a message of 65540 octets.
+        let over = opaque(&pattern(65496, 7));
+        match tap.client.start(PROG, 1, proc::ECHO, &over) {
+            Err(RpcError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput),
+            Err(e) => panic!("{t:?}: {e}"),
+            Ok(_) => panic!("{t:?}: a call over max_message started"),
+        }
+        let fits = opaque(&pattern(65492, 7));
+        let p = tap.client.start(PROG, 1, proc::ECHO, &fits).unwrap();
+        let s = seen(&tap.call());
+        assert_eq!(s.xid, p.xid(), "{t:?}");
+        assert!(s.nomsg, "{t:?}");
+        let whole = tap.end.pull(&s.reads);
+        assert_eq!(whole, call_msg(s.xid, proc::ECHO, &fits), "{t:?}");
+        tap.answer(s.xid, 8, b"fits");
+        assert_eq!(p.wait_timeout(LONG).unwrap().results, b"fits", "{t:?}");
+        assert_eq!(tap.tr.stats().calls_long, 1, "{t:?}");
+    });
 }

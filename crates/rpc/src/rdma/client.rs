@@ -318,6 +318,13 @@ fn header_len(reads: usize, write: bool, reply: bool) -> usize {
 
 impl ClientTransport for RdmaTransport {
     fn send(&self, call: &OutCall) -> io::Result<()> {
+        // RPCRDMA-66 (RFC 8166 §4.5.4): a call we cannot carry fails here, at once.
+        if call.msg.len() > self.cfg.max_message {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an RPC call larger than the connection's max_message",
+            ));
+        }
         let Some((xid, false)) = peek(&call.msg) else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
