@@ -139,6 +139,11 @@ impl RdmaTransport {
         self.state.lock().stats
     }
 
+    /// The connection's QP counters (packets, retransmissions, timeouts, NAKs).
+    pub fn qp_counters(&self) -> softrdma::QpCounters {
+        self.ep.qp.counters()
+    }
+
     /// The credits the server grants now.
     pub fn granted(&self) -> u32 {
         self.state.lock().granted
