@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
                 Ok(Some(rec)) => {
                     assert!(rec.len() <= LIMIT);
                     if let Some(reply) = reg.dispatch(&rec, None) {
-                        let (h, _) = decode_reply(&reply.msg).expect("our replies decode");
+                        let (h, _) = decode_reply(&reply.to_vec()).expect("our replies decode");
                         assert_eq!(Some((h.xid, false)), peek(&rec));
                     }
                 }

@@ -135,6 +135,12 @@ pub trait ClientTransport: Send + Sync + 'static {
     fn send(&self, call: &OutCall) -> io::Result<()>;
     /// Blocks for the next message from the server; `Ok(None)` at a clean end.
     fn recv(&self) -> io::Result<Option<Incoming>>;
+    /// Whether the DDP-eligible result of a call with [`ReplySpace::ddp`] comes apart (an
+    /// RPC-over-RDMA Write chunk), so that one returned inline breaks the binding
+    /// (RPCRDMA-75). Over a stream transport everything is inline.
+    fn places_results(&self) -> bool {
+        false
+    }
     /// The call `xid` is over (answered, abandoned, failed): its resources may go.
     fn release(&self, xid: u32) {
         let _ = xid;
@@ -704,12 +710,13 @@ impl Client {
                 return Err(RpcError::Disconnected);
             }
             let generation = slots.generation;
+            let ddp_offered = reply.ddp.is_some() && slots.conn.places_results();
             slots.waiting.insert(
                 xid,
                 Waiting {
                     tx,
                     proc: (prog, vers, proc),
-                    ddp_offered: reply.ddp.is_some(),
+                    ddp_offered,
                     call: s.reconnect.is_some().then(|| call.clone()),
                     generation,
                     sent: Instant::now(),

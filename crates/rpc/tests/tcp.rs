@@ -406,3 +406,30 @@ fn a_timed_out_call_frees_its_slot() {
     }
     assert_eq!(n.load(Ordering::Relaxed), 10);
 }
+
+/// A result binding over TCP: the eligible result always comes inline there, and that is
+/// no breach of the binding (the check of RPCRDMA-75 is for transports that place results
+/// apart); `Reply::unreduced` is the results themselves.
+#[test]
+fn result_bindings_hold_over_tcp() {
+    let r = rig(ServerConfig::default());
+    let c = Client::connect_tcp(r.tcp.local_addr()).unwrap();
+    c.bind_results(PROG, 1, |p, _| (p == proc::ECHO).then_some(4));
+    let args = Payload::with_opaque(Vec::new(), b"inline data");
+    let got = c
+        .call_with(
+            PROG,
+            1,
+            proc::ECHO,
+            &args,
+            ReplySpace {
+                max: 1024,
+                ddp: Some(64),
+            },
+        )
+        .unwrap();
+    assert_eq!(got.bulk, None);
+    assert_eq!(got.bulk_at, Some(4));
+    assert_eq!(got.results, args.xdr);
+    assert_eq!(got.unreduced().unwrap(), args.xdr);
+}

@@ -322,6 +322,10 @@ fn header_len(reads: usize, write: bool, reply: bool) -> usize {
 }
 
 impl ClientTransport for RdmaTransport {
+    fn places_results(&self) -> bool {
+        true
+    }
+
     fn send(&self, call: &OutCall) -> io::Result<()> {
         // RPCRDMA-66 (RFC 8166 §4.5.4): a call we cannot carry fails here, at once.
         if call.msg.len() > self.cfg.max_message {
