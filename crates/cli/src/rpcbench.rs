@@ -20,6 +20,8 @@ const PROG: u32 = 0x2000_5150;
 const NULL: u32 = 0;
 /// Results: an opaque of the length the arguments ask for (DDP-eligible).
 const FETCH: u32 = 1;
+/// Arguments: an opaque (DDP-eligible); results: its length.
+const STORE: u32 = 2;
 
 /// `softrdma rpc bench` arguments.
 #[derive(clap::Args, Debug)]
@@ -56,6 +58,16 @@ fn program(size: usize) -> impl softrdma_rpc::Program {
     move |ctx: &CallContext<'_>, args: &[u8]| -> Result<Payload, ProcError> {
         match ctx.header.proc {
             NULL => Ok(Payload::default()),
+            STORE => {
+                let n = args
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                    .ok_or(ProcError::GarbageArgs)?;
+                if args.len() < 4 + n as usize {
+                    return Err(ProcError::GarbageArgs);
+                }
+                Ok(Payload::from(n.to_be_bytes().to_vec()))
+            }
             FETCH => {
                 let n = args
                     .get(..4)
@@ -73,8 +85,10 @@ fn program(size: usize) -> impl softrdma_rpc::Program {
 pub struct Figures {
     /// NULL calls per second.
     pub null_per_s: f64,
-    /// Large-call result bandwidth, Gb/s.
+    /// Large-call result bandwidth, Gb/s (results through a Write chunk).
     pub large_gbps: f64,
+    /// Large-argument bandwidth, Gb/s (arguments through a Read chunk).
+    pub args_gbps: f64,
 }
 
 /// Calls `call` with `depth` in flight for `d`; completed calls per second.
@@ -142,9 +156,29 @@ fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
     if bad > 0 {
         return Err(format!("{bad} large calls came back short"));
     }
+    let data = vec![0xA5u8; size];
+    let store = Payload::with_opaque(Vec::new(), &data);
+    let stored = rate(
+        c,
+        a.large_depth.max(1),
+        d,
+        |c| {
+            c.start_with(PROG, 1, STORE, &store, ReplySpace { max: 64, ddp: None })
+                .expect("start")
+        },
+        |r| {
+            if r.results != (size as u32).to_be_bytes() {
+                bad += 1;
+            }
+        },
+    )?;
+    if bad > 0 {
+        return Err(format!("{bad} large arguments arrived short"));
+    }
     Ok(Figures {
         null_per_s: null,
         large_gbps: large * size as f64 * 8.0 / 1e9,
+        args_gbps: stored * size as f64 * 8.0 / 1e9,
     })
 }
 
@@ -232,6 +266,7 @@ fn bench(a: &RpcBenchArgs) -> Result<(), String> {
             "large_ratio": r.large_gbps / t.large_gbps,
             "rdma_write_gbps": write,
             "large_vs_write": r.large_gbps / write,
+            "args_ratio": r.args_gbps / t.args_gbps,
         });
         println!("{doc}");
     } else {
@@ -252,6 +287,13 @@ fn bench(a: &RpcBenchArgs) -> Result<(), String> {
             r.large_gbps,
             t.large_gbps,
             r.large_gbps / t.large_gbps
+        );
+        println!(
+            " {:>7}-octet args Gb/s     {:>14.2} {:>14.2}   {:.2}",
+            a.size,
+            r.args_gbps,
+            t.args_gbps,
+            r.args_gbps / t.args_gbps
         );
         println!(
             " plain RDMA Write Gb/s (perf) {:>12.2} {:>14}   {:.2}  (results / Write)",
