@@ -9,7 +9,11 @@ use std::net::IpAddr;
 
 use parking_lot::Mutex;
 
-use crate::server::OutReply;
+/// A reply the cache can keep: cloned out again, counted in octets.
+pub trait Cached: Clone {
+    /// Octets it takes.
+    fn cached_len(&self) -> usize;
+}
 
 /// Octets of the arguments the checksum covers (as Linux's `RC_CSUMLEN`, a little more).
 const CSUM_LEN: usize = 256;
@@ -45,46 +49,46 @@ impl CallKey {
     }
 }
 
-enum Entry {
+enum Entry<R> {
     /// Executing now: a retransmission is dropped (the reply is on its way, or will be
     /// cached for the next one), as Linux's `RC_DROPIT`.
     InProgress,
-    Done(OutReply),
+    Done(R),
 }
 
 /// What [`ReplyCache::begin`] found.
-pub enum Seen {
+pub enum Seen<R> {
     /// New: execute it, then [`ReplyCache::finish`].
     New,
     /// Executing: drop the retransmission.
     InProgress,
     /// Answered before: send this again.
-    Done(OutReply),
+    Done(R),
 }
 
-struct Inner {
-    map: HashMap<CallKey, Entry>,
+struct Inner<R> {
+    map: HashMap<CallKey, Entry<R>>,
     /// Keys, oldest first (eviction order).
     order: VecDeque<CallKey>,
     bytes: usize,
 }
 
 /// Bounded in entries and in octets of cached replies; the oldest go first.
-pub struct ReplyCache {
-    inner: Mutex<Inner>,
+pub struct ReplyCache<R> {
+    inner: Mutex<Inner<R>>,
     max_entries: usize,
     max_bytes: usize,
 }
 
-impl Default for ReplyCache {
+impl<R: Cached> Default for ReplyCache<R> {
     /// 4096 replies, 8 MiB.
-    fn default() -> ReplyCache {
+    fn default() -> ReplyCache<R> {
         ReplyCache::new(4096, 8 << 20)
     }
 }
 
-impl ReplyCache {
-    pub fn new(max_entries: usize, max_bytes: usize) -> ReplyCache {
+impl<R: Cached> ReplyCache<R> {
+    pub fn new(max_entries: usize, max_bytes: usize) -> ReplyCache<R> {
         ReplyCache {
             inner: Mutex::new(Inner {
                 map: HashMap::new(),
@@ -97,7 +101,7 @@ impl ReplyCache {
     }
 
     /// Looks `key` up; a new call is entered as executing.
-    pub fn begin(&self, key: CallKey) -> Seen {
+    pub fn begin(&self, key: CallKey) -> Seen<R> {
         let mut g = self.inner.lock();
         match g.map.get(&key) {
             Some(Entry::InProgress) => return Seen::InProgress,
@@ -111,9 +115,9 @@ impl ReplyCache {
     }
 
     /// The call `key` was answered with `reply` (kept unless larger than the whole cache).
-    pub fn finish(&self, key: CallKey, reply: &OutReply) {
+    pub fn finish(&self, key: CallKey, reply: &R) {
         let mut g = self.inner.lock();
-        let size = reply.len();
+        let size = reply.cached_len();
         match g.map.get_mut(&key) {
             Some(e @ Entry::InProgress) if size <= self.max_bytes => {
                 *e = Entry::Done(reply.clone());
@@ -127,18 +131,18 @@ impl ReplyCache {
         self.evict(&mut g);
     }
 
-    fn evict(&self, g: &mut Inner) {
+    fn evict(&self, g: &mut Inner<R>) {
         while g.map.len() > self.max_entries || g.bytes > self.max_bytes {
             let Some(k) = g.order.pop_front() else { break };
             if let Some(Entry::Done(r)) = g.map.remove(&k) {
-                g.bytes -= r.len();
+                g.bytes -= r.cached_len();
             }
         }
         // Keys whose entry went (too large to keep) are dropped lazily.
         while g.order.len() > 2 * self.max_entries {
             let Some(k) = g.order.pop_front() else { break };
             if let Some(Entry::Done(r)) = g.map.remove(&k) {
-                g.bytes -= r.len();
+                g.bytes -= r.cached_len();
             }
         }
     }
@@ -152,23 +156,27 @@ impl ReplyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::Payload;
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct R(u32, usize);
+
+    impl Cached for R {
+        fn cached_len(&self) -> usize {
+            4 + self.1
+        }
+    }
 
     fn key(xid: u32) -> CallKey {
         CallKey::new(Some([10, 0, 0, 1].into()), xid, (100003, 3, 8), b"args")
     }
 
-    fn reply(xid: u32, n: usize) -> OutReply {
-        OutReply {
-            xid,
-            head: xid.to_be_bytes().to_vec(),
-            body: Payload::from(vec![7; n]),
-        }
+    fn reply(xid: u32, n: usize) -> R {
+        R(xid, n)
     }
 
     #[test]
     fn a_retransmission_is_dropped_while_executing_and_answered_after() {
-        let c = ReplyCache::default();
+        let c = ReplyCache::<R>::default();
         assert!(matches!(c.begin(key(1)), Seen::New));
         assert!(matches!(c.begin(key(1)), Seen::InProgress));
         c.finish(key(1), &reply(1, 8));
@@ -187,7 +195,7 @@ mod tests {
 
     #[test]
     fn bounded_in_entries_and_octets() {
-        let c = ReplyCache::new(4, 100);
+        let c = ReplyCache::<R>::new(4, 100);
         for x in 0..10 {
             assert!(matches!(c.begin(key(x)), Seen::New));
             c.finish(key(x), &reply(x, 20));

@@ -13,7 +13,7 @@ use crossbeam_channel::{Sender, bounded};
 use parking_lot::{Condvar, Mutex};
 use softrdma_wire::onc_rpc::AuthStat;
 
-use crate::drc::{CallKey, ReplyCache, Seen};
+use crate::drc::{Cached, CallKey, ReplyCache, Seen};
 use crate::msg::{Auth, CallHeader, ReplyStatus, decode_call, encode_reply};
 use crate::payload::Payload;
 use crate::record::MAX_FRAGMENT;
@@ -71,6 +71,12 @@ pub struct OutReply {
     pub body: Payload,
 }
 
+impl Cached for OutReply {
+    fn cached_len(&self) -> usize {
+        self.len()
+    }
+}
+
 impl OutReply {
     /// The message in order: header, then results.
     pub fn parts(&self) -> [&[u8]; 2] {
@@ -118,7 +124,7 @@ pub struct Registry {
     non_idempotent: HashSet<(u32, u32, u32)>,
     /// Upper-Layer Bindings of the programs' DDP-eligible arguments, by (program, version).
     bindings: HashMap<(u32, u32), ArgumentBinding>,
-    drc: Arc<ReplyCache>,
+    drc: Arc<ReplyCache<OutReply>>,
 }
 
 impl Registry {
