@@ -214,6 +214,28 @@ fn rpc_over_rdma_decodes_on_both_transports() {
             replies,
             "{name}"
         );
+        // Every reply is named after its call (xid tracking, as tshark does), the call
+        // an earlier frame; RDMA_NOMSG replies too.
+        let named: Vec<_> = rpc
+            .iter()
+            .filter(|r| r.summary.contains(" reply, call in "))
+            .collect();
+        assert_eq!(named.len(), replies, "{name}");
+        for r in &named {
+            let call: u64 = r.summary.rsplit("call in ").next().unwrap()[..]
+                .split(')')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(call < r.frame, "{name}: {}", r.summary);
+        }
+        if name.starts_with("nfs3") {
+            assert!(
+                named.iter().any(|r| r.summary.contains("(NFS3 READ reply")),
+                "{name}"
+            );
+        }
     }
     // perftest's Send payloads are not mistaken for RPC-over-RDMA (unlike tshark's heuristic).
     for name in [

@@ -223,6 +223,7 @@ impl Decoder {
             }
         }
         self.records.sort_by_key(|r| r.frame);
+        rpc::name_replies(&mut self.records);
         Output {
             frames: self.frames,
             records: self.records,

@@ -91,3 +91,46 @@ fn rpc_summary(m: &onc_rpc::Repr<'_>) -> String {
         }
     }
 }
+
+/// Names replies after their calls, as tshark does: an RPC-over-RDMA message whose xid
+/// answers a call seen earlier between the same hosts (the other way) gets the call's
+/// procedure and frame. RFC 5531 §9: the xid is the only link. Hosts, not ports: a RoCEv2
+/// datagram's UDP source port is its sender QP's, not the connection's. `records` in frame
+/// order.
+pub(crate) fn name_replies(records: &mut [Record]) {
+    use std::collections::HashMap;
+    fn host(a: &str) -> String {
+        a.rsplit_once(':').map_or(a, |(h, _)| h).to_string()
+    }
+    // (xid, from, to) of each call -> (name, frame).
+    let mut calls: HashMap<(u64, String, String), (String, u64)> = HashMap::new();
+    for r in records.iter_mut() {
+        let Some(xid) = r
+            .layers
+            .get("rpcrdma")
+            .and_then(|l| l.get("rdma_xid"))
+            .and_then(|x| x.as_u64())
+        else {
+            continue;
+        };
+        let call = r
+            .layers
+            .get("rpc")
+            .and_then(|l| l.get("body"))
+            .and_then(|b| b.get("Call"));
+        if let Some(c) = call {
+            let num = |k: &str| c.get(k).and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+            let (prog, vers, proc) = (num("prog"), num("vers"), num("proc"));
+            let name = u32::try_from(prog)
+                .ok()
+                .zip(u32::try_from(vers).ok())
+                .zip(u32::try_from(proc).ok())
+                .and_then(|((p, v), c)| softrdma_nfs::proto::procedure_name(p, v, c))
+                .unwrap_or_else(|| format!("prog {prog} vers {vers} proc {proc}"));
+            calls.insert((xid, host(&r.src), host(&r.dst)), (name, r.frame));
+        } else if let Some((name, frame)) = calls.get(&(xid, host(&r.dst), host(&r.src))) {
+            r.summary
+                .push_str(&format!(" ({name} reply, call in {frame})"));
+        }
+    }
+}
