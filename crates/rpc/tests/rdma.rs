@@ -702,6 +702,69 @@ fn rpcrdma_17_two_eligible_arguments_two_read_chunks() {
     });
 }
 
+/// RFC 8797 remote invalidation, as Linux does it: both ends advertise it; a call whose
+/// chunks share one handle (one Write chunk) gets its reply by Send With Invalidate of
+/// that handle, a call with two handles (a Read and a Write chunk) a plain Send. The
+/// client's chunk regions are remotely invalidatable; the call's data is intact either
+/// way. A client that does not advertise it never gets one.
+#[test]
+fn remote_invalidation_of_the_one_chunk_handle() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        for ri in [true, false] {
+            let cfg = RdmaConfig {
+                remote_invalidate: ri,
+                ..RdmaConfig::default()
+            };
+            let (c, tr) = r.client(cfg);
+            assert!(
+                tr.thresholds().remote_invalidate,
+                "{t:?}: the server takes it"
+            );
+            let make = |n: u32| {
+                let mut a = n.to_be_bytes().to_vec();
+                a.extend_from_slice(&[0, 0, 0, 4]);
+                Payload::from(a)
+            };
+            let space = ReplySpace {
+                max: 256,
+                ddp: Some(70_000),
+            };
+            let before = tr.stats();
+            let got = c
+                .call_with(PROG, 1, proc::MAKE, &make(70_000), space)
+                .unwrap();
+            assert_eq!(got.bulk.unwrap(), pattern(70_000, 4), "{t:?}");
+            assert_eq!(
+                tr.stats().remotely_invalidated - before.remotely_invalidated,
+                u64::from(ri),
+                "{t:?} {ri}"
+            );
+            // A Read chunk and a Write chunk: two handles, nothing invalidated remotely.
+            let data = pattern(9000, 6);
+            let args = Payload::with_opaque(7u32.to_be_bytes().to_vec(), &data);
+            let before = tr.stats();
+            let got = c
+                .call_with(
+                    PROG,
+                    1,
+                    proc::SUM,
+                    &args,
+                    ReplySpace {
+                        max: 256,
+                        ddp: Some(16),
+                    },
+                )
+                .unwrap();
+            assert_eq!(&got.results[8..16], &sum(&data).to_be_bytes(), "{t:?}");
+            assert_eq!(tr.stats().calls_chunked - before.calls_chunked, 1);
+            assert_eq!(tr.stats().remotely_invalidated, before.remotely_invalidated);
+            // Calls go on after either.
+            assert!(c.call(PROG, 1, proc::NULL, &[]).is_ok());
+        }
+    });
+}
+
 /// RPCRDMA-46: a requester offering two Write chunks gets two eligible results, the first
 /// through the first chunk, the second through the second, their data gone from the inline
 /// results (length words kept). RPCRDMA-47: a union arm without its eligible item leaves

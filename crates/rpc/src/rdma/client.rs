@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
-    Access, Buffer, ConnectParams, Context, Mr, MrFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, Buffer, ConnectParams, Context, Mr, MrAttr, MrFlags, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use softrdma_wire::rpcrdma::{Chunks, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList};
 
@@ -53,6 +54,8 @@ pub struct RdmaStats {
     pub replies_reply_chunk: u64,
     /// RDMA_ERROR received.
     pub errors: u64,
+    /// Replies that came with Send With Invalidate of the call's chunk handle.
+    pub remotely_invalidated: u64,
     /// The most calls in flight at once.
     pub max_in_flight: u32,
 }
@@ -157,7 +160,7 @@ impl RdmaTransport {
         let len = parts.iter().map(|p| p.len()).sum();
         let mr = self
             .pool
-            .lease(&self.ep.pd, len, Access::REMOTE_READ, MrFlags::empty())
+            .lease(&self.ep.pd, len, Access::REMOTE_READ, self.chunk_flags())
             .map_err(io_err)?;
         let mut off = 0;
         for p in parts {
@@ -173,9 +176,18 @@ impl RdmaTransport {
                 &self.ep.pd,
                 room,
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                MrFlags::empty(),
+                self.chunk_flags(),
             )
             .map_err(io_err)
+    }
+
+    /// Chunk regions are remotely invalidatable when we said we take Send With Invalidate.
+    fn chunk_flags(&self) -> MrFlags {
+        if self.cfg.remote_invalidate {
+            MrFlags::FAST_REG
+        } else {
+            MrFlags::empty()
+        }
     }
 
     fn segment(mr: &Mr, len: usize) -> Segment {
@@ -193,7 +205,15 @@ impl RdmaTransport {
                 if wc.status != WcStatus::Success {
                     return Err(io_err(format!("receive completed {:?}", wc.status)));
                 }
-                self.state.lock().heard = true;
+                {
+                    let mut st = self.state.lock();
+                    st.heard = true;
+                    // RFC 8797: the responder invalidated the call's chunk handle itself;
+                    // deregistering it once the call is over is all that is left.
+                    if wc.flags.with_invalidate {
+                        st.stats.remotely_invalidated += 1;
+                    }
+                }
                 let i = wrid::index(wc.wr_id) as usize;
                 let mut buf = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
                 self.ep
@@ -347,11 +367,20 @@ impl ClientTransport for RdmaTransport {
         if let Some(n) = call.reply.ddp {
             // Placed straight into the vector the reply hands over: no copy (RFC 8166
             // §3.4.6 is direct data placement).
-            let buf = Buffer::adopt(vec![0u8; n.max(1)]);
+            let len = n.max(1);
+            let buf = Buffer::adopt(vec![0u8; len]);
             lent.write = Some(
                 self.ep
                     .pd
-                    .reg_mr(buf, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .reg_mr_with(
+                        buf,
+                        MrAttr {
+                            range: 0..len,
+                            iova: 0,
+                            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                            flags: self.chunk_flags(),
+                        },
+                    )
                     .map_err(io_err)?,
             );
         }
@@ -461,6 +490,7 @@ impl ClientTransport for RdmaTransport {
             &hdr,
             &[payload],
             wrid::SEND | slot as u64,
+            None,
         );
         if let Err(e) = sent {
             let mut st = self.state.lock();

@@ -44,6 +44,10 @@ pub struct RdmaConfig {
     /// Largest RPC message put together from chunks (a larger Read chunk is refused,
     /// RPCRDMA-81; a larger reply needs a larger Reply chunk than the client offers).
     pub max_message: usize,
+    /// Advertise that we take Send With Invalidate (the RFC 8797 flag, as Linux does): a
+    /// client registers its chunks remotely invalidatable, a server that sees the flag
+    /// invalidates the one handle of a call's chunks with its reply.
+    pub remote_invalidate: bool,
 }
 
 impl Default for RdmaConfig {
@@ -54,6 +58,7 @@ impl Default for RdmaConfig {
             inline_send: 4096,
             inline_recv: 4096,
             max_message: 4 << 20,
+            remote_invalidate: true,
         }
     }
 }
@@ -71,11 +76,14 @@ impl RdmaConfig {
         }
     }
 
-    /// Our RFC 8797 private data (we do not take remote invalidation: chunk memory is
-    /// deregistered locally when the call completes).
+    /// Our RFC 8797 private data.
     fn private_data(&self) -> Vec<u8> {
         let mut b = vec![0u8; PRIVATE_DATA_LEN];
-        let repr = PrivateDataRepr::new(self.inline_send as u32, self.inline_recv as u32, false);
+        let repr = PrivateDataRepr::new(
+            self.inline_send as u32,
+            self.inline_recv as u32,
+            self.remote_invalidate,
+        );
         let _ = repr.emit(&mut b);
         b
     }
@@ -88,7 +96,7 @@ pub struct Thresholds {
     pub call: usize,
     /// Responder → Requester.
     pub reply: usize,
-    /// Both ends take remote invalidation (RFC 8797 flag); informational here.
+    /// The peer takes Send With Invalidate (its RFC 8797 flag).
     pub remote_invalidate: bool,
 }
 
@@ -175,6 +183,7 @@ impl Endpoint {
         hdr: &Repr<'_>,
         parts: &[&[u8]],
         wr_id: u64,
+        invalidate: Option<u32>,
     ) -> io::Result<()> {
         let hlen = hdr.buffer_len();
         let len = hlen + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -195,11 +204,13 @@ impl Endpoint {
                 at += p.len();
             }
         }
+        let sge = vec![self.send_mr.sge(off, len as u32)];
+        let wr = match invalidate {
+            Some(k) => SendWr::send_with_invalidate(wr_id, sge, softrdma::Key(k)),
+            None => SendWr::send(wr_id, sge),
+        };
         self.qp
-            .post_send(
-                SendWr::send(wr_id, vec![self.send_mr.sge(off, len as u32)])
-                    .with_flags(SendFlags::SIGNALED),
-            )
+            .post_send(wr.with_flags(SendFlags::SIGNALED))
             .map_err(io_err)
     }
 
@@ -278,7 +289,12 @@ mod tests {
         let back = PrivateDataRepr::parse(&ours.private_data()).unwrap();
         assert_eq!(
             (back.max_send_size, back.max_receive_size, back.flags),
-            (8192, 2048, 0)
+            (8192, 2048, PRIVATE_DATA_FLAG_REMOTE_INVALIDATE)
         );
+        let off = RdmaConfig {
+            remote_invalidate: false,
+            ..ours
+        };
+        assert_eq!(PrivateDataRepr::parse(&off.private_data()).unwrap().flags, 0);
     }
 }

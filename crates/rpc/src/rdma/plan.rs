@@ -13,6 +13,11 @@ pub struct Offered {
     pub writes: Vec<Vec<Segment>>,
     /// The Reply chunk.
     pub reply: Option<Vec<Segment>>,
+    /// The one handle every segment of the call's chunks (Read, Write, Reply) shares, if
+    /// there is exactly one: what a reply may invalidate with Send With Invalidate when
+    /// the requester takes it (RFC 8797 §4.2; Linux `svc_rdma_get_inv_rkey`). Several
+    /// handles, or none: nothing is invalidated remotely.
+    pub invalidate: Option<u32>,
 }
 
 /// A call to carry out.
@@ -103,14 +108,22 @@ pub fn plan_call(msg: &[u8], max_message: usize) -> Result<CallPlan, Refusal> {
             _ => reads.push((s.position, vec![s])),
         }
     }
-    let offered = Offered {
+    let mut offered = Offered {
         writes: chunks
             .write_list
             .iter()
             .map(|c| c.iter().collect())
             .collect(),
         reply: chunks.reply_chunk.as_ref().map(|c| c.iter().collect()),
+        invalidate: None,
     };
+    offered.invalidate = one_handle(
+        reads
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|s| s.handle))
+            .chain(offered.writes.iter().flatten().map(|s| s.handle))
+            .chain(offered.reply.iter().flatten().map(|s| s.handle)),
+    );
     Ok(CallPlan {
         xid,
         long,
@@ -119,6 +132,12 @@ pub fn plan_call(msg: &[u8], max_message: usize) -> Result<CallPlan, Refusal> {
         read_len,
         offered,
     })
+}
+
+/// The handle all of `handles` are, if they are one (and there is at least one).
+fn one_handle(mut handles: impl Iterator<Item = u32>) -> Option<u32> {
+    let first = handles.next()?;
+    handles.all(|h| h == first).then_some(first)
 }
 
 /// How `len` octets fill `segs` in order (RPCRDMA-27): each segment with the octets it gets
@@ -319,5 +338,43 @@ mod tests {
         m.extend_from_slice(&7u32.to_be_bytes());
         m.extend_from_slice(&[0; 12]);
         assert_eq!(plan_call(&m, 1 << 20), Err(Refusal::ErrChunk));
+    }
+
+    /// The handle a reply may invalidate remotely: the one every chunk segment of the call
+    /// shares (Linux `svc_rdma_get_inv_rkey`), none when they differ or there are none.
+    #[test]
+    fn one_handle_for_send_with_invalidate() {
+        // An RDMA_MSG carrying a call (xid 7): Read list, Write list, Reply chunk as given.
+        let call = |words: &[u32]| -> Vec<u8> {
+            let mut m: Vec<u8> = [7u32, 1, 1, 0]
+                .iter()
+                .chain(words)
+                .flat_map(|w| w.to_be_bytes())
+                .collect();
+            m.extend_from_slice(&7u32.to_be_bytes());
+            m.extend_from_slice(&[0; 12]);
+            m
+        };
+        let write = |h: u32| [1, 1, h, 100, 0, 0, 0];
+        let inv = |m: &[u8]| plan_call(m, 1 << 20).unwrap().offered.invalidate;
+        // Nothing offered.
+        assert_eq!(inv(&call(&[0, 0, 0])), None);
+        // One Write chunk: its handle.
+        let mut w = vec![0];
+        w.extend(write(0x55));
+        w.push(0);
+        assert_eq!(inv(&call(&w)), Some(0x55));
+        // A Read chunk and a Write chunk of the same handle; of two handles.
+        for (h2, want) in [(0x55, Some(0x55)), (0x66, None)] {
+            let mut w = vec![1, 16, 0x55, 4, 0, 0, 0];
+            w.extend(write(h2));
+            w.push(0);
+            assert_eq!(inv(&call(&w)), want);
+        }
+        // A Write chunk and a Reply chunk of different handles.
+        let mut w = vec![0];
+        w.extend(write(0x55));
+        w.extend([1, 1, 0x77, 64, 0, 0]);
+        assert_eq!(inv(&call(&w)), None);
     }
 }

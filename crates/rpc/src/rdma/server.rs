@@ -480,8 +480,12 @@ impl Conn {
                 reply_chunk: None,
             },
         );
+        // Send With Invalidate of the call's one handle when the client takes it (RFC 8797).
+        let inv = offered
+            .invalidate
+            .filter(|_| self.th.remote_invalidate && self.cfg.remote_invalidate);
         if inline_hdr.buffer_len() + len <= self.th.reply.min(self.cfg.inline_send) {
-            return self.send(&inline_hdr, &parts, held);
+            return self.send(&inline_hdr, &parts, held, inv);
         }
         // Long Reply (RPCRDMA-34, -54): the message through the Reply chunk.
         let Some(rc) = offered.reply.as_ref() else {
@@ -512,15 +516,21 @@ impl Conn {
                 reply_chunk: Some(WriteChunk::from(&segs[..])),
             },
         );
-        self.send(&hdr, &[], held)
+        self.send(&hdr, &[], held, inv)
     }
 
     fn send_error(&self, r: Repr<'_>) -> io::Result<()> {
-        self.send(&r, &[], Vec::new())
+        self.send(&r, &[], Vec::new(), None)
     }
 
     /// One Send of `hdr` and `payload` from a send slot (waiting for one).
-    fn send(&self, hdr: &Repr<'_>, parts: &[&[u8]], held: Vec<Lease>) -> io::Result<()> {
+    fn send(
+        &self,
+        hdr: &Repr<'_>,
+        parts: &[&[u8]],
+        held: Vec<Lease>,
+        invalidate: Option<u32>,
+    ) -> io::Result<()> {
         if hdr.buffer_len() + parts.iter().map(|p| p.len()).sum::<usize>() > self.cfg.inline_send {
             return Err(io_err("an RPC-over-RDMA message larger than a Send"));
         }
@@ -543,6 +553,7 @@ impl Conn {
             hdr,
             parts,
             wrid::SEND | slot as u64,
+            invalidate,
         )
     }
 }
