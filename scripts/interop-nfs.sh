@@ -10,7 +10,8 @@
 #   guest-file   a file the guest wrote is read back; its md5 is the guest's
 #   rm           softrdma nfs rm removes them; ls and the guest agree
 # Each RDMA case's capture decodes with `softrdma decode --strict`, and the run's captures
-# must show Read chunks (WRITE), Write chunks (READ) and Reply chunks (READDIRPLUS).
+# must show Read chunks (WRITE), Write chunks (READ) and Reply chunks (READDIRPLUS), and
+# replies by Send With Invalidate (RFC 8797 remote invalidation, which we advertise).
 #
 # Usage: scripts/interop-nfs.sh [--sizes "0 1 4095 4096 1048577 67108864"] [--protos "rdma tcp"]
 #                               [--no-build] [--out DIR]
@@ -160,6 +161,13 @@ if echo "$PROTOS" | grep -qw rdma; then
   for k in "read list\|read_list\|Read chunk" "write list\|write_list\|Write chunk" "reply chunk\|reply_chunk\|Reply chunk"; do
     grep -qi "$k" "$OUT/chunks.txt" || { ok=0; why="no message with ${k%%\\*} in the captures"; }
   done
+  record "$name" $ok "$why"
+  # RFC 8797: we advertise remote invalidation; nfsd answers calls whose chunks share one
+  # handle with Send With Invalidate of it, and the next call still works.
+  name=rdma-remote-invalidate
+  ok=1 why=""
+  grep -q "Send with Invalidate .*invalidate 0x" "$OUT/chunks.txt" ||
+    { ok=0; why="no reply came by Send With Invalidate"; }
   record "$name" $ok "$why"
 fi
 
