@@ -185,6 +185,21 @@ impl Endpoint {
         wr_id: u64,
         invalidate: Option<u32>,
     ) -> io::Result<()> {
+        let wr = self.send_wr(slot, size, hdr, parts, wr_id, invalidate)?;
+        self.qp.post_send(wr).map_err(io_err)
+    }
+
+    /// [`Endpoint::send`] without the posting: the Send work request, its buffer filled
+    /// (Send With Invalidate of `invalidate` if given).
+    fn send_wr(
+        &self,
+        slot: usize,
+        size: usize,
+        hdr: &Repr<'_>,
+        parts: &[&[u8]],
+        wr_id: u64,
+        invalidate: Option<u32>,
+    ) -> io::Result<SendWr> {
         let hlen = hdr.buffer_len();
         let len = hlen + parts.iter().map(|p| p.len()).sum::<usize>();
         if len > size {
@@ -209,9 +224,7 @@ impl Endpoint {
             Some(k) => SendWr::send_with_invalidate(wr_id, sge, softrdma::Key(k)),
             None => SendWr::send(wr_id, sge),
         };
-        self.qp
-            .post_send(wr.with_flags(SendFlags::SIGNALED))
-            .map_err(io_err)
+        Ok(wr.with_flags(SendFlags::SIGNALED))
     }
 
     /// (Re)posts Receive buffer `i` of `size` octets.
@@ -295,6 +308,9 @@ mod tests {
             remote_invalidate: false,
             ..ours
         };
-        assert_eq!(PrivateDataRepr::parse(&off.private_data()).unwrap().flags, 0);
+        assert_eq!(
+            PrivateDataRepr::parse(&off.private_data()).unwrap().flags,
+            0
+        );
     }
 }

@@ -387,21 +387,19 @@ impl Conn {
     }
 
     /// RDMA-Writes the whole of `mr` through `segs` in order (RPCRDMA-27); the lengths
-    /// written per segment, or `None` if they hold less. `mr` is held until the reply's
-    /// Send completes (the Writes before it are then done).
+    /// written per segment, or `None` if they hold less. The Writes go out with the reply's
+    /// Send, in one submission; `mr` is held until that Send completes (the Writes before
+    /// it are then done).
     fn write_through(
         &self,
         mr: Lease,
         segs: &[Segment],
-        held: &mut Vec<Lease>,
-    ) -> io::Result<Option<Vec<Segment>>> {
-        let Some(out) = fill(mr.len(), segs) else {
-            return Ok(None);
-        };
+        out: &mut Outgoing,
+    ) -> Option<Vec<Segment>> {
+        let filled = fill(mr.len(), segs)?;
         let mut off = 0;
-        let mut wrs = Vec::new();
-        for s in out.iter().filter(|s| s.length > 0) {
-            wrs.push(SendWr::write(
+        for s in filled.iter().filter(|s| s.length > 0) {
+            out.wrs.push(SendWr::write(
                 wrid::WRITE,
                 vec![mr.sge(off, s.length)],
                 Key(s.handle),
@@ -409,16 +407,13 @@ impl Conn {
             ));
             off += s.length as usize;
         }
-        if !wrs.is_empty() {
-            self.ep.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))?;
-        }
-        held.push(mr);
-        Ok(Some(out))
+        out.held.push(mr);
+        Some(filled)
     }
 
     /// Sends the reply the way RFC 8166 §4.3 says (the digest's §7.2).
     fn reply(&self, xid: u32, out: OutReply, offered: &Offered) -> io::Result<()> {
-        let mut held = Vec::new();
+        let mut held = Outgoing::default();
         let OutReply { head, body, .. } = out;
         // Write list: the DDP-eligible results into the Write chunks in order, one per
         // chunk (RPCRDMA-45, -46): a union arm without its eligible item leaves the chunk
@@ -451,7 +446,7 @@ impl Conn {
                     },
                 )
                 .map_err(io_err)?;
-            match self.write_through(Lease::own(mr), chunk, &mut held)? {
+            match self.write_through(Lease::own(mr), chunk, &mut held) {
                 Some(segs) => {
                     writes[i] = segs;
                     // RPCRDMA-18: the data and its padding leave the stream.
@@ -504,7 +499,7 @@ impl Conn {
             }
         }
         drop(g);
-        let Some(segs) = self.write_through(mr, rc, &mut held)? else {
+        let Some(segs) = self.write_through(mr, rc, &mut held) else {
             return self.send_error(err_chunk_for(xid, self.credits()));
         };
         let hdr = Repr::nomsg(
@@ -520,7 +515,7 @@ impl Conn {
     }
 
     fn send_error(&self, r: Repr<'_>) -> io::Result<()> {
-        self.send(&r, &[], Vec::new(), None)
+        self.send(&r, &[], Outgoing::default(), None)
     }
 
     /// One Send of `hdr` and `payload` from a send slot (waiting for one).
@@ -528,12 +523,13 @@ impl Conn {
         &self,
         hdr: &Repr<'_>,
         parts: &[&[u8]],
-        held: Vec<Lease>,
+        out: Outgoing,
         invalidate: Option<u32>,
     ) -> io::Result<()> {
         if hdr.buffer_len() + parts.iter().map(|p| p.len()).sum::<usize>() > self.cfg.inline_send {
             return Err(io_err("an RPC-over-RDMA message larger than a Send"));
         }
+        let Outgoing { held, mut wrs } = out;
         let slot = {
             let mut s = self.sends.lock();
             loop {
@@ -547,15 +543,35 @@ impl Conn {
                 self.send_room.wait_for(&mut s, Duration::from_millis(100));
             }
         };
-        self.ep.send(
-            slot,
-            self.cfg.inline_send,
-            hdr,
-            parts,
-            wrid::SEND | slot as u64,
-            invalidate,
-        )
+        let posted = self
+            .ep
+            .send_wr(
+                slot,
+                self.cfg.inline_send,
+                hdr,
+                parts,
+                wrid::SEND | slot as u64,
+                invalidate,
+            )
+            .and_then(|send| {
+                wrs.push(send);
+                self.ep.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))
+            });
+        if posted.is_err() {
+            // Nothing will complete in this slot: it is free again.
+            let mut s = self.sends.lock();
+            s.held.remove(&slot);
+            s.free.push(slot);
+        }
+        posted
     }
+}
+
+/// A reply's RDMA Writes and the memory they read, for the one submission with its Send.
+#[derive(Default)]
+struct Outgoing {
+    held: Vec<Lease>,
+    wrs: Vec<SendWr>,
 }
 
 /// ERR_CHUNK for call `xid` (RPCRDMA-59: its xid and version 1 echoed).
