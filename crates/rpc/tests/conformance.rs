@@ -3,15 +3,15 @@
 //! sees every octet of every Send, pulls the chunks it is offered and offers its own.
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use softrdma::{
-    AcceptParams, Access, AsyncEvent, ConnectParams, Context, Cq, Device, Key, Listener, Mr, Qp,
-    QpCap, QpEvent, QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
+    AcceptParams, Access, AsyncEvent, ConnectParams, Context, Cq, Key, Listener, Mr, Qp, QpCap,
+    QpEvent, QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
 };
-use softrdma_rpc::msg::{decode_reply, encode_call, encode_reply};
+use softrdma_rpc::msg::{decode_reply, encode_reply};
 use softrdma_rpc::payload::{reduce, splice};
 use softrdma_rpc::rdma::{RdmaConfig, RdmaServer, RdmaTransport};
 use softrdma_rpc::*;
@@ -21,6 +21,14 @@ use softrdma_wire::rpcrdma::{
     Body, Chunks, PrivateDataRepr, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList,
 };
 use softrdma_wire::xdr::XdrReader;
+
+mod common;
+
+use common::{T, both, contexts, pattern};
+
+fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
+    common::call_msg(PROG, xid, proc, args)
+}
 
 const PROG: u32 = 0x2000_0003;
 const LONG: Duration = Duration::from_secs(60);
@@ -36,40 +44,6 @@ mod proc {
     pub const PLAIN: u32 = 3;
     /// Echoes its arguments (not DDP-eligible).
     pub const ECHO: u32 = 4;
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum T {
-    Iwarp,
-    Roce,
-}
-
-fn both(f: impl Fn(T)) {
-    for t in [T::Iwarp, T::Roce] {
-        f(t);
-    }
-}
-
-/// (server side, client side).
-fn contexts(t: T) -> (Context, Context) {
-    let roce = |ip: Ipv4Addr| {
-        let mut cfg = softrdma::RoceConfig::new(IpAddr::V4(ip));
-        cfg.port = 0;
-        Device::roce(cfg).open().unwrap()
-    };
-    match t {
-        T::Iwarp => (Device::tcp().open().unwrap(), Device::tcp().open().unwrap()),
-        T::Roce => (
-            roce(Ipv4Addr::new(127, 0, 0, 1)),
-            roce(Ipv4Addr::new(127, 0, 0, 2)),
-        ),
-    }
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
 }
 
 /// XDR `opaque<>`: length word, data, zero padding (RFC 4506 §4.10).
@@ -96,20 +70,6 @@ fn private_data(send: u32, recv: u32) -> Vec<u8> {
         .emit(&mut b)
         .unwrap();
     b
-}
-
-fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
-    let mut m = Vec::new();
-    let h = CallHeader {
-        xid,
-        prog: PROG,
-        vers: 1,
-        proc,
-        cred: Auth::None,
-        verf: Auth::None,
-    };
-    encode_call(&h, args, &mut m).unwrap();
-    m
 }
 
 fn reply_msg(xid: u32, results: &[u8]) -> Vec<u8> {

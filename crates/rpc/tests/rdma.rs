@@ -1,21 +1,29 @@
 //! RPC-over-RDMA (RFC 8166) over loopback, on both transports through the one verbs API:
 //! every call and reply form, thresholds at ±1 octet, credits, and RDMA_ERROR.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
-    Access, ConnectParams, Context, Device, Listener, Mr, QpCap, QpInitAttr, RecvWr, SendFlags,
-    SendWr, WcStatus,
+    Access, ConnectParams, Context, Listener, Mr, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr,
+    WcStatus,
 };
-use softrdma_rpc::msg::{decode_reply, encode_call};
+use softrdma_rpc::msg::decode_reply;
 use softrdma_rpc::rdma::{RdmaConfig, RdmaServer, RdmaTransport};
 use softrdma_rpc::*;
 use softrdma_wire::rpcrdma::{
     Body, Chunks, ErrorBody, PrivateDataRepr, ReadList, ReadSegment, Repr, WriteList,
 };
+
+mod common;
+
+use common::{T, both, contexts, pattern};
+
+fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
+    common::call_msg(PROG, xid, proc, args)
+}
 
 const PROG: u32 = 0x2000_0002;
 const LONG: Duration = Duration::from_secs(60);
@@ -40,34 +48,6 @@ mod proc {
     /// Arguments: a length c; results: a union's arm without an eligible item (its
     /// discriminant 0), then an eligible opaque of c.
     pub const ARM: u32 = 8;
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum T {
-    Iwarp,
-    Roce,
-}
-
-fn contexts(t: T) -> (Context, Context) {
-    match t {
-        T::Iwarp => (Device::tcp().open().unwrap(), Device::tcp().open().unwrap()),
-        T::Roce => (
-            roce(Ipv4Addr::new(127, 0, 0, 1)),
-            roce(Ipv4Addr::new(127, 0, 0, 2)),
-        ),
-    }
-}
-
-fn roce(ip: Ipv4Addr) -> Context {
-    let mut cfg = softrdma::RoceConfig::new(IpAddr::V4(ip));
-    cfg.port = 0;
-    Device::roce(cfg).open().unwrap()
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 fn sum(d: &[u8]) -> u64 {
@@ -193,12 +173,6 @@ impl Rig {
             RdmaTransport::connect(&self.client_ctx, self.rdma.local_addr(), cfg).unwrap(),
         );
         (Client::new(tr.clone(), 128), tr)
-    }
-}
-
-fn both(f: impl Fn(T)) {
-    for t in [T::Iwarp, T::Roce] {
-        f(t);
     }
 }
 
@@ -829,24 +803,6 @@ fn rpcrdma_46_47_eligible_results_fill_the_write_chunks_in_order() {
         assert_eq!(chunk(48 * 1024, 9), pattern(9, 3), "{t:?}");
         assert_eq!(results, [0, 0, 0, 0, 0, 0, 0, 9], "{t:?}");
     });
-}
-
-fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
-    let mut m = Vec::new();
-    encode_call(
-        &CallHeader {
-            xid,
-            prog: PROG,
-            vers: 1,
-            proc,
-            cred: Auth::None,
-            verf: Auth::None,
-        },
-        args,
-        &mut m,
-    )
-    .unwrap();
-    m
 }
 
 fn header(xid: u32, vers: u32, proc: u32, rest: &[u32]) -> Vec<u8> {

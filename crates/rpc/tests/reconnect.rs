@@ -3,15 +3,17 @@
 //! server's duplicate request cache answers a retransmitted non-idempotent call from the
 //! reply of its first execution instead of executing it again.
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use softrdma::{Context, Device, Listener};
+use softrdma::{Context, Listener};
 use softrdma_rpc::rdma::{RdmaConfig, RdmaServer, RdmaTransport};
 use softrdma_rpc::tcp::TcpTransport;
 use softrdma_rpc::*;
+
+mod common;
 
 const PROG: u32 = 0x2000_0003;
 /// Parks until the gate opens; counts its executions; results: its argument + 1000.
@@ -75,12 +77,6 @@ enum T {
     Roce,
 }
 
-fn roce(ip: Ipv4Addr) -> Context {
-    let mut cfg = softrdma::RoceConfig::new(IpAddr::V4(ip));
-    cfg.port = 0;
-    Device::roce(cfg).open().unwrap()
-}
-
 struct Rig {
     gate: Arc<Gate>,
     _server: Arc<Server>,
@@ -135,13 +131,11 @@ fn connected(t: T) -> Rig {
             }
         }
         T::Iwarp | T::Roce => {
-            let (sctx, cctx) = match t {
-                T::Iwarp => (Device::tcp().open().unwrap(), Device::tcp().open().unwrap()),
-                _ => (
-                    roce(Ipv4Addr::new(127, 0, 0, 1)),
-                    roce(Ipv4Addr::new(127, 0, 0, 2)),
-                ),
-            };
+            let (sctx, cctx) = common::contexts(if matches!(t, T::Iwarp) {
+                common::T::Iwarp
+            } else {
+                common::T::Roce
+            });
             let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
             let cfg = RdmaConfig::default();
             let srv = server.serve_rdma(&sctx, l, cfg).unwrap();

@@ -1,0 +1,64 @@
+//! What the RPC-over-RDMA integration tests share: the two RDMA transports over loopback,
+//! a data pattern and raw call messages.
+
+#![allow(dead_code)] // each test file uses a part
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use softrdma::{Context, Device};
+use softrdma_rpc::msg::encode_call;
+use softrdma_rpc::{Auth, CallHeader};
+
+/// An RDMA transport under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum T {
+    Iwarp,
+    Roce,
+}
+
+/// Runs `f` on each transport.
+pub fn both(f: impl Fn(T)) {
+    for t in [T::Iwarp, T::Roce] {
+        f(t);
+    }
+}
+
+/// (server side, client side) devices on loopback: RoCE on 127.0.0.1 and 127.0.0.2.
+pub fn contexts(t: T) -> (Context, Context) {
+    match t {
+        T::Iwarp => (Device::tcp().open().unwrap(), Device::tcp().open().unwrap()),
+        T::Roce => (
+            roce(Ipv4Addr::new(127, 0, 0, 1)),
+            roce(Ipv4Addr::new(127, 0, 0, 2)),
+        ),
+    }
+}
+
+/// A RoCEv2 device on `ip`, any free UDP port.
+pub fn roce(ip: Ipv4Addr) -> Context {
+    let mut cfg = softrdma::RoceConfig::new(IpAddr::V4(ip));
+    cfg.port = 0;
+    Device::roce(cfg).open().unwrap()
+}
+
+/// `n` octets that differ with position and `seed`.
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// An RPC call message of `prog` version 1, AUTH_NONE.
+pub fn call_msg(prog: u32, xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
+    let mut m = Vec::new();
+    let h = CallHeader {
+        xid,
+        prog,
+        vers: 1,
+        proc,
+        cred: Auth::None,
+        verf: Auth::None,
+    };
+    encode_call(&h, args, &mut m).unwrap();
+    m
+}
