@@ -103,15 +103,6 @@ pub fn removed(len: usize, ddp: &Range<usize>) -> Range<usize> {
     ddp.start.min(len)..padded_len(ddp.end).min(len)
 }
 
-/// `xdr` without the octets [`removed`] names.
-pub fn reduce(xdr: &[u8], ddp: &Range<usize>) -> Vec<u8> {
-    let cut = removed(xdr.len(), ddp);
-    let mut v = Vec::with_capacity(xdr.len() - cut.len());
-    v.extend_from_slice(&xdr[..cut.start]);
-    v.extend_from_slice(&xdr[cut.end..]);
-    v
-}
-
 /// A chunk list that does not fit the stream it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ChunkError {
