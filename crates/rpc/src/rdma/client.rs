@@ -214,13 +214,7 @@ impl RdmaTransport {
                         st.stats.remotely_invalidated += 1;
                     }
                 }
-                let i = wrid::index(wc.wr_id) as usize;
-                let mut buf = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
-                self.ep
-                    .recv_mr
-                    .copy_out(i * self.cfg.inline_recv, &mut buf)
-                    .map_err(io_err)?;
-                self.ep.post_recv(self.cfg.inline_recv, i)?;
+                let buf = self.ep.take_received(self.cfg.inline_recv, wc)?;
                 if let Some(inc) = self.on_message(&buf) {
                     self.ready.lock().push_back(inc);
                 }

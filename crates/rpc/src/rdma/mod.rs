@@ -12,7 +12,9 @@ pub use server::RdmaServer;
 
 use std::io;
 
-use softrdma::{Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr};
+use softrdma::{
+    Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WorkCompletion,
+};
 use softrdma_wire::rpcrdma::Repr;
 use softrdma_wire::rpcrdma::{
     DEFAULT_INLINE_THRESHOLD, PRIVATE_DATA_FLAG_REMOTE_INVALIDATE, PRIVATE_DATA_LEN,
@@ -225,6 +227,16 @@ impl Endpoint {
             None => SendWr::send(wr_id, sge),
         };
         Ok(wr.with_flags(SendFlags::SIGNALED))
+    }
+
+    /// The message a Receive completion `wc` delivered (into buffer `index(wc.wr_id)` of
+    /// `size` octets), copied out; the buffer is posted again at once.
+    fn take_received(&self, size: usize, wc: &WorkCompletion) -> io::Result<Vec<u8>> {
+        let i = wrid::index(wc.wr_id) as usize;
+        let mut msg = vec![0u8; (wc.byte_len as usize).min(size)];
+        self.recv_mr.copy_out(i * size, &mut msg).map_err(io_err)?;
+        self.post_recv(size, i)?;
+        Ok(msg)
     }
 
     /// (Re)posts Receive buffer `i` of `size` octets.

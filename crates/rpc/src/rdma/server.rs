@@ -214,13 +214,7 @@ impl Conn {
         let i = wrid::index(wc.wr_id);
         match wrid::kind(wc.wr_id) {
             wrid::RECV => {
-                let i = i as usize;
-                let mut msg = vec![0u8; (wc.byte_len as usize).min(self.cfg.inline_recv)];
-                self.ep
-                    .recv_mr
-                    .copy_out(i * self.cfg.inline_recv, &mut msg)
-                    .map_err(io_err)?;
-                self.ep.post_recv(self.cfg.inline_recv, i)?;
+                let msg = self.ep.take_received(self.cfg.inline_recv, wc)?;
                 self.on_call(&msg)
             }
             wrid::READ => {
