@@ -73,7 +73,9 @@ fn program(size: usize) -> impl softrdma_rpc::Program {
                     .get(..4)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
                     .ok_or(ProcError::GarbageArgs)?;
-                Ok(Payload::with_opaque(Vec::new(), &data[..n.min(data.len())]))
+                let n = n.min(data.len());
+                // Built where it is sent from: no allocation per call.
+                Ok(Payload::with_opaque(ctx.buffer(n + 8), &data[..n]))
             }
             _ => Err(ProcError::ProcUnavail),
         }
@@ -147,7 +149,7 @@ fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
             let n = r
                 .bulk
                 .as_ref()
-                .map_or(r.results.len().saturating_sub(4), Vec::len);
+                .map_or(r.results.len().saturating_sub(4), |b| b.len());
             if n != size {
                 bad += 1;
             }

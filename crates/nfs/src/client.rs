@@ -13,7 +13,7 @@ use softrdma::Context;
 use softrdma_rpc::client::DEFAULT_MAX_IN_FLIGHT;
 use softrdma_rpc::rdma::{NFS_RDMA_PORT, RdmaConfig, RdmaTransport};
 use softrdma_rpc::tcp::{DEFAULT_MAX_RECORD, TcpTransport};
-use softrdma_rpc::{Auth, AuthSysParams, Client, Payload, Reconnect, ReplySpace, RpcError};
+use softrdma_rpc::{Auth, AuthSysParams, Bulk, Client, Payload, Reconnect, ReplySpace, RpcError};
 use softrdma_wire::xdr::XdrReader;
 
 use crate::proto::*;
@@ -302,8 +302,9 @@ impl Nfs3 {
     }
 
     /// READ `count` octets at `offset`: (data, eof). The data comes through a Write chunk
-    /// over RDMA (RFC 8267 §4.2).
-    pub fn read(&self, fh: &[u8], offset: u64, count: u32) -> Result<(Vec<u8>, bool), Error> {
+    /// over RDMA (RFC 8267 §4.2), into memory the transport takes back once `data` is
+    /// dropped.
+    pub fn read(&self, fh: &[u8], offset: u64, count: u32) -> Result<(Bulk, bool), Error> {
         let mut x = Xdr::new();
         x.opaque(fh).u64(offset).u32(count);
         let reply = self
@@ -333,10 +334,11 @@ impl Nfs3 {
                 }
                 b
             }
-            None => rd
-                .read_opaque(count.max(1))
-                .map_err(NfsError::from)?
-                .to_vec(),
+            None => Bulk::from(
+                rd.read_opaque(count.max(1))
+                    .map_err(NfsError::from)?
+                    .to_vec(),
+            ),
         };
         if data.len() != n {
             return Err(NfsError::Garbage.into());

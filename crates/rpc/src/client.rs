@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use parking_lot::{Condvar, Mutex};
 
+use crate::buffers::Bulk;
 use crate::msg::{Auth, CallHeader, ReplyHeader, ReplyStatus, decode_reply, encode_call};
 use crate::payload::Payload;
 
@@ -53,7 +54,7 @@ pub struct Reply {
     /// result was taken out of this stream (its length word stays, RFC 8166 §3.4.4).
     pub results: Vec<u8>,
     /// The DDP-eligible result's data, when it came apart (an RPC-over-RDMA Write chunk).
-    pub bulk: Option<Vec<u8>>,
+    pub bulk: Option<Bulk>,
     /// Where `bulk` belongs in `results` (after its length word), when the program's
     /// result binding ([`Client::bind_results`]) says.
     pub bulk_at: Option<usize>,
@@ -118,7 +119,7 @@ pub enum Incoming {
         /// The RPC reply message.
         msg: Vec<u8>,
         /// The DDP-eligible result's data, delivered apart.
-        bulk: Option<Vec<u8>>,
+        bulk: Option<Bulk>,
     },
     /// The transport refused call `xid` for good.
     Refused {
@@ -501,7 +502,7 @@ impl Shared {
 /// error for the call.
 fn eligible_inline(
     offered: bool,
-    bulk: &Option<Vec<u8>>,
+    bulk: &Option<Bulk>,
     at: Option<usize>,
     results: &[u8],
 ) -> Option<RpcError> {

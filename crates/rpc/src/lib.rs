@@ -2,6 +2,7 @@
 //! flight, and a server dispatching registered programs on a pool of threads — over TCP
 //! today; RPC-over-RDMA (RFC 8166) plugs in as another transport.
 
+pub mod buffers;
 pub mod client;
 mod drc;
 pub mod msg;
@@ -11,6 +12,7 @@ pub mod record;
 pub mod server;
 pub mod tcp;
 
+pub use buffers::{Buffers, Bulk};
 pub use client::{
     Client, ClientTransport, Connector, Incoming, OutCall, Pending, Reconnect, Reply, ReplySpace,
     ResultBinding, RpcError,

@@ -13,6 +13,7 @@ use crossbeam_channel::{Sender, bounded};
 use parking_lot::{Condvar, Mutex};
 use softrdma_wire::onc_rpc::AuthStat;
 
+use crate::buffers::Buffers;
 use crate::drc::{Cached, CallKey, ReplyCache, Seen};
 use crate::msg::{Auth, CallHeader, ReplyStatus, decode_call, encode_reply};
 use crate::payload::Payload;
@@ -26,6 +27,16 @@ pub struct CallContext<'a> {
     pub header: &'a CallHeader,
     /// Where it came from.
     pub peer: Option<SocketAddr>,
+    buffers: &'a Buffers,
+}
+
+impl CallContext<'_> {
+    /// An empty vector with room for `capacity` octets, from memory the server reuses:
+    /// results built in it (e.g. with [`Payload::with_opaque`]) cost no allocation per call,
+    /// and over RDMA they are written from where they are.
+    pub fn buffer(&self, capacity: usize) -> Vec<u8> {
+        self.buffers.vec(capacity)
+    }
 }
 
 /// A procedure that does not return results.
@@ -182,7 +193,12 @@ impl Registry {
     /// Answers the call message `msg`: the reply message, or `None` when there is nothing
     /// to answer (not a call, or a retransmission of a call still executing). A handler
     /// that panics answers `SYSTEM_ERR`.
-    pub fn dispatch(&self, msg: &[u8], peer: Option<SocketAddr>) -> Option<OutReply> {
+    pub fn dispatch(
+        &self,
+        msg: &[u8],
+        peer: Option<SocketAddr>,
+        buffers: &Buffers,
+    ) -> Option<OutReply> {
         let (h, off) = match decode_call(msg) {
             Ok(c) => c,
             Err(bad) => {
@@ -199,7 +215,7 @@ impl Registry {
                         CallKey::new(peer.map(|a| a.ip()), h.xid, (h.prog, h.vers, h.proc), args);
                     return match self.drc.begin(key) {
                         Seen::New => {
-                            let out = self.execute(&h, p, args, peer);
+                            let out = self.execute(&h, p, args, peer, buffers);
                             self.drc.finish(key, &out);
                             Some(out)
                         }
@@ -207,7 +223,7 @@ impl Registry {
                         Seen::Done(r) => Some(r),
                     };
                 }
-                return Some(self.execute(&h, p, args, peer));
+                return Some(self.execute(&h, p, args, peer, buffers));
             }
         };
         Some(reply(h.xid, status))
@@ -220,8 +236,13 @@ impl Registry {
         p: &Arc<dyn Program>,
         args: &[u8],
         peer: Option<SocketAddr>,
+        buffers: &Buffers,
     ) -> OutReply {
-        let ctx = CallContext { header: h, peer };
+        let ctx = CallContext {
+            header: h,
+            peer,
+            buffers,
+        };
         let status = match catch_unwind(AssertUnwindSafe(|| p.call(&ctx, args))) {
             Ok(Ok(r)) if r.check().is_ok() => {
                 let mut out = reply(h.xid, ReplyStatus::Success);
@@ -293,6 +314,9 @@ pub struct ServerConfig {
     pub max_in_flight: usize,
     /// Largest call record accepted over TCP (a larger one ends the connection).
     pub max_record: usize,
+    /// Octets of message memory (results, chunks) kept for the next calls rather than
+    /// handed back to the allocator ([`Buffers`]).
+    pub kept_octets: usize,
 }
 
 impl Default for ServerConfig {
@@ -301,6 +325,7 @@ impl Default for ServerConfig {
             threads: 4,
             max_in_flight: 64,
             max_record: DEFAULT_MAX_RECORD,
+            kept_octets: 32 << 20,
         }
     }
 }
@@ -310,6 +335,7 @@ type Job = Box<dyn FnOnce() + Send>;
 /// A pool of handler threads and the registry they dispatch to.
 pub struct Server {
     registry: Arc<Registry>,
+    buffers: Arc<Buffers>,
     cfg: ServerConfig,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
@@ -335,6 +361,7 @@ impl Server {
             .collect();
         Server {
             registry: Arc::new(registry),
+            buffers: Buffers::new(256, cfg.kept_octets),
             cfg,
             jobs: Some(tx),
             workers,
@@ -344,6 +371,11 @@ impl Server {
     /// The programs served.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// The memory calls are answered in, kept across calls.
+    pub fn buffers(&self) -> &Arc<Buffers> {
+        &self.buffers
     }
 
     /// Runs `job` on the pool (blocks while the pool's queue is full).
@@ -409,12 +441,15 @@ impl Server {
                 *n += 1;
             }
             let (reg, writer, gate) = (self.registry.clone(), writer.clone(), gate.clone());
+            let buffers = self.buffers.clone();
             self.spawn(move || {
-                if let Some(r) = reg.dispatch(&msg, peer) {
+                if let Some(r) = reg.dispatch(&msg, peer, &buffers) {
                     let mut w = writer.lock();
                     if write_record_parts(&mut *w, &r.parts(), MAX_FRAGMENT).is_err() {
                         let _ = w.shutdown(Shutdown::Both);
                     }
+                    drop(w);
+                    buffers.give(r.body.xdr);
                 }
                 let (n, cv) = &*gate;
                 *n.lock() -= 1;

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
-    Access, Buffer, ConnectParams, Context, Mr, MrAttr, MrFlags, SendWr, WcOpcode, WcStatus,
-    WorkCompletion,
+    Access, ConnectParams, Context, Mr, MrFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_wire::rpcrdma::{Chunks, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList};
 
 use super::plan::{Lent, ReplyForm, plan_reply};
-use super::pool::{Lease, Pool};
+use super::pool::Lease;
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
+use crate::buffers::{Buffers, Bulk};
 use crate::client::{Client, ClientTransport, Connector, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
 use crate::msg::peek;
 use crate::payload::reduce_all;
@@ -30,7 +30,7 @@ struct CallMemory {
     /// Read chunk source (argument data or the whole call).
     read: Option<Lease>,
     /// Write chunk target for the DDP-eligible result: the vector the caller gets.
-    write: Option<Mr>,
+    write: Option<Lease>,
     /// Reply chunk target (a long reply).
     reply: Option<Lease>,
     /// The reply arrived: its credit is returned.
@@ -86,7 +86,7 @@ pub struct RdmaTransport {
     room: Condvar,
     /// Messages decoded from a batch of completions, not yet handed out.
     ready: Mutex<VecDeque<Incoming>>,
-    pool: Arc<Pool>,
+    pool: Arc<Buffers>,
 }
 
 impl RdmaTransport {
@@ -128,7 +128,7 @@ impl RdmaTransport {
             }),
             room: Condvar::new(),
             ready: Mutex::new(VecDeque::new()),
-            pool: Pool::new(3 * credits as usize, 8 * cfg.max_message),
+            pool: Buffers::new(3 * credits as usize, 8 * cfg.max_message),
         })
     }
 
@@ -158,10 +158,14 @@ impl RdmaTransport {
     /// over (RFC 8166 §8.1).
     fn lend_parts(&self, parts: &[&[u8]]) -> io::Result<Lease> {
         let len = parts.iter().map(|p| p.len()).sum();
-        let mr = self
-            .pool
-            .lease(&self.ep.pd, len, Access::REMOTE_READ, self.chunk_flags())
-            .map_err(io_err)?;
+        let mr = Lease::new(
+            &self.pool,
+            &self.ep.pd,
+            len,
+            Access::REMOTE_READ,
+            self.chunk_flags(),
+        )
+        .map_err(io_err)?;
         let mut off = 0;
         for p in parts {
             mr.copy_in(off, p).map_err(io_err)?;
@@ -171,14 +175,14 @@ impl RdmaTransport {
     }
 
     fn lend_room(&self, room: usize) -> io::Result<Lease> {
-        self.pool
-            .lease(
-                &self.ep.pd,
-                room,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                self.chunk_flags(),
-            )
-            .map_err(io_err)
+        Lease::new(
+            &self.pool,
+            &self.ep.pd,
+            room,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            self.chunk_flags(),
+        )
+        .map_err(io_err)
     }
 
     /// Chunk regions are remotely invalidatable when we said we take Send With Invalidate.
@@ -239,24 +243,16 @@ impl RdmaTransport {
         };
         let (xid, credit, form) = plan_reply(buf, |xid| {
             let l = st.calls.get(&xid).filter(|l| !l.answered)?;
-            Some((lent_of(l.write.as_ref()), lent_of(l.reply.as_deref())))
+            Some((lent_of(l.write.as_deref()), lent_of(l.reply.as_deref())))
         })?;
         // The Write chunk's region is invalidated now, before its data is looked at
         // (RPCRDMA-55); the vector under it becomes the bulk data.
         let written = st.calls.get_mut(&xid)?.write.take();
-        let bulk = |n: usize| -> Result<Vec<u8>, String> {
-            let mr = written.ok_or("no Write chunk was offered")?;
-            let buf = mr.buffer().clone();
-            drop(mr);
-            let mut v = match Buffer::into_vec(buf) {
-                Ok(v) => v,
-                Err(buf) => buf.read().to_vec(),
-            };
-            if n > v.len() {
-                return Err("more written than the chunk holds".into());
-            }
-            v.truncate(n);
-            Ok(v)
+        let bulk = |n: usize| -> Result<Bulk, String> {
+            written
+                .ok_or("no Write chunk was offered")?
+                .into_bulk(n)
+                .ok_or_else(|| "more written than the chunk holds".into())
         };
         let lent = st.calls.get(&xid)?;
         let copy = |m: Option<&Mr>, n: usize| -> Result<Vec<u8>, String> {
@@ -359,24 +355,9 @@ impl ClientTransport for RdmaTransport {
         // (RPCRDMA-26, -48) and a Reply chunk if the reply may exceed the threshold
         // (RPCRDMA-52).
         if let Some(n) = call.reply.ddp {
-            // Placed straight into the vector the reply hands over: no copy (RFC 8166
+            // Placed straight into the memory the reply hands over: no copy (RFC 8166
             // §3.4.6 is direct data placement).
-            let len = n.max(1);
-            let buf = Buffer::adopt(vec![0u8; len]);
-            lent.write = Some(
-                self.ep
-                    .pd
-                    .reg_mr_with(
-                        buf,
-                        MrAttr {
-                            range: 0..len,
-                            iova: 0,
-                            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                            flags: self.chunk_flags(),
-                        },
-                    )
-                    .map_err(io_err)?,
-            );
+            lent.write = Some(self.lend_room(n)?);
         }
         let fixed = header_len(0, lent.write.is_some(), true);
         if call.reply.max + fixed > self.th.reply {

@@ -1,62 +1,36 @@
 //! Chunk memory: a fresh registration (new keys) per use over memory that is reused.
 //!
 //! RFC 8166 §8.1.2 wants a handle per call that the peer cannot guess and that is gone once
-//! the call is over; nothing asks for fresh memory. Allocating a megabyte per call costs
-//! more than moving it: the allocator returns freed blocks to the kernel and the next call
-//! page-faults them back in, one page at a time. So the buffers stay, and only the
-//! registration is per use.
+//! the call is over; nothing asks for fresh memory. So the vectors come from
+//! [`Buffers`](crate::buffers::Buffers) and only the registration is per use.
 
 use std::ops::Deref;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use softrdma::{Access, Buffer, Mr, MrAttr, MrFlags, Pd};
 
-/// Smallest buffer kept (one page).
-const MIN_CLASS: usize = 4096;
+use crate::buffers::{Buffers, Bulk};
 
-/// Page-aligned buffers waiting for their next registration, with a ceiling on what is kept.
-pub(crate) struct Pool {
-    free: Mutex<Vec<Arc<Buffer>>>,
-    /// Buffers kept at most.
-    max_kept: usize,
-    /// Octets kept at most.
-    max_bytes: usize,
+/// A registered region over pooled memory; deregistered on drop, its memory back to the
+/// pool (if it came from one and nothing else holds it).
+pub(crate) struct Lease {
+    mr: Option<Mr>,
+    pool: Option<Arc<Buffers>>,
 }
 
-impl Pool {
-    pub(crate) fn new(max_kept: usize, max_bytes: usize) -> Arc<Pool> {
-        Arc::new(Pool {
-            free: Mutex::new(Vec::new()),
-            max_kept,
-            max_bytes,
-        })
-    }
-
-    /// Registers `len` octets (a buffer reused when one is big enough) with `access`; the
-    /// region covers exactly `len`, so the rest of the buffer is out of the peer's reach.
-    pub(crate) fn lease(
-        self: &Arc<Self>,
+impl Lease {
+    /// Registers `len` octets of pooled memory with `access`; the region covers exactly
+    /// `len`, so the rest of the vector is out of the peer's reach.
+    pub(crate) fn new(
+        pool: &Arc<Buffers>,
         pd: &Pd,
         len: usize,
         access: Access,
         flags: MrFlags,
     ) -> Result<Lease, softrdma::Error> {
         let len = len.max(1);
-        let buf = {
-            let mut free = self.free.lock();
-            // The smallest free buffer that holds `len`.
-            let best = free
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.len() >= len)
-                .min_by_key(|(_, b)| b.len())
-                .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
-        }
-        .unwrap_or_else(|| Buffer::new(len.next_power_of_two().max(MIN_CLASS)));
         let mr = pd.reg_mr_with(
-            buf,
+            Buffer::adopt(pool.filled(len)),
             MrAttr {
                 range: 0..len,
                 iova: 0,
@@ -64,45 +38,35 @@ impl Pool {
                 flags,
             },
         )?;
-        Ok(Lease {
-            mr: Some(mr),
-            pool: Some(self.clone()),
-        })
+        Ok(Lease::over(mr, Some(pool)))
     }
 
-    fn give_back(&self, buf: Arc<Buffer>) {
-        // Only memory nobody else can still reach (the engine drops its references with
-        // the registration).
-        if Arc::strong_count(&buf) != 1 {
-            return;
-        }
-        let mut free = self.free.lock();
-        let kept: usize = free.iter().map(|b| b.len()).sum();
-        if free.len() < self.max_kept && kept + buf.len() <= self.max_bytes {
-            free.push(buf);
-        }
-    }
-
-    #[cfg(test)]
-    fn kept(&self) -> usize {
-        self.free.lock().len()
-    }
-}
-
-/// A registered region over pooled memory; deregistered on drop, its memory back to the
-/// pool (if it came from one).
-pub(crate) struct Lease {
-    mr: Option<Mr>,
-    pool: Option<Arc<Pool>>,
-}
-
-impl Lease {
-    /// A region over memory that is not the pool's (freed with the region).
-    pub(crate) fn own(mr: Mr) -> Lease {
+    /// `mr`, whose memory goes to `pool` (when given) once the last region over it is gone.
+    pub(crate) fn over(mr: Mr, pool: Option<&Arc<Buffers>>) -> Lease {
         Lease {
             mr: Some(mr),
-            pool: None,
+            pool: pool.cloned(),
         }
+    }
+
+    /// The first `n` octets, the region gone first (its keys dead before the data is looked
+    /// at, RPCRDMA-55); `None` if the region is shorter.
+    pub(crate) fn into_bulk(mut self, n: usize) -> Option<Bulk> {
+        let mr = self.mr.take()?;
+        if n > mr.len() {
+            return None;
+        }
+        let buf = mr.buffer().clone();
+        drop(mr);
+        Some(match (Buffer::into_vec(buf), self.pool.take()) {
+            (Ok(v), Some(pool)) => Bulk::pooled(v, n, pool),
+            (Ok(mut v), None) => {
+                v.truncate(n);
+                Bulk::from(v)
+            }
+            // Still held by the network: a copy.
+            (Err(buf), _) => Bulk::from(buf.read()[..n].to_vec()),
+        })
     }
 }
 
@@ -122,8 +86,10 @@ impl Drop for Lease {
             // Deregistered first: every key of the region is dead before the memory is
             // handed to anyone else (RPCRDMA-55).
             drop(mr);
-            if let Some(p) = &self.pool {
-                p.give_back(buf);
+            if let Some(p) = &self.pool
+                && let Ok(v) = Buffer::into_vec(buf)
+            {
+                p.give(v);
             }
         }
     }
@@ -138,50 +104,79 @@ mod tests {
     fn memory_is_reused_under_new_keys() {
         let ctx = Device::tcp().open().unwrap();
         let pd = ctx.alloc_pd();
-        let pool = Pool::new(4, 1 << 20);
-        let a = pool
-            .lease(&pd, 5000, Access::REMOTE_READ, MrFlags::empty())
-            .unwrap();
+        let pool = Buffers::new(4, 1 << 20);
+        let a = Lease::new(&pool, &pd, 5000, Access::REMOTE_READ, MrFlags::empty()).unwrap();
         assert_eq!(
             a.len(),
             5000,
             "the region covers what was asked, not the class"
         );
-        let (key, mem) = (a.rkey(), Arc::as_ptr(a.buffer()));
+        let (key, mem) = (a.rkey(), a.buffer().read().as_ptr());
         drop(a);
         assert_eq!(pool.kept(), 1);
-        let b = pool
-            .lease(
-                &pd,
-                3000,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                MrFlags::empty(),
-            )
-            .unwrap();
-        assert_eq!(Arc::as_ptr(b.buffer()), mem, "the buffer is reused");
+        let b = Lease::new(
+            &pool,
+            &pd,
+            3000,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            MrFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(b.buffer().read().as_ptr(), mem, "the memory is reused");
         assert_ne!(b.rkey(), key, "under a new key");
         assert_eq!(pool.kept(), 0);
         drop(b);
+        assert_eq!(pool.kept(), 1);
     }
 
     #[test]
-    fn what_is_kept_has_a_ceiling() {
+    fn shared_memory_goes_back_with_its_last_region() {
         let ctx = Device::tcp().open().unwrap();
         let pd = ctx.alloc_pd();
-        let pool = Pool::new(2, 64 << 10);
-        let leases: Vec<_> = (0..3)
-            .map(|_| {
-                pool.lease(&pd, 20 << 10, Access::LOCAL_WRITE, MrFlags::empty())
-                    .unwrap()
-            })
-            .collect();
-        drop(leases);
-        // Three 32 KiB buffers: the octet ceiling keeps two.
-        assert_eq!(pool.kept(), 2);
-        let big = pool
-            .lease(&pd, 1 << 20, Access::LOCAL_WRITE, MrFlags::empty())
-            .unwrap();
-        drop(big);
-        assert_eq!(pool.kept(), 2, "a buffer over the ceiling is freed");
+        let pool = Buffers::new(4, 1 << 20);
+        let buf = Buffer::adopt(pool.filled(8192));
+        let reg = |r: std::ops::Range<usize>| {
+            let mr = pd
+                .reg_mr_with(
+                    buf.clone(),
+                    MrAttr {
+                        range: r,
+                        iova: 0,
+                        access: Access::empty(),
+                        flags: MrFlags::empty(),
+                    },
+                )
+                .unwrap();
+            Lease::over(mr, Some(&pool))
+        };
+        let (a, b) = (reg(0..100), reg(200..300));
+        drop(buf);
+        drop(a);
+        assert_eq!(pool.kept(), 0, "still registered by the other");
+        drop(b);
+        assert_eq!(pool.kept(), 1);
+    }
+
+    #[test]
+    fn bulk_is_the_written_prefix_without_a_copy() {
+        let ctx = Device::tcp().open().unwrap();
+        let pd = ctx.alloc_pd();
+        let pool = Buffers::new(4, 1 << 20);
+        let l = Lease::new(&pool, &pd, 6000, Access::LOCAL_WRITE, MrFlags::empty()).unwrap();
+        l.copy_in(0, &[9; 6000]).unwrap();
+        let at = l.buffer().read().as_ptr();
+        assert!(
+            Lease::new(&pool, &pd, 10, Access::LOCAL_WRITE, MrFlags::empty())
+                .unwrap()
+                .into_bulk(11)
+                .is_none(),
+            "more than the region holds"
+        );
+        let bulk = l.into_bulk(4000).unwrap();
+        assert_eq!(bulk.as_ptr(), at);
+        assert_eq!(&bulk[..], &[9; 4000][..]);
+        let kept = pool.kept();
+        drop(bulk);
+        assert_eq!(pool.kept(), kept + 1);
     }
 }

@@ -18,8 +18,9 @@ use softrdma::{
 use softrdma_wire::rpcrdma::{Chunks, Header, ReadList, Repr, Segment, WriteChunk, WriteList};
 
 use super::plan::{CallPlan, Offered, fill, plan_call};
-use super::pool::{Lease, Pool};
+use super::pool::Lease;
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
+use crate::buffers::Buffers;
 use crate::msg::peek;
 use crate::payload::{removed, splice};
 use crate::server::{Eligible, OutReply, Server};
@@ -57,7 +58,7 @@ struct Conn {
     next_pull: AtomicU64,
     dead: AtomicBool,
     /// Read chunk targets and Write/Reply chunk sources (shared by the server's connections).
-    pool: Arc<Pool>,
+    pool: Arc<Buffers>,
 }
 
 /// A running RPC-over-RDMA service; shut down when dropped.
@@ -105,7 +106,7 @@ impl Server {
             .name("rpc-rdma-accept".into())
             .spawn(move || {
                 let mut conns = Vec::new();
-                let pool = Pool::new(4 * cfg.credits.max(1) as usize, 8 * cfg.max_message);
+                let pool = server.buffers().clone();
                 while !stop2.load(Ordering::Acquire) {
                     let Ok(req) = listener.accept_timeout(Duration::from_millis(100)) else {
                         continue;
@@ -144,7 +145,7 @@ impl Conn {
         ctx: &Context,
         req: ConnRequest,
         cfg: RdmaConfig,
-        pool: &Arc<Pool>,
+        pool: &Arc<Buffers>,
     ) -> io::Result<Arc<Conn>> {
         let credits = cfg.credits.max(1);
         let th = thresholds(&cfg, req.private_data(), false);
@@ -280,10 +281,14 @@ impl Conn {
             }
         }
         // RPCRDMA-22: pull the chunks (segments in list order, one chunk per Position).
-        let mr = self
-            .pool
-            .lease(&self.ep.pd, total, Access::LOCAL_WRITE, MrFlags::empty())
-            .map_err(io_err)?;
+        let mr = Lease::new(
+            &self.pool,
+            &self.ep.pd,
+            total,
+            Access::LOCAL_WRITE,
+            MrFlags::empty(),
+        )
+        .map_err(io_err)?;
         let id = self.next_pull.fetch_add(1, Ordering::Relaxed);
         let mut chunks: Vec<(u32, usize, usize)> = Vec::new();
         let mut wrs = Vec::new();
@@ -365,7 +370,7 @@ impl Conn {
         let conn = self.clone();
         let registry = self.server.registry().clone();
         self.server.spawn(move || {
-            if let Some(out) = registry.dispatch(&msg, Some(conn.peer))
+            if let Some(out) = registry.dispatch(&msg, Some(conn.peer), &conn.pool)
                 && let Err(e) = conn.reply(xid, out, &offered)
             {
                 // RPCRDMA-68: a reply that cannot be sent ends the connection.
@@ -440,7 +445,7 @@ impl Conn {
                     },
                 )
                 .map_err(io_err)?;
-            match self.write_through(Lease::own(mr), chunk, &mut held) {
+            match self.write_through(Lease::over(mr, Some(&self.pool)), chunk, &mut held) {
                 Some(segs) => {
                     writes[i] = segs;
                     // RPCRDMA-18: the data and its padding leave the stream.
@@ -474,16 +479,28 @@ impl Conn {
             .invalidate
             .filter(|_| self.th.remote_invalidate && self.cfg.remote_invalidate);
         if inline_hdr.buffer_len() + len <= self.th.reply.min(self.cfg.inline_send) {
-            return self.send(&inline_hdr, &parts, held, inv);
+            let sent = self.send(&inline_hdr, &parts, held, inv);
+            drop(parts);
+            drop(g);
+            // Without Writes the results are done with now (with them, the last region's
+            // lease gives them back once the Send completes).
+            if let Ok(v) = Buffer::into_vec(results) {
+                self.pool.give(v);
+            }
+            return sent;
         }
         // Long Reply (RPCRDMA-34, -54): the message through the Reply chunk.
         let Some(rc) = offered.reply.as_ref() else {
             return self.send_error(err_chunk_for(xid, self.credits()));
         };
-        let mr = self
-            .pool
-            .lease(&self.ep.pd, len, Access::empty(), MrFlags::empty())
-            .map_err(io_err)?;
+        let mr = Lease::new(
+            &self.pool,
+            &self.ep.pd,
+            len,
+            Access::empty(),
+            MrFlags::empty(),
+        )
+        .map_err(io_err)?;
         {
             let mut w = mr.write();
             let mut at = mr.buffer_offset();
