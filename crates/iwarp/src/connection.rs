@@ -289,11 +289,34 @@ impl Connection {
                 return;
             }
         }
-        let Some(d) = self.deframer.as_mut() else {
+        let Connection {
+            deframer,
+            startup,
+            rtr_expected,
+            cfg,
+            engine,
+            held,
+            ..
+        } = self;
+        let Some(d) = deframer.as_mut() else {
             return;
         };
-        d.push(bytes);
-        self.drain_deframer();
+        // Whole FPDUs are read where they arrived (no copy before placement); what
+        // follows a partial one, or a pause for a shared receive, is buffered.
+        let mut rest = bytes;
+        let mut go = true;
+        while go && d.buffered() == 0 {
+            match d.next_in(&mut rest) {
+                Some(next) => go = deliver(startup, rtr_expected, cfg.srq, engine, held, next),
+                None => break,
+            }
+        }
+        d.push(rest);
+        if go {
+            self.drain_deframer();
+        } else {
+            self.pump_engine_events();
+        }
     }
 
     /// SRQ ([`ConnectionConfig::srq`]): delivery stopped before the first
@@ -371,11 +394,24 @@ impl Connection {
         }
         let largest = usize::from(framer.mulpdu());
         while fits(out, framer.encoded_len(largest)) {
-            self.scratch.clear();
-            if self.engine.poll_ulpdu(&mut self.scratch).is_none() {
-                break;
-            }
-            if let Err(e) = framer.frame(&[&self.scratch], out) {
+            let framed = match framer.begin(out) {
+                // Without Markers the engine writes the ULPDU into its FPDU.
+                Some(at) => {
+                    if self.engine.poll_ulpdu(out).is_none() {
+                        out.truncate(at);
+                        break;
+                    }
+                    framer.seal(out, at)
+                }
+                None => {
+                    self.scratch.clear();
+                    if self.engine.poll_ulpdu(&mut self.scratch).is_none() {
+                        break;
+                    }
+                    framer.frame(&[&self.scratch], out)
+                }
+            };
+            if let Err(e) = framed {
                 // The engine never exceeds the MULPDU it was given; if it did,
                 // the stream is unusable.
                 debug_assert!(false, "engine ULPDU refused by the framer: {e:?}");
@@ -506,34 +542,18 @@ impl Connection {
     }
 
     fn drain_deframer(&mut self) {
-        loop {
-            let next = match self.deframer.as_mut() {
-                Some(d) => d.next(),
-                None => return,
-            };
-            match next {
-                None => break,
-                Some(Ok(ulpdu)) => {
-                    if self.startup.state() == StartupState::AwaitingFirstFpdu {
-                        // MPA-73: the Responder may transmit from now on.
-                        self.startup.fpdu_received();
-                    }
-                    if let Some(rtr) = self.rtr_expected.take()
-                        && rtr == Rtr::ZeroLengthWrite
-                        && is_zero_length_write(&ulpdu)
-                    {
-                        continue; // the RTR carries nothing for the QP
-                    }
-                    if self.cfg.srq && self.engine.needs_recv(&ulpdu) {
-                        // The driver hands over a shared receive first.
-                        self.held = Some(ulpdu);
-                        break;
-                    }
-                    self.engine.handle_ulpdu(&ulpdu);
-                }
-                Some(Err(e)) => {
-                    // RFC 5044 §8: report to DDP; nothing more is delivered (MPA-90).
-                    self.engine.handle_llp_error(e);
+        let Connection {
+            deframer,
+            startup,
+            rtr_expected,
+            cfg,
+            engine,
+            held,
+            ..
+        } = self;
+        if let Some(d) = deframer.as_mut() {
+            while let Some(next) = d.next_ulpdu() {
+                if !deliver(startup, rtr_expected, cfg.srq, engine, held, next) {
                     break;
                 }
             }
@@ -544,6 +564,44 @@ impl Connection {
     fn pump_engine_events(&mut self) {
         while let Some(e) = self.engine.poll_event() {
             self.events.push_back(ConnEvent::Qp(e));
+        }
+    }
+}
+
+/// Hands one deframed ULPDU (or the framing error) to the engine; `false` when delivery
+/// stops (an error, or a Send waiting for a shared receive).
+fn deliver(
+    startup: &mut Startup,
+    rtr_expected: &mut Option<Rtr>,
+    srq: bool,
+    engine: &mut RdmapEngine,
+    held: &mut Option<Vec<u8>>,
+    next: Result<&[u8], LlpError>,
+) -> bool {
+    match next {
+        Ok(ulpdu) => {
+            if startup.state() == StartupState::AwaitingFirstFpdu {
+                // MPA-73: the Responder may transmit from now on.
+                startup.fpdu_received();
+            }
+            if let Some(rtr) = rtr_expected.take()
+                && rtr == Rtr::ZeroLengthWrite
+                && is_zero_length_write(ulpdu)
+            {
+                return true; // the RTR carries nothing for the QP
+            }
+            if srq && engine.needs_recv(ulpdu) {
+                // The driver hands over a shared receive first.
+                *held = Some(ulpdu.to_vec());
+                return false;
+            }
+            engine.handle_ulpdu(ulpdu);
+            true
+        }
+        Err(e) => {
+            // RFC 5044 §8: report to DDP; nothing more is delivered (MPA-90).
+            engine.handle_llp_error(e);
+            false
         }
     }
 }

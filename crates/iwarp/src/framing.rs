@@ -146,6 +146,39 @@ impl Framer {
         self.frame_limited(parts, self.mulpdu, out)
     }
 
+    /// Starts an FPDU in place at the end of `out`, for a ULPDU appended there next and
+    /// [`seal`](Self::seal)ed: the ULPDU is written once, where it is sent from. `None` with
+    /// Markers on (they cut into the body: use [`frame`](Self::frame)).
+    pub fn begin(&self, out: &mut Vec<u8>) -> Option<usize> {
+        if self.markers {
+            return None;
+        }
+        let at = out.len();
+        out.extend_from_slice(&[0, 0]);
+        Some(at)
+    }
+
+    /// Finishes the FPDU [`begin`](Self::begin) started at `at` (length, PAD, CRC); on
+    /// error `out` is cut back to `at`.
+    pub fn seal(&mut self, out: &mut Vec<u8>, at: usize) -> Result<usize, FramingError> {
+        let len = out.len().saturating_sub(at + 2);
+        let limit = usize::from(clamp_mulpdu(self.mulpdu));
+        if self.markers || len > limit {
+            out.truncate(at);
+            return Err(FramingError::UlpduTooLarge { len, limit });
+        }
+        match mpa::seal_fpdu(out, at, self.crc) {
+            Ok(n) => {
+                self.pos = self.pos.wrapping_add(n as u32);
+                Ok(n)
+            }
+            Err(_) => {
+                out.truncate(at);
+                Err(FramingError::UlpduTooLarge { len, limit })
+            }
+        }
+    }
+
     /// [`frame`](Self::frame) with a MULPDU for this one FPDU (RFC 5044 §4.5
     /// allows adjusting it, MPA-37), clamped to [128, 64768] (MPA-41).
     pub fn frame_limited(
@@ -220,6 +253,8 @@ pub struct Deframer {
     error: Option<LlpError>,
     error_reported: bool,
     delivered: u64,
+    /// A ULPDU taken out from between Markers (without them it is read in place).
+    scratch: Vec<u8>,
 }
 
 impl Deframer {
@@ -235,6 +270,7 @@ impl Deframer {
             error: None,
             error_reported: false,
             delivered: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -294,29 +330,180 @@ impl Deframer {
     /// Append received stream octets. Dropped after an error (MPA-90).
     pub fn push(&mut self, bytes: &[u8]) {
         if self.error.is_none() {
+            self.compact();
             self.buf.extend_from_slice(bytes);
         }
     }
 
-    fn fail(&mut self, e: LlpError) -> Option<Result<Vec<u8>, LlpError>> {
+    /// Drops the delivered octets in front of the buffer: all of them for free when
+    /// nothing is left behind them, else once they outweigh what is (each octet is moved
+    /// a bounded number of times).
+    fn compact(&mut self) {
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start >= COMPACT_AT && self.start >= self.buf.len() - self.start {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+    }
+
+    fn fail(&mut self, e: LlpError) -> LlpError {
         self.error = Some(e);
         self.error_reported = true;
         self.buf = Vec::new();
         self.start = 0;
-        Some(Err(e))
+        e
     }
 
-    fn consume(&mut self, n: usize) {
-        self.start += n;
+    /// The error to report now, once (MPA-90).
+    fn report(&mut self) -> Option<Option<LlpError>> {
+        let e = self.error?;
+        if self.error_reported {
+            return Some(None);
+        }
+        self.error_reported = true;
+        Some(Some(e))
+    }
+
+    /// The next ULPDU, read where it lies (in the buffer, or out from between Markers):
+    /// [`Iterator::next`] without the copy.
+    pub fn next_ulpdu(&mut self) -> Option<Result<&[u8], LlpError>> {
+        if let Some(e) = self.report() {
+            return e.map(Err);
+        }
+        self.compact();
+        let at = self.start;
+        match parse(
+            &self.buf[at..],
+            self.pos,
+            self.markers,
+            self.crc,
+            self.max_ulpdu,
+            &mut self.scratch,
+        ) {
+            Parsed::Need => None,
+            Parsed::Fail(e) => Some(Err(self.fail(e))),
+            Parsed::Done { total, ulpdu } => {
+                self.advance(total);
+                self.start += total;
+                Some(Ok(match ulpdu {
+                    Some(r) => &self.buf[at + r.start..at + r.end],
+                    None => &self.scratch,
+                }))
+            }
+        }
+    }
+
+    /// The next ULPDU of `input`, octets of the stream that follow everything pushed so
+    /// far, read in place; `input` is advanced past it. Only while nothing is buffered
+    /// ([`buffered`](Self::buffered) is 0): otherwise, and for a partial FPDU left at the
+    /// end of `input`, [`push`](Self::push) the rest. `None` when `input` holds no whole
+    /// FPDU (or after the error was reported).
+    pub fn next_in<'s, 'i: 's>(
+        &'s mut self,
+        input: &mut &'i [u8],
+    ) -> Option<Result<&'s [u8], LlpError>> {
+        if let Some(e) = self.report() {
+            return e.map(Err);
+        }
+        debug_assert_eq!(self.buffered(), 0, "next_in behind buffered octets");
+        let bytes: &'i [u8] = input;
+        match parse(
+            bytes,
+            self.pos,
+            self.markers,
+            self.crc,
+            self.max_ulpdu,
+            &mut self.scratch,
+        ) {
+            Parsed::Need => None,
+            Parsed::Fail(e) => Some(Err(self.fail(e))),
+            Parsed::Done { total, ulpdu } => {
+                self.advance(total);
+                *input = &bytes[total..];
+                Some(Ok(match ulpdu {
+                    Some(r) => &bytes[r],
+                    None => &self.scratch,
+                }))
+            }
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
         // FPDUs are < 2^17 octets: the truncation is modular, as is the position.
         self.pos = self.pos.wrapping_add(n as u32);
-        if self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
-        } else if self.start >= COMPACT_AT {
-            self.buf.drain(..self.start);
-            self.start = 0;
+        self.delivered += 1;
+    }
+}
+
+/// One step of deframing.
+enum Parsed {
+    /// The FPDU is not all there yet (MPA-48).
+    Need,
+    Fail(LlpError),
+    /// An FPDU of `total` octets; its ULPDU at `ulpdu` in the input, or in the scratch
+    /// vector (`None`: taken out from between Markers).
+    Done {
+        total: usize,
+        ulpdu: Option<std::ops::Range<usize>>,
+    },
+}
+
+/// The FPDU at the start of `input`, whose first octet is at stream position `pos`.
+fn parse(
+    input: &[u8],
+    pos: u32,
+    markers: bool,
+    crc: bool,
+    max_ulpdu: usize,
+    scratch: &mut Vec<u8>,
+) -> Parsed {
+    // A Marker at the FPDU's first octet precedes ULPDU_Length (MPA-21).
+    let lead = if markers && mpa::marker_at(pos) {
+        MARKER_LEN
+    } else {
+        0
+    };
+    let Some(len_field) = input.get(lead..lead + 2) else {
+        return Parsed::Need;
+    };
+    let ulpdu_len = usize::from(u16::from_be_bytes([len_field[0], len_field[1]]));
+    if ulpdu_len > max_ulpdu {
+        // No sender may post this (MPA-07): the FPDU start is lost (§8 code 3).
+        return Parsed::Fail(LlpError::MarkerMismatch);
+    }
+    let total = mpa::encoded_len(ulpdu_len, pos, markers);
+    let Some(fpdu) = input.get(..total) else {
+        return Parsed::Need; // MPA-48: wait for the whole FPDU.
+    };
+    let crc_at = total - CRC_LEN;
+    let crc_good = || {
+        let f = &fpdu[crc_at..];
+        mpa::crc_from_wire([f[0], f[1], f[2], f[3]]) == mpa::crc32c(&fpdu[..crc_at])
+    };
+    if !markers {
+        // The ULPDU lies whole after its length (RFC 5044 §4.1).
+        if crc && !crc_good() {
+            return Parsed::Fail(LlpError::CrcError); // MPA-34, MPA-86
         }
+        return Parsed::Done {
+            total,
+            ulpdu: Some(2..2 + ulpdu_len),
+        };
+    }
+    scratch.clear();
+    scratch.resize(ulpdu_len, 0);
+    match mpa::decode_fpdu_with(fpdu, pos, markers, scratch, crc) {
+        Ok(Some(info)) if !crc || info.crc_ok() => Parsed::Done { total, ulpdu: None },
+        Ok(Some(_)) => Parsed::Fail(LlpError::CrcError),
+        // A Marker disagrees with the length chaining. RFC 5044 §8 calls that code 3 only
+        // when the CRC is valid; a bad CRC is code 2.
+        Ok(None) | Err(_) => Parsed::Fail(if crc && !crc_good() {
+            LlpError::CrcError
+        } else {
+            LlpError::MarkerMismatch
+        }),
     }
 }
 
@@ -324,59 +511,7 @@ impl Iterator for Deframer {
     type Item = Result<Vec<u8>, LlpError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(e) = self.error {
-            if self.error_reported {
-                return None;
-            }
-            self.error_reported = true;
-            return Some(Err(e));
-        }
-        let input = &self.buf[self.start..];
-        // A Marker at the FPDU's first octet precedes ULPDU_Length (MPA-21).
-        let lead = if self.markers && mpa::marker_at(self.pos) {
-            MARKER_LEN
-        } else {
-            0
-        };
-        let len_field = input.get(lead..lead + 2)?;
-        let ulpdu_len = usize::from(u16::from_be_bytes([len_field[0], len_field[1]]));
-        if ulpdu_len > self.max_ulpdu {
-            // No sender may post this (MPA-07): the FPDU start is lost (§8 code 3).
-            return self.fail(LlpError::MarkerMismatch);
-        }
-        let total = mpa::encoded_len(ulpdu_len, self.pos, self.markers);
-        if input.len() < total {
-            return None; // MPA-48: wait for the whole FPDU.
-        }
-        let fpdu = &input[..total];
-        let mut ulpdu = vec![0u8; ulpdu_len];
-        match mpa::decode_fpdu_with(fpdu, self.pos, self.markers, &mut ulpdu, self.crc) {
-            Ok(Some(info)) => {
-                if self.crc && !info.crc_ok() {
-                    return self.fail(LlpError::CrcError); // MPA-34, MPA-86
-                }
-                self.consume(total);
-                self.delivered += 1;
-                Some(Ok(ulpdu))
-            }
-            // A Marker disagrees with the length chaining. RFC 5044 §8 calls
-            // that code 3 only when the CRC is valid; a bad CRC is code 2.
-            Ok(None) | Err(_) => {
-                let crc_at = total - CRC_LEN;
-                let field = [
-                    fpdu[crc_at],
-                    fpdu[crc_at + 1],
-                    fpdu[crc_at + 2],
-                    fpdu[crc_at + 3],
-                ];
-                let crc_good = mpa::crc_from_wire(field) == mpa::crc32c(&fpdu[..crc_at]);
-                if self.crc && !crc_good {
-                    self.fail(LlpError::CrcError)
-                } else {
-                    self.fail(LlpError::MarkerMismatch)
-                }
-            }
-        }
+        self.next_ulpdu().map(|r| r.map(<[u8]>::to_vec))
     }
 }
 
@@ -913,8 +1048,55 @@ mod tests {
         ) {
             let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
             let s = stream(&u, start, markers, crc);
-            let got = deframe_chunks(&s, start, markers, crc, chunks.into_iter().cycle());
-            prop_assert_eq!(got, u);
+            let got = deframe_chunks(&s, start, markers, crc, chunks.iter().copied().cycle());
+            prop_assert_eq!(&got, &u);
+            // Read in place as a connection does: whole FPDUs from each chunk as it comes,
+            // the rest buffered.
+            let mut d = Deframer::with_position(markers, crc, start).unwrap();
+            let mut direct = Vec::new();
+            let mut off = 0;
+            for c in chunks.iter().copied().cycle() {
+                if off >= s.len() {
+                    break;
+                }
+                let end = (off + c).min(s.len());
+                let mut rest = &s[off..end];
+                off = end;
+                while d.buffered() == 0 {
+                    match d.next_in(&mut rest) {
+                        Some(r) => direct.push(r.expect("valid stream").to_vec()),
+                        None => break,
+                    }
+                }
+                d.push(rest);
+                while let Some(r) = d.next_ulpdu() {
+                    direct.push(r.expect("valid stream").to_vec());
+                }
+            }
+            prop_assert_eq!(d.buffered(), 0);
+            prop_assert_eq!(d.position(), start.wrapping_add(s.len() as u32));
+            prop_assert_eq!(direct, u);
+        }
+
+        /// Framing in place ([`Framer::begin`], [`Framer::seal`]) puts out the octets
+        /// [`Framer::frame`] does.
+        #[test]
+        fn prop_sealed_in_place_as_framed(
+            sizes in proptest::collection::vec(0usize..2000, 1..16),
+            start in arb_start(),
+            crc: bool,
+        ) {
+            let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+            let mut f = Framer::with_position(false, crc, start).unwrap();
+            let mut out = vec![0xAB; 3];
+            for x in &u {
+                let at = f.begin(&mut out).expect("no Markers");
+                out.extend_from_slice(x);
+                f.seal(&mut out, at).unwrap();
+            }
+            prop_assert_eq!(f.position(), start.wrapping_add(out.len() as u32 - 3));
+            prop_assert_eq!(&out[3..], &stream(&u, start, false, crc)[..]);
+            prop_assert!(Framer::new(true, crc).begin(&mut out).is_none());
         }
 
         /// Arbitrary octets never panic the Deframer; whatever it delivers

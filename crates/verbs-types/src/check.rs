@@ -45,11 +45,17 @@ impl Sgl {
         self.len == 0
     }
 
-    /// Places `data` at message offset `off`: `Bounds` if the list ends first, the memory
-    /// crate's error if an entry's key was revoked.
-    pub fn scatter(&self, mut off: u64, mut data: &[u8]) -> Result<(), AccessError> {
+    /// Runs `f(entry, entry offset, octets)` over the pieces of `len` octets from message
+    /// offset `off`, in order: `Bounds` if the list ends first.
+    fn walk(
+        &self,
+        mut off: u64,
+        len: usize,
+        mut f: impl FnMut(&Target, usize, usize) -> Result<(), AccessError>,
+    ) -> Result<(), AccessError> {
+        let mut left = len;
         for t in &self.entries {
-            if data.is_empty() {
+            if left == 0 {
                 break;
             }
             let tl = t.len() as u64;
@@ -57,40 +63,56 @@ impl Sgl {
                 off -= tl;
                 continue;
             }
-            let n = ((tl - off) as usize).min(data.len());
-            t.place(off as usize, &data[..n])?;
-            data = &data[n..];
+            let n = ((tl - off) as usize).min(left);
+            f(t, off as usize, n)?;
+            left -= n;
             off = 0;
         }
-        if data.is_empty() {
+        if left == 0 {
             Ok(())
         } else {
             Err(AccessError::Bounds)
         }
     }
 
-    /// Fills `out` from message offset `off`: `Bounds` if the list ends first.
-    pub fn gather(&self, mut off: u64, mut out: &mut [u8]) -> Result<(), AccessError> {
-        for t in &self.entries {
-            if out.is_empty() {
-                break;
-            }
-            let tl = t.len() as u64;
-            if off >= tl {
-                off -= tl;
-                continue;
-            }
-            let n = ((tl - off) as usize).min(out.len());
-            let (head, tail) = out.split_at_mut(n);
-            t.copy_out(off as usize, head)?;
-            out = tail;
-            off = 0;
-        }
-        if out.is_empty() {
+    /// Places `data` at message offset `off`: `Bounds` if the list ends first, the memory
+    /// crate's error if an entry's key was revoked.
+    pub fn scatter(&self, off: u64, data: &[u8]) -> Result<(), AccessError> {
+        let mut at = 0;
+        self.walk(off, data.len(), |t, o, n| {
+            t.place(o, &data[at..at + n])?;
+            at += n;
             Ok(())
-        } else {
-            Err(AccessError::Bounds)
+        })
+    }
+
+    /// Fills `out` from message offset `off`: `Bounds` if the list ends first.
+    pub fn gather(&self, off: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let mut at = 0;
+        self.walk(off, out.len(), |t, o, n| {
+            t.copy_out(o, &mut out[at..at + n])?;
+            at += n;
+            Ok(())
+        })
+    }
+
+    /// Appends `len` octets from message offset `off` to `out`, copied once (no zeroing
+    /// first); `out` is as it was on error.
+    pub fn gather_extend(
+        &self,
+        off: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), AccessError> {
+        let start = out.len();
+        out.reserve(len);
+        let r = self.walk(off, len, |t, o, n| {
+            t.read_with(o, n, |src| out.extend_from_slice(src))
+        });
+        if r.is_err() {
+            out.truncate(start);
         }
+        r
     }
 }
 
@@ -115,6 +137,26 @@ impl Payload {
                     .and_then(|o| v.get(o..o.checked_add(out.len())?))
                     .ok_or(AccessError::Bounds)?;
                 out.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+
+    /// Appends `len` octets from message offset `off` to `out` (see [`Sgl::gather_extend`]).
+    pub fn gather_extend(
+        &self,
+        off: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), AccessError> {
+        match self {
+            Payload::Sgl(s) => s.gather_extend(off, len, out),
+            Payload::Inline(v) => {
+                let src = usize::try_from(off)
+                    .ok()
+                    .and_then(|o| v.get(o..o.checked_add(len)?))
+                    .ok_or(AccessError::Bounds)?;
+                out.extend_from_slice(src);
                 Ok(())
             }
         }

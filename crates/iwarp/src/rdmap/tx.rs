@@ -378,13 +378,18 @@ impl RdmapEngine {
         let e = &self.sq[idx];
         let n = (e.len - off).min((mulpdu - TAGGED_HEADER_LEN) as u32);
         let last = off + n == e.len;
-        let start = grow(out, TAGGED_HEADER_LEN + n as usize);
+        let start = grow(out, TAGGED_HEADER_LEN);
         let to = raddr.wrapping_add(u64::from(off));
         self.put_tagged(&mut out[start..], Opcode::RdmaWrite, rkey.0, to, last);
-        self.sq[idx]
+        // The payload is copied once, straight after the header.
+        if self.sq[idx]
             .data
-            .gather(u64::from(off), &mut out[start + TAGGED_HEADER_LEN..])
-            .map_err(|_| ())?;
+            .gather_extend(u64::from(off), n as usize, out)
+            .is_err()
+        {
+            out.truncate(start);
+            return Err(());
+        }
         self.sq_tx_off = off + n;
         self.counters.payload_tx += u64::from(n);
         Ok(last)
@@ -405,7 +410,7 @@ impl RdmapEngine {
         let e = &self.sq[idx];
         let n = (e.len - off).min((mulpdu - UNTAGGED_HEADER_LEN) as u32);
         let last = off + n == e.len;
-        let start = grow(out, UNTAGGED_HEADER_LEN + n as usize);
+        let start = grow(out, UNTAGGED_HEADER_LEN);
         let msn = self.tx_msn[0];
         self.put_untagged(
             &mut out[start..],
@@ -416,10 +421,14 @@ impl RdmapEngine {
             off,
             last,
         );
-        self.sq[idx]
+        if self.sq[idx]
             .data
-            .gather(u64::from(off), &mut out[start + UNTAGGED_HEADER_LEN..])
-            .map_err(|_| ())?;
+            .gather_extend(u64::from(off), n as usize, out)
+            .is_err()
+        {
+            out.truncate(start);
+            return Err(());
+        }
         if last {
             self.tx_msn[0] = msn.wrapping_add(1);
         }
@@ -499,7 +508,7 @@ impl RdmapEngine {
         let sent = r.sent;
         let n = (total - sent).min((mulpdu - TAGGED_HEADER_LEN) as u32);
         let last = sent + n == total;
-        let start = grow(out, TAGGED_HEADER_LEN + n as usize);
+        let start = grow(out, TAGGED_HEADER_LEN);
         let to = r.req.sink_to.wrapping_add(u64::from(sent));
         self.put_tagged(
             &mut out[start..],
@@ -510,9 +519,11 @@ impl RdmapEngine {
         );
         if let Some(source) = &r.source {
             // The grant is re-validated under the table lock (RDMAP-120): a source
-            // invalidated after the request was accepted fails here.
-            let dst = &mut out[start + TAGGED_HEADER_LEN..];
-            if let Err(e) = source.copy_out(sent as usize, dst) {
+            // invalidated after the request was accepted fails here. The payload is
+            // copied once, straight after the header.
+            if let Err(e) =
+                source.read_with(sent as usize, n as usize, |src| out.extend_from_slice(src))
+            {
                 out.truncate(start);
                 // RFC 5040 §4.8 (RDMAP-33): the Terminated RDMA Header is advanced by the
                 // octets already sent.
@@ -522,6 +533,8 @@ impl RdmapEngine {
                 self.fail(fault);
                 return self.emit_terminate(out);
             }
+        } else {
+            out.resize(out.len() + n as usize, 0);
         }
         self.counters.payload_tx += u64::from(n);
         if last {
