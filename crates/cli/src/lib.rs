@@ -2,6 +2,7 @@
 
 pub mod decode;
 pub mod nfs;
+pub mod nfsd;
 pub mod perf;
 pub mod pingpong;
 pub mod rpcbench;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use softrdma_cli::decode;
-use softrdma_cli::{nfs, perf, pingpong, rpcbench, rping};
+use softrdma_cli::{nfs, nfsd, perf, pingpong, rpcbench, rping};
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +51,9 @@ enum Cmd {
     /// An NFSv3 client over RPC-over-RDMA (default) or TCP: ls, get, put, rm, stat of
     /// nfs://HOST[:PORT]/EXPORT/PATH.
     Nfs(nfs::NfsArgs),
+    /// An NFSv3 server of local directories over RPC-over-RDMA (port 20049) and TCP (2049),
+    /// for the Linux client's `mount -o vers=3,proto=rdma,port=20049`.
+    Nfsd(nfsd::NfsdArgs),
     /// ONC RPC tools: `bench` (RPC-over-RDMA beside RPC over TCP, loopback).
     #[command(subcommand)]
     Rpc(rpcbench::RpcCmd),
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Cmd::Rping(args) => ExitCode::from(rping::run(&args).clamp(0, 255) as u8),
         Cmd::Pingpong(args) => ExitCode::from(pingpong::run(&args).clamp(0, 255) as u8),
         Cmd::Nfs(args) => ExitCode::from(nfs::run(&args).clamp(0, 255) as u8),
+        Cmd::Nfsd(args) => ExitCode::from(nfsd::run(&args).clamp(0, 255) as u8),
         Cmd::Rpc(cmd) => ExitCode::from(rpcbench::run(&cmd).clamp(0, 255) as u8),
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod proto;
+pub mod server;
 
 pub use client::{Error, Nfs3, NfsConfig, Proto, getport};
 pub use proto::{DirEntry, Fattr, FileType, NfsError};

@@ -21,6 +21,6 @@ pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
 pub use payload::{ChunkError, Payload};
 pub use server::{
     ArgumentBinding, CallContext, Eligible, OutReply, ProcError, Program, Registry, Server,
-    ServerConfig, TcpServer,
+    ServerConfig, TcpServer, UdpServer,
 };
 pub use softrdma_wire::onc_rpc::AuthStat;

@@ -3,11 +3,12 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Sender, bounded};
 use parking_lot::{Condvar, Mutex};
@@ -415,6 +416,41 @@ impl Server {
         })
     }
 
+    /// Serves calls over UDP on `socket` (RFC 5531 §11: one call per datagram, no record
+    /// marking), answered in the receiving thread — for small services such as portmap,
+    /// which clients ask over UDP first.
+    pub fn serve_udp(self: &Arc<Self>, socket: UdpSocket) -> io::Result<UdpServer> {
+        let addr = socket.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        // Wakes now and then to see `stop`.
+        socket.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let (server, stop2) = (self.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("rpc-udp".into())
+            .spawn(move || {
+                // The largest datagram UDP carries.
+                let mut buf = vec![0u8; 65_536];
+                while !stop2.load(Ordering::Acquire) {
+                    let Ok((n, peer)) = socket.recv_from(&mut buf) else {
+                        continue;
+                    };
+                    let Some(r) = server
+                        .registry
+                        .dispatch(&buf[..n], Some(peer), &server.buffers)
+                    else {
+                        continue;
+                    };
+                    // A reply larger than a datagram is not sent (the caller times out).
+                    let _ = socket.send_to(&r.to_vec(), peer);
+                }
+            })?;
+        Ok(UdpServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
     /// Reads calls from one connection, each answered by the pool in any order.
     fn serve_connection(self: Arc<Self>, s: TcpStream) {
         let peer = s.peer_addr().ok();
@@ -465,6 +501,29 @@ impl Drop for Server {
         self.jobs = None;
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+    }
+}
+
+/// A running UDP service; stopped when dropped.
+pub struct UdpServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl UdpServer {
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for UdpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }

@@ -1,0 +1,177 @@
+//! `softrdma nfsd --export DIR`: an NFSv3 server in user space, over RPC-over-RDMA (port
+//! 20049) and TCP (2049), that the Linux client mounts with `proto=rdma` — MOUNT v3 on the
+//! TCP port, registered with rpcbind when one runs, a portmapper of its own when none does.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use softrdma::{Device, Listener, RoceConfig};
+use softrdma_nfs::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3};
+use softrdma_nfs::server::portmap::{TCP, UDP};
+use softrdma_nfs::server::{
+    Backend, LocalFs, MAX_IO, Mapping, NfsService, PortMap, register_with_rpcbind,
+};
+use softrdma_rpc::rdma::RdmaConfig;
+use softrdma_rpc::{Registry, Server, ServerConfig};
+
+use crate::verbs_util::TransportArg;
+
+/// `softrdma nfsd` arguments.
+#[derive(clap::Args, Debug)]
+pub struct NfsdArgs {
+    /// A directory to export (repeatable); clients mount it by its absolute path.
+    #[arg(long = "export", short = 'e', required = true)]
+    pub exports: Vec<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind: IpAddr,
+    /// NFS/RDMA port (RFC 8267); 0 to serve no RDMA.
+    #[arg(long, default_value_t = 20049)]
+    pub rdma_port: u16,
+    /// NFS and MOUNT over TCP.
+    #[arg(long, default_value_t = 2049)]
+    pub tcp_port: u16,
+    /// RDMA device: iwarp (TCP) or roce (RoCEv2).
+    #[arg(long, value_enum, default_value = "iwarp")]
+    pub transport: TransportArg,
+    /// Threads running NFS procedures.
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    /// RPC-over-RDMA credits granted per connection.
+    #[arg(long, default_value_t = 64)]
+    pub credits: u32,
+    /// Never run a portmapper of our own (only register with a running rpcbind).
+    #[arg(long)]
+    pub no_portmap: bool,
+}
+
+/// Runs `softrdma nfsd` until killed; the exit status on failure.
+pub fn run(a: &NfsdArgs) -> i32 {
+    match serve(a) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("softrdma nfsd: {e}");
+            1
+        }
+    }
+}
+
+fn serve(a: &NfsdArgs) -> Result<(), String> {
+    let mut exports: Vec<(String, Arc<dyn Backend>)> = Vec::new();
+    for dir in &a.exports {
+        let path = dir
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let fs = LocalFs::new(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        exports.push((path.to_string_lossy().into_owned(), Arc::new(fs)));
+    }
+    let names: Vec<String> = exports.iter().map(|(p, _)| p.clone()).collect();
+    let svc = NfsService::new(exports);
+    let mut reg = Registry::new();
+    svc.register(&mut reg);
+    // A record holds a 1 MiB WRITE with its header.
+    let max_message = MAX_IO as usize + (64 << 10);
+    let server = Arc::new(Server::new(
+        reg,
+        ServerConfig {
+            threads: a.threads.max(1),
+            max_record: max_message,
+            ..ServerConfig::default()
+        },
+    ));
+    let tcp_addr = SocketAddr::new(a.bind, a.tcp_port);
+    let tcp = server
+        .serve_tcp(TcpListener::bind(tcp_addr).map_err(|e| format!("TCP {tcp_addr}: {e}"))?)
+        .map_err(|e| format!("TCP {tcp_addr}: {e}"))?;
+    let tcp_port = tcp.local_addr().port();
+    let _rdma = if a.rdma_port != 0 {
+        let dev = match a.transport {
+            TransportArg::Iwarp => Device::tcp(),
+            TransportArg::Roce => Device::roce(RoceConfig::new(if a.bind.is_unspecified() {
+                crate::verbs_util::default_roce_ip()
+            } else {
+                a.bind
+            })),
+        };
+        let ctx = dev.open().map_err(|e| format!("{}: {e}", dev.name()))?;
+        let addr = SocketAddr::new(a.bind, a.rdma_port);
+        let l = Listener::bind(&ctx, addr).map_err(|e| format!("RDMA {addr}: {e}"))?;
+        let cfg = RdmaConfig {
+            credits: a.credits.max(1),
+            max_message,
+            ..RdmaConfig::default()
+        };
+        let s = server
+            .serve_rdma(&ctx, l, cfg)
+            .map_err(|e| format!("RDMA {addr}: {e}"))?;
+        println!(
+            "softrdma nfsd: NFS/RDMA on {} ({})",
+            s.local_addr(),
+            dev.name()
+        );
+        Some((ctx, s))
+    } else {
+        None
+    };
+    println!(
+        "softrdma nfsd: NFS and MOUNT over TCP on {}",
+        tcp.local_addr()
+    );
+    // rpcbind knows TCP and UDP ports; NFS/RDMA's is the well-known 20049 (RFC 8267).
+    let mappings = [
+        Mapping {
+            prog: NFS_PROGRAM,
+            vers: NFS_V3,
+            prot: TCP,
+            port: u32::from(tcp_port),
+        },
+        Mapping {
+            prog: MOUNT_PROGRAM,
+            vers: MOUNT_V3,
+            prot: TCP,
+            port: u32::from(tcp_port),
+        },
+    ];
+    let rpcbind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 111);
+    let _portmap = match register_with_rpcbind(rpcbind, &mappings) {
+        Ok(true) => {
+            println!("softrdma nfsd: registered with rpcbind");
+            None
+        }
+        Ok(false) if !a.no_portmap => {
+            let pm = PortMap::new(&mappings);
+            let mut reg = Registry::new();
+            pm.register(&mut reg);
+            let pms = Arc::new(Server::new(
+                reg,
+                ServerConfig {
+                    threads: 1,
+                    max_record: 1 << 16,
+                    ..ServerConfig::default()
+                },
+            ));
+            let at = SocketAddr::new(a.bind, 111);
+            let t = pms
+                .serve_tcp(TcpListener::bind(at).map_err(|e| format!("portmap TCP {at}: {e}"))?)
+                .map_err(|e| e.to_string())?;
+            let u = pms
+                .serve_udp(UdpSocket::bind(at).map_err(|e| format!("portmap UDP {at}: {e}"))?)
+                .map_err(|e| e.to_string())?;
+            println!("softrdma nfsd: no rpcbind here; answering portmap on {at} (TCP, UDP)");
+            Some((pms, t, u))
+        }
+        Ok(false) => {
+            println!("softrdma nfsd: no rpcbind here; clients need port= and mountport=");
+            None
+        }
+        Err(e) => return Err(format!("rpcbind: {e}")),
+    };
+    let _ = UDP;
+    for n in &names {
+        println!("softrdma nfsd: exporting {n}");
+    }
+    loop {
+        std::thread::park();
+    }
+}
