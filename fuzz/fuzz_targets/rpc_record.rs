@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use softrdma_rpc::msg::{decode_reply, peek};
 use softrdma_rpc::record::RecordDecoder;
-use softrdma_rpc::{CallContext, ProcError, Registry};
+use softrdma_rpc::{Buffers, CallContext, ProcError, Registry};
 
 const LIMIT: usize = 4096;
 
@@ -25,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
     reg.register(100_003, 4, |_: &CallContext<'_>, _: &[u8]| {
         Err::<Vec<u8>, _>(ProcError::SystemErr)
     });
+    let buffers = Buffers::new(4, 1 << 20);
     let mut d = RecordDecoder::new(LIMIT);
     let step = usize::from(cut).max(1);
     for chunk in stream.chunks(step) {
@@ -33,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
             match d.decode(&mut input) {
                 Ok(Some(rec)) => {
                     assert!(rec.len() <= LIMIT);
-                    if let Some(reply) = reg.dispatch(&rec, None) {
+                    if let Some(reply) = reg.dispatch(&rec, None, &buffers) {
                         let (h, _) = decode_reply(&reply.to_vec()).expect("our replies decode");
                         assert_eq!(Some((h.xid, false)), peek(&rec));
                     }
