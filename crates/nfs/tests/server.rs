@@ -56,7 +56,10 @@ fn cfg() -> RdmaConfig {
 }
 
 fn rig(t: T, uid: u32) -> Rig {
-    let fs: Arc<dyn Backend> = Arc::new(MemFs::new());
+    rig_on(t, uid, Arc::new(MemFs::new()))
+}
+
+fn rig_on(t: T, uid: u32, fs: Arc<dyn Backend>) -> Rig {
     let other: Arc<dyn Backend> = Arc::new(MemFs::new());
     let svc = NfsService::new(vec![("/export".into(), fs), ("/other/".into(), other)]);
     let mut reg = Registry::new();
@@ -403,8 +406,29 @@ fn files_are_written_read_and_committed() {
 
 #[test]
 fn every_namespace_procedure_and_its_errors() {
-    let r = rig(T::Iwarp, 0);
+    namespace_procedures(&rig(T::Iwarp, 0));
+}
+
+/// The same over a local directory: the protocol answers the same for a real filesystem.
+#[test]
+fn every_namespace_procedure_on_a_local_directory() {
+    let dir = std::env::temp_dir().join(format!("softrdma-nfsd-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    namespace_procedures(&rig_on(
+        T::Roce,
+        0,
+        Arc::new(softrdma_nfs::server::LocalFs::new(&dir).unwrap()),
+    ));
+    // Nothing was made outside the export through the link to /etc/passwd.
+    assert!(dir.join("ln").symlink_metadata().is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn namespace_procedures(r: &Rig) {
     let root = r.root.clone();
+    // NULL answers with nothing.
+    assert!(r.call(0, Xdr::new()).results.is_empty());
     // GETATTR, LOOKUP . and ..
     assert_eq!(r.getattr(&root).ftype, FileType::Directory);
     assert_eq!(r.lookup(&root, b".").unwrap(), root);
@@ -440,6 +464,8 @@ fn every_namespace_procedure_and_its_errors() {
     x.opaque(b"/etc/passwd");
     let ln = new_handle(r.status(10, x)).unwrap();
     assert_eq!(r.getattr(&ln).ftype, FileType::Symlink);
+    // Never a directory to look through, wherever it points.
+    assert_eq!(r.lookup(&ln, b"passwd"), Err(NOTDIR));
     let mut x = Xdr::new();
     x.opaque(&ln);
     let rl = r.call(5, x);

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# interop-nfsd.sh - `softrdma nfsd` (our NFSv3 server, RPC-over-RDMA and TCP) mounted by the
+# Linux kernel's NFS client in the interop VM: over siw (proto=rdma) and over TCP.
+#
+# The host side (namespace rdmavm, 10.77.1.1) runs `softrdma nfsd --export DIR` (no rpcbind
+# there: it answers portmap itself). The VM (../shared/interop-vm, id 1) mounts
+#   mount -t nfs -o vers=3,proto=P,port=20049|2049,mountproto=tcp,nolock 10.77.1.1:DIR /mnt/s
+# and for each protocol runs, checked by the guest (and the files checked on the host):
+#   P-mount           the mount appears in /proc/mounts
+#   P-write-<size>    dd of a random file of <size> octets, sync, drop caches, read back:
+#                     the md5 matches the source's, and the host's copy in DIR
+#   P-tree            mkdir -p and 200 files; ls -lR lists all 200
+#   P-namespace       mv, ln, ln -s, chmod, truncate: stat/readlink/cat in the guest agree,
+#                     and so does the host's view of DIR
+#   P-rm-r            rm -r of the tree: gone for the guest and in DIR
+#   P-df              df shows the export's filesystem
+#   P-remount         umount, restart softrdma nfsd, mount again: every file, same md5
+#   P-dd-64MiB        throughput: the guest's dd of 64 MiB to and from the mount (MB/s)
+# Every case's capture decodes with `softrdma decode --strict`.
+#
+# Usage: scripts/interop-nfsd.sh [--sizes "0 1 4095 4096 4097 1048576 67108864"]
+#                                [--protos "rdma tcp"] [--loss PCT] [--no-build] [--out DIR]
+# --loss PCT drops PCT % of the packets both ways for the whole run (netem on the guest's
+# eth1, an nft rule on the host side), as interop-rxe.sh does.
+# Needs root and /dev/net/tun. Prints PASS/FAIL per case and a summary; exit 0 only if all pass.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VMDIR=$ROOT/../shared/interop-vm
+STATE=${INTEROP_VM_STATE:-/var/tmp/interop-vm}
+NS=${NETNS:-rdmavm}
+SIZES="0 1 4095 4096 4097 1048576 67108864"
+PROTOS="rdma tcp"
+LOSS=0
+BUILD=1
+OUT=$ROOT/target/interop-nfsd
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sizes) SIZES=$2; shift ;;
+    --protos) PROTOS=$2; shift ;;
+    --loss) LOSS=$2; shift ;;
+    --no-build) BUILD=0 ;;
+    --out) OUT=$2; shift ;;
+    -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+BIN=${SOFTRDMA_BIN:-$ROOT/target/release/softrdma}
+[ -n "${SOFTRDMA_BIN:-}" ] && BUILD=0
+if [ $BUILD = 1 ]; then
+  (cd "$ROOT" && cargo build --release -p softrdma-cli) || exit 1
+fi
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+EXPORT=$OUT/export
+rm -rf "$EXPORT" && mkdir -p "$EXPORT" && chmod 1777 "$EXPORT"
+: > "$OUT/nfsd.log"
+. "$VMDIR/vmctl.sh"
+say() { echo "[interop-nfsd $(date +%T)] $*" >&2; }
+PASSED=0 FAILED=0
+RESULTS=() NOTES=()
+record() {  # NAME OK REASON
+  if [ "$2" = 1 ]; then RESULTS+=("PASS  $1"); PASSED=$((PASSED + 1)); echo "PASS  $1"
+  else RESULTS+=("FAIL  $1: $3"); FAILED=$((FAILED + 1)); echo "FAIL  $1: $3"; fi
+}
+H() { ip netns exec "$NS" "$@"; }
+CAP=""
+cap_start() {
+  rm -f "$1"
+  # Not through H: $! must be tcpdump itself (ip netns exec execs it), not a subshell.
+  ip netns exec "$NS" tcpdump -i rdmabr0 -s 0 -U --immediate-mode -Z root -w "$1" ip >"$OUT/tcpdump.log" 2>&1 &
+  CAP=$!
+  local i=0
+  while [ $i -lt 50 ] && ! grep -q listening "$OUT/tcpdump.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+}
+cap_stop() { [ -n "$CAP" ] && { sleep 0.3; kill -INT "$CAP" 2>/dev/null; wait "$CAP" 2>/dev/null; }; CAP=""; }
+# decode_check NAME: the case's capture decodes with --strict; TCP gaps from packets tcpdump
+# dropped under TCG are a note, not a failure (as in interop-nfs.sh).
+decode_check() {
+  local log=$OUT/$1.decode dropped bad gaps
+  "$BIN" decode --strict "$OUT/$1.pcap" >"$log" 2>&1 && return 0
+  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$OUT/tcpdump.log")
+  bad=$(tail -1 "$log" | sed -n 's/.* \([0-9]*\) with errors$/\1/p')
+  gaps=$(grep -c "TCP gap that the capture never fills" "$log")
+  if [ -n "$dropped" ] && [ "$dropped" != 0 ] && [ "$bad" = "$gaps" ]; then
+    NOTES+=("$1: capture incomplete (tcpdump dropped $dropped packets), decode saw only TCP gaps")
+    return 0
+  fi
+  return 1
+}
+# case NAME GUEST_CMD TIMEOUT CHECK: runs GUEST_CMD in the VM under a capture; CHECK (a shell
+# function given the guest's output file) decides.
+run_case() {
+  local name=$1 cmd=$2 timeout=$3 check=$4 ok=1 why=""
+  cap_start "$OUT/$name.pcap"
+  if ! vm_exec "$V" "$cmd" "$timeout" >"$OUT/$name.log" 2>&1; then
+    ok=0 why="guest command failed: $(tail -1 "$OUT/$name.log")"
+  elif ! why=$($check "$OUT/$name.log"); then
+    ok=0
+  fi
+  cap_stop
+  decode_check "$name" || { [ $ok = 1 ] && { ok=0; why="decode --strict failed (see $OUT/$name.decode)"; }; }
+  record "$name" $ok "$why"
+}
+
+NFSD="" STARTS=0
+nfsd_start() {
+  STARTS=$((STARTS + 1))
+  ip netns exec "$NS" "$BIN" nfsd --export "$EXPORT" >>"$OUT/nfsd.log" 2>&1 &
+  NFSD=$!
+  local i=0
+  while [ $i -lt 100 ] && [ "$(grep -c exporting "$OUT/nfsd.log" 2>/dev/null)" -lt "$STARTS" ]; do sleep 0.1; i=$((i + 1)); done
+  kill -0 "$NFSD" 2>/dev/null
+}
+nfsd_stop() { [ -n "$NFSD" ] && { kill "$NFSD" 2>/dev/null; wait "$NFSD" 2>/dev/null; }; NFSD=""; }
+
+GUEST=10.77.1.2
+loss_on() {
+  vm_exec "$V" "tc qdisc replace dev eth1 root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
+    { say "netem in the guest failed"; return 1; }
+  if command -v nft >/dev/null 2>&1; then
+    H nft -f - <<EOF || say "nft loss rule failed (guest-side loss only)"
+table inet softrdma_loss {
+  chain out {
+    type filter hook output priority 0;
+    ip daddr $GUEST numgen random mod 100 < $LOSS drop
+  }
+}
+EOF
+  else
+    NOTES+=("loss on guest -> host only (no nft on this host for host -> guest)")
+  fi
+}
+loss_off() {
+  command -v nft >/dev/null 2>&1 && H nft delete table inet softrdma_loss 2>/dev/null
+  return 0
+}
+
+V=$STATE/runs/nfsd-interop-$(date +%Y%m%d-%H%M%S)
+cleanup() { cap_stop; loss_off; nfsd_stop; vm_quit "$V" 2>/dev/null; }
+trap cleanup EXIT
+"$VMDIR/build-image.sh" >"$OUT/build.log" 2>&1 || { say "VM image build failed"; exit 1; }
+say "booting the VM"
+vm_boot "$V" --id 1 --smp 2 --mem 1024 --timeout 3600 >/dev/null 2>>"$OUT/build.log" || { say "boot failed"; exit 1; }
+vm_exec "$V" "modprobe rpcrdma 2>/dev/null; mkdir -p /mnt/s /tmp/w; mount -t tmpfs -o size=300m tmpfs /tmp/w" 60 >/dev/null 2>&1
+nfsd_start || { cat "$OUT/nfsd.log"; say "softrdma nfsd did not start"; exit 1; }
+[ "$LOSS" != 0 ] && { loss_on || exit 1; }
+TAG=""
+[ "$LOSS" != 0 ] && TAG="loss$LOSS-"
+
+expect_lines() {  # FILE WANT: the guest's output, less blank lines, is WANT
+  local got
+  got=$(grep -v '^$' "$1" | tr '\n' ' ' | sed 's/ $//')
+  [ "$got" = "$2" ] || { echo "guest said '$got', expected '$2'"; return 1; }
+}
+
+for proto in $PROTOS; do
+  P=$TAG$proto
+  port=20049; [ "$proto" = tcp ] && port=2049
+  MOUNT="mount -t nfs -o vers=3,proto=$proto,port=$port,mountproto=tcp,nolock 10.77.1.1:$EXPORT /mnt/s"
+  check_mount() { grep -q " /mnt/s nfs " "$1" || { echo "not in /proc/mounts"; return 1; }; }
+  run_case "$P-mount" "$MOUNT && grep ' /mnt/s ' /proc/mounts" 120 check_mount
+  grep -q " /mnt/s nfs " "$OUT/$P-mount.log" || { say "$P: not mounted, skipping its cases"; continue; }
+  declare -A SUM=()
+  for size in $SIZES; do
+    f=f-$proto-$size
+    check_write() {
+      local src dst host
+      src=$(awk 'NR==1 {print $1}' "$1"); dst=$(awk 'NR==2 {print $1}' "$1")
+      host=$(md5sum < "$EXPORT/$CUR" | awk '{print $1}')
+      [ -n "$src" ] && [ "$src" = "$dst" ] || { echo "read back $dst, wrote $src"; return 1; }
+      [ "$host" = "$src" ] || { echo "the host's copy has md5 $host, not $src"; return 1; }
+    }
+    CUR=$f
+    run_case "$P-write-$size" "head -c $size /dev/urandom > /tmp/w/src && dd if=/tmp/w/src of=/mnt/s/$f bs=1M 2>/dev/null && sync && echo 3 > /proc/sys/vm/drop_caches && md5sum < /tmp/w/src && md5sum < /mnt/s/$f" 600 check_write
+    SUM[$f]=$(awk 'NR==1 {print $1}' "$OUT/$P-write-$size.log")
+  done
+  check_tree() { expect_lines "$1" "200" && [ "$(ls "$EXPORT/tree-$proto/a/b/c" | wc -l)" = 200 ] || { echo "the host does not see 200 files"; return 1; }; }
+  run_case "$P-tree" "mkdir -p /mnt/s/tree-$proto/a/b/c && for i in \$(seq 1 200); do echo \$i > /mnt/s/tree-$proto/a/b/c/f\$i; done && ls -lR /mnt/s/tree-$proto | grep -c '^-'" 600 check_tree
+  T=/mnt/s/tree-$proto
+  check_ns() {
+    expect_lines "$1" "2 600 moved 1 3 12" || return 1
+    local h=$EXPORT/tree-$proto
+    [ "$(stat -c '%h %a' "$h/moved")" = "2 600" ] || { echo "host: moved is $(stat -c '%h %a' "$h/moved")"; return 1; }
+    [ "$(readlink "$h/soft")" = moved ] || { echo "host: soft -> $(readlink "$h/soft")"; return 1; }
+    [ "$(stat -c %s "$h/a/b/c/f2")" = 3 ] || { echo "host: f2 has $(stat -c %s "$h/a/b/c/f2") octets"; return 1; }
+    [ ! -e "$h/a/b/c/f1" ] || { echo "host: f1 still there"; return 1; }
+  }
+  run_case "$P-namespace" "mv $T/a/b/c/f1 $T/moved && ln $T/moved $T/hard && ln -s moved $T/soft && chmod 600 $T/moved && truncate -s 3 $T/a/b/c/f12 && truncate -s 3 $T/a/b/c/f2 && stat -c '%h %a' $T/moved && readlink $T/soft && cat $T/soft && stat -c %s $T/a/b/c/f2 && head -c 2 $T/a/b/c/f12" 120 check_ns
+  check_rm() { expect_lines "$1" "gone" && [ ! -e "$EXPORT/tree-$proto" ] || { echo "the host still has the tree"; return 1; }; }
+  run_case "$P-rm-r" "rm -r $T && ! test -e $T && echo gone" 300 check_rm
+  check_df() { awk 'END { exit !($2 > 0) }' "$1" || { echo "df: $(tail -1 "$1")"; return 1; }; }
+  run_case "$P-df" "df -P -k /mnt/s | tail -1" 60 check_df
+  # Unmounted, the server restarted: the files and their handles are still good.
+  vm_exec "$V" "umount /mnt/s" 60 >/dev/null 2>&1
+  nfsd_stop; nfsd_start || say "softrdma nfsd did not restart"
+  want=""
+  sums="true"
+  for size in $SIZES; do
+    want="$want ${SUM[f-$proto-$size]}"
+    sums="$sums && md5sum < /mnt/s/f-$proto-$size"
+  done
+  want=${want# }
+  check_remount() { expect_lines "$1" "$want"; }
+  run_case "$P-remount" "$MOUNT && { $sums; } | awk '{print \$1}'" 300 check_remount
+  # Throughput: 64 MiB written (with fsync) and read back after dropping the cache; the
+  # guest's clock in centiseconds around each dd (busybox dd prints no rate).
+  check_dd() {
+    local w r
+    w=$(awk '$1 == "write" {print $2}' "$1"); r=$(awk '$1 == "read" {print $2}' "$1")
+    [ -n "$w" ] && [ -n "$r" ] || { echo "dd: $(tail -1 "$1")"; return 1; }
+  }
+  UP="cut -d' ' -f1 /proc/uptime | tr -d ."
+  run_case "$P-dd-64MiB" "a=\$($UP) && dd if=/dev/zero of=/mnt/s/dd-$proto bs=1M count=64 conv=fsync 2>/dev/null && b=\$($UP) && echo 3 > /proc/sys/vm/drop_caches && c=\$($UP) && dd if=/mnt/s/dd-$proto of=/dev/null bs=1M 2>/dev/null && d=\$($UP) && echo write \$((b - a)) && echo read \$((d - c)) && rm /mnt/s/dd-$proto" 600 check_dd
+  mbs() { awk -v k="$1" '$1 == k && $2 > 0 {printf "%.1f MB/s", 6710.8864 / $2}' "$OUT/$P-dd-64MiB.log"; }
+  NOTES+=("$P: the guest's dd of 64 MiB: write $(mbs write), read $(mbs read)")
+  vm_exec "$V" "rm -f /mnt/s/f-$proto-*; umount /mnt/s" 120 >/dev/null 2>&1
+done
+
+echo
+for r in "${RESULTS[@]}"; do echo "$r"; done
+for n in "${NOTES[@]}"; do echo "note: $n"; done
+echo "interop-nfsd: $PASSED passed, $FAILED failed (logs and pcaps in $OUT)"
+[ "$FAILED" = 0 ]
