@@ -16,10 +16,13 @@
 #   P-df              df shows the export's filesystem
 #   P-remount         umount, restart softrdma nfsd, mount again: every file, same md5
 #   P-dd-64MiB        throughput: the guest's dd of 64 MiB to and from the mount (MB/s)
+# With --kernel, a second VM (id 2, 10.77.1.3) runs the kernel's nfsd (as tests/nfs-rdma.sh
+# sets it up) and the same dd runs against it from VM 1: kernel-P-dd-64MiB, for comparison.
 # Every case's capture decodes with `softrdma decode --strict`.
 #
 # Usage: scripts/interop-nfsd.sh [--sizes "0 1 4095 4096 4097 1048576 67108864"]
-#                                [--protos "rdma tcp"] [--loss PCT] [--no-build] [--out DIR]
+#                                [--protos "rdma tcp"] [--loss PCT] [--kernel] [--no-build]
+#                                [--out DIR]
 # --loss PCT drops PCT % of the packets both ways for the whole run (netem on the guest's
 # eth1, an nft rule on the host side), as interop-rxe.sh does.
 # Needs root and /dev/net/tun. Prints PASS/FAIL per case and a summary; exit 0 only if all pass.
@@ -31,6 +34,7 @@ NS=${NETNS:-rdmavm}
 SIZES="0 1 4095 4096 4097 1048576 67108864"
 PROTOS="rdma tcp"
 LOSS=0
+KERNEL=0
 BUILD=1
 OUT=$ROOT/target/interop-nfsd
 while [ $# -gt 0 ]; do
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=$2; shift ;;
     --protos) PROTOS=$2; shift ;;
     --loss) LOSS=$2; shift ;;
+    --kernel) KERNEL=1 ;;
     --no-build) BUILD=0 ;;
     --out) OUT=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
@@ -57,37 +62,7 @@ rm -rf "$EXPORT" && mkdir -p "$EXPORT" && chmod 1777 "$EXPORT"
 : > "$OUT/nfsd.log"
 . "$VMDIR/vmctl.sh"
 say() { echo "[interop-nfsd $(date +%T)] $*" >&2; }
-PASSED=0 FAILED=0
-RESULTS=() NOTES=()
-record() {  # NAME OK REASON
-  if [ "$2" = 1 ]; then RESULTS+=("PASS  $1"); PASSED=$((PASSED + 1)); echo "PASS  $1"
-  else RESULTS+=("FAIL  $1: $3"); FAILED=$((FAILED + 1)); echo "FAIL  $1: $3"; fi
-}
-H() { ip netns exec "$NS" "$@"; }
-CAP=""
-cap_start() {
-  rm -f "$1"
-  # Not through H: $! must be tcpdump itself (ip netns exec execs it), not a subshell.
-  ip netns exec "$NS" tcpdump -i rdmabr0 -s 0 -U --immediate-mode -Z root -w "$1" ip >"$OUT/tcpdump.log" 2>&1 &
-  CAP=$!
-  local i=0
-  while [ $i -lt 50 ] && ! grep -q listening "$OUT/tcpdump.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
-}
-cap_stop() { [ -n "$CAP" ] && { sleep 0.3; kill -INT "$CAP" 2>/dev/null; wait "$CAP" 2>/dev/null; }; CAP=""; }
-# decode_check NAME: the case's capture decodes with --strict; TCP gaps from packets tcpdump
-# dropped under TCG are a note, not a failure (as in interop-nfs.sh).
-decode_check() {
-  local log=$OUT/$1.decode dropped bad gaps
-  "$BIN" decode --strict "$OUT/$1.pcap" >"$log" 2>&1 && return 0
-  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$OUT/tcpdump.log")
-  bad=$(tail -1 "$log" | sed -n 's/.* \([0-9]*\) with errors$/\1/p')
-  gaps=$(grep -c "TCP gap that the capture never fills" "$log")
-  if [ -n "$dropped" ] && [ "$dropped" != 0 ] && [ "$bad" = "$gaps" ]; then
-    NOTES+=("$1: capture incomplete (tcpdump dropped $dropped packets), decode saw only TCP gaps")
-    return 0
-  fi
-  return 1
-}
+. "$ROOT/scripts/interop-lib.sh"
 # case NAME GUEST_CMD TIMEOUT CHECK: runs GUEST_CMD in the VM under a capture; CHECK (a shell
 # function given the guest's output file) decides.
 run_case() {
@@ -137,7 +112,8 @@ loss_off() {
 }
 
 V=$STATE/runs/nfsd-interop-$(date +%Y%m%d-%H%M%S)
-cleanup() { cap_stop; loss_off; nfsd_stop; vm_quit "$V" 2>/dev/null; }
+V2=""
+cleanup() { cap_stop; loss_off; nfsd_stop; vm_quit "$V" 2>/dev/null; [ -n "$V2" ] && vm_quit "$V2" 2>/dev/null; }
 trap cleanup EXIT
 "$VMDIR/build-image.sh" >"$OUT/build.log" 2>&1 || { say "VM image build failed"; exit 1; }
 say "booting the VM"
@@ -147,6 +123,20 @@ nfsd_start || { cat "$OUT/nfsd.log"; say "softrdma nfsd did not start"; exit 1; 
 [ "$LOSS" != 0 ] && { loss_on || exit 1; }
 TAG=""
 [ "$LOSS" != 0 ] && TAG="loss$LOSS-"
+
+# dd_case NAME PROTO: 64 MiB written (with fsync) to /mnt/s and read back after dropping the
+# cache; the guest's clock in centiseconds around each dd (busybox dd prints no rate).
+check_dd() {
+  local w r
+  w=$(awk '$1 == "write" {print $2}' "$1"); r=$(awk '$1 == "read" {print $2}' "$1")
+  [ -n "$w" ] && [ -n "$r" ] || { echo "dd: $(tail -1 "$1")"; return 1; }
+}
+dd_case() {
+  local UP="cut -d' ' -f1 /proc/uptime | tr -d ."
+  run_case "$1" "a=\$($UP) && dd if=/dev/zero of=/mnt/s/dd-$2 bs=1M count=64 conv=fsync 2>/dev/null && b=\$($UP) && echo 3 > /proc/sys/vm/drop_caches && c=\$($UP) && dd if=/mnt/s/dd-$2 of=/dev/null bs=1M 2>/dev/null && d=\$($UP) && echo write \$((b - a)) && echo read \$((d - c)) && rm /mnt/s/dd-$2" 900 check_dd
+  mbs() { awk -v k="$1" '$1 == k && $2 > 0 {printf "%.1f MB/s", 6710.8864 / $2}' "$OUT/$2.log"; }
+  NOTES+=("$1: the guest's dd of 64 MiB: write $(mbs write "$1"), read $(mbs read "$1")")
+}
 
 expect_lines() {  # FILE WANT: the guest's output, less blank lines, is WANT
   local got
@@ -203,22 +193,35 @@ for proto in $PROTOS; do
   want=${want# }
   check_remount() { expect_lines "$1" "$want"; }
   run_case "$P-remount" "$MOUNT && { $sums; } | awk '{print \$1}'" 300 check_remount
-  # Throughput: 64 MiB written (with fsync) and read back after dropping the cache; the
-  # guest's clock in centiseconds around each dd (busybox dd prints no rate).
-  check_dd() {
-    local w r
-    w=$(awk '$1 == "write" {print $2}' "$1"); r=$(awk '$1 == "read" {print $2}' "$1")
-    [ -n "$w" ] && [ -n "$r" ] || { echo "dd: $(tail -1 "$1")"; return 1; }
-  }
-  UP="cut -d' ' -f1 /proc/uptime | tr -d ."
-  run_case "$P-dd-64MiB" "a=\$($UP) && dd if=/dev/zero of=/mnt/s/dd-$proto bs=1M count=64 conv=fsync 2>/dev/null && b=\$($UP) && echo 3 > /proc/sys/vm/drop_caches && c=\$($UP) && dd if=/mnt/s/dd-$proto of=/dev/null bs=1M 2>/dev/null && d=\$($UP) && echo write \$((b - a)) && echo read \$((d - c)) && rm /mnt/s/dd-$proto" 600 check_dd
-  mbs() { awk -v k="$1" '$1 == k && $2 > 0 {printf "%.1f MB/s", 6710.8864 / $2}' "$OUT/$P-dd-64MiB.log"; }
-  NOTES+=("$P: the guest's dd of 64 MiB: write $(mbs write), read $(mbs read)")
+  dd_case "$P-dd-64MiB" "$proto"
   vm_exec "$V" "rm -f /mnt/s/f-$proto-*; umount /mnt/s" 120 >/dev/null 2>&1
 done
 
-echo
-for r in "${RESULTS[@]}"; do echo "$r"; done
-for n in "${NOTES[@]}"; do echo "note: $n"; done
-echo "interop-nfsd: $PASSED passed, $FAILED failed (logs and pcaps in $OUT)"
-[ "$FAILED" = 0 ]
+# The kernel's own nfsd on the same setup: VM 2 serves, VM 1 mounts it and runs the same dd.
+if [ $KERNEL = 1 ]; then
+  V2=$STATE/runs/nfsd-interop-kernel-$(date +%Y%m%d-%H%M%S)
+  say "booting VM 2 (the kernel's nfsd)"
+  if vm_boot "$V2" --id 2 --smp 2 --mem 1024 --timeout 3600 >/dev/null 2>>"$OUT/build.log" &&
+     vm_exec "$V2" 'set -e
+modprobe nfsd; modprobe rpcrdma
+mount -t nfsd nfsd /proc/fs/nfsd
+mkdir -p /export /run/rpcbind /var/lib/nfs/v4recovery
+mount -t tmpfs -o size=400m tmpfs /export; chmod 1777 /export
+echo "/export *(rw,no_root_squash,insecure,no_subtree_check,fsid=1)" > /etc/exports
+rpcbind; exportfs -ra; rpc.mountd; rpc.nfsd 4
+echo "rdma 20049" > /proc/fs/nfsd/portlist' 120 >"$OUT/kernel-setup.log" 2>&1; then
+    for proto in $PROTOS; do
+      port=20049; [ "$proto" = tcp ] && port=2049
+      if vm_exec "$V" "mount -t nfs -o vers=3,proto=$proto,port=$port,mountproto=tcp,nolock 10.77.1.3:/export /mnt/s" 120 >"$OUT/kernel-$proto-mount.log" 2>&1; then
+        dd_case "kernel-$TAG$proto-dd-64MiB" "$proto"
+        vm_exec "$V" "umount /mnt/s" 60 >/dev/null 2>&1
+      else
+        record "kernel-$TAG$proto-mount" 0 "could not mount the kernel's nfsd: $(tail -1 "$OUT/kernel-$proto-mount.log")"
+      fi
+    done
+  else
+    record "kernel-nfsd" 0 "VM 2 with the kernel's nfsd did not come up (see $OUT/kernel-setup.log)"
+  fi
+fi
+
+summary interop-nfsd

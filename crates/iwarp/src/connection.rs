@@ -289,34 +289,7 @@ impl Connection {
                 return;
             }
         }
-        let Connection {
-            deframer,
-            startup,
-            rtr_expected,
-            cfg,
-            engine,
-            held,
-            ..
-        } = self;
-        let Some(d) = deframer.as_mut() else {
-            return;
-        };
-        // Whole FPDUs are read where they arrived (no copy before placement); what
-        // follows a partial one, or a pause for a shared receive, is buffered.
-        let mut rest = bytes;
-        let mut go = true;
-        while go && d.buffered() == 0 {
-            match d.next_in(&mut rest) {
-                Some(next) => go = deliver(startup, rtr_expected, cfg.srq, engine, held, next),
-                None => break,
-            }
-        }
-        d.push(rest);
-        if go {
-            self.drain_deframer();
-        } else {
-            self.pump_engine_events();
-        }
+        self.deliver_input(bytes);
     }
 
     /// SRQ ([`ConnectionConfig::srq`]): delivery stopped before the first
@@ -541,7 +514,10 @@ impl Connection {
         });
     }
 
-    fn drain_deframer(&mut self) {
+    /// Hands the ULPDUs of `bytes` (and of what was buffered) to the engine: whole FPDUs
+    /// are read where they arrived (no copy before placement); what follows a partial one,
+    /// or a pause for a shared receive, is buffered.
+    fn deliver_input(&mut self, bytes: &[u8]) {
         let Connection {
             deframer,
             startup,
@@ -552,9 +528,23 @@ impl Connection {
             ..
         } = self;
         if let Some(d) = deframer.as_mut() {
-            while let Some(next) = d.next_ulpdu() {
-                if !deliver(startup, rtr_expected, cfg.srq, engine, held, next) {
-                    break;
+            let mut go = true;
+            let mut rest = bytes;
+            while go && d.buffered() == 0 && !rest.is_empty() {
+                match d.next_in(&mut rest) {
+                    Some(next) => {
+                        go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
+                    }
+                    None => break,
+                }
+            }
+            d.push(rest);
+            while go {
+                match d.next_ulpdu() {
+                    Some(next) => {
+                        go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
+                    }
+                    None => break,
                 }
             }
         }
@@ -570,7 +560,7 @@ impl Connection {
 
 /// Hands one deframed ULPDU (or the framing error) to the engine; `false` when delivery
 /// stops (an error, or a Send waiting for a shared receive).
-fn deliver(
+fn hand_over(
     startup: &mut Startup,
     rtr_expected: &mut Option<Rtr>,
     srq: bool,

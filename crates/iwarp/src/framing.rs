@@ -369,30 +369,21 @@ impl Deframer {
     /// The next ULPDU, read where it lies (in the buffer, or out from between Markers):
     /// [`Iterator::next`] without the copy.
     pub fn next_ulpdu(&mut self) -> Option<Result<&[u8], LlpError>> {
-        if let Some(e) = self.report() {
-            return e.map(Err);
-        }
         self.compact();
         let at = self.start;
-        match parse(
-            &self.buf[at..],
-            self.pos,
-            self.markers,
-            self.crc,
-            self.max_ulpdu,
-            &mut self.scratch,
-        ) {
-            Parsed::Need => None,
-            Parsed::Fail(e) => Some(Err(self.fail(e))),
-            Parsed::Done { total, ulpdu } => {
-                self.advance(total);
-                self.start += total;
-                Some(Ok(match ulpdu {
-                    Some(r) => &self.buf[at + r.start..at + r.end],
-                    None => &self.scratch,
-                }))
-            }
+        let buf = std::mem::take(&mut self.buf);
+        let step = self.step(&buf[at..]);
+        // After an error the buffer stays dropped (MPA-90).
+        if self.error.is_none() {
+            self.buf = buf;
         }
+        Some(step?.map(|f| {
+            self.start += f.total;
+            match f.ulpdu {
+                Some(r) => &self.buf[at + r.start..at + r.end],
+                None => &self.scratch[..],
+            }
+        }))
     }
 
     /// The next ULPDU of `input`, octets of the stream that follow everything pushed so
@@ -404,11 +395,23 @@ impl Deframer {
         &'s mut self,
         input: &mut &'i [u8],
     ) -> Option<Result<&'s [u8], LlpError>> {
+        debug_assert_eq!(self.buffered(), 0, "next_in behind buffered octets");
+        let bytes: &'i [u8] = input;
+        Some(self.step(bytes)?.map(|f| {
+            *input = &bytes[f.total..];
+            match f.ulpdu {
+                Some(r) => &bytes[r],
+                None => &self.scratch[..],
+            }
+        }))
+    }
+
+    /// One FPDU at the start of `bytes` (the octets after those delivered): its length and
+    /// where its ULPDU lies in `bytes` (`None`: in `scratch`); the error once.
+    fn step(&mut self, bytes: &[u8]) -> Option<Result<Fpdu, LlpError>> {
         if let Some(e) = self.report() {
             return e.map(Err);
         }
-        debug_assert_eq!(self.buffered(), 0, "next_in behind buffered octets");
-        let bytes: &'i [u8] = input;
         match parse(
             bytes,
             self.pos,
@@ -419,13 +422,9 @@ impl Deframer {
         ) {
             Parsed::Need => None,
             Parsed::Fail(e) => Some(Err(self.fail(e))),
-            Parsed::Done { total, ulpdu } => {
-                self.advance(total);
-                *input = &bytes[total..];
-                Some(Ok(match ulpdu {
-                    Some(r) => &bytes[r],
-                    None => &self.scratch,
-                }))
+            Parsed::Done(f) => {
+                self.advance(f.total);
+                Some(Ok(f))
             }
         }
     }
@@ -442,12 +441,14 @@ enum Parsed {
     /// The FPDU is not all there yet (MPA-48).
     Need,
     Fail(LlpError),
-    /// An FPDU of `total` octets; its ULPDU at `ulpdu` in the input, or in the scratch
-    /// vector (`None`: taken out from between Markers).
-    Done {
-        total: usize,
-        ulpdu: Option<std::ops::Range<usize>>,
-    },
+    Done(Fpdu),
+}
+
+/// An FPDU of `total` octets; its ULPDU at `ulpdu` in the input, or in the scratch vector
+/// (`None`: taken out from between Markers).
+struct Fpdu {
+    total: usize,
+    ulpdu: Option<std::ops::Range<usize>>,
 }
 
 /// The FPDU at the start of `input`, whose first octet is at stream position `pos`.
@@ -487,15 +488,15 @@ fn parse(
         if crc && !crc_good() {
             return Parsed::Fail(LlpError::CrcError); // MPA-34, MPA-86
         }
-        return Parsed::Done {
+        return Parsed::Done(Fpdu {
             total,
             ulpdu: Some(2..2 + ulpdu_len),
-        };
+        });
     }
     scratch.clear();
     scratch.resize(ulpdu_len, 0);
     match mpa::decode_fpdu_with(fpdu, pos, markers, scratch, crc) {
-        Ok(Some(info)) if !crc || info.crc_ok() => Parsed::Done { total, ulpdu: None },
+        Ok(Some(info)) if !crc || info.crc_ok() => Parsed::Done(Fpdu { total, ulpdu: None }),
         Ok(Some(_)) => Parsed::Fail(LlpError::CrcError),
         // A Marker disagrees with the length chaining. RFC 5044 §8 calls that code 3 only
         // when the CRC is valid; a bad CRC is code 2.

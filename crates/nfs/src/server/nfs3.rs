@@ -309,6 +309,15 @@ impl Inner {
         Ok((e, file))
     }
 
+    /// The file of handle `fh`, which must be of export `e`: RENAME and LINK between
+    /// exports are cross-device (`XDEV`).
+    fn in_export(&self, e: &Export, fh: &[u8]) -> Res<FileId> {
+        match self.export_of(fh)? {
+            (other, id) if other.id == e.id => Ok(id),
+            _ => Err(Nfs3Error::Xdev),
+        }
+    }
+
     fn nfs(&self, ctx: &CallContext<'_>, args: &[u8]) -> Result<Payload, ProcError> {
         let proc = ctx.header.proc;
         if let Some(c) = self.stats.calls.get(proc as usize) {
@@ -542,14 +551,7 @@ impl Inner {
                 let to_fh = r.read_opaque(FHSIZE3).map_err(garbage)?;
                 let to_name = r.read_opaque(MAX_NAME + 1).map_err(garbage)?;
                 let from_before = fs.getattr(id).ok();
-                let to = self.export_of(to_fh).and_then(|(te, t)| {
-                    // Between exports is a cross-device rename.
-                    if te.id == e.id {
-                        Ok(t)
-                    } else {
-                        Err(Nfs3Error::Xdev)
-                    }
-                });
+                let to = self.in_export(e, to_fh);
                 let to_before = to.as_ref().ok().and_then(|&t| fs.getattr(t).ok());
                 let res = check_name(from_name)
                     .and_then(|()| check_name(to_name))
@@ -566,13 +568,7 @@ impl Inner {
             15 => {
                 let dir_fh = r.read_opaque(FHSIZE3).map_err(garbage)?;
                 let name = r.read_opaque(MAX_NAME + 1).map_err(garbage)?;
-                let dir = self.export_of(dir_fh).and_then(|(de, d)| {
-                    if de.id == e.id {
-                        Ok(d)
-                    } else {
-                        Err(Nfs3Error::Xdev)
-                    }
-                });
+                let dir = self.in_export(e, dir_fh);
                 let dir_before = dir.as_ref().ok().and_then(|&d| fs.getattr(d).ok());
                 let res = check_name(name).and(dir).and_then(|d| fs.link(id, d, name));
                 let file = fs.getattr(id).ok();
