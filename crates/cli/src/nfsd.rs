@@ -44,6 +44,9 @@ pub struct NfsdArgs {
     /// Never run a portmapper of our own (only register with a running rpcbind).
     #[arg(long)]
     pub no_portmap: bool,
+    /// Print the counters (calls per procedure, octets, errors) every SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    pub stats: Option<u64>,
 }
 
 /// Runs `softrdma nfsd` until killed; the exit status on failure.
@@ -172,6 +175,36 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
         println!("softrdma nfsd: exporting {n}");
     }
     loop {
-        std::thread::park();
+        match a.stats {
+            Some(secs) => {
+                std::thread::sleep(std::time::Duration::from_secs(secs.max(1)));
+                println!("{}", counters(svc.stats()));
+            }
+            None => std::thread::park(),
+        }
     }
+}
+
+/// One line of counters: calls per NFSv3 procedure that was called, octets, errors.
+fn counters(s: &softrdma_nfs::server::NfsStats) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let calls: Vec<String> = s
+        .calls
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.load(Relaxed) > 0)
+        .map(|(p, c)| {
+            let name = softrdma_nfs::proto::procedure_name(NFS_PROGRAM, NFS_V3, p as u32)
+                .unwrap_or_default();
+            format!("{} {}", name.trim_start_matches("NFS3 "), c.load(Relaxed))
+        })
+        .collect();
+    format!(
+        "softrdma nfsd: calls [{}], MOUNT {}, read {} octets, written {} octets, errors {}",
+        calls.join(", "),
+        s.mount_calls.load(Relaxed),
+        s.bytes_read.load(Relaxed),
+        s.bytes_written.load(Relaxed),
+        s.errors.load(Relaxed)
+    )
 }

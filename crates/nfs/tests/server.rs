@@ -703,3 +703,78 @@ fn handles_from_elsewhere_are_refused() {
         "NAMETOOLONG"
     );
 }
+
+/// portmap v2 as `softrdma nfsd` runs it when no rpcbind does: SET and UNSET from this host
+/// (what `register_with_rpcbind` sends), GETPORT over TCP and over UDP, and the version
+/// mismatch that makes rpcbind clients fall back to v2.
+#[test]
+fn portmap_answers_and_takes_registrations() {
+    use softrdma_nfs::proto::{PMAP_PROGRAM, PMAP_V2};
+    use softrdma_nfs::server::portmap::{TCP, UDP};
+    use softrdma_nfs::server::{Mapping, PortMap, register_with_rpcbind};
+    use softrdma_rpc::msg::{decode_reply, encode_call};
+    use softrdma_rpc::{CallHeader, ReplyStatus};
+
+    let pm = PortMap::new(&[]);
+    let mut reg = Registry::new();
+    pm.register(&mut reg);
+    let server = Arc::new(Server::new(reg, Default::default()));
+    let tcp = server
+        .serve_tcp(std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .unwrap();
+    let udp = server
+        .serve_udp(std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .unwrap();
+    let mount = |prot| Mapping {
+        prog: MOUNT_PROGRAM,
+        vers: MOUNT_V3,
+        prot,
+        port: 2049,
+    };
+    let nfs = Mapping {
+        prog: NFS_PROGRAM,
+        vers: NFS_V3,
+        prot: TCP,
+        port: 2049,
+    };
+    assert!(register_with_rpcbind(tcp.local_addr(), &[nfs, mount(TCP), mount(UDP)]).unwrap());
+    // Again: UNSET first, so a restarted server registers over its old entries.
+    assert!(register_with_rpcbind(tcp.local_addr(), &[nfs, mount(TCP), mount(UDP)]).unwrap());
+    assert_eq!(pm.getport(MOUNT_PROGRAM, MOUNT_V3, TCP), 2049);
+    assert_eq!(pm.getport(MOUNT_PROGRAM, MOUNT_V3, UDP), 2049);
+    assert_eq!(pm.getport(NFS_PROGRAM, 4, TCP), 0, "not registered");
+    // GETPORT over UDP: one call per datagram.
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let ask = |vers: u32, xid: u32| {
+        let mut args = Xdr::new();
+        args.u32(NFS_PROGRAM).u32(3).u32(TCP).u32(0);
+        let mut msg = Vec::new();
+        let h = CallHeader {
+            xid,
+            prog: PMAP_PROGRAM,
+            vers,
+            proc: 3,
+            cred: Auth::None,
+            verf: Auth::None,
+        };
+        encode_call(&h, &args.0, &mut msg).unwrap();
+        s.send_to(&msg, udp.local_addr()).unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.recv(&mut buf).unwrap();
+        let (rh, off) = decode_reply(&buf[..n]).unwrap();
+        assert_eq!(rh.xid, xid);
+        (rh.status, buf[off..n].to_vec())
+    };
+    let (st, res) = ask(PMAP_V2, 7);
+    assert_eq!(st, ReplyStatus::Success);
+    assert_eq!(XdrReader::new(&res).read_u32().unwrap(), 2049);
+    // rpcbind v3/v4 is not spoken: PROG_MISMATCH 2..2.
+    let (st, _) = ask(4, 8);
+    assert_eq!(st, ReplyStatus::ProgMismatch { low: 2, high: 2 });
+    // No registration after the server is gone.
+    let gone = tcp.local_addr();
+    drop((tcp, udp, server));
+    assert!(!register_with_rpcbind(gone, &[nfs]).unwrap());
+}
