@@ -168,7 +168,13 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
             println!("softrdma nfsd: no rpcbind here; clients need port= and mountport=");
             None
         }
-        Err(e) => return Err(format!("rpcbind: {e}")),
+        // Serving goes on: clients can still be told port= and mountport=.
+        Err(e) => {
+            eprintln!(
+                "softrdma nfsd: rpcbind did not take our ports ({e}); clients need port= and mountport={tcp_port}"
+            );
+            None
+        }
     };
     let _ = UDP;
     for n in &names {

@@ -146,10 +146,36 @@ impl PortMap {
     }
 }
 
+/// A TCP connection to `at` from a reserved port when we may bind one: rpcbind takes SET
+/// and UNSET only from privileged ports (as `pmap_set` sends them); otherwise any port.
+fn connect_reserved(at: SocketAddr) -> io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    for port in (600..1024).rev() {
+        let s = Socket::new(Domain::for_address(at), Type::STREAM, None)?;
+        let local = SocketAddr::new(
+            match at {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+            },
+            port,
+        );
+        match s.bind(&local.into()) {
+            Ok(()) => {
+                s.connect_timeout(&at.into(), Duration::from_secs(2))?;
+                return Ok(s.into());
+            }
+            // Not root: no reserved port for us.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => break,
+            Err(_) => continue,
+        }
+    }
+    TcpStream::connect_timeout(&at, Duration::from_secs(2))
+}
+
 /// Tells the rpcbind at `at` about `mappings` (portmap v2 SET over TCP, each first UNSET);
 /// `Ok(false)` when nothing listens there.
 pub fn register_with_rpcbind(at: SocketAddr, mappings: &[Mapping]) -> io::Result<bool> {
-    let s = match TcpStream::connect_timeout(&at, Duration::from_secs(2)) {
+    let s = match connect_reserved(at) {
         Ok(s) => s,
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Ok(false),
         Err(e) => return Err(e),
