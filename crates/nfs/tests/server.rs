@@ -619,6 +619,39 @@ fn access_follows_mode_and_credential() {
         0,
         "uid 1000: no access to 0600 of uid 0"
     );
+    let as_user = |proc: u32, x: Xdr| {
+        let res = user
+            .call(NFS_PROGRAM, NFS_V3, proc, &x.into_vec())
+            .unwrap()
+            .results;
+        XdrReader::new(&res).read_u32().unwrap()
+    };
+    // What ACCESS says is what the procedures do: no READ, no WRITE, no SETATTR of
+    // another's file, no new name in another's 0755 directory.
+    let mut x = Xdr::new();
+    x.opaque(&f).u64(0).u32(10);
+    assert_eq!(as_user(6, x), ACCES, "READ");
+    let mut x = Xdr::new();
+    x.opaque(&f).u64(0).u32(1).u32(2).opaque(b"x");
+    assert_eq!(as_user(7, x), ACCES, "WRITE");
+    let mut x = Xdr::new();
+    x.opaque(&f);
+    sattr(&mut x, Some(0o777), None);
+    x.bool(false);
+    assert_eq!(as_user(2, x), 1, "SETATTR of another's file: PERM");
+    let mut x = Xdr::new();
+    x.opaque(&root_rig.root).opaque(b"mine").u32(0);
+    sattr(&mut x, Some(0o644), None);
+    assert_eq!(as_user(8, x), ACCES, "CREATE in root's 0755 directory");
+    let mut x = Xdr::new();
+    x.opaque(&root_rig.root).opaque(b"secret");
+    assert_eq!(as_user(12, x), ACCES, "REMOVE from it");
+    // Root opens the directory to everyone.
+    let mut x = Xdr::new();
+    x.opaque(&root_rig.root);
+    sattr(&mut x, Some(0o777), None);
+    x.bool(false);
+    assert_eq!(root_rig.status(2, x).0, 0);
     // Files a user creates are theirs.
     let mut x = Xdr::new();
     x.opaque(&root_rig.root).opaque(b"mine").u32(0);
@@ -632,7 +665,15 @@ fn access_follows_mode_and_credential() {
     let fh = post_op_fh(&mut rd).unwrap().unwrap();
     let a = root_rig.getattr(&fh);
     assert_eq!((a.uid, a.mode), (1000, 0o644));
-    let _ = ACCES;
+    // Its owner writes it even at mode 0444 (the owner override of Linux's nfsd).
+    let mut x = Xdr::new();
+    x.opaque(&fh);
+    sattr(&mut x, Some(0o444), None);
+    x.bool(false);
+    assert_eq!(as_user(2, x), 0);
+    let mut x = Xdr::new();
+    x.opaque(&fh).u64(0).u32(1).u32(2).opaque(b"x");
+    assert_eq!(as_user(7, x), 0, "WRITE by the owner");
 }
 
 #[test]

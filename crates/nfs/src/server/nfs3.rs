@@ -394,7 +394,7 @@ impl Inner {
                         wcc(x, fsid, Some(&b), Some(&b));
                         return Ok(Err(Nfs3Error::Inval));
                     }
-                    _ => fs.setattr(id, &set),
+                    (_, Some(b)) => may_setattr(ctx, &b, &set).and_then(|()| fs.setattr(id, &set)),
                 };
                 let after = fs.getattr(id).ok();
                 status(x, &res);
@@ -405,7 +405,12 @@ impl Inner {
             3 => {
                 let name = r.read_opaque(MAX_NAME + 1).map_err(garbage)?;
                 let dir = fs.getattr(id).ok();
-                let res = self.lookup(fs, id, name);
+                let res = match &dir {
+                    Some(d) if d.kind == FileKind::Directory => {
+                        permit(ctx, d, MAY_LOOKUP, false).and_then(|()| self.lookup(fs, id, name))
+                    }
+                    _ => self.lookup(fs, id, name),
+                };
                 let obj = res.as_ref().ok().and_then(|&f| fs.getattr(f).ok());
                 status(x, &res);
                 if let Ok(f) = res {
@@ -445,7 +450,9 @@ impl Inner {
                 let res = match before {
                     Some(b) if b.kind == FileKind::Directory => Err(Nfs3Error::IsDir),
                     Some(b) if b.kind != FileKind::Regular => Err(Nfs3Error::Inval),
-                    _ => fs.write(id, offset, data, stable),
+                    Some(b) => permit(ctx, &b, MAY_MODIFY, true)
+                        .and_then(|()| fs.write(id, offset, data, stable)),
+                    None => fs.write(id, offset, data, stable),
                 };
                 let after = fs.getattr(id).ok();
                 status(x, &res);
@@ -518,7 +525,9 @@ impl Inner {
                     }
                 };
                 let before = fs.getattr(id).ok();
-                let res = check_name(name).and_then(|()| op());
+                let res = check_name(name)
+                    .and_then(|()| may_change_dir(ctx, before.as_ref()))
+                    .and_then(|()| op());
                 let after = fs.getattr(id).ok();
                 status(x, &res);
                 if let Ok(f) = res {
@@ -533,13 +542,15 @@ impl Inner {
             12 | 13 => {
                 let name = r.read_opaque(MAX_NAME + 1).map_err(garbage)?;
                 let before = fs.getattr(id).ok();
-                let res = check_name(name).and_then(|()| {
-                    if proc == 12 {
-                        fs.remove(id, name)
-                    } else {
-                        fs.rmdir(id, name)
-                    }
-                });
+                let res = check_name(name)
+                    .and_then(|()| may_change_dir(ctx, before.as_ref()))
+                    .and_then(|()| {
+                        if proc == 12 {
+                            fs.remove(id, name)
+                        } else {
+                            fs.rmdir(id, name)
+                        }
+                    });
                 let after = fs.getattr(id).ok();
                 status(x, &res);
                 wcc(x, fsid, before.as_ref(), after.as_ref());
@@ -555,6 +566,8 @@ impl Inner {
                 let to_before = to.as_ref().ok().and_then(|&t| fs.getattr(t).ok());
                 let res = check_name(from_name)
                     .and_then(|()| check_name(to_name))
+                    .and_then(|()| may_change_dir(ctx, from_before.as_ref()))
+                    .and_then(|()| may_change_dir(ctx, to_before.as_ref()))
                     .and(to)
                     .and_then(|t| fs.rename(id, from_name, t, to_name));
                 let from_after = fs.getattr(id).ok();
@@ -570,7 +583,10 @@ impl Inner {
                 let name = r.read_opaque(MAX_NAME + 1).map_err(garbage)?;
                 let dir = self.in_export(e, dir_fh);
                 let dir_before = dir.as_ref().ok().and_then(|&d| fs.getattr(d).ok());
-                let res = check_name(name).and(dir).and_then(|d| fs.link(id, d, name));
+                let res = check_name(name)
+                    .and_then(|()| may_change_dir(ctx, dir_before.as_ref()))
+                    .and(dir)
+                    .and_then(|d| fs.link(id, d, name));
                 let file = fs.getattr(id).ok();
                 let dir_after = dir.as_ref().ok().and_then(|&d| fs.getattr(d).ok());
                 status(x, &res);
@@ -588,7 +604,7 @@ impl Inner {
                 } else {
                     count
                 };
-                self.readdir(e, id, cookie, max, proc == 17, x)
+                self.readdir(ctx, e, id, cookie, max, proc == 17, x)
             }
             // FSSTAT
             18 => {
@@ -691,8 +707,10 @@ impl Inner {
     }
 
     /// READDIR3 / READDIRPLUS3 results: entries while they fit `max` octets of reply.
+    #[allow(clippy::too_many_arguments)]
     fn readdir(
         &self,
+        ctx: &CallContext<'_>,
         e: &Export,
         dir: FileId,
         cookie: u64,
@@ -703,6 +721,7 @@ impl Inner {
         let fs = &*e.fs;
         let a = match fs.getattr(dir) {
             Ok(a) if a.kind != FileKind::Directory => Err(Nfs3Error::NotDir),
+            Ok(a) => permit(ctx, &a, MAY_READ, false).map(|()| a),
             r => r,
         };
         let a = match a {
@@ -819,7 +838,10 @@ impl Inner {
                 return fail(Nfs3Error::IsDir, e.id, Some(&a));
             }
             Ok(a) if a.kind != FileKind::Regular => return fail(Nfs3Error::Inval, e.id, Some(&a)),
-            Ok(a) => a,
+            Ok(a) => match permit(ctx, &a, MAY_READ, true) {
+                Ok(()) => a,
+                Err(err) => return fail(err, e.id, Some(&a)),
+            },
             Err(err) => return fail(err, e.id, None),
         };
         // status, post_op_attr, count, eof, the opaque's length word: then the data.
@@ -961,6 +983,66 @@ fn fail_tail(x: &mut Xdr, proc: u32) {
         }
         _ => {}
     }
+}
+
+/// The caller may do `want` (ACCESS3 bits) to a file with attributes `a` (a user-space
+/// server checks what the kernel would check for the caller: we run with our own rights).
+/// With `owner`, the file's owner may read and write it whatever its mode, as Linux's
+/// nfsd allows (a file created 0444 is still written by its creator).
+fn permit(ctx: &CallContext<'_>, a: &Attr, want: u32, owner: bool) -> Res<()> {
+    if owner && caller(ctx).0 == a.uid {
+        return Ok(());
+    }
+    if access(ctx, a) & want == want {
+        Ok(())
+    } else {
+        Err(Nfs3Error::Acces)
+    }
+}
+
+/// A name may be added to or taken from the directory with attributes `dir` (write and
+/// search permission on it; a missing directory is the backend's to report).
+fn may_change_dir(ctx: &CallContext<'_>, dir: Option<&Attr>) -> Res<()> {
+    match dir {
+        Some(d) if d.kind == FileKind::Directory => permit(ctx, d, MAY_MODIFY | MAY_LOOKUP, false),
+        _ => Ok(()),
+    }
+}
+
+/// ACCESS3 `READ`, `LOOKUP`, `MODIFY`: what the procedures need.
+const MAY_READ: u32 = 0x1;
+const MAY_LOOKUP: u32 = 0x2;
+const MAY_MODIFY: u32 = 0x4;
+
+/// SETATTR's rule: only the owner (or root) changes mode, owner, group and times; only
+/// root gives a file away, and the owner may change its group to one of theirs; a size
+/// needs write access.
+fn may_setattr(ctx: &CallContext<'_>, a: &Attr, set: &SetAttr) -> Res<()> {
+    let (uid, gid, gids) = caller(ctx);
+    if uid == 0 {
+        return Ok(());
+    }
+    let meta = set.mode.is_some()
+        || set.uid.is_some()
+        || set.gid.is_some()
+        || set.atime != SetTime::DontChange
+        || set.mtime != SetTime::DontChange;
+    if meta && uid != a.uid {
+        return Err(Nfs3Error::Perm);
+    }
+    if set.uid.is_some_and(|u| u != a.uid) {
+        return Err(Nfs3Error::Perm);
+    }
+    if set
+        .gid
+        .is_some_and(|g| g != a.gid && g != gid && !gids.contains(&g))
+    {
+        return Err(Nfs3Error::Perm);
+    }
+    if set.size.is_some() {
+        permit(ctx, a, MAY_MODIFY, true)?;
+    }
+    Ok(())
 }
 
 /// ACCESS3 bits the caller has on a file with attributes `a` (RFC 1813 §3.3.4), by its
