@@ -18,6 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat2, readlinkat, renameat};
@@ -33,6 +34,9 @@ use super::backend::{
 
 /// Files looked at at most when finding an id again after a restart.
 const WALK_LIMIT: usize = 1_000_000;
+/// A walk of the export at most this often: a handle with an id nobody has seen (after a
+/// restart, or forged) costs one walk, not one per call (every path a walk sees is kept).
+const WALK_EVERY: Duration = Duration::from_secs(30);
 
 /// A directory on this machine, exported.
 pub struct LocalFs {
@@ -41,6 +45,8 @@ pub struct LocalFs {
     dev: u64,
     /// Where each id was last seen (relative to the export; the root is "").
     paths: Mutex<HashMap<FileId, PathBuf>>,
+    /// When the export was last walked for an unknown id.
+    walked: Mutex<Option<Instant>>,
 }
 
 fn err(e: Errno) -> Nfs3Error {
@@ -129,6 +135,7 @@ impl LocalFs {
             root_ino: st.st_ino,
             dev: st.st_dev,
             paths: Mutex::new(paths),
+            walked: Mutex::new(None),
         })
     }
 
@@ -195,8 +202,16 @@ impl LocalFs {
         }
     }
 
-    /// Breadth-first through the export until `id` turns up; every path seen is kept.
+    /// Breadth-first through the export until `id` turns up; every path seen is kept. At
+    /// most once per [`WALK_EVERY`]: in between an id not in the map is stale.
     fn walk(&self, id: FileId) -> Result<PathBuf> {
+        {
+            let mut w = self.walked.lock();
+            if w.is_some_and(|t| t.elapsed() < WALK_EVERY) {
+                return Err(Nfs3Error::Stale);
+            }
+            *w = Some(Instant::now());
+        }
         let mut queue = vec![PathBuf::new()];
         let mut seen = 0usize;
         while let Some(dir) = queue.pop() {

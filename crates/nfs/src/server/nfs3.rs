@@ -604,6 +604,8 @@ impl Inner {
                 } else {
                     count
                 };
+                // Never a reply larger than a READ's: the client's count is only a wish.
+                let max = max.min(MAX_IO);
                 self.readdir(ctx, e, id, cookie, max, proc == 17, x)
             }
             // FSSTAT
