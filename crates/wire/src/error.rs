@@ -18,6 +18,8 @@ pub enum Layer {
     RpcRdma,
     OncRpc,
     Xdr,
+    Mad,
+    Cm,
 }
 
 impl core::fmt::Display for Layer {
@@ -34,6 +36,8 @@ impl core::fmt::Display for Layer {
             Layer::RpcRdma => "RPC-over-RDMA",
             Layer::OncRpc => "ONC RPC",
             Layer::Xdr => "XDR",
+            Layer::Mad => "MAD",
+            Layer::Cm => "CM",
         };
         f.write_str(s)
     }

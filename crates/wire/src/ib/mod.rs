@@ -8,17 +8,23 @@
 //!   [`AtomicAckEth`], [`ImmDt`], [`Ieth`], each with a `*Repr`.
 //! * [`PacketRepr`]: BTH + extended headers + payload + pad.
 //! * [`psn`]: 24-bit PSN arithmetic and responder regions.
+//! * [`mad`], [`cm`]: Management Datagrams on QP1 (§13.4) and the Communication Manager's
+//!   messages (§12.6).
 //!
 //! Spec digest: `../shared/spec/ib-transport.md`. The ICRC and the IP/UDP
 //! encapsulation live in [`crate::rocev2`].
 
 pub mod aeth;
 pub mod bth;
+pub mod cm;
 pub mod eth;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
 
+#[cfg(test)]
+pub(crate) mod cm_vectors;
 #[cfg(test)]
 pub(crate) mod testdata;
 
