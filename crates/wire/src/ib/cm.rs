@@ -9,58 +9,33 @@
 
 use crate::error::{Error, Layer, Result, need};
 use crate::ib::mad::MAD_DATA_LEN;
+use crate::macros::wire_enum;
 
-/// AttributeIDs of the CM messages (IBA §12.6, Table 98).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u16)]
-pub enum CmAttr {
-    /// ConnectRequest.
-    Req = 0x0010,
-    /// MsgRcptAck.
-    Mra = 0x0011,
-    /// ConnectReject.
-    Rej = 0x0012,
-    /// ConnectReply.
-    Rep = 0x0013,
-    /// ReadyToUse.
-    Rtu = 0x0014,
-    /// DisconnectRequest.
-    Dreq = 0x0015,
-    /// DisconnectReply.
-    Drep = 0x0016,
-    /// ServiceIDResReq.
-    SidrReq = 0x0017,
-    /// ServiceIDResReqResp.
-    SidrRep = 0x0018,
-    /// LoadAlternatePath.
-    Lap = 0x0019,
-    /// AlternatePathResponse.
-    Apr = 0x001a,
-}
-
-impl TryFrom<u16> for CmAttr {
-    type Error = Error;
-    fn try_from(v: u16) -> Result<CmAttr> {
-        Ok(match v {
-            0x10 => CmAttr::Req,
-            0x11 => CmAttr::Mra,
-            0x12 => CmAttr::Rej,
-            0x13 => CmAttr::Rep,
-            0x14 => CmAttr::Rtu,
-            0x15 => CmAttr::Dreq,
-            0x16 => CmAttr::Drep,
-            0x17 => CmAttr::SidrReq,
-            0x18 => CmAttr::SidrRep,
-            0x19 => CmAttr::Lap,
-            0x1a => CmAttr::Apr,
-            _ => {
-                return Err(Error::Unknown {
-                    layer: Layer::Cm,
-                    field: "AttributeID",
-                    value: u64::from(v),
-                });
-            }
-        })
+wire_enum! {
+    /// AttributeIDs of the CM messages (IBA §12.6, Table 98).
+    pub enum CmAttr: u16 => (Layer::Cm, "AttributeID") {
+        /// ConnectRequest.
+        Req = 0x0010,
+        /// MsgRcptAck.
+        Mra = 0x0011,
+        /// ConnectReject.
+        Rej = 0x0012,
+        /// ConnectReply.
+        Rep = 0x0013,
+        /// ReadyToUse.
+        Rtu = 0x0014,
+        /// DisconnectRequest.
+        Dreq = 0x0015,
+        /// DisconnectReply.
+        Drep = 0x0016,
+        /// ServiceIDResReq.
+        SidrReq = 0x0017,
+        /// ServiceIDResReqResp.
+        SidrRep = 0x0018,
+        /// LoadAlternatePath.
+        Lap = 0x0019,
+        /// AlternatePathResponse.
+        Apr = 0x001a,
     }
 }
 
