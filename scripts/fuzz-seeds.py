@@ -153,6 +153,9 @@ def main():
                 save("roce_endpoint", ip, seen)
                 transport = l4[8:-4]
                 save("ib_packet", transport, seen)
+                # A UD Send to QP1 (BTH, DETH, then the 256-octet MAD): the CM's input.
+                if len(transport) >= 20 + 256 and transport[5:8] == b"\x00\x00\x01":
+                    save("ib_cm", transport[20:20 + 256], seen)
                 if len(transport) > 12 and transport[0] in (0x00, 0x04, 0x05, 0x17):
                     save("rpcrdma", transport[12:], seen)
                     save("onc_rpc", transport[12 + 28:], seen)
