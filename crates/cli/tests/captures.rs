@@ -149,6 +149,24 @@ fn message_kinds_match_the_capture_index() {
     ] {
         assert!(has(&rxe, k), "rxe-rping: {k}");
     }
+    // The CM messages' own fields (IBA §12.6): rping's port 7174 in the TCP port space,
+    // the QPN and PSN the REQ proposes, the connection ids REP and RTU echo.
+    for k in [
+        "(RDMA_PS_TCP port 7174)",
+        "RC resp_res 1 init_depth 1",
+        "CM DisconnectRequest",
+        "CM DisconnectReply",
+    ] {
+        assert!(has(&rxe, k), "rxe-rping: {k}");
+    }
+    let udaddy = decode("rxe-udaddy.pcap");
+    for k in [
+        "(RDMA_PS_UDP port",
+        "CM ServiceIDResReqResp",
+        "status 0 QPN",
+    ] {
+        assert!(has(&udaddy, k), "rxe-udaddy: {k}");
+    }
     let atomic = decode("rxe-ib_atomic_bw-cmp_swap.pcap");
     assert!(has(&atomic, "RC CmpSwap") && has(&atomic, "RC Atomic Acknowledge"));
     assert!(has(&decode("rxe-rnr_nak.pcap"), "RNR NAK"));

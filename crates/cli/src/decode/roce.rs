@@ -1,5 +1,7 @@
 //! RoCEv2 datagrams: IP/UDP, ICRC, BTH and extended headers, and what Sends carry.
 
+use softrdma_wire::ib::cm::CmMessage;
+use softrdma_wire::ib::mad::MAD_HEADER_LEN;
 use softrdma_wire::ib::{Operation, PacketRepr, Service};
 use softrdma_wire::rocev2::{self, RoceV2Packet, RoceV2Repr, UdpChecksum};
 
@@ -140,15 +142,125 @@ fn mad(p: &[u8]) -> Option<(String, serde_json::Value)> {
         (0x07, 0x001a) => "AlternatePathResponse",
         _ => "",
     };
-    let fields = serde_json::json!({
+    let mut fields = serde_json::json!({
         "base_version": p[0], "mgmt_class": class, "class_version": p[2], "method": method,
         "status": u16::from_be_bytes([p[4], p[5]]), "transaction_id": tid,
         "attribute_id": attr, "attribute_modifier": u32::from_be_bytes([p[20], p[21], p[22], p[23]]),
     });
     let s = if class == 0x07 {
-        format!("CM {name} (attr {attr:#06x}, method {method:#04x}, TID {tid:#x})")
+        let mut s = format!("CM {name} (attr {attr:#06x}, method {method:#04x}, TID {tid:#x})");
+        // IBA §12.6: what the message says, as the fields a reader looks for.
+        if let Some(d) = p.get(MAD_HEADER_LEN..)
+            && let Ok(m) = CmMessage::parse(attr, d)
+        {
+            let (line, cm) = cm_summary(&m);
+            s.push_str(&line);
+            fields["cm"] = cm;
+        }
+        s
     } else {
         format!("MAD class {class:#04x} method {method:#04x} attr {attr:#06x}")
     };
     Some((s, fields))
+}
+
+/// The port space and port of a librdmacm service ID (0x0000_0000_PPPP_pppp: RDMA_PS_TCP
+/// 0x0106, RDMA_PS_UDP 0x0111, RDMA_PS_IB 0x013F).
+fn service(id: u64) -> String {
+    let space = match (id >> 16) & 0xFFFF {
+        0x0106 => "TCP",
+        0x0111 => "UDP",
+        0x013F => "IB",
+        0x0002 => "IPOIB",
+        _ => return format!("service {id:#x}"),
+    };
+    if id >> 32 != 0 {
+        return format!("service {id:#x}");
+    }
+    format!("service {id:#x} (RDMA_PS_{space} port {})", id & 0xFFFF)
+}
+
+/// The line and the JSON fields of a CM message.
+fn cm_summary(m: &CmMessage<'_>) -> (String, serde_json::Value) {
+    use serde_json::json;
+    match m {
+        CmMessage::Req(r) => (
+            format!(
+                " comm {:#x} {} QPN {:#x} PSN {} {} resp_res {} init_depth {} retry {} rnr_retry {}",
+                r.local_comm_id,
+                service(r.service_id),
+                r.local_qpn,
+                r.starting_psn,
+                ["RC", "UC", "RD", "XRC"][usize::from(r.transport_service_type & 3)],
+                r.responder_resources,
+                r.initiator_depth,
+                r.retry_count,
+                r.rnr_retry_count
+            ),
+            json!({"local_comm_id": r.local_comm_id, "service_id": r.service_id,
+                   "local_qpn": r.local_qpn, "starting_psn": r.starting_psn,
+                   "transport_service_type": r.transport_service_type,
+                   "responder_resources": r.responder_resources,
+                   "initiator_depth": r.initiator_depth, "retry_count": r.retry_count,
+                   "rnr_retry_count": r.rnr_retry_count, "path_mtu": r.path_mtu,
+                   "pkey": r.pkey, "local_cm_response_timeout": r.local_cm_response_timeout,
+                   "max_cm_retries": r.max_cm_retries}),
+        ),
+        CmMessage::Rep(r) => (
+            format!(
+                " comm {:#x} → {:#x} QPN {:#x} PSN {} resp_res {} init_depth {} rnr_retry {}",
+                r.local_comm_id,
+                r.remote_comm_id,
+                r.local_qpn,
+                r.starting_psn,
+                r.responder_resources,
+                r.initiator_depth,
+                r.rnr_retry_count
+            ),
+            json!({"local_comm_id": r.local_comm_id, "remote_comm_id": r.remote_comm_id,
+                   "local_qpn": r.local_qpn, "starting_psn": r.starting_psn,
+                   "responder_resources": r.responder_resources,
+                   "initiator_depth": r.initiator_depth, "rnr_retry_count": r.rnr_retry_count}),
+        ),
+        CmMessage::Rej(r) => (
+            format!(
+                " comm {:#x} → {:#x} reason {}",
+                r.local_comm_id, r.remote_comm_id, r.reason
+            ),
+            json!({"local_comm_id": r.local_comm_id, "remote_comm_id": r.remote_comm_id,
+                   "reason": r.reason, "message_rejected": r.message_rejected}),
+        ),
+        CmMessage::Mra(r) => (
+            format!(
+                " comm {:#x} → {:#x} service_timeout {}",
+                r.local_comm_id, r.remote_comm_id, r.service_timeout
+            ),
+            json!({"local_comm_id": r.local_comm_id, "remote_comm_id": r.remote_comm_id,
+                   "message_mraed": r.message_mraed, "service_timeout": r.service_timeout}),
+        ),
+        CmMessage::Rtu(r) | CmMessage::Drep(r) => (
+            format!(" comm {:#x} → {:#x}", r.local_comm_id, r.remote_comm_id),
+            json!({"local_comm_id": r.local_comm_id, "remote_comm_id": r.remote_comm_id}),
+        ),
+        CmMessage::Dreq(r) => (
+            format!(
+                " comm {:#x} → {:#x} QPN {:#x}",
+                r.local_comm_id, r.remote_comm_id, r.remote_qpn_eecn
+            ),
+            json!({"local_comm_id": r.local_comm_id, "remote_comm_id": r.remote_comm_id,
+                   "remote_qpn": r.remote_qpn_eecn}),
+        ),
+        CmMessage::SidrReq(r) => (
+            format!(" request {:#x} {}", r.request_id, service(r.service_id)),
+            json!({"request_id": r.request_id, "service_id": r.service_id, "pkey": r.pkey}),
+        ),
+        CmMessage::SidrRep(r) => (
+            format!(
+                " request {:#x} status {} QPN {:#x} Q_Key {:#x}",
+                r.request_id, r.status, r.qpn, r.qkey
+            ),
+            json!({"request_id": r.request_id, "status": r.status, "qpn": r.qpn,
+                   "qkey": r.qkey, "service_id": r.service_id}),
+        ),
+    }
 }
