@@ -152,7 +152,7 @@ fn message_kinds_match_the_capture_index() {
     // The CM messages' own fields (IBA §12.6): rping's port 7174 in the TCP port space,
     // the QPN and PSN the REQ proposes, the connection ids REP and RTU echo.
     for k in [
-        "(RDMA_PS_TCP port 7174)",
+        "(RDMA_PS_TCP port 7174) 10.77.0.3:",
         "RC resp_res 1 init_depth 1",
         "CM DisconnectRequest",
         "CM DisconnectReply",

@@ -1,6 +1,7 @@
 //! RoCEv2 datagrams: IP/UDP, ICRC, BTH and extended headers, and what Sends carry.
 
 use softrdma_wire::ib::cm::CmMessage;
+use softrdma_wire::ib::cma::{CmaHeader, port_of_service};
 use softrdma_wire::ib::mad::MAD_HEADER_LEN;
 use softrdma_wire::ib::{Operation, PacketRepr, Service};
 use softrdma_wire::rocev2::{self, RoceV2Packet, RoceV2Repr, UdpChecksum};
@@ -164,20 +165,29 @@ fn mad(p: &[u8]) -> Option<(String, serde_json::Value)> {
     Some((s, fields))
 }
 
-/// The port space and port of a librdmacm service ID (0x0000_0000_PPPP_pppp: RDMA_PS_TCP
-/// 0x0106, RDMA_PS_UDP 0x0111, RDMA_PS_IB 0x013F).
+/// A service ID, with librdmacm's port space and port when it is one of those.
 fn service(id: u64) -> String {
-    let space = match (id >> 16) & 0xFFFF {
-        0x0106 => "TCP",
-        0x0111 => "UDP",
-        0x013F => "IB",
-        0x0002 => "IPOIB",
-        _ => return format!("service {id:#x}"),
-    };
-    if id >> 32 != 0 {
-        return format!("service {id:#x}");
+    use softrdma_wire::ib::cma::PortSpace;
+    match port_of_service(id) {
+        Some((ps, port)) => {
+            let name = match ps {
+                PortSpace::Ipoib => "IPOIB",
+                PortSpace::Tcp => "TCP",
+                PortSpace::Udp => "UDP",
+                PortSpace::Ib => "IB",
+            };
+            format!("service {id:#x} (RDMA_PS_{name} port {port})")
+        }
+        None => format!("service {id:#x}"),
     }
-    format!("service {id:#x} (RDMA_PS_{space} port {})", id & 0xFFFF)
+}
+
+/// librdmacm's CMA header at the start of REQ / SIDR_REQ private data, when there is one.
+fn cma(private: &[u8]) -> String {
+    match CmaHeader::parse(private) {
+        Ok((h, _)) => format!(" {} → {}", h.src, h.dst),
+        Err(_) => String::new(),
+    }
 }
 
 /// The line and the JSON fields of a CM message.
@@ -186,9 +196,10 @@ fn cm_summary(m: &CmMessage<'_>) -> (String, serde_json::Value) {
     match m {
         CmMessage::Req(r) => (
             format!(
-                " comm {:#x} {} QPN {:#x} PSN {} {} resp_res {} init_depth {} retry {} rnr_retry {}",
+                " comm {:#x} {}{} QPN {:#x} PSN {} {} resp_res {} init_depth {} retry {} rnr_retry {}",
                 r.local_comm_id,
                 service(r.service_id),
+                cma(r.private_data),
                 r.local_qpn,
                 r.starting_psn,
                 ["RC", "UC", "RD", "XRC"][usize::from(r.transport_service_type & 3)],
@@ -251,7 +262,12 @@ fn cm_summary(m: &CmMessage<'_>) -> (String, serde_json::Value) {
                    "remote_qpn": r.remote_qpn_eecn}),
         ),
         CmMessage::SidrReq(r) => (
-            format!(" request {:#x} {}", r.request_id, service(r.service_id)),
+            format!(
+                " request {:#x} {}{}",
+                r.request_id,
+                service(r.service_id),
+                cma(r.private_data)
+            ),
             json!({"request_id": r.request_id, "service_id": r.service_id, "pkey": r.pkey}),
         ),
         CmMessage::SidrRep(r) => (

@@ -17,6 +17,7 @@
 pub mod aeth;
 pub mod bth;
 pub mod cm;
+pub mod cma;
 pub mod eth;
 pub mod mad;
 pub mod opcode;
