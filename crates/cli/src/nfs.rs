@@ -24,6 +24,10 @@ pub struct NfsArgs {
     /// manager until the IB CM exists).
     #[arg(long, value_enum, default_value = "iwarp", global = true)]
     pub transport: TransportArg,
+    /// The server's MOUNT port over TCP, instead of asking rpcbind (as mount's
+    /// `mountport=`).
+    #[arg(long, global = true)]
+    pub mount_port: Option<u16>,
     /// AUTH_SYS uid (default: ours).
     #[arg(long, global = true)]
     pub uid: Option<u32>,
@@ -198,6 +202,7 @@ fn run_op(args: &NfsArgs) -> Result<(), String> {
     cfg.uid = args.uid.unwrap_or(uid);
     cfg.gid = args.gid.unwrap_or(gid);
     cfg.port = port;
+    cfg.mount_port = args.mount_port;
     let e = |e: softrdma_nfs::Error| e.to_string();
     let (m, rest) = Nfs3::mount(host, &path, &cfg).map_err(e)?;
     let out = match &args.op {

@@ -26,10 +26,13 @@ pub struct NfsdArgs {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: IpAddr,
-    /// NFS/RDMA port (RFC 8267); 0 to serve no RDMA.
+    /// NFS/RDMA port (RFC 8267; 0: any free port).
     #[arg(long, default_value_t = 20049)]
     pub rdma_port: u16,
-    /// NFS and MOUNT over TCP.
+    /// Serve no RDMA (TCP only).
+    #[arg(long)]
+    pub no_rdma: bool,
+    /// NFS and MOUNT over TCP (0: any free port).
     #[arg(long, default_value_t = 2049)]
     pub tcp_port: u16,
     /// RDMA device: iwarp (TCP) or roce (RoCEv2).
@@ -41,7 +44,8 @@ pub struct NfsdArgs {
     /// RPC-over-RDMA credits granted per connection.
     #[arg(long, default_value_t = 64)]
     pub credits: u32,
-    /// Never run a portmapper of our own (only register with a running rpcbind).
+    /// Neither register with rpcbind nor answer portmap (clients then need `port=` and
+    /// `mountport=`).
     #[arg(long)]
     pub no_portmap: bool,
     /// Print the counters (calls per procedure, octets, errors) every SECS seconds.
@@ -88,7 +92,7 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
         .serve_tcp(TcpListener::bind(tcp_addr).map_err(|e| format!("TCP {tcp_addr}: {e}"))?)
         .map_err(|e| format!("TCP {tcp_addr}: {e}"))?;
     let tcp_port = tcp.local_addr().port();
-    let _rdma = if a.rdma_port != 0 {
+    let _rdma = if !a.no_rdma {
         let dev = match a.transport {
             TransportArg::Iwarp => Device::tcp(),
             TransportArg::Roce => Device::roce(RoceConfig::new(if a.bind.is_unspecified() {
@@ -137,7 +141,12 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
         },
     ];
     let rpcbind = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 111);
-    let _portmap = match register_with_rpcbind(rpcbind, &mappings) {
+    let registered = if a.no_portmap {
+        Ok(false)
+    } else {
+        register_with_rpcbind(rpcbind, &mappings)
+    };
+    let _portmap = match registered {
         Ok(true) => {
             println!("softrdma nfsd: registered with rpcbind");
             None
@@ -165,7 +174,7 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
             Some((pms, t, u))
         }
         Ok(false) => {
-            println!("softrdma nfsd: no rpcbind here; clients need port= and mountport=");
+            println!("softrdma nfsd: no portmap; clients need port= and mountport={tcp_port}");
             None
         }
         // Serving goes on: clients can still be told port= and mountport=.

@@ -59,6 +59,8 @@ pub struct NfsConfig {
     pub proto: Proto,
     /// The NFS port (default 20049 for RDMA, 2049 for TCP).
     pub port: Option<u16>,
+    /// The MOUNT port over TCP (default: what rpcbind says), as mount's `mountport=`.
+    pub mount_port: Option<u16>,
     /// The RDMA device's context (RDMA only).
     pub ctx: Option<Context>,
     /// RPC-over-RDMA settings.
@@ -77,6 +79,7 @@ impl NfsConfig {
         NfsConfig {
             proto,
             port: None,
+            mount_port: None,
             ctx,
             rdma: RdmaConfig {
                 credits: 32,
@@ -142,7 +145,10 @@ impl Nfs3 {
     /// Mounts the shortest prefix of `path` the server exports; returns the mount and the
     /// rest of the path below it.
     pub fn mount(host: IpAddr, path: &str, cfg: &NfsConfig) -> Result<(Nfs3, String), Error> {
-        let mport = getport(host, MOUNT_PROGRAM, MOUNT_V3)?;
+        let mport = match cfg.mount_port {
+            Some(p) => p,
+            None => getport(host, MOUNT_PROGRAM, MOUNT_V3)?,
+        };
         if mport == 0 {
             return Err(Error::Path("the server has no MOUNT v3 over TCP".into()));
         }
