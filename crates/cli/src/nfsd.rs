@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use softrdma::{Device, Listener, RoceConfig};
 use softrdma_nfs::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3};
-use softrdma_nfs::server::portmap::{TCP, UDP};
+use softrdma_nfs::server::portmap::TCP;
 use softrdma_nfs::server::{
     Backend, LocalFs, MAX_IO, Mapping, NfsService, PortMap, register_with_rpcbind,
 };
@@ -185,7 +185,6 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
             None
         }
     };
-    let _ = UDP;
     for n in &names {
         println!("softrdma nfsd: exporting {n}");
     }

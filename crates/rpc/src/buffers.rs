@@ -10,6 +10,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use softrdma::Buffer;
 
 /// Smallest vector worth keeping: the allocator serves smaller ones from its own lists.
 const MIN_KEPT: usize = 4096;
@@ -88,6 +89,14 @@ impl Buffers {
         let kept: usize = free.iter().map(Vec::capacity).sum();
         if free.len() < self.max_kept && kept + v.capacity() <= self.max_bytes {
             free.push(v);
+        }
+    }
+
+    /// Keeps the memory under `buf` once nothing else holds it (its regions deregistered,
+    /// the network done with it).
+    pub(crate) fn recycle(&self, buf: Arc<Buffer>) {
+        if let Ok(v) = Buffer::into_vec(buf) {
+            self.give(v);
         }
     }
 

@@ -132,11 +132,7 @@ impl Payload {
         match self {
             Payload::Sgl(s) => s.gather(off, out),
             Payload::Inline(v) => {
-                let src = usize::try_from(off)
-                    .ok()
-                    .and_then(|o| v.get(o..o.checked_add(out.len())?))
-                    .ok_or(AccessError::Bounds)?;
-                out.copy_from_slice(src);
+                out.copy_from_slice(inline_at(v, off, out.len())?);
                 Ok(())
             }
         }
@@ -152,11 +148,7 @@ impl Payload {
         match self {
             Payload::Sgl(s) => s.gather_extend(off, len, out),
             Payload::Inline(v) => {
-                let src = usize::try_from(off)
-                    .ok()
-                    .and_then(|o| v.get(o..o.checked_add(len)?))
-                    .ok_or(AccessError::Bounds)?;
-                out.extend_from_slice(src);
+                out.extend_from_slice(inline_at(v, off, len)?);
                 Ok(())
             }
         }
@@ -169,6 +161,14 @@ impl Payload {
             Payload::Inline(_) => None,
         }
     }
+}
+
+/// `len` inline octets from message offset `off`: `Bounds` past their end.
+fn inline_at(v: &[u8], off: u64, len: usize) -> Result<&[u8], AccessError> {
+    usize::try_from(off)
+        .ok()
+        .and_then(|o| v.get(o..o.checked_add(len)?))
+        .ok_or(AccessError::Bounds)
 }
 
 /// The send-queue limits a QP checks at post time (`ibv_qp_cap` plus the transport's

@@ -192,14 +192,17 @@ impl LocalFs {
         }
     }
 
-    /// (directory fd, name) of `id`'s path: where the `*at` calls act on it.
-    fn at(&self, id: FileId) -> Result<(OwnedFd, OsString, PathBuf)> {
+    /// (directory fd, name) of `id`'s path, where the `*at` calls act on it, and what
+    /// lstat says of it there.
+    fn at(&self, id: FileId) -> Result<(OwnedFd, OsString, FileStat)> {
         let p = self.path(id)?;
-        match (p.parent(), p.file_name()) {
-            (Some(parent), Some(name)) => Ok((self.dir_fd(parent)?, name.to_owned(), p.clone())),
+        let (d, name) = match (p.parent(), p.file_name()) {
+            (Some(parent), Some(name)) => (self.dir_fd(parent)?, name.to_owned()),
             // The root itself: reached through "." of itself.
-            _ => Ok((self.dir_fd(Path::new(""))?, OsString::from("."), p)),
-        }
+            _ => (self.dir_fd(Path::new(""))?, OsString::from(".")),
+        };
+        let st = fstatat(d.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(err)?;
+        Ok((d, name, st))
     }
 
     /// Breadth-first through the export until `id` turns up; every path seen is kept. At
@@ -352,8 +355,7 @@ impl Backend for LocalFs {
     }
 
     fn setattr(&self, id: FileId, set: &SetAttr) -> Result<Attr> {
-        let (d, name, p) = self.at(id)?;
-        let st = self.stat_rel(&p)?;
+        let (d, name, st) = self.at(id)?;
         let kind = kind_of(&st);
         if let Some(size) = set.size {
             match kind {
@@ -483,8 +485,8 @@ impl Backend for LocalFs {
     }
 
     fn readlink(&self, id: FileId) -> Result<Vec<u8>> {
-        let (d, name, p) = self.at(id)?;
-        if kind_of(&self.stat_rel(&p)?) != FileKind::Symlink {
+        let (d, name, st) = self.at(id)?;
+        if kind_of(&st) != FileKind::Symlink {
             return Err(Nfs3Error::Inval);
         }
         Ok(readlinkat(d.as_fd(), name.as_os_str())
@@ -548,8 +550,8 @@ impl Backend for LocalFs {
     }
 
     fn link(&self, id: FileId, dir: FileId, name: &[u8]) -> Result<()> {
-        let (sd, sname, p) = self.at(id)?;
-        if kind_of(&self.stat_rel(&p)?) == FileKind::Directory {
+        let (sd, sname, st) = self.at(id)?;
+        if kind_of(&st) == FileKind::Directory {
             return Err(Nfs3Error::Perm);
         }
         let rel = self.path(dir)?;
@@ -566,7 +568,6 @@ impl Backend for LocalFs {
 
     fn readdir(&self, dir: FileId, cookie: u64, max: usize) -> Result<(Vec<DirEntry>, bool)> {
         let rel = self.path(dir)?;
-        let d = self.dir_fd(&rel)?;
         let parent = match rel.parent() {
             Some(p) => self.stat_rel(p)?.st_ino,
             None => self.root_ino,
@@ -583,22 +584,19 @@ impl Backend for LocalFs {
                 cookie: 2,
             },
         ];
-        let mut seen = HashMap::new();
         for (name, ino, _) in self.list(&rel)? {
-            seen.insert(ino, name.clone());
             all.push(DirEntry {
                 fileid: ino,
                 cookie: cookie_of(&name),
                 name,
             });
         }
-        drop(d);
         {
             let mut paths = self.paths.lock();
-            for (ino, name) in seen {
+            for e in &all[2..] {
                 paths
-                    .entry(ino)
-                    .or_insert_with(|| rel.join(OsStr::from_bytes(&name)));
+                    .entry(e.fileid)
+                    .or_insert_with(|| rel.join(OsStr::from_bytes(&e.name)));
             }
         }
         all.sort_by_key(|e| e.cookie);

@@ -404,13 +404,9 @@ impl Inner {
             // LOOKUP
             3 => {
                 let name = r.read_opaque(MAX_NAME + 1).map_err(garbage)?;
-                let dir = fs.getattr(id).ok();
-                let res = match &dir {
-                    Some(d) if d.kind == FileKind::Directory => {
-                        permit(ctx, d, MAY_LOOKUP, false).and_then(|()| self.lookup(fs, id, name))
-                    }
-                    _ => self.lookup(fs, id, name),
-                };
+                let dir = fs.getattr(id);
+                let res = self.lookup(ctx, fs, id, dir, name);
+                let dir = dir.ok();
                 let obj = res.as_ref().ok().and_then(|&f| fs.getattr(f).ok());
                 status(x, &res);
                 if let Ok(f) = res {
@@ -680,12 +676,21 @@ impl Inner {
         Ok(out)
     }
 
-    /// LOOKUP, with `.` and `..` answered here (a backend only sees components).
-    fn lookup(&self, fs: &dyn Backend, dir: FileId, name: &[u8]) -> Res<FileId> {
-        let a = fs.getattr(dir)?;
+    /// LOOKUP in `dir` (attributes `attr`), with `.` and `..` answered here (a backend
+    /// only sees components).
+    fn lookup(
+        &self,
+        ctx: &CallContext<'_>,
+        fs: &dyn Backend,
+        dir: FileId,
+        attr: Res<Attr>,
+        name: &[u8],
+    ) -> Res<FileId> {
+        let a = attr?;
         if a.kind != FileKind::Directory {
             return Err(Nfs3Error::NotDir);
         }
+        permit(ctx, &a, MAY_LOOKUP, false)?;
         match name {
             b"." => Ok(dir),
             // `..` as the directory lists it; the export's root is its own parent, so a

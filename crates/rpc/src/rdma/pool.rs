@@ -86,10 +86,8 @@ impl Drop for Lease {
             // Deregistered first: every key of the region is dead before the memory is
             // handed to anyone else (RPCRDMA-55).
             drop(mr);
-            if let Some(p) = &self.pool
-                && let Ok(v) = Buffer::into_vec(buf)
-            {
-                p.give(v);
+            if let Some(p) = &self.pool {
+                p.recycle(buf);
             }
         }
     }

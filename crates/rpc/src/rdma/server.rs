@@ -484,9 +484,7 @@ impl Conn {
             drop(g);
             // Without Writes the results are done with now (with them, the last region's
             // lease gives them back once the Send completes).
-            if let Ok(v) = Buffer::into_vec(results) {
-                self.pool.give(v);
-            }
+            self.pool.recycle(results);
             return sent;
         }
         // Long Reply (RPCRDMA-34, -54): the message through the Reply chunk.

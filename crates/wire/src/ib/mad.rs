@@ -2,7 +2,7 @@
 //! General Services Interface (QP1) carries them — the Communication Manager's (class 0x07,
 //! [`crate::ib::cm`]) among them.
 
-use crate::error::{Error, Layer, Result, need};
+use crate::error::{Layer, Result, need};
 
 /// Every MAD on QP1 is this long (IBA §13.4.2).
 pub const MAD_LEN: usize = 256;
@@ -71,11 +71,8 @@ impl MadHeaderRepr {
     /// Reads the header; only its length is checked (BaseVersion and class are the
     /// receiver's to judge, IBA §13.5.3).
     pub fn parse(b: &[u8]) -> Result<MadHeaderRepr> {
-        let h = b.get(..MAD_HEADER_LEN).ok_or(Error::Truncated {
-            layer: Layer::Mad,
-            need: MAD_HEADER_LEN,
-            have: b.len(),
-        })?;
+        need(Layer::Mad, b, MAD_HEADER_LEN)?;
+        let h = &b[..MAD_HEADER_LEN];
         let be16 = |i: usize| u16::from_be_bytes([h[i], h[i + 1]]);
         let mut tid = [0u8; 8];
         tid.copy_from_slice(&h[8..16]);
