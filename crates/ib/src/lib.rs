@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod endpoint;
 pub mod qp;
 pub mod requester;

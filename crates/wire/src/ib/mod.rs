@@ -24,8 +24,9 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 
-#[cfg(test)]
-pub(crate) mod cm_vectors;
+/// CM MADs of real Linux traffic, for golden tests here and in the engines.
+#[cfg(any(test, feature = "test-vectors"))]
+pub mod cm_vectors;
 #[cfg(test)]
 pub(crate) mod testdata;
 
