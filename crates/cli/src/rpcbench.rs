@@ -184,16 +184,18 @@ fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
     })
 }
 
-fn open(t: TransportArg, ip: Ipv4Addr) -> Result<Context, String> {
-    let dev = match t {
-        TransportArg::Iwarp => Device::tcp(),
+/// Server and client contexts on 127.0.0.1 and 127.0.0.2 (RoCE: one free UDP port).
+fn open_pair(t: TransportArg) -> Result<(Context, Context), String> {
+    let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::V4);
+    let devs = match t {
+        TransportArg::Iwarp => [Device::tcp(), Device::tcp()],
         TransportArg::Roce => {
-            let mut cfg = RoceConfig::new(IpAddr::V4(ip));
-            cfg.port = 0;
-            Device::roce(cfg)
+            let c = RoceConfig::sharing_a_port(&ips).map_err(|e| format!("RoCE ports: {e}"))?;
+            [Device::roce(c[0]), Device::roce(c[1])]
         }
     };
-    dev.open().map_err(|e| format!("{}: {e}", dev.name()))
+    let open = |d: &Device| d.open().map_err(|e| format!("{}: {e}", d.name()));
+    Ok((open(&devs[0])?, open(&devs[1])?))
 }
 
 /// Runs `softrdma rpc bench`; the exit status.
@@ -219,8 +221,7 @@ fn bench(a: &RpcBenchArgs) -> Result<(), String> {
             ..ServerConfig::default()
         },
     ));
-    let sctx = open(a.transport, Ipv4Addr::new(127, 0, 0, 1))?;
-    let cctx = open(a.transport, Ipv4Addr::new(127, 0, 0, 2))?;
+    let (sctx, cctx) = open_pair(a.transport)?;
     let cfg = RdmaConfig {
         credits: 32,
         max_message: a.size + 4096,

@@ -22,11 +22,10 @@
 //! disconnects; so does this one. Unlike rping, `-V` on the server checks the data it read
 //! against the pattern the client must have sent.
 //!
-//! `--transport roce` runs the same exchange over RoCEv2: the connection manager sets the
-//! RC QPs up over its TCP side channel (softrdma to softrdma), `-a` is also the server's
-//! RoCE address and `-I` the client's. A RoCE disconnect does not reach the peer yet (the
-//! IB CM's DREQ is not built), so the client ends with a zero-length Send, which the
-//! server takes as the disconnect.
+//! `--transport roce` runs the same exchange over RoCEv2 with the InfiniBand CM on QP1, as
+//! librdmacm's rping over rxe does (either side may be Linux's): `-a` is also the
+//! server's RoCE address and `-I` the client's; the disconnect is the CM's DREQ, which
+//! flushes the peer's posted receive as a TCP close does over iWARP.
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -35,7 +34,7 @@ use std::time::Duration;
 use softrdma::{
     AcceptParams, Access, Buffer, ConnectParams, ConnectionDetail, ConnectionInfo, Context, Cq,
     Device, Key, ListenParams, Listener, MemError, Mr, MrAttr, Pd, Qp, QpCap, QpInitAttr, RecvWr,
-    RoceConfig, SendWr, Transport, WcOpcode, WcStatus, WorkCompletion,
+    RoceConfig, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::verbs_util::{TransportArg, WaitMode, default_roce_ip, local_ip_toward, wait_some};
@@ -102,7 +101,7 @@ pub struct RpingArgs {
     /// used).
     #[arg(short = 'I')]
     pub source: Option<IpAddr>,
-    /// Transport: iwarp (TCP) or roce (RoCEv2 over UDP, softrdma peers only).
+    /// Transport: iwarp (TCP) or roce (RoCEv2 over UDP, the IB CM as librdmacm speaks it).
     #[arg(long, value_enum, default_value = "iwarp")]
     pub transport: TransportArg,
     /// RoCE: our UDP port (default 4791; 0: any free one).
@@ -301,11 +300,8 @@ struct Cb {
     rdma_mr: Mr,
     timeout: Option<Duration>,
     wcs: Vec<WorkCompletion>,
-    /// No receive is left posted: it came back flushed (the connection is gone) or, on
-    /// RoCE, took the peer's disconnect.
+    /// No receive is left posted: it came back flushed (the connection is gone).
     flushed: bool,
-    /// RoCE: disconnects are announced with a zero-length Send.
-    roce: bool,
 }
 
 impl Cb {
@@ -333,7 +329,6 @@ impl Cb {
             timeout,
             wcs: Vec::new(),
             flushed: false,
-            roce: ctx.transport() == Transport::Roce,
         };
         cb.post_recv()?;
         Ok(cb)
@@ -389,15 +384,9 @@ impl Cb {
         }
     }
 
-    /// The next received `rping_rdma_info` (the receive is posted again). RoCE: a
-    /// zero-length message is the peer's disconnect.
+    /// The next received `rping_rdma_info` (the receive is posted again).
     fn recv_info(&mut self) -> Result<Info, RpingError> {
         let wc = self.wait(WcOpcode::Recv)?;
-        if self.roce && wc.byte_len == 0 {
-            // No receive is left posted: nothing for the close to flush.
-            self.flushed = true;
-            return Err(RpingError::Disconnected);
-        }
         if wc.byte_len as usize != INFO_LEN {
             return Err(RpingError::Protocol(format!(
                 "Received bogus data, size {}",
@@ -408,13 +397,6 @@ impl Cb {
         self.recv_mr.copy_out(0, &mut b)?;
         self.post_recv()?;
         Ok(Info::decode(&b))
-    }
-
-    /// RoCE: tells the peer we are going (a zero-length Send), as the CM's DREQ will.
-    fn announce_disconnect(&mut self) {
-        if self.roce && self.qp.post_send(SendWr::send(4, Vec::new())).is_ok() {
-            let _ = self.wait(WcOpcode::Send);
-        }
     }
 
     /// Orderly close; waits (briefly) until the posted receive was flushed, so the close
@@ -507,7 +489,6 @@ pub fn client(
         }
         Ok(())
     })();
-    cb.announce_disconnect();
     cb.disconnect();
     r.map(|()| stats)
 }
@@ -687,6 +668,10 @@ pub fn run(args: &RpingArgs) -> i32 {
             }
         };
         if o.debug {
+            if let Ok(a) = ctx.roce_local_addr() {
+                // Clients on this host reach us at this UDP port (their --roce-port).
+                let _ = writeln!(out, "RoCE device on {a}");
+            }
             let _ = writeln!(out, "rdma_listen on {}", listener.local_addr());
         }
         loop {
@@ -736,7 +721,9 @@ fn describe(conn: &ConnectionInfo) -> String {
             c.negotiated.rev, c.negotiated.crc, conn.ird, conn.ord, c.mulpdu
         ),
         None => match conn.detail {
-            ConnectionDetail::Roce { remote_qpn, pmtu } => format!(
+            ConnectionDetail::Roce {
+                remote_qpn, pmtu, ..
+            } => format!(
                 "RoCE QPN {remote_qpn:#x} PMTU {pmtu} IRD {} ORD {}",
                 conn.ird, conn.ord
             ),

@@ -26,10 +26,7 @@ fn opts(size: u32, count: u64) -> Opts {
     }
 }
 
-/// A RoCE device on `ip`, any free UDP port.
-fn roce(ip: &str) -> Context {
-    let mut cfg = RoceConfig::new(ip.parse().unwrap());
-    cfg.port = 0;
+fn roce(cfg: RoceConfig) -> Context {
     Device::roce(cfg).open().unwrap()
 }
 
@@ -43,7 +40,9 @@ fn library_server_and_client_verify_every_size() {
     let roce_runs = sizes.map(|s| (s, true));
     for ((size, count), roce_dev) in iwarp.into_iter().chain(roce_runs) {
         let (server_ctx, client_ctx) = if roce_dev {
-            (roce("127.0.0.1"), roce("127.0.0.2"))
+            let ips = ["127.0.0.1", "127.0.0.2"].map(|ip| ip.parse().unwrap());
+            let c = RoceConfig::sharing_a_port(&ips).unwrap();
+            (roce(c[0]), roce(c[1]))
         } else {
             (Context::open().unwrap(), Context::open().unwrap())
         };
@@ -98,12 +97,19 @@ fn binary_server_against_binary_client() {
 }
 
 /// The same over RoCE: `--transport roce`, the client on 127.0.0.2 (`-I`), both on UDP
-/// ports the system picks (`--roce-port 0`).
+/// UDP port the system picks for the server (`--roce-port 0`), which the client then uses
+/// on its own address (RoCE peers are sent to at one's own port).
 #[test]
 fn binary_server_against_binary_client_over_roce() {
     let roce = ["--transport", "roce", "--roce-port", "0"];
-    let mut client = roce.to_vec();
-    client.extend(["-I", "127.0.0.2"]);
+    let client = [
+        "--transport",
+        "roce",
+        "-I",
+        "127.0.0.2",
+        "--roce-port",
+        "{roce}",
+    ];
     let rest = binary_pair(&roce, &client);
     assert!(rest.iter().any(|l| l.contains("RoCE QPN")), "{rest:?}");
 }
@@ -138,16 +144,24 @@ fn binary_pair(server_extra: &[&str], client_extra: &[&str]) -> Vec<String> {
         }
     });
     let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let mut roce_port = String::new();
     let port = loop {
         let line = lines.next().expect("server output ended").unwrap();
+        if let Some(a) = line.strip_prefix("RoCE device on ") {
+            roce_port = a.rsplit(':').next().unwrap().to_string();
+        }
         if let Some(a) = line.strip_prefix("rdma_listen on ") {
             break a.rsplit(':').next().unwrap().parse::<u16>().unwrap();
         }
     };
+    let client_extra: Vec<String> = client_extra
+        .iter()
+        .map(|a| a.replace("{roce}", &roce_port))
+        .collect();
     let client = Command::new(bin)
         .args(["rping", "-c", "-a", "127.0.0.1", "-p", &port.to_string()])
         .args(["-C", "10", "-S", "1000", "-V", "-v", "--timeout", "60"])
-        .args(client_extra)
+        .args(&client_extra)
         .output()
         .unwrap();
     let cout = String::from_utf8(client.stdout).unwrap();

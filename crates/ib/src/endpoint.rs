@@ -547,6 +547,29 @@ impl RoceEndpoint {
         r
     }
 
+    /// Wraps a packet of QP `src_qpn` for `dest` (a UD packet without an address handle,
+    /// such as a MAD of QP1 answering its sender), as [`encapsulate`](Self::encapsulate).
+    pub fn encapsulate_to(
+        &self,
+        src_qpn: u32,
+        dest: SocketAddr,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Transmit, TxError> {
+        let r = self
+            .qps
+            .get(&src_qpn)
+            .ok_or(TxError::UnknownQp(src_qpn))
+            .and_then(|_| self.wrap(src_qpn, dest, payload, out));
+        let c = &self.counters;
+        match r {
+            Ok(_) => bump(&c.tx_datagrams),
+            Err(TxError::BadLength(_)) => bump(&c.tx_invalid),
+            Err(_) => bump(&c.tx_no_route),
+        }
+        r
+    }
+
     fn encapsulate_inner(
         &self,
         src_qpn: u32,
@@ -559,6 +582,16 @@ impl RoceEndpoint {
             Some(u) => self.ah(u.ah).ok_or(TxError::UnknownAh(u.ah))?,
             None => route.path.ok_or(TxError::NoPath(src_qpn))?,
         };
+        self.wrap(src_qpn, dest, payload, out)
+    }
+
+    fn wrap(
+        &self,
+        src_qpn: u32,
+        dest: SocketAddr,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Transmit, TxError> {
         let bad_len = TxError::BadLength(payload.len());
         let bth = Bth::new_checked(payload).map_err(|_| bad_len)?;
         let start = out.len();

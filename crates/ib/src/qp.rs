@@ -351,6 +351,11 @@ impl IbQp {
         self.qp_type
     }
 
+    /// The UD Q_Key set at INIT (`IBV_QP_QKEY`).
+    pub fn qkey(&self) -> u32 {
+        self.qkey
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         self.state

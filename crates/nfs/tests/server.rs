@@ -23,17 +23,14 @@ enum T {
 }
 
 fn contexts(t: T) -> (Context, Context) {
-    let roce = |ip| {
-        let mut cfg = RoceConfig::new(IpAddr::V4(ip));
-        cfg.port = 0;
-        Device::roce(cfg).open().unwrap()
-    };
+    let roce = |cfg: RoceConfig| Device::roce(cfg).open().unwrap();
     match t {
         T::Iwarp => (Device::tcp().open().unwrap(), Device::tcp().open().unwrap()),
-        T::Roce => (
-            roce(Ipv4Addr::new(127, 0, 0, 1)),
-            roce(Ipv4Addr::new(127, 0, 0, 2)),
-        ),
+        T::Roce => {
+            let ips = [1, 2].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
+            let c = RoceConfig::sharing_a_port(&ips).unwrap();
+            (roce(c[0]), roce(c[1]))
+        }
     }
 }
 

@@ -153,12 +153,10 @@ pub fn loopback_devices(transport: Transport) -> (Device, Device) {
     match transport {
         Transport::Iwarp => (Device::tcp(), Device::tcp()),
         Transport::Roce => {
-            let dev = |ip: [u8; 4]| {
-                let mut cfg = RoceConfig::new(IpAddr::V4(Ipv4Addr::from(ip)));
-                cfg.port = 0;
-                Device::roce(cfg)
-            };
-            (dev([127, 0, 0, 1]), dev([127, 0, 0, 2]))
+            // Two addresses of one host, one UDP port: RoCE peers are sent to at our port.
+            let ips = [[127, 0, 0, 1], [127, 0, 0, 2]].map(|ip| IpAddr::V4(Ipv4Addr::from(ip)));
+            let cfg = RoceConfig::sharing_a_port(&ips).expect("a free UDP port");
+            (Device::roce(cfg[0]), Device::roce(cfg[1]))
         }
     }
 }

@@ -8,9 +8,12 @@
 //! unless [`ListenParams::early_fpdus`] asks for siw's behaviour. Peer-to-peer mode (RFC
 //! 6581) with a zero-length RDMA Write as the RTR is available on both sides.
 //!
-//! RoCE: until the InfiniBand CM on QP1 exists, requests, replies and the ready-to-use
-//! message travel over a TCP side channel (the exchange perftest uses, shaped as the CM's
-//! REQ / REP or REJ / RTU): softrdma to softrdma only.
+//! RoCE: the InfiniBand CM on QP1 with librdmacm's conventions (`roce::cm`): a listener
+//! is a port in the RDMA_PS_TCP and RDMA_PS_UDP port spaces, requests are REQs (RC, UC)
+//! and SIDR_REQs (UD) from softrdma or any `rdma_cm` peer (rping, perftest -R, udaddy,
+//! the kernel's NFS over RDMA). Private data: 56 octets in a request (after librdmacm's
+//! CMA header), 196 in a reply, 148 in a reject; what arrives is the whole field, padding
+//! included, as `rdma_cm` hands it over.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use crate::connparams::{AcceptParams, ConnectionInfo, ListenParams};
 use crate::device::{Context, Driver};
 use crate::qp::{Inner, Qp};
 use crate::roce::RoceShared;
-use crate::roce::oob::{RoceListener, RoceRequest};
+use crate::roce::cm::{RoceListener, RoceRequest};
 use crate::state::QpState;
 use crate::tcp::{Cmd, ListenerShared, PendingRequest, TcpShared, check_private_data, wait_reply};
 
@@ -105,7 +108,7 @@ impl ConnRequest {
                     (Inner::Roce(q), Ok(d)) if Arc::ptr_eq(d, &drv) => q,
                     _ => return Err(Error::InvalidArgument("QP of another context")),
                 };
-                req.accept(&drv, q, &params)
+                req.accept(q, &params)
             }
         }
     }
@@ -230,7 +233,7 @@ impl Listener {
         let tcp = match &ctx.shared.driver {
             Driver::Tcp(t) => t.clone(),
             Driver::Roce(drv) => {
-                let listener = RoceListener::bind(addr, params.backlog, params.timeout)?;
+                let listener = RoceListener::bind(drv, addr, params.backlog)?;
                 return Ok(Listener {
                     local_addr: listener.local_addr,
                     inner: Lis::Roce {

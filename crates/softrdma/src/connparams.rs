@@ -176,6 +176,8 @@ pub enum ConnectionDetail {
         remote_qpn: u32,
         /// The path MTU in use.
         pmtu: u32,
+        /// The peer's Q_Key (a UD peer found through SIDR; 0 for RC and UC).
+        remote_qkey: u32,
     },
 }
 

@@ -136,7 +136,7 @@ impl Device {
         let events = Arc::new(EventQueue::default());
         let driver = match &self.kind {
             Kind::Tcp => Driver::Tcp(TcpShared::start(keys.clone(), events.clone())?),
-            Kind::Roce(cfg) => Driver::Roce(RoceShared::open(cfg)?),
+            Kind::Roce(cfg) => Driver::Roce(RoceShared::open(cfg, events.clone())?),
         };
         Ok(Context {
             shared: Arc::new(CtxShared {
@@ -170,6 +170,14 @@ pub(crate) struct CtxShared {
     pub(crate) events: Arc<EventQueue>,
     next_pd: AtomicU32,
     pub(crate) driver: Driver,
+}
+
+impl Drop for CtxShared {
+    fn drop(&mut self) {
+        if let Driver::Roce(d) = &self.driver {
+            d.shutdown();
+        }
+    }
 }
 
 impl CtxShared {

@@ -8,6 +8,23 @@ use softrdma_verbs_types::PostError;
 
 use crate::state::QpState;
 
+/// What an IB CM REJ reason means (IBA 12.6.7.2).
+pub fn ib_reject_reason(r: u16) -> &'static str {
+    match r {
+        1 => "no QP available",
+        3 => "no resources",
+        4 => "timeout",
+        6 => "invalid communication ID",
+        8 => "nobody listens on that port (invalid service ID)",
+        9 => "invalid transport service type",
+        10 => "stale connection",
+        12 => "invalid GID",
+        26 => "invalid path MTU",
+        28 => "rejected by the application",
+        _ => "see IBA table 112",
+    }
+}
+
 /// Errors of the verbs API and the TCP driver.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -23,10 +40,17 @@ pub enum Error {
     /// MPA negotiation failed (RFC 5044 §7.1, RFC 6581).
     #[error("MPA startup: {0}")]
     Startup(#[from] StartupError),
-    /// The responder rejected the connection (MPA Reply with R=1, MPA-71).
-    #[error("connection rejected by the peer ({} octets of private data)", private_data.len())]
+    /// The responder rejected the connection (iWARP: MPA Reply with R=1, MPA-71; RoCE:
+    /// the IB CM's REJ, or a SIDR_REP whose status is not "valid").
+    #[error("connection rejected by the peer{}", match reason {
+        Some(r) => format!(" (reason {r}: {})", ib_reject_reason(*r)),
+        None => String::new(),
+    })]
     Rejected {
-        /// The Reply's private data (may say why).
+        /// RoCE: the REJ's reason (IBA 12.6.7.2; 8: nobody listens on the port, 28: the
+        /// application rejected) or the SIDR_REP's status; iWARP: `None`.
+        reason: Option<u16>,
+        /// The private data of the reject (may say why).
         private_data: Vec<u8>,
     },
     /// A blocking call did not finish in time.

@@ -315,9 +315,10 @@ impl Qp {
     /// blocks until the QP is in [`QpState::Rts`] or the attempt failed. iWARP: TCP
     /// connect, then MPA negotiation as initiator; a rejection ([`Error::Rejected`]) or
     /// failure leaves the QP in `Init`, ready for another try. RoCE: the QP must be in
-    /// `Init` (as created) or `Reset`; QP numbers, PSNs and limits are exchanged over a
-    /// TCP side channel until the InfiniBand CM exists, and the QP is moved
-    /// INIT → RTR → RTS as librdmacm does.
+    /// `Init` (as created) or `Reset`; the InfiniBand CM on QP1 exchanges QP numbers, PSNs
+    /// and limits (REQ, REP, RTU; librdmacm's service ID and CMA header, so `rdma_cm` peers
+    /// answer) and the QP is moved INIT → RTR → RTS as librdmacm does. A UD QP resolves the
+    /// listener's UD QP and Q_Key instead (SIDR; [`ConnectionDetail::Roce`](crate::ConnectionDetail)).
     pub fn connect(
         &self,
         addr: impl ToSocketAddrs,
@@ -325,7 +326,7 @@ impl Qp {
     ) -> Result<ConnectionInfo, Error> {
         let q = match &self.inner {
             Inner::Tcp(q) => q,
-            Inner::Roce(q) => return crate::roce::oob::connect(self.ctx.roce()?, q, addr, &params),
+            Inner::Roce(q) => return crate::roce::cm::connect(self.ctx.roce()?, q, addr, &params),
         };
         if !q.transition(QpState::Init, QpState::Connecting) {
             return Err(Error::InvalidState(self.state()));
@@ -342,14 +343,11 @@ impl Qp {
     /// (`WorkRequestFlushed`), a Terminate already queued still goes out, then the TCP
     /// connection is closed; the peer's requests are flushed when it sees the close.
     /// Returns at once; the flush completions arrive on the CQs. On RoCE the QP moves to
-    /// Error (the IB CM's DREQ is not built yet).
+    /// Error and the CM's DREQ tells the peer, whose QP then flushes as well.
     pub fn disconnect(&self) -> Result<(), Error> {
         match &self.inner {
             Inner::Tcp(q) => self.ctx.tcp()?.command(Cmd::Disconnect(q.clone())),
-            Inner::Roce(q) => self
-                .ctx
-                .roce()?
-                .modify(q, &QpAttr::state(softrdma_ib::QpState::Error)),
+            Inner::Roce(q) => self.ctx.roce()?.cm_disconnect(q),
         }
     }
 

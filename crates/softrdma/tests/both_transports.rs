@@ -23,12 +23,9 @@ fn devices(t: Transport) -> (Device, Device) {
     match t {
         Transport::Iwarp => (Device::tcp(), Device::tcp()),
         Transport::Roce => {
-            let dev = |last: u8| {
-                let mut cfg = RoceConfig::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)));
-                cfg.port = 0;
-                Device::roce(cfg)
-            };
-            (dev(1), dev(2))
+            let ips = [1, 2].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
+            let c = RoceConfig::sharing_a_port(&ips).unwrap();
+            (Device::roce(c[0]), Device::roce(c[1]))
         }
     }
 }

@@ -638,7 +638,7 @@ fn reject_then_accept() {
         assert_eq!(req.peer_ird_ord(), Some((16, 16)));
         req.reject(b"go away").unwrap();
         match c.join().unwrap() {
-            Err(Error::Rejected { private_data }) => assert_eq!(private_data, b"go away"),
+            Err(Error::Rejected { private_data, .. }) => assert_eq!(private_data, b"go away"),
             other => panic!("expected a rejection, got {other:?}"),
         }
     });

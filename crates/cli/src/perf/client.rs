@@ -204,7 +204,7 @@ impl Client {
             ..QpInitAttr::new(&cq, &cq)
         })?;
         match qp.connect(self.server, self.params(&req)) {
-            Err(Error::Rejected { private_data }) => Ok(private_data),
+            Err(Error::Rejected { private_data, .. }) => Ok(private_data),
             Err(e) => Err(e.into()),
             Ok(_) => Err(PerfError::Protocol(format!(
                 "the server accepted a {} request",

@@ -627,7 +627,15 @@ fn measure(
 /// Runs `--loopback`: a server (RDMA and raw) on threads of this process and the client,
 /// over 127.0.0.1 (RoCE: the client on 127.0.0.2, UDP `--roce-port` or any free one).
 pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
-    let port = args.roce_port.unwrap_or(0);
+    let mut port = args.roce_port.unwrap_or(0);
+    if port == 0 && args.transport == Transport::Roce {
+        // Both contexts on one UDP port (RoCE peers are sent to at our own port).
+        let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::from);
+        port = RoceConfig::sharing_a_port(&ips)
+            .map_err(|e| PerfError::Usage(format!("no free UDP port for RoCE on loopback: {e}")))?
+            [0]
+        .port;
+    }
     let server_ctx = open(args.transport, Ipv4Addr::new(127, 0, 0, 1).into(), port)?;
     let client_ctx = open(args.transport, Ipv4Addr::new(127, 0, 0, 2).into(), port)?;
     let listener = Listener::bind_with(&server_ctx, "127.0.0.1:0", args.listen_params())?;

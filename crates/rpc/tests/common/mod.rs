@@ -27,18 +27,18 @@ pub fn both(f: impl Fn(T)) {
 pub fn contexts(t: T) -> (Context, Context) {
     match t {
         T::Iwarp => (Device::tcp().open().unwrap(), Device::tcp().open().unwrap()),
-        T::Roce => (
-            roce(Ipv4Addr::new(127, 0, 0, 1)),
-            roce(Ipv4Addr::new(127, 0, 0, 2)),
-        ),
+        T::Roce => {
+            let [a, b] = roce_pair();
+            (a, b)
+        }
     }
 }
 
-/// A RoCEv2 device on `ip`, any free UDP port.
-pub fn roce(ip: Ipv4Addr) -> Context {
-    let mut cfg = softrdma::RoceConfig::new(IpAddr::V4(ip));
-    cfg.port = 0;
-    Device::roce(cfg).open().unwrap()
+/// RoCEv2 devices on 127.0.0.1 and 127.0.0.2, one free UDP port.
+pub fn roce_pair() -> [Context; 2] {
+    let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::V4);
+    let cfgs = softrdma::RoceConfig::sharing_a_port(&ips).unwrap();
+    [0, 1].map(|i| Device::roce(cfgs[i]).open().unwrap())
 }
 
 /// `n` octets that differ with position and `seed`.

@@ -44,10 +44,11 @@ use softrdma_verbs_types::{RecvWr, SendWr, SharedRecvQueue, WorkCompletion};
 use softrdma_wire::icrc::IcrcVerifier;
 use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 
-pub(crate) mod oob;
+pub(crate) mod cm;
 
 use crate::Error;
 use crate::cq::{CqShared, Progress};
+use crate::event::EventQueue;
 use crate::leader::{Leader, Waiter, WakePipe};
 use crate::state::QpCounters;
 
@@ -109,6 +110,35 @@ impl RoceConfig {
             raw_tx: RawTx::Auto,
         }
     }
+
+    /// Configurations for contexts on several addresses of one host (127.0.0.1,
+    /// 127.0.0.2, ...) that reach each other: peers are sent to at the context's own UDP
+    /// port, so all get one port, free on every address, other than 4791 (which a kernel
+    /// rxe or another test may hold).
+    pub fn sharing_a_port(addrs: &[IpAddr]) -> Result<Vec<RoceConfig>, Error> {
+        let first = *addrs.first().ok_or(Error::InvalidArgument("no address"))?;
+        for _ in 0..64 {
+            let probe = UdpSocket::bind(SocketAddr::new(first, 0))?;
+            let port = probe.local_addr()?.port();
+            let rest: Result<Vec<_>, _> = addrs[1..]
+                .iter()
+                .map(|&a| UdpSocket::bind(SocketAddr::new(a, port)))
+                .collect();
+            if rest.is_ok() {
+                return Ok(addrs
+                    .iter()
+                    .map(|&a| RoceConfig {
+                        port,
+                        ..RoceConfig::new(a)
+                    })
+                    .collect());
+            }
+        }
+        Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "no UDP port free on every address",
+        )))
+    }
 }
 
 /// Datagrams the driver dropped, by reason, and what it moved.
@@ -167,6 +197,13 @@ pub(crate) struct RoceShared {
     /// The receive buffer the kernel granted (octets of kernel memory).
     pub(crate) rcvbuf: usize,
     alive: AtomicBool,
+    /// The receive thread, joined when the context closes (so its socket is closed when
+    /// the context's drop returns, and the port can be bound again).
+    rx_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// QP1 and the connection manager ([`cm`]).
+    gsi: Mutex<cm::Gsi>,
+    /// The context's asynchronous events.
+    events: Arc<EventQueue>,
     /// Some QP holds back an ACK ([`RoceQpShared::ack_held`]).
     acks_held: AtomicBool,
 }
@@ -222,7 +259,10 @@ enum Hold {
 }
 
 impl RoceShared {
-    pub(crate) fn open(cfg: &RoceConfig) -> Result<Arc<RoceShared>, Error> {
+    pub(crate) fn open(
+        cfg: &RoceConfig,
+        events: Arc<EventQueue>,
+    ) -> Result<Arc<RoceShared>, Error> {
         if cfg.addr.is_unspecified() {
             return Err(Error::InvalidArgument(
                 "RoCE needs a specific local address (it is covered by the ICRC)",
@@ -268,14 +308,22 @@ impl RoceShared {
             Some(_) => SocketKind::RawIpv4,
             None => SocketKind::Udp,
         };
+        let mut endpoint = RoceEndpoint::new(local, ipv4);
+        // QP1, the GSI: its MADs go to the connection manager.
+        endpoint
+            .insert_qp(softrdma_ib::cm::GSI_QPN, QpType::Ud)
+            .map_err(out_of_resources)?;
         let shared = Arc::new(RoceShared {
+            gsi: Mutex::new(cm::Gsi::new(local.ip())),
+            rx_thread: Mutex::new(None),
+            events,
             socket,
             raw,
             rx_lock: Mutex::new(()),
             leader: Leader::new(()),
             wake_pipe: WakePipe::new()?,
             local,
-            endpoint: RwLock::new(RoceEndpoint::new(local, ipv4)),
+            endpoint: RwLock::new(endpoint),
             qps: RwLock::new(Default::default()),
             counters: SocketCounters::default(),
             rcvbuf,
@@ -287,6 +335,7 @@ impl RoceShared {
             .name("softrdma-roce-rx".into())
             .spawn(move || rx_loop(weak))?;
         shared.leader.set_background(h.thread().clone());
+        *shared.rx_thread.lock() = Some(h);
         Ok(shared)
     }
 
@@ -508,6 +557,7 @@ impl RoceShared {
             // engines are locked only after it is released (lock order: engine, endpoint).
             // Each accepted datagram is kept with the index of its QP in `touched`.
             let mut routed: Vec<(usize, Incoming<'_>)> = Vec::with_capacity(rx.got.len());
+            let mut mads: Vec<(IpAddr, Incoming<'_>)> = Vec::new();
             {
                 let ep = self.endpoint.read();
                 let qps = self.qps.read();
@@ -519,6 +569,10 @@ impl RoceShared {
                     let Ok(inc) = ep.handle(peer, dgram, &mut rx.verifier) else {
                         continue;
                     };
+                    if inc.qpn == softrdma_ib::cm::GSI_QPN {
+                        mads.push((peer.ip(), inc));
+                        continue;
+                    }
                     // Registered with the endpoint, so in `qps` (both change under its write
                     // lock).
                     let Some(q) = qps.get(&inc.qpn) else { continue };
@@ -538,6 +592,13 @@ impl RoceShared {
                 }
             }
             drop(routed);
+            if !mads.is_empty() {
+                for (peer, inc) in &mads {
+                    self.gsi_input(now, *peer, &inc.packet);
+                }
+                drop(mads);
+                self.gsi_pump(now);
+            }
             for q in rx.touched.drain(..) {
                 let mut e = q.engine.lock();
                 self.flush(&q, &mut e, now, hold);
@@ -654,8 +715,16 @@ impl RoceShared {
     /// Sends held ACKs and fires due timers; returns how long until the next one.
     fn run_timers(&self, now: Instant) -> Duration {
         self.release_acks(now);
-        let qps: Vec<_> = self.qps.read().values().cloned().collect();
         let mut next = now + IDLE_WAIT;
+        if let Some(t) = self.gsi_timeout() {
+            if t <= now {
+                self.gsi_pump(now);
+            }
+            if let Some(t) = self.gsi_timeout() {
+                next = next.min(t);
+            }
+        }
+        let qps: Vec<_> = self.qps.read().values().cloned().collect();
         for q in qps {
             let mut e = q.engine.lock();
             if let Some(t) = e.qp.poll_timeout() {
@@ -669,6 +738,22 @@ impl RoceShared {
             }
         }
         next.saturating_duration_since(now)
+    }
+}
+
+impl RoceShared {
+    /// The context is closed: the receive thread stops and lets go of the driver.
+    pub(crate) fn shutdown(&self) {
+        self.release_acks(Instant::now());
+        self.alive.store(false, Ordering::Release);
+        self.wake_pipe.signal();
+        self.leader.unpark_background();
+        let h = self.rx_thread.lock().take();
+        if let Some(h) = h
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
     }
 }
 
@@ -754,6 +839,8 @@ impl RoceShared {
             let mut e = q.engine.lock();
             self.flush(&q, &mut e, Instant::now(), Hold::Nothing);
         }
+        // Then the DREQ, after those ACKs.
+        self.cm_forget_qp(qpn);
         let mut ep = self.endpoint.write();
         ep.remove_qp(qpn);
         self.qps.write().remove(&qpn);
@@ -874,6 +961,10 @@ impl RoceQpShared {
 
     pub(crate) fn qp_type(&self) -> QpType {
         self.engine.lock().qp.qp_type()
+    }
+
+    pub(crate) fn has_srq(&self) -> bool {
+        self.engine.lock().qp.srq().is_some()
     }
 
     pub(crate) fn sq_outstanding(&self) -> usize {

@@ -758,7 +758,10 @@ impl Conn {
                     self.on_established(ctx, negotiated, mulpdu);
                 }
                 ConnEvent::Rejected { private_data, .. } => {
-                    self.fail_connect(Error::Rejected { private_data });
+                    self.fail_connect(Error::Rejected {
+                        reason: None,
+                        private_data,
+                    });
                 }
                 ConnEvent::StartupFailed(e) => self.fail_connect(Error::Startup(e)),
                 ConnEvent::Qp(ev) => self.qp_events.push(ev),

@@ -1,0 +1,1017 @@
+//! The connection manager over RoCE: QP1 (the General Services Interface) carries the
+//! InfiniBand CM's MADs, run by the sans-IO [`Cm`] of `softrdma_ib`, with librdmacm's
+//! conventions on top, so `rdma_cm` peers (rping, perftest -R, udaddy, NFS over RDMA)
+//! and softrdma reach each other.
+//!
+//! - QP1 is a UD QP of the endpoint: it takes UD Sends of 256 octets with Q_Key
+//!   [`GSI_QKEY`] and the default P_Key (IBA 13.5.1; anything else is dropped, C9-50),
+//!   and sends them from QP1 with rxe's BTH (AckReq set, its own PSN sequence).
+//! - librdmacm (`cma.c`): the service ID is the port space (RDMA_PS_TCP for RC and UC,
+//!   RDMA_PS_UDP for UD through SIDR) and the port; the REQ's and SIDR_REQ's private data
+//!   begin with the CMA header (source address and port, destination address), the
+//!   application's follow; the flow label of the path is `(sport * 31 + dport) & 0xFFFFF`;
+//!   responder resources, initiator depth, retry and RNR retry counts and PSNs travel in
+//!   REQ and REP and are applied to the QPs, which the CM moves INIT → RTR → RTS.
+//! - Addresses: a GID is the IP address; CM MADs and the connection's packets go to the
+//!   peer's address at the UDP port this context uses (4791: the RoCEv2 port; tests that
+//!   run several contexts on one host give them one port on different addresses).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use softrdma_ib::cm::{
+    Cm, CmConfig, CmEvent, CmService, CommId, GSI_QKEY, GSI_QPN, RepParams, ReqInfo, ReqParams,
+    reason, sidr_status,
+};
+use softrdma_ib::{QpAttr, QpState as IbQpState, QpType, pkey_matches};
+use softrdma_memory::Access;
+use softrdma_wire::ib::cm::{
+    REJ_PRIVATE_LEN, REP_PRIVATE_LEN, REQ_PRIVATE_LEN, SIDR_REP_PRIVATE_LEN, SIDR_REQ_PRIVATE_LEN,
+};
+use softrdma_wire::ib::cma::{CMA_HDR_LEN, CmaHeader, PortSpace, port_of_service, service_id};
+use softrdma_wire::ib::mad::MAD_LEN;
+use softrdma_wire::ib::{BthRepr, DEFAULT_PKEY, DethRepr, Opcode, Operation, PacketRepr, Service};
+
+use super::{RoceQpShared, RoceShared};
+use crate::Error;
+use crate::connparams::{AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo};
+use crate::event::AsyncEvent;
+
+/// The Q_Key librdmacm gives UD QPs of RDMA_PS_UDP (`RDMA_UDP_QKEY`).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// Path MTUs (IBA 9.7.3) and their codes in REQ (1 = 256 .. 5 = 4096).
+fn mtu_code(pmtu: u32) -> Result<u8, Error> {
+    match pmtu {
+        256 => Ok(1),
+        512 => Ok(2),
+        1024 => Ok(3),
+        2048 => Ok(4),
+        4096 => Ok(5),
+        _ => Err(Error::InvalidArgument(
+            "RoCE path MTU must be 256, 512, 1024, 2048 or 4096",
+        )),
+    }
+}
+
+fn mtu_of(code: u8) -> u32 {
+    128 << code.clamp(1, 5)
+}
+
+/// An unpredictable 32-bit value (PSNs, IDs, ports).
+fn random_u32() -> u32 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() as u32
+}
+
+/// A CA GUID for our address: EUI-64 of a locally administered MAC made from it, as a
+/// RoCE NIC's is of its MAC.
+fn ca_guid(ip: IpAddr) -> u64 {
+    let o = match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            [0x02, 0x00, a, b, c, d]
+        }
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            [0x02, o[11], o[12], o[13], o[14], o[15]]
+        }
+    };
+    u64::from_be_bytes([o[0], o[1], o[2], 0xFF, 0xFE, o[3], o[4], o[5]])
+}
+
+/// What a thread waiting on a connection is told.
+#[derive(Default)]
+struct Slot {
+    ev: Mutex<Option<CmEvent>>,
+    cond: Condvar,
+}
+
+impl Slot {
+    fn put(&self, ev: CmEvent) {
+        *self.ev.lock() = Some(ev);
+        self.cond.notify_all();
+    }
+
+    fn wait(&self, deadline: Instant) -> Option<CmEvent> {
+        let mut g = self.ev.lock();
+        loop {
+            if let Some(ev) = g.take() {
+                return Some(ev);
+            }
+            if self.cond.wait_until(&mut g, deadline).timed_out() {
+                return g.take();
+            }
+        }
+    }
+}
+
+/// A request waiting in a listener's queue.
+pub(crate) struct Pending {
+    id: CommId,
+    kind: PendingKind,
+    peer_addr: SocketAddr,
+    local_addr: SocketAddr,
+    /// The application's private data (after the CMA header).
+    private_data: Vec<u8>,
+}
+
+enum PendingKind {
+    Conn(Box<ReqInfo>),
+    Sidr,
+}
+
+/// A listener's queue of requests.
+pub(crate) struct ListenQueue {
+    q: Mutex<VecDeque<Pending>>,
+    cond: Condvar,
+    backlog: usize,
+}
+
+/// The CM state of a context: the engine, the listeners and who waits for what.
+pub(crate) struct Gsi {
+    cm: Cm,
+    /// PSN of QP1's next Send.
+    psn: u32,
+    listeners: HashMap<u16, Arc<ListenQueue>>,
+    slots: HashMap<CommId, Arc<Slot>>,
+    qp_of: HashMap<CommId, u32>,
+    conn_of: HashMap<u32, CommId>,
+}
+
+impl Gsi {
+    pub(crate) fn new(local: IpAddr) -> Gsi {
+        let cfg = CmConfig::new(local, ca_guid(local), random_u32(), random_u32());
+        Gsi {
+            cm: Cm::new(cfg),
+            psn: random_u32() & 0xFF_FFFF,
+            listeners: HashMap::new(),
+            slots: HashMap::new(),
+            qp_of: HashMap::new(),
+            conn_of: HashMap::new(),
+        }
+    }
+}
+
+impl RoceShared {
+    /// A UD Send that arrived for QP1 from `peer` (IBA 13.5.1: UD, Q_Key 0x80010000, a
+    /// MAD of 256 octets); anything else is dropped.
+    pub(crate) fn gsi_input(&self, now: Instant, peer: IpAddr, p: &PacketRepr<'_>) {
+        let ud_send = Opcode::new(Service::Ud, Operation::SendOnly).ok();
+        let ok = Some(p.bth.opcode) == ud_send
+            && p.deth.is_some_and(|d| d.q_key == GSI_QKEY)
+            && pkey_matches(p.bth.pkey, DEFAULT_PKEY)
+            && p.payload.len() == MAD_LEN;
+        if !ok {
+            tracing::debug!(%peer, "QP1: not a MAD, dropped");
+            return;
+        }
+        self.gsi.lock().cm.handle_mad(now, peer, p.payload);
+    }
+
+    /// When the CM's next timer is due.
+    pub(crate) fn gsi_timeout(&self) -> Option<Instant> {
+        self.gsi.lock().cm.poll_timeout()
+    }
+
+    /// Runs the CM's timers, sends its MADs and acts on its events until it is quiet.
+    pub(crate) fn gsi_pump(&self, now: Instant) {
+        loop {
+            let (mads, events, psn) = {
+                let mut g = self.gsi.lock();
+                g.cm.handle_timeout(now);
+                let mads: Vec<_> = std::iter::from_fn(|| g.cm.poll_transmit()).collect();
+                let events: Vec<_> = std::iter::from_fn(|| g.cm.poll_event()).collect();
+                let psn = g.psn;
+                g.psn = (g.psn + mads.len() as u32) & 0xFF_FFFF;
+                (mads, events, psn)
+            };
+            if mads.is_empty() && events.is_empty() {
+                return;
+            }
+            self.send_mads(&mads, psn);
+            for ev in events {
+                self.on_cm_event(now, ev);
+            }
+        }
+    }
+
+    fn send_mads(&self, mads: &[(IpAddr, Box<[u8; MAD_LEN]>)], first_psn: u32) {
+        let Ok(op) = Opcode::new(Service::Ud, Operation::SendOnly) else {
+            return;
+        };
+        let mut dgram = Vec::with_capacity(mads.len() * 400);
+        let mut batch = Vec::with_capacity(mads.len());
+        let mut pkt = [0u8; 512];
+        let ep = self.endpoint.read();
+        for (i, (to, mad)) in mads.iter().enumerate() {
+            let mut bth = BthRepr::new(op, GSI_QPN, (first_psn + i as u32) & 0xFF_FFFF);
+            bth.pkey = DEFAULT_PKEY;
+            bth.ack_req = true; // as rxe's GSI sends them
+            let mut p = PacketRepr::new(bth, &mad[..]);
+            p.deth = Some(DethRepr {
+                q_key: GSI_QKEY,
+                reserved: 0,
+                src_qp: GSI_QPN,
+            });
+            let Ok(n) = p.emit(&mut pkt) else { continue };
+            let dest = SocketAddr::new(*to, self.local.port());
+            if let Ok(t) = ep.encapsulate_to(GSI_QPN, dest, &pkt[..n], &mut dgram) {
+                batch.push(t);
+            }
+        }
+        drop(ep);
+        self.send_batch(&dgram, &batch);
+    }
+
+    fn on_cm_event(&self, now: Instant, ev: CmEvent) {
+        match ev {
+            CmEvent::Request { id, req } => {
+                let port = match port_of_service(req.service_id) {
+                    Some((PortSpace::Tcp, port)) => port,
+                    _ => return self.cm_reject(id, reason::INVALID_SERVICE_ID),
+                };
+                let Ok((hdr, rest)) = CmaHeader::parse(&req.private_data) else {
+                    // librdmacm's listener refuses a request without its header.
+                    return self.cm_reject(id, reason::CONSUMER_DEFINED);
+                };
+                let p = Pending {
+                    id,
+                    peer_addr: hdr.src,
+                    local_addr: SocketAddr::new(hdr.dst, port),
+                    private_data: rest.to_vec(),
+                    kind: PendingKind::Conn(Box::new(req)),
+                };
+                self.queue_request(port, p);
+            }
+            CmEvent::SidrRequest {
+                id,
+                peer: _,
+                service_id,
+                private_data,
+            } => {
+                let sidr_fail = |st| {
+                    let _ = self.gsi.lock().cm.sidr_reply(now, id, st, 0, 0, &[]);
+                };
+                let port = match port_of_service(service_id) {
+                    Some((PortSpace::Udp, port)) => port,
+                    _ => return sidr_fail(sidr_status::UNSUPPORTED),
+                };
+                let Ok((hdr, rest)) = CmaHeader::parse(&private_data) else {
+                    return sidr_fail(sidr_status::REJECT);
+                };
+                let p = Pending {
+                    id,
+                    peer_addr: hdr.src,
+                    local_addr: SocketAddr::new(hdr.dst, port),
+                    private_data: rest.to_vec(),
+                    kind: PendingKind::Sidr,
+                };
+                self.queue_request(port, p);
+            }
+            CmEvent::Reply { id, .. } | CmEvent::SidrReply { id, .. } => {
+                let slot = self.gsi.lock().slots.remove(&id);
+                match slot {
+                    Some(s) => s.put(ev),
+                    // Nobody waits any more: give the connection up.
+                    None => self.gsi.lock().cm.destroy(now, id),
+                }
+            }
+            CmEvent::Established { id } => {
+                let (slot, qpn) = {
+                    let mut g = self.gsi.lock();
+                    (g.slots.remove(&id), g.qp_of.get(&id).copied())
+                };
+                if let Some(s) = slot {
+                    s.put(ev);
+                }
+                if let Some(qp_num) = qpn {
+                    self.events.post(AsyncEvent::Established { qp_num });
+                }
+            }
+            CmEvent::Rejected { id, .. }
+            | CmEvent::TimedOut { id }
+            | CmEvent::Disconnected { id, .. } => {
+                let (slot, qpn) = {
+                    let mut g = self.gsi.lock();
+                    let qpn = g.qp_of.remove(&id);
+                    if let Some(q) = qpn {
+                        g.conn_of.remove(&q);
+                    }
+                    (g.slots.remove(&id), qpn)
+                };
+                let waited = slot.is_some();
+                if let Some(s) = slot {
+                    s.put(ev);
+                }
+                if let Some(qp_num) = qpn {
+                    // The connection is gone: its QP stops (IBA 12.9.7), outstanding
+                    // requests flush.
+                    let q = self.qps.read().get(&qp_num).cloned();
+                    if let Some(q) = q {
+                        let _ = self.modify(&q, &QpAttr::state(IbQpState::Error));
+                    }
+                    if !waited {
+                        self.events.post(AsyncEvent::Disconnected { qp_num });
+                    }
+                }
+            }
+        }
+    }
+
+    fn cm_reject(&self, id: CommId, why: u16) {
+        let _ = self.gsi.lock().cm.reject(id, why, &[]);
+    }
+
+    fn queue_request(&self, port: u16, p: Pending) {
+        let l = self.gsi.lock().listeners.get(&port).cloned();
+        let Some(l) = l else {
+            let id = p.id;
+            return match p.kind {
+                PendingKind::Conn(_) => self.cm_reject(id, reason::INVALID_SERVICE_ID),
+                PendingKind::Sidr => {
+                    let now = Instant::now();
+                    let _ =
+                        self.gsi
+                            .lock()
+                            .cm
+                            .sidr_reply(now, id, sidr_status::UNSUPPORTED, 0, 0, &[]);
+                }
+            };
+        };
+        let mut q = l.q.lock();
+        if q.len() >= l.backlog {
+            drop(q);
+            let id = p.id;
+            return match p.kind {
+                PendingKind::Conn(_) => self.cm_reject(id, reason::NO_RESOURCES),
+                PendingKind::Sidr => {
+                    let now = Instant::now();
+                    let _ = self
+                        .gsi
+                        .lock()
+                        .cm
+                        .sidr_reply(now, id, sidr_status::REJECT, 0, 0, &[]);
+                }
+            };
+        }
+        q.push_back(p);
+        drop(q);
+        l.cond.notify_all();
+    }
+
+    /// Registers a waiter for `id` and what the CM did, then sends it.
+    fn cm_call<T>(
+        &self,
+        f: impl FnOnce(&mut Gsi) -> Result<(CommId, T), softrdma_ib::cm::CmError>,
+    ) -> Result<(CommId, T, Arc<Slot>), Error> {
+        let slot = Arc::new(Slot::default());
+        let r = {
+            let mut g = self.gsi.lock();
+            let r = f(&mut g);
+            if let Ok((id, _)) = &r {
+                g.slots.insert(*id, slot.clone());
+            }
+            r
+        };
+        self.gsi_pump(Instant::now());
+        let (id, t) = r.map_err(cm_error)?;
+        Ok((id, t, slot))
+    }
+
+    fn forget(&self, id: CommId) {
+        let mut g = self.gsi.lock();
+        g.slots.remove(&id);
+        if let Some(q) = g.qp_of.remove(&id) {
+            g.conn_of.remove(&q);
+        }
+        g.cm.destroy(Instant::now(), id);
+    }
+
+    /// Ties a connection to its QP (for disconnects and events).
+    fn bind_qp(&self, id: CommId, qpn: u32) {
+        let mut g = self.gsi.lock();
+        g.qp_of.insert(id, qpn);
+        g.conn_of.insert(qpn, id);
+    }
+
+    /// `rdma_disconnect`: the QP to Error, the DREQ to the peer.
+    pub(crate) fn cm_disconnect(&self, q: &RoceQpShared) -> Result<(), Error> {
+        let now = Instant::now();
+        self.modify(q, &QpAttr::state(IbQpState::Error))?;
+        {
+            let mut g = self.gsi.lock();
+            if let Some(id) = g.conn_of.remove(&q.qpn) {
+                g.qp_of.remove(&id);
+                // Not yet connected: the REQ or REP is withdrawn instead.
+                if g.cm.disconnect(now, id).is_err() {
+                    g.cm.destroy(now, id);
+                }
+            }
+        }
+        self.gsi_pump(now);
+        Ok(())
+    }
+
+    /// A QP is destroyed: its connection ends.
+    pub(crate) fn cm_forget_qp(&self, qpn: u32) {
+        let now = Instant::now();
+        {
+            let mut g = self.gsi.lock();
+            if let Some(id) = g.conn_of.remove(&qpn) {
+                g.qp_of.remove(&id);
+                g.cm.destroy(now, id);
+            }
+        }
+        self.gsi_pump(now);
+    }
+}
+
+fn cm_error(e: softrdma_ib::cm::CmError) -> Error {
+    use softrdma_ib::cm::CmError as E;
+    match e {
+        E::NoResources => Error::Io(std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            "too many connections",
+        )),
+        E::Invalid(w) => Error::InvalidArgument(w),
+        E::ServiceIdInUse(_) => Error::Io(std::io::ErrorKind::AddrInUse.into()),
+        E::UnknownId(_) | E::InvalidState { .. } => {
+            Error::Protocol("the connection was given up (the peer timed out or went away)")
+        }
+    }
+}
+
+/// What both sides agreed, applied to an RC or UC QP: INIT → RTR → RTS as librdmacm
+/// drives it.
+struct Agreed {
+    peer: SocketAddr,
+    peer_qpn: u32,
+    peer_psn: u32,
+    my_psn: u32,
+    pmtu: u32,
+    ird: u16,
+    ord: u16,
+    retry: u8,
+    rnr_retry: u8,
+}
+
+fn bring_up(drv: &RoceShared, q: &RoceQpShared, a: &Agreed) -> Result<(), Error> {
+    let rc = q.qp_type() == QpType::Rc;
+    drv.set_remote(q, a.peer);
+    // Reset → Init, or Init → Init: remote access as rdma_cm grants it.
+    drv.modify(
+        q,
+        &QpAttr {
+            state: Some(IbQpState::Init),
+            access: Some(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC),
+            ..QpAttr::default()
+        },
+    )?;
+    drv.modify(
+        q,
+        &QpAttr {
+            state: Some(IbQpState::Rtr),
+            pmtu: Some(a.pmtu),
+            dest_qp: Some(a.peer_qpn),
+            rq_psn: Some(a.peer_psn),
+            max_dest_rd_atomic: rc.then_some(clamp_u8(a.ird)),
+            min_rnr_timer: rc.then_some(12),
+            ..QpAttr::default()
+        },
+    )?;
+    drv.modify(
+        q,
+        &QpAttr {
+            state: Some(IbQpState::Rts),
+            sq_psn: Some(a.my_psn),
+            // Our own retransmission timer (67 ms): loopback and LAN paths, not the
+            // path's packet life time Linux puts in the REQ.
+            timeout: rc.then_some(14),
+            retry_cnt: rc.then_some(a.retry.min(7)),
+            rnr_retry: rc.then_some(a.rnr_retry.min(7)),
+            max_rd_atomic: rc.then_some(clamp_u8(a.ord)),
+            ..QpAttr::default()
+        },
+    )?;
+    Ok(())
+}
+
+/// A UD QP up to RTS with `qkey` if it is not there yet (librdmacm does it for UD ids).
+fn bring_up_ud(drv: &RoceShared, q: &RoceQpShared, qkey: u32) -> Result<(), Error> {
+    if q.state() == IbQpState::Reset {
+        drv.modify(
+            q,
+            &QpAttr {
+                state: Some(IbQpState::Init),
+                qkey: Some(qkey),
+                ..QpAttr::default()
+            },
+        )?;
+    }
+    if q.state() == IbQpState::Init {
+        drv.modify(q, &QpAttr::state(IbQpState::Rtr))?;
+    }
+    if q.state() == IbQpState::Rtr {
+        drv.modify(
+            q,
+            &QpAttr {
+                state: Some(IbQpState::Rts),
+                sq_psn: Some(random_u32() & 0xFF_FFFF),
+                ..QpAttr::default()
+            },
+        )?;
+    }
+    Ok(())
+}
+
+fn clamp_u8(v: u16) -> u8 {
+    v.min(u16::from(u8::MAX)) as u8
+}
+
+fn check_len(p: &[u8], max: usize, what: &'static str) -> Result<(), Error> {
+    if p.len() > max {
+        return Err(Error::InvalidArgument(what));
+    }
+    Ok(())
+}
+
+fn info(
+    drv: &RoceShared,
+    peer: SocketAddr,
+    a: (u32, u32, u32),
+    ird: u16,
+    ord: u16,
+    pd: Vec<u8>,
+) -> ConnectionInfo {
+    let (remote_qpn, pmtu, remote_qkey) = a;
+    ConnectionInfo {
+        local_addr: drv.local,
+        peer_addr: peer,
+        peer_private_data: pd,
+        ird,
+        ord,
+        detail: ConnectionDetail::Roce {
+            remote_qpn,
+            pmtu,
+            remote_qkey,
+        },
+    }
+}
+
+/// Active side (`rdma_connect`): REQ (RC, UC) or SIDR_REQ (UD) to the listener at `addr`.
+pub(crate) fn connect(
+    drv: &RoceShared,
+    q: &RoceQpShared,
+    addr: impl ToSocketAddrs,
+    params: &ConnectParams,
+) -> Result<ConnectionInfo, Error> {
+    let dst = addr
+        .to_socket_addrs()?
+        .find(|a| a.is_ipv4() == drv.local.is_ipv4())
+        .ok_or(Error::InvalidArgument("no address of the context's family"))?;
+    let pmtu = mtu_code(params.roce_pmtu)?;
+    let deadline = Instant::now() + params.timeout;
+    // An ephemeral source port for the CMA header (and the flow label).
+    let sport = 32768 + (random_u32() % 28232) as u16;
+    let hdr = CmaHeader {
+        src: SocketAddr::new(drv.local.ip(), sport),
+        dst: dst.ip(),
+    };
+    let qp_type = q.qp_type();
+    let max_pd = if qp_type == QpType::Ud {
+        SIDR_REQ_PRIVATE_LEN
+    } else {
+        REQ_PRIVATE_LEN
+    } - CMA_HDR_LEN;
+    check_len(
+        &params.private_data,
+        max_pd,
+        "RoCE private data is at most 56 octets in a connection request (180 for UD)",
+    )?;
+    let mut pd = vec![0u8; CMA_HDR_LEN];
+    hdr.emit(&mut pd)
+        .map_err(|_| Error::InvalidArgument("CMA header"))?;
+    pd.extend_from_slice(&params.private_data);
+    let peer = SocketAddr::new(dst.ip(), drv.local.port());
+    if qp_type == QpType::Ud {
+        bring_up_ud(drv, q, RDMA_UDP_QKEY)?;
+        let sid = service_id(PortSpace::Udp, dst.port());
+        let (id, (), slot) = drv.cm_call(|g| {
+            let id = g.cm.sidr_request(Instant::now(), dst.ip(), sid, &pd)?;
+            Ok((id, ()))
+        })?;
+        return match slot.wait(deadline) {
+            Some(CmEvent::SidrReply {
+                status: sidr_status::OK,
+                qpn,
+                qkey,
+                private_data,
+                ..
+            }) => Ok(info(
+                drv,
+                peer,
+                (qpn, 128 << pmtu, qkey),
+                0,
+                0,
+                private_data,
+            )),
+            Some(CmEvent::SidrReply {
+                status,
+                private_data,
+                ..
+            }) => Err(Error::Rejected {
+                reason: Some(u16::from(status)),
+                private_data,
+            }),
+            Some(CmEvent::TimedOut { .. }) => Err(Error::Timeout),
+            _ => {
+                drv.forget(id);
+                Err(Error::Timeout)
+            }
+        };
+    }
+    if !matches!(q.state(), IbQpState::Reset | IbQpState::Init) {
+        return Err(Error::InvalidState(crate::state::QpState::from(q.state())));
+    }
+    let my_psn = random_u32() & 0xFF_FFFF;
+    let req = ReqParams {
+        peer: dst.ip(),
+        service_id: service_id(PortSpace::Tcp, dst.port()),
+        qpn: q.qpn,
+        service: if qp_type == QpType::Rc {
+            CmService::Rc
+        } else {
+            CmService::Uc
+        },
+        starting_psn: my_psn,
+        responder_resources: clamp_u8(params.ird),
+        initiator_depth: clamp_u8(params.ord),
+        retry_count: 7,
+        rnr_retry_count: 7,
+        path_mtu: pmtu,
+        srq: q.has_srq(),
+        flow_label: (u32::from(sport) * 31 + u32::from(dst.port())) & 0xF_FFFF,
+        private_data: pd,
+    };
+    let (id, (), slot) = drv.cm_call(|g| Ok((g.cm.connect(Instant::now(), &req)?, ())))?;
+    let rep = match slot.wait(deadline) {
+        Some(CmEvent::Reply { rep, .. }) => rep,
+        Some(CmEvent::Rejected {
+            reason,
+            private_data,
+            ..
+        }) => {
+            return Err(Error::Rejected {
+                reason: Some(reason),
+                private_data,
+            });
+        }
+        Some(CmEvent::TimedOut { .. }) => return Err(Error::Timeout),
+        _ => {
+            drv.forget(id);
+            return Err(Error::Timeout);
+        }
+    };
+    let a = Agreed {
+        peer,
+        peer_qpn: rep.qpn,
+        peer_psn: rep.starting_psn,
+        my_psn,
+        pmtu: mtu_of(pmtu),
+        ird: params.ird,
+        // Keep outstanding no more than the responder serves.
+        ord: params.ord.min(u16::from(rep.responder_resources)),
+        retry: 7,
+        rnr_retry: rep.rnr_retry_count,
+    };
+    if let Err(e) = bring_up(drv, q, &a) {
+        let _ = drv.gsi.lock().cm.reject(id, reason::NO_QP, &[]);
+        drv.gsi_pump(Instant::now());
+        return Err(e);
+    }
+    drv.bind_qp(id, q.qpn);
+    let r = drv.gsi.lock().cm.rtu(id, &[]);
+    drv.gsi_pump(Instant::now());
+    r.map_err(cm_error)?;
+    Ok(info(
+        drv,
+        peer,
+        (rep.qpn, a.pmtu, 0),
+        a.ird,
+        a.ord,
+        rep.private_data,
+    ))
+}
+
+/// A listener's registration: the port in both port spaces.
+pub(crate) struct RoceListener {
+    drv: Arc<RoceShared>,
+    queue: Arc<ListenQueue>,
+    port: u16,
+    pub(crate) local_addr: SocketAddr,
+}
+
+impl RoceListener {
+    /// `rdma_listen` on `addr` (our address or the wildcard; port 0: any free port).
+    pub(crate) fn bind(
+        drv: &Arc<RoceShared>,
+        addr: impl ToSocketAddrs,
+        backlog: u32,
+    ) -> Result<RoceListener, Error> {
+        let a = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or(Error::InvalidArgument("no address to listen on"))?;
+        if !a.ip().is_unspecified() && a.ip() != drv.local.ip() {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::AddrNotAvailable,
+                format!(
+                    "{} is not this RoCE device's address {}",
+                    a.ip(),
+                    drv.local.ip()
+                ),
+            )));
+        }
+        let queue = Arc::new(ListenQueue {
+            q: Mutex::new(VecDeque::new()),
+            cond: Condvar::new(),
+            backlog: backlog.max(1) as usize,
+        });
+        let mut g = drv.gsi.lock();
+        let free = |g: &Gsi, p: u16| p != 0 && !g.listeners.contains_key(&p);
+        let port = if a.port() != 0 {
+            if !free(&g, a.port()) {
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("RoCE port {} is listened on already", a.port()),
+                )));
+            }
+            a.port()
+        } else {
+            let start = random_u32();
+            (0..28232u32)
+                .map(|i| 32768 + ((start + i) % 28232) as u16)
+                .find(|&p| free(&g, p))
+                .ok_or(Error::Io(std::io::ErrorKind::AddrInUse.into()))?
+        };
+        for ps in [PortSpace::Tcp, PortSpace::Udp] {
+            g.cm.listen(service_id(ps, port)).map_err(cm_error)?;
+        }
+        g.listeners.insert(port, queue.clone());
+        Ok(RoceListener {
+            drv: drv.clone(),
+            queue,
+            port,
+            local_addr: SocketAddr::new(drv.local.ip(), port),
+        })
+    }
+
+    /// The next request; `None` deadline: wait forever.
+    pub(crate) fn accept(&self, deadline: Option<Instant>) -> Result<RoceRequest, Error> {
+        let mut q = self.queue.q.lock();
+        loop {
+            if let Some(p) = q.pop_front() {
+                return Ok(RoceRequest {
+                    drv: self.drv.clone(),
+                    p,
+                    answered: false,
+                });
+            }
+            match deadline {
+                None => self.queue.cond.wait(&mut q),
+                Some(d) => {
+                    if self.queue.cond.wait_until(&mut q, d).timed_out() && q.is_empty() {
+                        return Err(Error::Timeout);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RoceListener {
+    fn drop(&mut self) {
+        let pending: Vec<Pending> = self.queue.q.lock().drain(..).collect();
+        {
+            let mut g = self.drv.gsi.lock();
+            g.listeners.remove(&self.port);
+            for ps in [PortSpace::Tcp, PortSpace::Udp] {
+                g.cm.unlisten(service_id(ps, self.port));
+            }
+        }
+        for p in pending {
+            RoceRequest {
+                drv: self.drv.clone(),
+                p,
+                answered: false,
+            }
+            .refuse();
+        }
+    }
+}
+
+/// A connection request a RoCE listener received.
+pub(crate) struct RoceRequest {
+    drv: Arc<RoceShared>,
+    p: Pending,
+    answered: bool,
+}
+
+impl RoceRequest {
+    pub(crate) fn peer_addr(&self) -> SocketAddr {
+        self.p.peer_addr
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.p.local_addr
+    }
+
+    pub(crate) fn private_data(&self) -> &[u8] {
+        &self.p.private_data
+    }
+
+    pub(crate) fn peer_ird_ord(&self) -> (u16, u16) {
+        match &self.p.kind {
+            PendingKind::Conn(r) => (
+                u16::from(r.responder_resources),
+                u16::from(r.initiator_depth),
+            ),
+            PendingKind::Sidr => (0, 0),
+        }
+    }
+
+    /// Passive side (`rdma_accept`): the QP to RTS, then REP and wait for the RTU (RC,
+    /// UC), or SIDR_REP with the QP's number and Q_Key (UD).
+    pub(crate) fn accept(
+        &mut self,
+        q: &RoceQpShared,
+        params: &AcceptParams,
+    ) -> Result<ConnectionInfo, Error> {
+        let drv = self.drv.clone();
+        let id = self.p.id;
+        let req = match &self.p.kind {
+            PendingKind::Sidr => {
+                if q.qp_type() != QpType::Ud {
+                    return Err(Error::InvalidArgument("a UD request needs a UD QP"));
+                }
+                check_len(
+                    &params.private_data,
+                    SIDR_REP_PRIVATE_LEN,
+                    "SIDR_REP private data is at most 136 octets",
+                )?;
+                bring_up_ud(&drv, q, RDMA_UDP_QKEY)?;
+                let qkey = q.engine.lock().qp.qkey();
+                self.answered = true;
+                let now = Instant::now();
+                let r = drv.gsi.lock().cm.sidr_reply(
+                    now,
+                    id,
+                    sidr_status::OK,
+                    q.qpn,
+                    qkey,
+                    &params.private_data,
+                );
+                drv.gsi_pump(now);
+                r.map_err(cm_error)?;
+                return Ok(info(
+                    &drv,
+                    self.p.peer_addr,
+                    (0, 0, 0),
+                    0,
+                    0,
+                    self.p.private_data.clone(),
+                ));
+            }
+            PendingKind::Conn(r) => r.clone(),
+        };
+        let want = if req.service == CmService::Rc {
+            QpType::Rc
+        } else {
+            QpType::Uc
+        };
+        if q.qp_type() != want {
+            return Err(Error::InvalidArgument("the QP's type is not the request's"));
+        }
+        if !matches!(q.state(), IbQpState::Reset | IbQpState::Init) {
+            return Err(Error::InvalidState(crate::state::QpState::from(q.state())));
+        }
+        check_len(
+            &params.private_data,
+            REP_PRIVATE_LEN,
+            "RoCE private data is at most 196 octets in a reply",
+        )?;
+        let my_psn = random_u32() & 0xFF_FFFF;
+        let a = Agreed {
+            peer: SocketAddr::new(req.peer, drv.local.port()),
+            peer_qpn: req.qpn,
+            peer_psn: req.starting_psn,
+            my_psn,
+            pmtu: mtu_of(req.path_mtu.min(mtu_code(params.roce_pmtu)?)),
+            ird: params.ird,
+            ord: params.ord.min(u16::from(req.responder_resources)),
+            retry: req.retry_count,
+            rnr_retry: req.rnr_retry_count,
+        };
+        self.answered = true;
+        if let Err(e) = bring_up(&drv, q, &a) {
+            drv.cm_reject(id, reason::NO_QP);
+            drv.gsi_pump(Instant::now());
+            return Err(e);
+        }
+        let rep = RepParams {
+            qpn: q.qpn,
+            starting_psn: my_psn,
+            responder_resources: clamp_u8(a.ird),
+            initiator_depth: clamp_u8(a.ord),
+            rnr_retry_count: 7,
+            srq: q.has_srq(),
+            private_data: params.private_data.clone(),
+        };
+        drv.bind_qp(id, q.qpn);
+        let deadline = Instant::now() + params.timeout;
+        let (_, (), slot) = drv.cm_call(|g| {
+            g.cm.accept(Instant::now(), id, &rep)?;
+            Ok((id, ()))
+        })?;
+        match slot.wait(deadline) {
+            Some(CmEvent::Established { .. }) => Ok(info(
+                &drv,
+                self.p.peer_addr,
+                (req.qpn, a.pmtu, 0),
+                a.ird,
+                a.ord,
+                self.p.private_data.clone(),
+            )),
+            other => {
+                if other.is_none() {
+                    drv.forget(id);
+                }
+                let _ = drv.modify(q, &QpAttr::state(IbQpState::Error));
+                Err(match other {
+                    Some(CmEvent::Rejected {
+                        reason,
+                        private_data,
+                        ..
+                    }) => Error::Rejected {
+                        reason: Some(reason),
+                        private_data,
+                    },
+                    _ => Error::Timeout,
+                })
+            }
+        }
+    }
+
+    /// `rdma_reject`: REJ (consumer reject) or SIDR_REP (reject) with `private_data`.
+    pub(crate) fn reject(&mut self, private_data: &[u8]) -> Result<(), Error> {
+        if self.answered {
+            return Ok(());
+        }
+        let max = match self.p.kind {
+            PendingKind::Conn(_) => REJ_PRIVATE_LEN,
+            PendingKind::Sidr => SIDR_REP_PRIVATE_LEN,
+        };
+        check_len(
+            private_data,
+            max,
+            "RoCE private data is at most 148 octets in a reject",
+        )?;
+        self.answered = true;
+        let now = Instant::now();
+        let r = {
+            let mut g = self.drv.gsi.lock();
+            match self.p.kind {
+                PendingKind::Conn(_) => {
+                    g.cm.reject(self.p.id, reason::CONSUMER_DEFINED, private_data)
+                }
+                PendingKind::Sidr => {
+                    g.cm.sidr_reply(now, self.p.id, sidr_status::REJECT, 0, 0, private_data)
+                }
+            }
+        };
+        self.drv.gsi_pump(now);
+        // The requester may have given up already: nothing to answer then.
+        let _ = r;
+        Ok(())
+    }
+
+    fn refuse(mut self) {
+        let _ = self.reject(&[]);
+    }
+}
+
+impl Drop for RoceRequest {
+    fn drop(&mut self) {
+        let _ = self.reject(&[]);
+    }
+}
