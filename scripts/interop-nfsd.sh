@@ -20,9 +20,13 @@
 # sets it up) and the same dd runs against it from VM 1: kernel-P-dd-64MiB, for comparison.
 # Every case's capture decodes with `softrdma decode --strict`.
 #
+# With --rxe the same runs over RoCE: `softrdma nfsd --transport roce` on 10.77.0.1, the
+# guest mounting 10.77.0.1 over rxe0 (the kernel's xprtrdma connects with rdma_cm over the IB
+# CM on QP1), cases named rxe-P-...; the kernel's nfsd of --kernel is then reached at 10.77.0.3.
+#
 # Usage: scripts/interop-nfsd.sh [--sizes "0 1 4095 4096 4097 1048576 67108864"]
-#                                [--protos "rdma tcp"] [--loss PCT] [--kernel] [--no-build]
-#                                [--out DIR]
+#                                [--protos "rdma tcp"] [--loss PCT] [--kernel] [--rxe]
+#                                [--no-build] [--out DIR]
 # --loss PCT drops PCT % of the packets both ways for the whole run (netem on the guest's
 # eth1, an nft rule on the host side), as interop-rxe.sh does.
 # Needs root and /dev/net/tun. Prints PASS/FAIL per case and a summary; exit 0 only if all pass.
@@ -35,6 +39,7 @@ SIZES="0 1 4095 4096 4097 1048576 67108864"
 PROTOS="rdma tcp"
 LOSS=0
 KERNEL=0
+RXE=0
 BUILD=1
 OUT=$ROOT/target/interop-nfsd
 while [ $# -gt 0 ]; do
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
     --protos) PROTOS=$2; shift ;;
     --loss) LOSS=$2; shift ;;
     --kernel) KERNEL=1 ;;
+    --rxe) RXE=1 ;;
     --no-build) BUILD=0 ;;
     --out) OUT=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
@@ -81,7 +87,8 @@ run_case() {
 NFSD="" STARTS=0
 nfsd_start() {
   STARTS=$((STARTS + 1))
-  ip netns exec "$NS" "$BIN" nfsd --export "$EXPORT" >>"$OUT/nfsd.log" 2>&1 &
+  # shellcheck disable=SC2086
+  ip netns exec "$NS" "$BIN" nfsd --export "$EXPORT" $NFSD_FLAGS >>"$OUT/nfsd.log" 2>&1 &
   NFSD=$!
   local i=0
   while [ $i -lt 100 ] && [ "$(grep -c exporting "$OUT/nfsd.log" 2>/dev/null)" -lt "$STARTS" ]; do sleep 0.1; i=$((i + 1)); done
@@ -89,9 +96,16 @@ nfsd_start() {
 }
 nfsd_stop() { [ -n "$NFSD" ] && { kill "$NFSD" 2>/dev/null; wait "$NFSD" 2>/dev/null; }; NFSD=""; }
 
-GUEST=10.77.1.2
+# siw's network (eth1, 10.77.1.0/24), or rxe's with --rxe (eth0, 10.77.0.0/24).
+if [ $RXE = 1 ]; then
+  GUEST=10.77.0.2 HOST_IP=10.77.0.1 KERNEL_IP=10.77.0.3 NETDEV=eth0
+  NFSD_FLAGS="--transport roce --bind $HOST_IP"
+else
+  GUEST=10.77.1.2 HOST_IP=10.77.1.1 KERNEL_IP=10.77.1.3 NETDEV=eth1
+  NFSD_FLAGS=""
+fi
 loss_on() {
-  vm_exec "$V" "tc qdisc replace dev eth1 root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
+  vm_exec "$V" "tc qdisc replace dev $NETDEV root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
     { say "netem in the guest failed"; return 1; }
   if command -v nft >/dev/null 2>&1; then
     H nft -f - <<EOF || say "nft loss rule failed (guest-side loss only)"
@@ -122,7 +136,8 @@ vm_exec "$V" "modprobe rpcrdma 2>/dev/null; mkdir -p /mnt/s /tmp/w; mount -t tmp
 nfsd_start || { cat "$OUT/nfsd.log"; say "softrdma nfsd did not start"; exit 1; }
 [ "$LOSS" != 0 ] && { loss_on || exit 1; }
 TAG=""
-[ "$LOSS" != 0 ] && TAG="loss$LOSS-"
+[ $RXE = 1 ] && TAG="rxe-"
+[ "$LOSS" != 0 ] && TAG="${TAG}loss$LOSS-"
 
 # dd_case NAME PROTO: 64 MiB written (with fsync) to /mnt/s and read back after dropping the
 # cache; the guest's clock in centiseconds around each dd (busybox dd prints no rate).
@@ -147,7 +162,7 @@ expect_lines() {  # FILE WANT: the guest's output, less blank lines, is WANT
 for proto in $PROTOS; do
   P=$TAG$proto
   port=20049; [ "$proto" = tcp ] && port=2049
-  MOUNT="mount -t nfs -o vers=3,proto=$proto,port=$port,mountproto=tcp,nolock 10.77.1.1:$EXPORT /mnt/s"
+  MOUNT="mount -t nfs -o vers=3,proto=$proto,port=$port,mountproto=tcp,nolock $HOST_IP:$EXPORT /mnt/s"
   check_mount() { grep -q " /mnt/s nfs " "$1" || { echo "not in /proc/mounts"; return 1; }; }
   run_case "$P-mount" "$MOUNT && grep ' /mnt/s ' /proc/mounts" 120 check_mount
   grep -q " /mnt/s nfs " "$OUT/$P-mount.log" || { say "$P: not mounted, skipping its cases"; continue; }
@@ -212,7 +227,7 @@ rpcbind; exportfs -ra; rpc.mountd; rpc.nfsd 4
 echo "rdma 20049" > /proc/fs/nfsd/portlist' 120 >"$OUT/kernel-setup.log" 2>&1; then
     for proto in $PROTOS; do
       port=20049; [ "$proto" = tcp ] && port=2049
-      if vm_exec "$V" "mount -t nfs -o vers=3,proto=$proto,port=$port,mountproto=tcp,nolock 10.77.1.3:/export /mnt/s" 120 >"$OUT/kernel-$proto-mount.log" 2>&1; then
+      if vm_exec "$V" "mount -t nfs -o vers=3,proto=$proto,port=$port,mountproto=tcp,nolock $KERNEL_IP:/export /mnt/s" 120 >"$OUT/kernel-$proto-mount.log" 2>&1; then
         dd_case "kernel-$TAG$proto-dd-64MiB" "$proto"
         vm_exec "$V" "umount /mnt/s" 60 >/dev/null 2>&1
       else

@@ -10,6 +10,15 @@
 #   {rc,uc}_pingpong-s<size>-host-server    softrdma pingpong server     vs  guest ibv_*_pingpong client
 #   ud_pingpong-s<size>-{guest,host}-server the same for UD (sizes 1..1024: rxe's port MTU)
 #   ib_{write,read,atomic}_bw-guest-server  guest ib_*_bw (TCP OOB, no -R)  vs  softrdma perf client
+#   rping-{c,s}-S<size>                     the IB CM on QP1 (librdmacm's rping, sizes 26 64 4096 65535,
+#                                           -C 10 -V): softrdma rping -c vs guest rping -s, and the
+#                                           reverse; the client's DREQ must reach the server
+#   ib_{write,read,send}_bw-R-host-server   guest ib_*_bw -R (rdma_cm)  vs  softrdma perf --server --perftest
+#   udaddy-{guest,host}-server              UD through SIDR: guest udaddy vs softrdma udaddy, both roles
+#   cm-reject-{host,guest}-client           a connect to a port nobody listens on: REJ "invalid service
+#                                           ID" (reason 8) back within a second, both directions
+#   cm-lossy-{host,guest}-client            --cm-loss % loss (default 5) both ways: 20 rping connects in
+#                                           a row (MAD retries) each set up and verified, both roles
 #   lossy-rc_pingpong-...                   the RC pingpong cases with loss (see --loss): netem on the
 #                                           guest's egress, and an nft drop rule for host -> guest
 #                                           (needs `apt-get install nftables` on the host; the kernel
@@ -24,6 +33,7 @@
 #
 # Options: --sizes "100 4096"  --ud-sizes "1 100 1024"  --count N (pingpong -n, default 100)
 #          --perf-size N (default 65536)  --perf-count N (default 100)  --loss PCT (default 2)
+#          --rping-sizes "26 64 4096 65535"  --cm-loss PCT (default 5)  --no-cm
 #          --no-perftest  --no-lossy  --no-build  --only REGEX (case names)
 #          --timeout S (per case; default 120, perftest 240, lossy 300)
 #          --guest-selfcheck   run only the guest command lines against themselves inside the
@@ -44,6 +54,7 @@ PERF_SIZE=65536 PERF_COUNT=100
 LOSS=2
 PP_TIMEOUT=120 LOSSY_TIMEOUT=300 PERF_TIMEOUT=240
 PERFTEST=1 LOSSY=1 BUILD_BIN=1 SELFCHECK=0 ONLY=""
+CM=1 CM_LOSS=5 RPING_SIZES="26 64 4096 65535" RPING_COUNT=10 CM_CONNECTS=20
 OUT=$REPO/target/interop-rxe
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -55,6 +66,9 @@ while [ $# -gt 0 ]; do
     --loss) LOSS=$2; shift ;;
     --timeout) PP_TIMEOUT=$2; LOSSY_TIMEOUT=$2; PERF_TIMEOUT=$2; shift ;;
     --no-perftest) PERFTEST=0 ;;
+    --no-cm) CM=0 ;;
+    --cm-loss) CM_LOSS=$2; shift ;;
+    --rping-sizes) RPING_SIZES=$2; shift ;;
     --no-lossy) LOSSY=0 ;;
     --no-build) BUILD_BIN=0 ;;
     --only) ONLY=$2; shift ;;
@@ -204,6 +218,106 @@ check_perf() {  # the guest server prints the report the client sent (xchg_bw_re
     { echo "the guest perftest server printed no '$size $PERF_COUNT ...' result line"; return 1; }
 }
 
+# The connection manager (IB CM on QP1, librdmacm on top).
+count_in() { section "$1" "$2" | grep -cE "$3" || true; }
+check_rping_c() {  # our client verified every ping; our DREQ reached the guest's server
+  local n; n=$(count_in "$1" host '^ping data: rdma-ping-')
+  [ "$n" = "$RPING_COUNT" ] || { echo "softrdma client printed $n of $RPING_COUNT pings"; return 1; }
+  section "$1" host | grep -q "client: $RPING_COUNT pings, $RPING_COUNT verified" ||
+    { echo "softrdma client did not verify $RPING_COUNT pings"; return 1; }
+  section "$1" guest | grep -q "server DISCONNECT EVENT" || { echo "the guest server saw no disconnect"; return 1; }
+}
+check_rping_s() {  # the guest client's -V passed; we read and checked every ping; its DREQ reached us
+  local g s; g=$(count_in "$1" guest '^ping data: rdma-ping-'); s=$(count_in "$1" host '^server ping data: rdma-ping-')
+  [ "$g" = "$RPING_COUNT" ] || { echo "guest rping client printed $g of $RPING_COUNT pings"; return 1; }
+  [ "$s" = "$RPING_COUNT" ] || { echo "softrdma server printed $s of $RPING_COUNT pings"; return 1; }
+  section "$1" host | grep -q "server: $RPING_COUNT pings, $RPING_COUNT verified" ||
+    { echo "softrdma server did not verify $RPING_COUNT pings"; return 1; }
+  section "$1" host | grep -q "server DISCONNECT EVENT" || { echo "softrdma server saw no disconnect"; return 1; }
+}
+check_perftest_r() {  # the guest's perftest printed its result line; our server saw the session
+  section "$1" guest | grep -qE '^ *[0-9]+[[:space:]]+[0-9]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+' ||
+    { echo "no perftest result line"; return 1; }
+  section "$1" host | grep -q "perftest session done" || { echo "softrdma perf --perftest did not finish its session"; return 1; }
+}
+check_udaddy() {  # both sides moved their messages
+  local side
+  for side in guest host; do
+    section "$1" $side | grep -q "data transfers complete" || { echo "$side udaddy did not complete"; return 1; }
+    section "$1" $side | grep -q "return status 0" || { echo "$side udaddy failed"; return 1; }
+  done
+}
+check_reject_host() {  # our client got REJ reason 8 within a second
+  local ms
+  section "$1" host | grep -q "reason 8" || { echo "softrdma client was not rejected with reason 8"; return 1; }
+  ms=$(section "$1" host | sed -n 's/^elapsed_ms \([0-9]*\).*/\1/p')
+  [ -n "$ms" ] && [ "$ms" -lt 1000 ] || { echo "rejected after ${ms:-?} ms"; return 1; }
+}
+check_reject_guest() {  # the guest's rping got REJECTED (8) within a second
+  local real
+  section "$1" guest | grep -q "RDMA_CM_EVENT_REJECTED, error 8" || { echo "guest rping was not rejected with 8"; return 1; }
+  real=$(section "$1" guest | awk '$1 == "real" { m = $2; s = $3; sub(/m/, "", m); sub(/s/, "", s); print m * 60 + s }')
+  awk -v r="${real:-99}" 'BEGIN { exit !(r < 1) }' || { echo "rejected after ${real:-?} s"; return 1; }
+}
+check_lossy_connects() {  # SIDE: that side counted CM_CONNECTS good connections
+  section "$1" "$2" | grep -q "connects ok $CM_CONNECTS of $CM_CONNECTS" ||
+    { echo "$(section "$1" "$2" | grep 'connects ok' || echo 'no count'): not all connects set up and verified"; return 1; }
+}
+
+cm_cases() {
+  local s t
+  for s in $RPING_SIZES; do
+    run_case "rping-c-S$s" check_rping_c --guest-first --wait-port 7174 --timeout 120 \
+      --guest "rping -s -a $GUEST_ROCE -C $RPING_COUNT -S $s -V -v" \
+      --host "$BIN rping -c --transport roce -a $GUEST_ROCE -C $RPING_COUNT -S $s -V -v -d"
+    run_case "rping-s-S$s" check_rping_s --host-first --delay 2 --timeout 120 \
+      --host "$BIN rping -s --transport roce -a $HOST_ROCE -C $RPING_COUNT -S $s -V -v -d" \
+      --guest "rping -c -a $HOST_ROCE -C $RPING_COUNT -S $s -V -v"
+  done
+  for t in ib_write_bw ib_read_bw ib_send_bw; do
+    run_case "$t-R-host-server" check_perftest_r --host-first --delay 2 --timeout 180 \
+      --host "$BIN perf --server --perftest --transport roce -B $HOST_ROCE -p $OOB_PORT" \
+      --guest "$t -d rxe0 -x $GIDX -R -F -s 65536 -n 200 -p $OOB_PORT $HOST_ROCE"
+  done
+  run_case "udaddy-guest-server" check_udaddy --guest-first --wait-port 7174 --timeout 120 \
+    --guest "udaddy" --host "$BIN udaddy -s $GUEST_ROCE"
+  run_case "udaddy-host-server" check_udaddy --host-first --delay 2 --timeout 120 \
+    --host "$BIN udaddy -b $HOST_ROCE" --guest "udaddy -s $HOST_ROCE"
+  # Nobody listens on 7999 (the guest runs no listener; our context listens on 7174 only).
+  run_case "cm-reject-host-client" check_reject_host --guest-first --delay 1 --timeout 60 \
+    --guest "sleep 3" \
+    --host "a=\$(date +%s%N); $BIN rping -c --transport roce -a $GUEST_ROCE -p 7999 -C 1 -v; rc=\$?; b=\$(date +%s%N); echo elapsed_ms \$(( (b - a) / 1000000 )) rc \$rc"
+  run_case "cm-reject-guest-client" check_reject_guest --host-first --delay 2 --timeout 60 \
+    --host "timeout 8 $BIN rping -s --transport roce -a $HOST_ROCE -p 7174 -v; true" \
+    --guest "time rping -c -a $HOST_ROCE -p 7999 -C 1 -v; true"
+}
+
+# CM_CONNECTS rping connections in a row with CM_LOSS % loss both ways; the side that loops
+# counts the runs that connected and verified every ping.
+lossy_cm_cases() {
+  local saved=$LOSS n=$CM_CONNECTS
+  LOSS=$CM_LOSS
+  if ! loss_on; then record "cm-lossy (${CM_LOSS}%)" fail "could not set up the loss"; LOSS=$saved; return; fi
+  run_case "cm-lossy-host-client" "check_lossy_connects_host" --guest-first --wait-port 7174 --timeout 900 \
+    --guest "rping -s -P -a $GUEST_ROCE -C 2 -S 64 -V > /tmp/rps.out 2>&1 & p=\$!; i=0; while [ \$(grep -c 'DISCONNECT EVENT' /tmp/rps.out) -lt $n ] && [ \$i -lt 850 ]; do sleep 1; i=\$((i + 1)); done; kill \$p; cat /tmp/rps.out" \
+    --host "ok=0; for i in \$(seq $n); do $BIN rping -c --transport roce -a $GUEST_ROCE -C 2 -S 64 -V -v -d --timeout 60 > $OUT/cm-lossy-run.out 2>&1 && grep -q 'client: 2 pings, 2 verified' $OUT/cm-lossy-run.out && ok=\$((ok + 1)); cat $OUT/cm-lossy-run.out; done; echo connects ok \$ok of $n"
+  run_case "cm-lossy-guest-client" "check_lossy_connects_guest" --host-first --delay 2 --timeout 900 \
+    --host "$BIN rping -s -P --transport roce -a $HOST_ROCE -C 2 -S 64 -V -v -d > $OUT/cm-lossy-srv.out 2>&1 & p=\$!; i=0; while [ \$(grep -c 'DISCONNECT EVENT\|server failed' $OUT/cm-lossy-srv.out) -lt $n ] && [ \$i -lt 850 ]; do sleep 1; i=\$((i + 1)); done; kill \$p; cat $OUT/cm-lossy-srv.out" \
+    --guest "ok=0; for i in \$(seq $n); do rping -c -a $HOST_ROCE -C 2 -S 64 -V -v > /tmp/rpc.out 2>&1 && [ \$(grep -c 'ping data: rdma-ping-' /tmp/rpc.out) = 2 ] && ok=\$((ok + 1)); cat /tmp/rpc.out; done; echo connects ok \$ok of $n"
+  loss_off
+  LOSS=$saved
+}
+check_lossy_connects_host() {  # and each of our DREQs reached the guest's server
+  check_lossy_connects "$1" host || return 1
+  local d; d=$(count_in "$1" guest '^server DISCONNECT EVENT')
+  [ "$d" = "$CM_CONNECTS" ] || { echo "the guest server saw $d of $CM_CONNECTS disconnects"; return 1; }
+}
+check_lossy_connects_guest() {  # and each of the guest's DREQs reached our server
+  check_lossy_connects "$1" guest || return 1
+  local d; d=$(count_in "$1" host '^server DISCONNECT EVENT')
+  [ "$d" = "$CM_CONNECTS" ] || { echo "softrdma server saw $d of $CM_CONNECTS disconnects"; return 1; }
+}
+
 # ---- case groups --------------------------------------------------------------------------
 have_pingpong() { "$BIN" pingpong --help >/dev/null 2>&1; }
 have_perf_roce() { "$BIN" perf --help 2>&1 | grep -q -- '--transport'; }
@@ -326,6 +440,8 @@ if start_vm; then
   else
     pp_cases "" "$PP_TIMEOUT"
     [ "$PERFTEST" = 1 ] && perftest_cases
+    [ "$CM" = 1 ] && cm_cases
+    [ "$CM" = 1 ] && [ "$LOSSY" = 1 ] && lossy_cm_cases
     [ "$LOSSY" = 1 ] && lossy_cases
   fi
 else

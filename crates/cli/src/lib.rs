@@ -7,4 +7,5 @@ pub mod perf;
 pub mod pingpong;
 pub mod rpcbench;
 pub mod rping;
+pub mod udaddy;
 pub mod verbs_util;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use softrdma_cli::decode;
-use softrdma_cli::{nfs, nfsd, perf, pingpong, rpcbench, rping};
+use softrdma_cli::{nfs, nfsd, perf, pingpong, rpcbench, rping, udaddy};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +45,9 @@ enum Cmd {
     /// A peer of librdmacm's rping: -s server, -c client (-a addr -p port -C count -S size
     /// -v -V).
     Rping(rping::RpingArgs),
+    /// A peer of librdmacm's udaddy over RoCEv2 (UD through SIDR): server, or client of
+    /// -s HOST (-C count -S size).
+    Udaddy(udaddy::UdaddyArgs),
     /// A peer of rdma-core's ibv_rc_pingpong / ibv_uc_pingpong / ibv_ud_pingpong over
     /// RoCEv2: server without HOST, client with it.
     Pingpong(pingpong::PingpongArgs),
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         },
         Cmd::Rping(args) => ExitCode::from(rping::run(&args).clamp(0, 255) as u8),
         Cmd::Pingpong(args) => ExitCode::from(pingpong::run(&args).clamp(0, 255) as u8),
+        Cmd::Udaddy(args) => ExitCode::from(udaddy::run(&args).clamp(0, 255) as u8),
         Cmd::Nfs(args) => ExitCode::from(nfs::run(&args).clamp(0, 255) as u8),
         Cmd::Nfsd(args) => ExitCode::from(nfsd::run(&args).clamp(0, 255) as u8),
         Cmd::Rpc(cmd) => ExitCode::from(rpcbench::run(&cmd).clamp(0, 255) as u8),

@@ -158,7 +158,8 @@ pub struct ReqParams {
     pub qpn: u32,
     /// RC or UC.
     pub service: CmService,
-    /// The first PSN we send.
+    /// The first PSN our QP expects: the responder sends from it (Linux's reading of
+    /// IBA 12.7.23, which `rxe-rping.pcap` shows: each side names its receive PSN).
     pub starting_psn: u32,
     /// RDMA Reads and atomics we serve at a time.
     pub responder_resources: u8,
@@ -189,7 +190,7 @@ pub struct ReqInfo {
     pub qpn: u32,
     /// RC or UC.
     pub service: CmService,
-    /// The first PSN the requester sends.
+    /// The first PSN the requester's QP expects: ours to send from.
     pub starting_psn: u32,
     /// What the requester serves.
     pub responder_resources: u8,
@@ -216,7 +217,7 @@ pub struct ReqInfo {
 pub struct RepParams {
     /// Our QP.
     pub qpn: u32,
-    /// The first PSN we send.
+    /// The first PSN our QP expects: the requester sends from it.
     pub starting_psn: u32,
     /// What we serve.
     pub responder_resources: u8,
@@ -235,7 +236,7 @@ pub struct RepParams {
 pub struct RepInfo {
     /// The responder's QP.
     pub qpn: u32,
-    /// The first PSN the responder sends.
+    /// The first PSN the responder's QP expects: ours to send from.
     pub starting_psn: u32,
     /// What the responder serves.
     pub responder_resources: u8,
@@ -855,6 +856,30 @@ impl Cm {
         }
         self.send_expecting(id, mad, retries, interval, now);
         Ok(())
+    }
+
+    /// Connections whose DREQ is not answered yet.
+    pub fn disconnecting(&self) -> usize {
+        self.conns
+            .values()
+            .filter(|c| c.state == CmState::DreqSent)
+            .count()
+    }
+
+    /// Sends every unanswered DREQ again now, without spending a retry: a closing driver
+    /// hurries them before it stops (the peer answers a repeated DREQ with a DREP, IBA
+    /// 12.9.8.5).
+    pub fn hurry_disconnects(&mut self) {
+        let again: Vec<_> = self
+            .conns
+            .values()
+            .filter(|c| c.state == CmState::DreqSent)
+            .filter_map(|c| Some((c.peer, c.out.clone()?)))
+            .collect();
+        for (peer, m) in again {
+            self.counters.retransmits += 1;
+            self.send(peer, m);
+        }
     }
 
     /// Gives up on a connection without telling the peer what to do: a pending REQ, REP

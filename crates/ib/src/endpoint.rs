@@ -352,6 +352,14 @@ impl RoceEndpoint {
         *self.next_ip_id.get_mut() = id;
     }
 
+    /// Where [`add_qp`](Self::add_qp) starts handing out QPNs (folded into
+    /// [`FIRST_QPN`]..=[`MAX_QPN`]). A driver starts each context somewhere unpredictable:
+    /// a peer keeps a closed connection's QPN in time-wait, and a REQ from the same QPN
+    /// soon after is refused as stale (IBA 12.9.8.3.1).
+    pub fn set_next_qpn(&mut self, qpn: u32) {
+        self.next_qpn = FIRST_QPN + qpn % (MAX_QPN + 1 - FIRST_QPN);
+    }
+
     // ------------------------------------------------------------ registration
 
     /// Registers a new QP of `qp_type` under the next free QPN (from [`FIRST_QPN`], wrapping

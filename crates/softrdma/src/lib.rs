@@ -73,6 +73,7 @@ pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, MrAttr, Mw};
 pub use qp::{Qp, QpInitAttr};
+pub use roce::cm::RDMA_UDP_QKEY;
 pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_to_ip};
 pub use srq::{Srq, SrqAttr};
 pub use state::{QpCounters, QpState, TransportCounters};

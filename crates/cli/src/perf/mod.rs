@@ -144,10 +144,10 @@ pub struct PerfArgs {
     /// Run as server (serves clients until stopped; see --once).
     #[arg(long, conflicts_with = "loopback")]
     pub server: bool,
-    /// iWARP, with --server: serve one perftest client over rdma_cm (ib_write_bw -R,
-    /// ib_read_bw -R, ib_send_bw -R) instead of softrdma clients, then exit. RoCE, with
-    /// HOST: be the client of a perftest server (ib_write_bw, ib_read_bw, ib_atomic_bw
-    /// without -R; see --test).
+    /// With --server (iWARP or RoCE): serve one perftest client over rdma_cm
+    /// (ib_write_bw -R, ib_read_bw -R, ib_send_bw -R) instead of softrdma clients, then
+    /// exit. RoCE, with HOST: be the client of a perftest server (ib_write_bw, ib_read_bw,
+    /// ib_atomic_bw without -R; see --test).
     #[arg(long)]
     pub perftest: bool,
     /// Transport: iwarp (TCP, beside raw TCP) or roce (RoCEv2 over UDP, beside raw UDP).
@@ -420,11 +420,11 @@ impl PerfArgs {
         if self.perftest
             && match self.transport {
                 Transport::Iwarp => !self.server,
-                Transport::Roce => self.host.is_none(),
+                Transport::Roce => self.host.is_none() && !self.server,
             }
         {
             return Err(PerfError::Usage(
-                "--perftest: iWARP serves perftest clients (--server), RoCE is a client of a perftest server (HOST)".into(),
+                "--perftest: --server serves perftest clients over rdma_cm (-R); RoCE with HOST is the client of a perftest server (its TCP exchange)".into(),
             ));
         }
         if self.size == Some(0) {
@@ -681,8 +681,12 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
     if args.perftest {
         let buf_len = args.size.map_or(16 << 20, |s| s as usize);
         eprintln!(
-            "softrdma perf: waiting for a perftest client (-R) on {} (iWARP, {} octets of buffer)",
+            "softrdma perf: waiting for a perftest client (-R) on {} ({}, {} octets of buffer)",
             listener.local_addr(),
+            match args.transport {
+                Transport::Iwarp => "iWARP",
+                Transport::Roce => "RoCE",
+            },
             buf_len
         );
         let sum = perftest_server::serve(&ctx, &listener, buf_len, args.fpdu.0, wait, true)?;

@@ -13,7 +13,7 @@
 //! version and system checks pass), answers zero records with zero records and any other
 //! record with its own (the data buffer's STag and address).
 //!
-//! Send bandwidth over iWARP needs credits (no RNR): perftest's client sends at most
+//! Send bandwidth over iWARP needs credits (no RNR; over RoCE perftest uses none): perftest's client sends at most
 //! `rx_depth` messages beyond the count the server RDMA-Writes (u32, host order) into the
 //! client's credit word, the rkey/vaddr of the client's record. perftest's server writes it
 //! every `rx_depth / 3` receives; this one after every receive, which fits any `rx_depth`.
@@ -197,6 +197,7 @@ pub fn serve(
         });
         let mut data: Option<Qp> = None;
         let mut credit_to: Option<(Key, u64)> = None;
+        let iwarp = ctx.transport() == softrdma::Transport::Iwarp;
         let mut sum = Summary::default();
         let mut reports = Vec::new();
         let mut wcs = Vec::with_capacity(256);
@@ -240,7 +241,11 @@ pub fn serve(
                     let qpn = data.as_ref().map_or(0, |q| q.qp_num());
                     let a = answer(&msg, qpn, data_mr.rkey().0, data_mr.addr(0));
                     if let Some((rkey, vaddr)) = a.client_buf {
-                        credit_to = Some((Key(rkey), vaddr));
+                        // Credits are perftest's for iWARP only; over RoCE its Send test
+                        // relies on RNR retries (and the buffer is not writable).
+                        if iwarp {
+                            credit_to = Some((Key(rkey), vaddr));
+                        }
                     } else if msg.len() == 8 {
                         reports.push(msg.clone());
                     }

@@ -63,7 +63,7 @@ fn mtu_of(code: u8) -> u32 {
 }
 
 /// An unpredictable 32-bit value (PSNs, IDs, ports).
-fn random_u32() -> u32 {
+pub(crate) fn random_u32() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
         std::time::SystemTime::now()
@@ -199,8 +199,12 @@ impl RoceShared {
                 return;
             }
             self.send_mads(&mads, psn);
+            let any = !events.is_empty();
             for ev in events {
                 self.on_cm_event(now, ev);
+            }
+            if any {
+                self.gsi_changed.notify_all();
             }
         }
     }
@@ -422,6 +426,28 @@ impl RoceShared {
         Ok(())
     }
 
+    /// The context closes: its DREQs are repeated until answered, for at most [`LINGER`]
+    /// (the receive thread takes the DREPs meanwhile).
+    ///
+    /// [`LINGER`]: super::LINGER
+    pub(crate) fn linger(&self) {
+        let end = Instant::now() + super::LINGER;
+        let mut g = self.gsi.lock();
+        while g.cm.disconnecting() > 0 {
+            let now = Instant::now();
+            if now >= end {
+                return;
+            }
+            let wait = super::LINGER_REPEAT.min(end - now);
+            if self.gsi_changed.wait_for(&mut g, wait).timed_out() && g.cm.disconnecting() > 0 {
+                g.cm.hurry_disconnects();
+                drop(g);
+                self.gsi_pump(Instant::now());
+                g = self.gsi.lock();
+            }
+        }
+    }
+
     /// A QP is destroyed: its connection ends.
     pub(crate) fn cm_forget_qp(&self, qpn: u32) {
         let now = Instant::now();
@@ -456,8 +482,10 @@ fn cm_error(e: softrdma_ib::cm::CmError) -> Error {
 struct Agreed {
     peer: SocketAddr,
     peer_qpn: u32,
-    peer_psn: u32,
-    my_psn: u32,
+    /// The first PSN we expect (we named it in our REQ or REP).
+    rq_psn: u32,
+    /// The first PSN we send (the peer named it).
+    sq_psn: u32,
     pmtu: u32,
     ird: u16,
     ord: u16,
@@ -483,7 +511,7 @@ fn bring_up(drv: &RoceShared, q: &RoceQpShared, a: &Agreed) -> Result<(), Error>
             state: Some(IbQpState::Rtr),
             pmtu: Some(a.pmtu),
             dest_qp: Some(a.peer_qpn),
-            rq_psn: Some(a.peer_psn),
+            rq_psn: Some(a.rq_psn),
             max_dest_rd_atomic: rc.then_some(clamp_u8(a.ird)),
             min_rnr_timer: rc.then_some(12),
             ..QpAttr::default()
@@ -493,7 +521,7 @@ fn bring_up(drv: &RoceShared, q: &RoceQpShared, a: &Agreed) -> Result<(), Error>
         q,
         &QpAttr {
             state: Some(IbQpState::Rts),
-            sq_psn: Some(a.my_psn),
+            sq_psn: Some(a.sq_psn),
             // Our own retransmission timer (67 ms): loopback and LAN paths, not the
             // path's packet life time Linux puts in the REQ.
             timeout: rc.then_some(14),
@@ -643,7 +671,8 @@ pub(crate) fn connect(
     if !matches!(q.state(), IbQpState::Reset | IbQpState::Init) {
         return Err(Error::InvalidState(crate::state::QpState::from(q.state())));
     }
-    let my_psn = random_u32() & 0xFF_FFFF;
+    // Each side names the PSN it expects; the other sends from it.
+    let rq_psn = random_u32() & 0xFF_FFFF;
     let req = ReqParams {
         peer: dst.ip(),
         service_id: service_id(PortSpace::Tcp, dst.port()),
@@ -653,7 +682,7 @@ pub(crate) fn connect(
         } else {
             CmService::Uc
         },
-        starting_psn: my_psn,
+        starting_psn: rq_psn,
         responder_resources: clamp_u8(params.ird),
         initiator_depth: clamp_u8(params.ord),
         retry_count: 7,
@@ -685,8 +714,8 @@ pub(crate) fn connect(
     let a = Agreed {
         peer,
         peer_qpn: rep.qpn,
-        peer_psn: rep.starting_psn,
-        my_psn,
+        rq_psn,
+        sq_psn: rep.starting_psn,
         pmtu: mtu_of(pmtu),
         ird: params.ird,
         // Keep outstanding no more than the responder serves.
@@ -910,12 +939,12 @@ impl RoceRequest {
             REP_PRIVATE_LEN,
             "RoCE private data is at most 196 octets in a reply",
         )?;
-        let my_psn = random_u32() & 0xFF_FFFF;
+        let rq_psn = random_u32() & 0xFF_FFFF;
         let a = Agreed {
             peer: SocketAddr::new(req.peer, drv.local.port()),
             peer_qpn: req.qpn,
-            peer_psn: req.starting_psn,
-            my_psn,
+            rq_psn,
+            sq_psn: req.starting_psn,
             pmtu: mtu_of(req.path_mtu.min(mtu_code(params.roce_pmtu)?)),
             ird: params.ird,
             ord: params.ord.min(u16::from(req.responder_resources)),
@@ -930,7 +959,7 @@ impl RoceRequest {
         }
         let rep = RepParams {
             qpn: q.qpn,
-            starting_psn: my_psn,
+            starting_psn: rq_psn,
             responder_resources: clamp_u8(a.ird),
             initiator_depth: clamp_u8(a.ord),
             rnr_retry_count: 7,

@@ -62,6 +62,11 @@ const MAX_WINDOW: u32 = 1024;
 const SEND_BATCH: usize = 64;
 const RECV_BATCH: usize = 32;
 
+/// How long a closing context keeps its unanswered DREQs going (so a peer learns of the
+/// close though the first DREQ was lost), and how often it repeats them meanwhile.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_REPEAT: Duration = Duration::from_millis(200);
+
 /// How long the receive thread blocks when no timer is armed (it checks for shutdown).
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
@@ -202,6 +207,8 @@ pub(crate) struct RoceShared {
     rx_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// QP1 and the connection manager ([`cm`]).
     gsi: Mutex<cm::Gsi>,
+    /// Told when the CM reported something (a closing context waits for its DREPs).
+    gsi_changed: Condvar,
     /// The context's asynchronous events.
     events: Arc<EventQueue>,
     /// Some QP holds back an ACK ([`RoceQpShared::ack_held`]).
@@ -309,12 +316,14 @@ impl RoceShared {
             None => SocketKind::Udp,
         };
         let mut endpoint = RoceEndpoint::new(local, ipv4);
+        endpoint.set_next_qpn(cm::random_u32());
         // QP1, the GSI: its MADs go to the connection manager.
         endpoint
             .insert_qp(softrdma_ib::cm::GSI_QPN, QpType::Ud)
             .map_err(out_of_resources)?;
         let shared = Arc::new(RoceShared {
             gsi: Mutex::new(cm::Gsi::new(local.ip())),
+            gsi_changed: Condvar::new(),
             rx_thread: Mutex::new(None),
             events,
             socket,
@@ -745,6 +754,7 @@ impl RoceShared {
     /// The context is closed: the receive thread stops and lets go of the driver.
     pub(crate) fn shutdown(&self) {
         self.release_acks(Instant::now());
+        self.linger();
         self.alive.store(false, Ordering::Release);
         self.wake_pipe.signal();
         self.leader.unpark_background();

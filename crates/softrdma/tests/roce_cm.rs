@@ -1,0 +1,276 @@
+//! The connection manager over RoCE (the IB CM on QP1, librdmacm's conventions) between two
+//! contexts on loopback addresses: rejects with their reasons, disconnects from either
+//! side, UD through SIDR, private data limits, listener addresses.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use softrdma::*;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A server context on 127.0.0.1 and a client context on 127.0.0.2, one UDP port.
+fn contexts() -> (Context, Context) {
+    let ips = [1, 2].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
+    let c = RoceConfig::sharing_a_port(&ips).unwrap();
+    (
+        Device::roce(c[0]).open().unwrap(),
+        Device::roce(c[1]).open().unwrap(),
+    )
+}
+
+struct End {
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+}
+
+fn end(ctx: &Context, ty: QpType) -> End {
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64, None);
+    let qp = pd.create_qp(QpInitAttr::typed(ty, &cq, &cq)).unwrap();
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    End { pd, cq, qp, mr }
+}
+
+fn listen(ctx: &Context) -> Listener {
+    Listener::bind(ctx, "127.0.0.1:0").unwrap()
+}
+
+/// A connected RC pair: (server end, client end), each with a receive posted.
+fn connected(server: &Context, client: &Context) -> (End, End, ConnectionInfo, ConnectionInfo) {
+    let l = listen(server);
+    let to = l.local_addr();
+    let s = end(server, QpType::Rc);
+    let c = end(client, QpType::Rc);
+    for e in [&s, &c] {
+        e.qp.post_recv(RecvWr::new(7, vec![e.mr.sge(0, 64)]))
+            .unwrap();
+    }
+    let (si, ci) = std::thread::scope(|sc| {
+        let srv = sc.spawn(|| {
+            let req = l.accept_timeout(TIMEOUT).unwrap();
+            req.accept(&s.qp, AcceptParams::default()).unwrap()
+        });
+        let ci = c.qp.connect(to, ConnectParams::default()).unwrap();
+        (srv.join().unwrap(), ci)
+    });
+    (s, c, si, ci)
+}
+
+/// A REQ for a port nobody listens on is refused with REJ "invalid service ID" (IBA
+/// 12.6.7.2, reason 8), what librdmacm reports as RDMA_CM_EVENT_REJECTED, status 8; the
+/// QP is left as it was, ready for another try.
+#[test]
+fn connect_to_a_port_nobody_listens_on_is_rejected() {
+    let (server, client) = contexts();
+    let l = listen(&server);
+    let c = end(&client, QpType::Rc);
+    let nobody = SocketAddr::new(l.local_addr().ip(), l.local_addr().port().wrapping_add(1));
+    match c.qp.connect(nobody, ConnectParams::default()) {
+        Err(Error::Rejected {
+            reason: Some(8), ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.qp.state(), QpState::Init);
+    // The same QP connects to the listener afterwards.
+    std::thread::scope(|sc| {
+        let s = end(&server, QpType::Rc);
+        let to = l.local_addr();
+        let srv = sc.spawn(move || {
+            let req = l.accept_timeout(TIMEOUT).unwrap();
+            req.accept(&s.qp, AcceptParams::default()).unwrap();
+            s
+        });
+        c.qp.connect(to, ConnectParams::default()).unwrap();
+        let _server_end = srv.join().unwrap();
+        assert_eq!(c.qp.state(), QpState::Rts);
+    });
+}
+
+/// The application's reject: REJ "consumer defined" (28) with its private data.
+#[test]
+fn consumer_reject_carries_private_data() {
+    let (server, client) = contexts();
+    let l = listen(&server);
+    let to = l.local_addr();
+    let c = end(&client, QpType::Rc);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let req = l.accept_timeout(TIMEOUT).unwrap();
+            assert_eq!(&req.private_data()[..5], b"hello");
+            assert_eq!(
+                req.peer_addr().ip(),
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))
+            );
+            assert_eq!(req.local_addr(), to);
+            req.reject(b"go away").unwrap();
+        });
+        let r = c.qp.connect(
+            to,
+            ConnectParams {
+                private_data: b"hello".to_vec(),
+                ..ConnectParams::default()
+            },
+        );
+        match r {
+            Err(Error::Rejected {
+                reason: Some(28),
+                private_data,
+            }) => {
+                assert_eq!(private_data.len(), 148, "the REJ's whole field");
+                assert_eq!(&private_data[..7], b"go away");
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+/// IBA 12.9.7: a disconnect from either side reaches the other: its QP leaves RTS, the
+/// receive it had posted is flushed, and the context reports the disconnect.
+#[test]
+fn disconnect_from_either_side_reaches_the_other() {
+    for server_first in [false, true] {
+        let (server, client) = contexts();
+        let (s, c, si, ci) = connected(&server, &client);
+        let (
+            ConnectionDetail::Roce { remote_qpn: sq, .. },
+            ConnectionDetail::Roce { remote_qpn: cq, .. },
+        ) = (&si.detail, &ci.detail)
+        else {
+            panic!()
+        };
+        assert_eq!((*sq, *cq), (c.qp.qp_num(), s.qp.qp_num()));
+        let (closer, other, other_ctx) = if server_first {
+            (&s, &c, &client)
+        } else {
+            (&c, &s, &server)
+        };
+        closer.qp.disconnect().unwrap();
+        let mut wcs = Vec::new();
+        other.cq.wait(1, 4, TIMEOUT, &mut wcs).unwrap();
+        assert_eq!(
+            wcs[0].status,
+            WcStatus::WorkRequestFlushed,
+            "{server_first}"
+        );
+        assert!(other.qp.state().is_dead());
+        let ev = loop {
+            match other_ctx.get_async_event(TIMEOUT) {
+                Some(AsyncEvent::Disconnected { qp_num }) => break qp_num,
+                Some(_) => continue,
+                None => panic!("no disconnect event"),
+            }
+        };
+        assert_eq!(ev, other.qp.qp_num());
+    }
+}
+
+/// Data moves over a connection the CM set up, both ways, in both directions of setup.
+#[test]
+fn sends_flow_both_ways_after_setup() {
+    let (server, client) = contexts();
+    let (s, c, _, _) = connected(&server, &client);
+    for (from, to, msg) in [(&c, &s, b"ping".as_slice()), (&s, &c, b"pong".as_slice())] {
+        from.mr.copy_in(1024, msg).unwrap();
+        from.qp
+            .post_send(SendWr::send(1, vec![from.mr.sge(1024, msg.len() as u32)]))
+            .unwrap();
+        let mut wcs = Vec::new();
+        while !wcs
+            .iter()
+            .any(|w: &WorkCompletion| w.opcode == WcOpcode::Recv)
+        {
+            to.cq.wait(1, 4, TIMEOUT, &mut wcs).unwrap();
+        }
+        let mut got = vec![0u8; msg.len()];
+        to.mr.copy_out(0, &mut got).unwrap();
+        assert_eq!(got, msg);
+    }
+}
+
+/// UD through SIDR (librdmacm's RDMA_PS_UDP): the client learns the server's QPN and
+/// Q_Key (RDMA_UDP_QKEY), then a datagram reaches the server.
+#[test]
+fn ud_through_sidr() {
+    let (server, client) = contexts();
+    let l = listen(&server);
+    let to = l.local_addr();
+    let s = end(&server, QpType::Ud);
+    let c = end(&client, QpType::Ud);
+    let info = std::thread::scope(|sc| {
+        let srv = sc.spawn(|| {
+            let req = l.accept_timeout(TIMEOUT).unwrap();
+            assert_eq!(&req.private_data()[..3], b"who");
+            req.accept(&s.qp, AcceptParams::default()).unwrap();
+        });
+        let info =
+            c.qp.connect(
+                to,
+                ConnectParams {
+                    private_data: b"who".to_vec(),
+                    ..ConnectParams::default()
+                },
+            )
+            .unwrap();
+        srv.join().unwrap();
+        info
+    });
+    let ConnectionDetail::Roce {
+        remote_qpn,
+        remote_qkey,
+        ..
+    } = info.detail
+    else {
+        panic!()
+    };
+    assert_eq!((remote_qpn, remote_qkey), (s.qp.qp_num(), RDMA_UDP_QKEY));
+    s.qp.post_recv(RecvWr::new(9, vec![s.mr.sge(0, 40 + 16)]))
+        .unwrap();
+    let port = server.roce_local_addr().unwrap().port();
+    let ah = c.pd.create_ah_port(SocketAddr::new(to.ip(), port)).unwrap();
+    c.mr.copy_in(1024, b"datagram").unwrap();
+    c.qp.post_send(SendWr::send(1, vec![c.mr.sge(1024, 8)]).to(UdDest {
+        ah: ah.id(),
+        remote_qpn,
+        remote_qkey,
+    }))
+    .unwrap();
+    let mut wcs = Vec::new();
+    s.cq.wait(1, 4, TIMEOUT, &mut wcs).unwrap();
+    assert_eq!((wcs[0].status, wcs[0].byte_len), (WcStatus::Success, 48));
+    let mut got = [0u8; 8];
+    s.mr.copy_out(40, &mut got).unwrap();
+    assert_eq!(&got, b"datagram");
+}
+
+/// A REQ carries 56 octets of the application's after librdmacm's CMA header; longer is
+/// refused before anything is sent. A listener takes only the context's address, and one
+/// port once.
+#[test]
+fn limits_and_listener_addresses() {
+    let (server, client) = contexts();
+    let l = listen(&server);
+    let c = end(&client, QpType::Rc);
+    let r = c.qp.connect(
+        l.local_addr(),
+        ConnectParams {
+            private_data: vec![1; 57],
+            ..ConnectParams::default()
+        },
+    );
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    match Listener::bind(&server, "127.0.0.9:0") {
+        Err(Error::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::AddrNotAvailable),
+        other => panic!("{other:?}"),
+    }
+    match Listener::bind(&server, l.local_addr()) {
+        Err(Error::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse),
+        other => panic!("{other:?}"),
+    }
+    // The wildcard address is this context's.
+    let w = Listener::bind(&server, "0.0.0.0:0").unwrap();
+    assert_eq!(w.local_addr().ip(), l.local_addr().ip());
+}
