@@ -16,6 +16,7 @@
 
 mod client;
 pub mod perftest_client;
+pub mod perftest_cm_client;
 pub mod perftest_server;
 pub mod proto;
 pub mod raw;
@@ -150,6 +151,10 @@ pub struct PerfArgs {
     /// ib_atomic_bw without -R; see --test).
     #[arg(long)]
     pub perftest: bool,
+    /// With --perftest and HOST: the perftest server runs over rdma_cm (it was started with
+    /// -R): ib_write_bw, ib_read_bw or ib_send_bw (see --test), iWARP or RoCE.
+    #[arg(short = 'R', long = "rdma-cm", requires = "perftest")]
+    pub rdma_cm: bool,
     /// Transport: iwarp (TCP, beside raw TCP) or roce (RoCEv2 over UDP, beside raw UDP).
     #[arg(long, value_enum, default_value = "iwarp")]
     pub transport: Transport,
@@ -419,7 +424,7 @@ impl PerfArgs {
         }
         if self.perftest
             && match self.transport {
-                Transport::Iwarp => !self.server,
+                Transport::Iwarp => !(self.server || (self.rdma_cm && self.host.is_some())),
                 Transport::Roce => self.host.is_none() && !self.server,
             }
         {
@@ -737,7 +742,11 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     } else {
         let host = args.host.as_deref().unwrap_or_default();
         if args.perftest {
-            let r = perftest_client(args, host)?;
+            let r = if args.rdma_cm {
+                perftest_cm_client::perftest_cm_client(args, host)?
+            } else {
+                perftest_client(args, host)?
+            };
             print!("{}", r.render());
             return Ok(());
         }

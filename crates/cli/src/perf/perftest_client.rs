@@ -76,6 +76,20 @@ pub enum PerftestTest {
     Read,
     /// `ib_atomic_bw` (FETCH_AND_ADD, 8 octets).
     Atomic,
+    /// `ib_send_bw` (rdma_cm servers only, `--perftest-cm`).
+    Send,
+}
+
+impl PerftestTest {
+    /// The name perftest prints.
+    pub fn title(self) -> &'static str {
+        match self {
+            PerftestTest::Write => "RDMA_Write",
+            PerftestTest::Read => "RDMA_Read",
+            PerftestTest::Atomic => "Atomic FETCH_AND_ADD",
+            PerftestTest::Send => "Send",
+        }
+    }
 }
 
 /// perftest's version string as the Debian 4.5+0.17 / 6.06 tools send it.
@@ -191,11 +205,7 @@ pub struct PerftestResult {
 impl PerftestResult {
     /// perftest's result table.
     pub fn render(&self) -> String {
-        let name = match self.test {
-            PerftestTest::Write => "RDMA_Write",
-            PerftestTest::Read => "RDMA_Read",
-            PerftestTest::Atomic => "Atomic FETCH_AND_ADD",
-        };
+        let name = self.test.title();
         let rule = "---------------------------------------------------------------------------------------";
         let d = |w: &str, x: &PerftestDest| {
             format!(
@@ -340,6 +350,11 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
         PerftestTest::Write => Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         PerftestTest::Read => Access::LOCAL_WRITE | Access::REMOTE_READ,
         PerftestTest::Atomic => Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+        PerftestTest::Send => {
+            return Err(PerfError::Usage(
+                "--test send: ib_send_bw servers are reached over rdma_cm (--perftest-cm)".into(),
+            ));
+        }
     };
     let qp = create_rc(&pd, &cq, tx_depth as u32 + 1, 1, access)?;
     let out_reads: u16 = if test == PerftestTest::Write {
@@ -374,54 +389,20 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
     xchg_dest(&mut s, &local)?;
     xchg_dest(&mut s, &local)?;
 
-    // The test: addresses advance by the size rounded to the cache line, within the cycle
-    // buffer, when the size is at most half of it (perftest's `ctx_set_send_wqes`).
-    let step = if size <= cycle / 2 {
-        u64::from(size.div_ceil(line) * line)
-    } else {
-        0
+    let t = Traffic {
+        test,
+        qp: &qp,
+        cq: &cq,
+        mr: &mr,
+        size,
+        iters,
+        tx_depth,
+        cycle,
+        line,
+        rkey: Key(remote.rkey),
+        vaddr: remote.vaddr,
     };
-    let cq_mod = (tx_depth / 2).clamp(1, 100);
-    let rkey = Key(remote.rkey);
-    let wr = |i: u64| {
-        let off = if step == 0 {
-            0
-        } else {
-            (i * step) % u64::from(cycle)
-        };
-        let signaled = (i + 1).is_multiple_of(cq_mod) || i + 1 == iters;
-        let sge = mr.sge(off as usize, size);
-        let w = match test {
-            PerftestTest::Write => SendWr::write(i, vec![sge], rkey, remote.vaddr + off),
-            PerftestTest::Read => SendWr::read(i, Some(sge), rkey, remote.vaddr + off),
-            PerftestTest::Atomic => SendWr::fetch_add(i, sge, rkey, remote.vaddr + off, 1),
-        };
-        w.with_flags(if signaled {
-            SendFlags::SIGNALED
-        } else {
-            SendFlags::empty()
-        })
-    };
-    let (mut posted, mut retired) = (0u64, 0u64);
-    let mut wcs = Vec::with_capacity(64);
-    let start = Instant::now();
-    while retired < iters {
-        let mut batch = Vec::new();
-        while posted < iters && posted - retired < tx_depth {
-            batch.push(wr(posted));
-            posted += 1;
-        }
-        if !batch.is_empty() {
-            qp.post_send_list(batch).map_err(|(_, e)| e)?;
-        }
-        wcs.clear();
-        wait_some(&cq, args.wait(), 64, SAFETY, &mut wcs)?;
-        for wc in &wcs {
-            check(wc)?;
-            retired = retired.max(wc.wr_id + 1);
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64().max(1e-9);
+    let seconds = t.run(args.wait())?;
     let bw_avg = (u64::from(size) * iters) as f64 / seconds / crate::perf::stats::MB;
     let msg_rate = iters as f64 / seconds / 1e6;
 
@@ -449,6 +430,89 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
         local,
         remote,
     })
+}
+
+/// perftest's measured loop, the same whichever exchange set it up.
+pub(super) struct Traffic<'a> {
+    pub test: PerftestTest,
+    pub qp: &'a Qp,
+    pub cq: &'a Cq,
+    pub mr: &'a softrdma::Mr,
+    pub size: u32,
+    pub iters: u64,
+    pub tx_depth: u64,
+    pub cycle: u32,
+    pub line: u32,
+    pub rkey: Key,
+    pub vaddr: u64,
+}
+
+impl Traffic<'_> {
+    /// `iters` operations of `size` with `tx_depth` outstanding; the seconds from the first
+    /// post to the last completion. Addresses advance by the size rounded to the cache
+    /// line, within the cycle buffer, when the size is at most half of it (perftest's
+    /// `ctx_set_send_wqes`).
+    pub(super) fn run(&self, wait: crate::verbs_util::WaitMode) -> Result<f64, PerfError> {
+        let Traffic {
+            test,
+            qp,
+            cq,
+            mr,
+            size,
+            iters,
+            tx_depth,
+            cycle,
+            line,
+            rkey,
+            vaddr,
+        } = *self;
+        let step = if size <= cycle / 2 {
+            u64::from(size.div_ceil(line) * line)
+        } else {
+            0
+        };
+        let cq_mod = (tx_depth / 2).clamp(1, 100);
+        let wr = |i: u64| {
+            let off = if step == 0 {
+                0
+            } else {
+                (i * step) % u64::from(cycle)
+            };
+            let signaled = (i + 1).is_multiple_of(cq_mod) || i + 1 == iters;
+            let sge = mr.sge(off as usize, size);
+            let w = match test {
+                PerftestTest::Write => SendWr::write(i, vec![sge], rkey, vaddr + off),
+                PerftestTest::Read => SendWr::read(i, Some(sge), rkey, vaddr + off),
+                PerftestTest::Atomic => SendWr::fetch_add(i, sge, rkey, vaddr + off, 1),
+                PerftestTest::Send => SendWr::send(i, vec![sge]),
+            };
+            w.with_flags(if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            })
+        };
+        let (mut posted, mut retired) = (0u64, 0u64);
+        let mut wcs = Vec::with_capacity(64);
+        let start = Instant::now();
+        while retired < iters {
+            let mut batch = Vec::new();
+            while posted < iters && posted - retired < tx_depth {
+                batch.push(wr(posted));
+                posted += 1;
+            }
+            if !batch.is_empty() {
+                qp.post_send_list(batch).map_err(|(_, e)| e)?;
+            }
+            wcs.clear();
+            wait_some(cq, wait, 64, SAFETY, &mut wcs)?;
+            for wc in &wcs {
+                check(wc)?;
+                retired = retired.max(wc.wr_id + 1);
+            }
+        }
+        Ok(start.elapsed().as_secs_f64().max(1e-9))
+    }
 }
 
 #[cfg(test)]
