@@ -545,7 +545,11 @@ impl RoceEndpoint {
         payload: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Transmit, TxError> {
-        let r = self.encapsulate_inner(src_qpn, ud, payload, out);
+        self.counted(self.encapsulate_inner(src_qpn, ud, payload, out))
+    }
+
+    /// Counts a datagram wrapped, or why not.
+    fn counted(&self, r: Result<Transmit, TxError>) -> Result<Transmit, TxError> {
         let c = &self.counters;
         match r {
             Ok(_) => bump(&c.tx_datagrams),
@@ -564,18 +568,12 @@ impl RoceEndpoint {
         payload: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Transmit, TxError> {
-        let r = self
-            .qps
-            .get(&src_qpn)
-            .ok_or(TxError::UnknownQp(src_qpn))
-            .and_then(|_| self.wrap(src_qpn, dest, payload, out));
-        let c = &self.counters;
-        match r {
-            Ok(_) => bump(&c.tx_datagrams),
-            Err(TxError::BadLength(_)) => bump(&c.tx_invalid),
-            Err(_) => bump(&c.tx_no_route),
-        }
-        r
+        self.counted(
+            self.qps
+                .get(&src_qpn)
+                .ok_or(TxError::UnknownQp(src_qpn))
+                .and_then(|_| self.wrap(src_qpn, dest, payload, out)),
+        )
     }
 
     fn encapsulate_inner(

@@ -203,6 +203,24 @@ pub struct PerftestResult {
 }
 
 impl PerftestResult {
+    /// The report a perftest client gives its server, one `exchange` per field: size,
+    /// iterations (perftest 5.33 and later), BW peak and average (MB/s), Mpps; the peak is
+    /// the average (no per-operation timestamps).
+    pub(super) fn report(
+        &self,
+        with_iters: bool,
+        mut exchange: impl FnMut(&[u8]) -> Result<Vec<u8>, PerfError>,
+    ) -> Result<(), PerfError> {
+        exchange(&u64::from(self.size).to_be_bytes())?;
+        if with_iters {
+            exchange(&self.iters.to_be_bytes())?;
+        }
+        for f in [self.bw_avg, self.bw_avg, self.msg_rate] {
+            exchange(&f.to_bits().to_be_bytes())?;
+        }
+        Ok(())
+    }
+
     /// perftest's result table.
     pub fn render(&self) -> String {
         let name = self.test.title();
@@ -402,34 +420,16 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
         rkey: Key(remote.rkey),
         vaddr: remote.vaddr,
     };
-    let seconds = t.run(args.wait())?;
-    let bw_avg = (u64::from(size) * iters) as f64 / seconds / crate::perf::stats::MB;
-    let msg_rate = iters as f64 / seconds / 1e6;
+    let r = t.run(args.wait())?.result(mtu, local, remote);
 
     // 7. The run is over (the server learns it here); 8. the report, field by field.
     xchg_dest(&mut s, &local)?;
-    xchg(&mut s, &u64::from(size).to_be_bytes())?;
-    if modern {
-        xchg(&mut s, &iters.to_be_bytes())?;
-    }
-    for f in [bw_avg, bw_avg, msg_rate] {
-        xchg(&mut s, &f.to_bits().to_be_bytes())?;
-    }
+    r.report(modern, |b| xchg(&mut s, b))?;
     // 9. The last handshake; 10. "done", without reading.
     xchg_dest(&mut s, &local)?;
     s.write_all(b"done\0")?;
     drop(s);
-    Ok(PerftestResult {
-        test,
-        size,
-        iters,
-        seconds,
-        bw_avg,
-        msg_rate,
-        mtu,
-        local,
-        remote,
-    })
+    Ok(r)
 }
 
 /// perftest's measured loop, the same whichever exchange set it up.
@@ -452,7 +452,7 @@ impl Traffic<'_> {
     /// post to the last completion. Addresses advance by the size rounded to the cache
     /// line, within the cycle buffer, when the size is at most half of it (perftest's
     /// `ctx_set_send_wqes`).
-    pub(super) fn run(&self, wait: crate::verbs_util::WaitMode) -> Result<f64, PerfError> {
+    pub(super) fn run(&self, wait: crate::verbs_util::WaitMode) -> Result<Measured, PerfError> {
         let Traffic {
             test,
             qp,
@@ -511,7 +511,45 @@ impl Traffic<'_> {
                 retired = retired.max(wc.wr_id + 1);
             }
         }
-        Ok(start.elapsed().as_secs_f64().max(1e-9))
+        let seconds = start.elapsed().as_secs_f64().max(1e-9);
+        Ok(Measured {
+            test,
+            size,
+            iters,
+            seconds,
+        })
+    }
+}
+
+/// What [`Traffic::run`] measured.
+pub(super) struct Measured {
+    test: PerftestTest,
+    size: u32,
+    iters: u64,
+    seconds: f64,
+}
+
+impl Measured {
+    /// The run's figures with the records of both sides.
+    pub(super) fn result(
+        &self,
+        mtu: u32,
+        local: PerftestDest,
+        remote: PerftestDest,
+    ) -> PerftestResult {
+        PerftestResult {
+            test: self.test,
+            size: self.size,
+            iters: self.iters,
+            seconds: self.seconds,
+            bw_avg: (u64::from(self.size) * self.iters) as f64
+                / self.seconds
+                / crate::perf::stats::MB,
+            msg_rate: self.iters as f64 / self.seconds / 1e6,
+            mtu,
+            local,
+            remote,
+        }
     }
 }
 

@@ -234,7 +234,7 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
     // record: a REQ that arrives first is refused "invalid service ID"; try again, as
     // perftest's client does.
     let mut tries = 0;
-    let info = loop {
+    loop {
         let r = qp.connect(
             addr,
             ConnectParams {
@@ -250,9 +250,12 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(20));
             }
-            r => break r?,
-        }
-    };
+            r => {
+                r?;
+                break;
+            }
+        };
+    }
     oob.xchg(&zero)?;
     let local = PerftestDest {
         lid: 0,
@@ -282,32 +285,15 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
         rkey: Key(remote.rkey),
         vaddr: remote.vaddr,
     };
-    let seconds = t.run(args.wait())?;
-    let bw_avg = (u64::from(size) * iters) as f64 / seconds / super::stats::MB;
-    let msg_rate = iters as f64 / seconds / 1e6;
+    let r = t.run(args.wait())?.result(mtu, local, remote);
     oob.xchg_dest(&local)?;
     if test != PerftestTest::Send {
         // The report the server prints, field by field; then the last handshake.
-        oob.xchg(&u64::from(size).to_be_bytes())?;
-        oob.xchg(&iters.to_be_bytes())?;
-        for f in [bw_avg, bw_avg, msg_rate] {
-            oob.xchg(&f.to_bits().to_be_bytes())?;
-        }
+        r.report(true, |b| oob.xchg(b))?;
         oob.xchg_dest(&local)?;
     }
     let _ = (qp.disconnect(), oob.qp.disconnect());
-    let _ = info;
-    Ok(PerftestResult {
-        test,
-        size,
-        iters,
-        seconds,
-        bw_avg,
-        msg_rate,
-        mtu,
-        local,
-        remote,
-    })
+    Ok(r)
 }
 
 #[cfg(test)]
