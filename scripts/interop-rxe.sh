@@ -324,13 +324,18 @@ check_lossy_connects_host() {  # and each of our DREQs reached the guest's serve
   local d; d=$(count_in "$1" guest '^server DISCONNECT EVENT')
   [ "$d" = "$CM_CONNECTS" ] || { echo "the guest server saw $d of $CM_CONNECTS disconnects"; return 1; }
 }
-check_lossy_connects_guest() {  # and our server verified every session's pings
-  # Not every disconnect: Linux's rping client destroys its id right after rdma_disconnect,
-  # which cancels the kernel's DREQ retries, so a lost DREQ never comes (our server then
-  # ends that session on its --timeout).
+check_lossy_connects_guest() {  # and our server accepted every connection and checked its pings
+  # Not every session's end: Linux's rping client destroys its id right after
+  # rdma_disconnect, which cancels the kernel's DREQ retries (a lost DREQ never comes and
+  # our server ends that session on its --timeout), and exits whether or not the ACK of
+  # our last Send got through (then our Send ends RetryExceeded). Both after the data.
   check_lossy_connects "$1" guest || return 1
-  local d; d=$(count_in "$1" host '^server: 2 pings, 2 verified')
-  [ "$d" = "$CM_CONNECTS" ] || { echo "softrdma server verified $d of $CM_CONNECTS sessions"; return 1; }
+  local a p m
+  a=$(count_in "$1" host '^accepted '); p=$(count_in "$1" host '^server ping data: rdma-ping-')
+  m=$(count_in "$1" host 'data mismatch')
+  [ "$a" = "$CM_CONNECTS" ] || { echo "softrdma server accepted $a of $CM_CONNECTS connections"; return 1; }
+  [ "$p" = $((2 * CM_CONNECTS)) ] && [ "$m" = 0 ] ||
+    { echo "softrdma server checked $p of $((2 * CM_CONNECTS)) pings ($m mismatches)"; return 1; }
 }
 
 # ---- case groups --------------------------------------------------------------------------

@@ -172,6 +172,18 @@ mod tests {
         assert_eq!(CmaHeader::parse(q.private_data).unwrap().0.dst, h.dst);
     }
 
+    /// RPCRDMA-71: on InfiniBand transports an IP port becomes a service ID (librdmacm's
+    /// RDMA_PS_TCP space); NFS/RDMA's 20049 is service 0x0106_4E51, the one the kernel's
+    /// client asks for in `nfs3-rdma-rxe.pcap`.
+    #[test]
+    fn rpcrdma_71_nfs_port_is_an_ib_service_id() {
+        assert_eq!(service_id(PortSpace::Tcp, 20049), 0x0106_4E51);
+        assert_eq!(port_of_service(0x0106_4E51), Some((PortSpace::Tcp, 20049)));
+        assert_eq!(port_of_service(0x0111_1C06), Some((PortSpace::Udp, 7174)));
+        assert_eq!(port_of_service(0x1_0106_4E51), None);
+        assert_eq!(port_of_service(0x0107_4E51), None);
+    }
+
     #[test]
     fn ipv6_round_trip_and_refusals() {
         let h = CmaHeader {
