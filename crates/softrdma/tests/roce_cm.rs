@@ -274,3 +274,55 @@ fn limits_and_listener_addresses() {
     let w = Listener::bind(&server, "0.0.0.0:0").unwrap();
     assert_eq!(w.local_addr().ip(), l.local_addr().ip());
 }
+
+/// QP1 takes only MADs (IBA 13.5.1): a UD Send to QP1 with another Q_Key, or of another
+/// length, is dropped and counted; a REJ the CM sends is counted too.
+#[test]
+fn qp1_drops_what_is_no_mad() {
+    let (server, client) = contexts();
+    let c = end(&client, QpType::Ud);
+    for attr in [
+        ib::QpAttr {
+            state: Some(ib::QpState::Init),
+            qkey: Some(7),
+            ..ib::QpAttr::default()
+        },
+        ib::QpAttr::state(ib::QpState::Rtr),
+        ib::QpAttr {
+            state: Some(ib::QpState::Rts),
+            sq_psn: Some(0),
+            ..ib::QpAttr::default()
+        },
+    ] {
+        c.qp.modify(&attr).unwrap();
+    }
+    let to = server.roce_local_addr().unwrap();
+    let ah = c.pd.create_ah_port(to).unwrap();
+    for (len, qkey) in [(256u32, 0x1234u32), (100, 0x8001_0000)] {
+        c.qp.post_send(
+            SendWr::send(1, vec![c.mr.sge(0, len)])
+                .to(UdDest {
+                    ah: ah.id(),
+                    remote_qpn: 1,
+                    remote_qkey: qkey,
+                })
+                .with_flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+        let mut wcs = Vec::new();
+        c.cq.wait(1, 1, TIMEOUT, &mut wcs).unwrap();
+    }
+    // The datagrams are on their way; a connect to nobody is answered only after them.
+    let r = end(&client, QpType::Rc);
+    let nobody = SocketAddr::new(to.ip(), 9);
+    assert!(matches!(
+        r.qp.connect(nobody, ConnectParams::default()),
+        Err(Error::Rejected {
+            reason: Some(8),
+            ..
+        })
+    ));
+    let n = server.roce_counters().unwrap();
+    assert_eq!(n.qp1_dropped, 2, "{n:?}");
+    assert_eq!((n.cm.rx, n.cm.rejects_sent), (1, 1), "{n:?}");
+}

@@ -20,6 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -149,6 +150,10 @@ pub(crate) struct Gsi {
 }
 
 impl Gsi {
+    pub(crate) fn cm_counters(&self) -> softrdma_ib::cm::CmCounters {
+        self.cm.counters()
+    }
+
     pub(crate) fn new(local: IpAddr) -> Gsi {
         let cfg = CmConfig::new(local, ca_guid(local), random_u32(), random_u32());
         Gsi {
@@ -172,6 +177,7 @@ impl RoceShared {
             && pkey_matches(p.bth.pkey, DEFAULT_PKEY)
             && p.payload.len() == MAD_LEN;
         if !ok {
+            self.counters.qp1_dropped.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, "QP1: not a MAD, dropped");
             return;
         }

@@ -164,6 +164,11 @@ pub struct RoceCounters {
     /// Packets not sent: no route (an unknown address handle, no path) or refused by the
     /// socket (e.g. buffer full); the transport recovers as from a loss.
     pub tx_errors: u64,
+    /// Packets for QP1 that were not a MAD as the GSI takes them (UD Send Only of 256
+    /// octets, Q_Key 0x80010000, default P_Key; IBA 13.5.1).
+    pub qp1_dropped: u64,
+    /// The connection manager's own counts (MADs, malformed and stray ones, retries).
+    pub cm: softrdma_ib::cm::CmCounters,
 }
 
 /// What the driver itself counts: the socket's side. Everything about the datagrams' contents
@@ -174,6 +179,8 @@ struct SocketCounters {
     tx_packets: AtomicU64,
     /// Datagrams the kernel refused.
     tx_refused: AtomicU64,
+    /// Packets for QP1 that were no MAD.
+    pub(crate) qp1_dropped: AtomicU64,
 }
 
 pub(crate) struct RoceShared {
@@ -787,6 +794,8 @@ impl RoceShared {
             unknown_qp: e.unknown_qp,
             wrong_source: e.wrong_source,
             tx_errors: e.tx_no_route + e.tx_invalid + c.tx_refused.load(Ordering::Relaxed),
+            qp1_dropped: c.qp1_dropped.load(Ordering::Relaxed),
+            cm: self.gsi.lock().cm_counters(),
         }
     }
 
