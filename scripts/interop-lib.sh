@@ -24,7 +24,7 @@ cap_stop() { [ -n "$CAP" ] && { sleep 0.3; kill -INT "$CAP" 2>/dev/null; wait "$
 decode_check() {
   local log=$OUT/$1.decode dropped bad gaps
   "$BIN" decode --strict "$OUT/$1.pcap" >"$log" 2>&1 && return 0
-  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$OUT/tcpdump.log")
+  dropped=$(sed -n 's/^\([0-9]*\) packets\? dropped by kernel/\1/p' "$OUT/tcpdump.log")
   bad=$(tail -1 "$log" | sed -n 's/.* \([0-9]*\) with errors$/\1/p')
   gaps=$(grep -c "TCP gap that the capture never fills" "$log")
   if [ -n "$dropped" ] && [ "$dropped" != 0 ] && [ "$bad" = "$gaps" ]; then

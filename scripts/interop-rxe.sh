@@ -34,7 +34,8 @@
 #
 # Options: --sizes "100 4096"  --ud-sizes "1 100 1024"  --count N (pingpong -n, default 100)
 #          --perf-size N (default 65536)  --perf-count N (default 100)  --loss PCT (default 2)
-#          --rping-sizes "26 64 4096 65535"  --cm-loss PCT (default 5)  --no-cm
+#          --rping-sizes "26 64 4096 65535"  --rping-count N (default 10)  --cm-loss PCT (default 5)
+#          --cm-connects N (default 20)  --no-cm
 #          --no-perftest  --no-lossy  --no-build  --only REGEX (case names)
 #          --timeout S (per case; default 120, perftest 240, lossy 300)
 #          --guest-selfcheck   run only the guest command lines against themselves inside the
@@ -69,7 +70,9 @@ while [ $# -gt 0 ]; do
     --no-perftest) PERFTEST=0 ;;
     --no-cm) CM=0 ;;
     --cm-loss) CM_LOSS=$2; shift ;;
+    --cm-connects) CM_CONNECTS=$2; shift ;;
     --rping-sizes) RPING_SIZES=$2; shift ;;
+    --rping-count) RPING_COUNT=$2; shift ;;
     --no-lossy) LOSSY=0 ;;
     --no-build) BUILD_BIN=0 ;;
     --only) ONLY=$2; shift ;;
@@ -134,7 +137,7 @@ decode_check() {
     return 0
   fi
   dir=$(sed -n 's/.*logs in \(.*\)$/\1/p' "$3" | tail -1)
-  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$dir/tcpdump.log" 2>/dev/null)
+  dropped=$(sed -n 's/^\([0-9]*\) packets\? dropped by kernel/\1/p' "$dir/tcpdump.log" 2>/dev/null)
   bad=$(tail -1 "$log" | sed -n 's/.* \([0-9]*\) with errors$/\1/p')
   gaps=$(grep -c "TCP gap that the capture never fills" "$log")
   if [ -n "$dropped" ] && [ "$dropped" != 0 ] && [ "$bad" = "$gaps" ]; then

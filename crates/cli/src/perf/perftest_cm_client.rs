@@ -231,8 +231,8 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
         0
     };
     // perftest's server listens for the data connection only once it has answered the zero
-    // record: a REQ that arrives first is refused "invalid service ID"; try again, as
-    // perftest's client does.
+    // record: a connection that comes first is refused (RoCE: REJ "invalid service ID";
+    // iWARP: the TCP connect is refused); try again, as perftest's client does.
     let mut tries = 0;
     loop {
         let r = qp.connect(
@@ -247,6 +247,12 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
             Err(softrdma::Error::Rejected {
                 reason: Some(8), ..
             }) if tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(softrdma::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::ConnectionRefused && tries < 100 =>
+            {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(20));
             }
