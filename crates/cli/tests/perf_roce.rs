@@ -102,6 +102,12 @@ fn loopback_json_from_the_binary() {
     // Sane: positive, below what memory could copy, the ratio consistent.
     assert!(g > 0.0 && g < 1000.0 && u > 0.0 && u < 1000.0, "{bw}");
     assert!((bw["ratio"].as_f64().unwrap() - g / u).abs() < 1e-9);
+    // The GSO baseline (Linux 4.18 and later have UDP_SEGMENT): all 50 messages acknowledged.
+    let gso = &bw["raw_udp_gso"];
+    assert_eq!(gso["iters"], 50, "{bw}");
+    let x = gso["gbit_s"].as_f64().unwrap();
+    assert!(x > 0.0 && x < 1000.0, "{bw}");
+    assert!((bw["ratio_gso"].as_f64().unwrap() - g / x).abs() < 1e-9);
     let lat = &v["lat"][0];
     assert_eq!(lat["test"], "WriteLat");
     assert_eq!(lat["bytes"], 64);

@@ -260,6 +260,14 @@ pub struct BwRow {
     pub raw_tcp: Bw,
     /// softrdma / raw TCP bandwidth.
     pub ratio: f64,
+    /// RoCE: raw UDP with segmentation offload (`UDP_SEGMENT` super-datagrams of path-MTU
+    /// segments, `UDP_GRO` on receive), same size, same run; absent where the kernel has no
+    /// GSO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_udp_gso: Option<Bw>,
+    /// softrdma / raw UDP with GSO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_gso: Option<f64>,
 }
 
 /// One latency row.
@@ -501,6 +509,14 @@ impl Baseline {
         }
     }
 
+    /// RoCE: the raw UDP baseline with GSO (none for TCP, or without kernel support).
+    fn bw_gso(&self, size: u32, limit: Limit) -> Result<Option<Bw>, PerfError> {
+        match self {
+            Baseline::Tcp(_) => Ok(None),
+            Baseline::Udp(u) => u.bw_gso(size, limit),
+        }
+    }
+
     fn rtt(&self, size: u32, limit: Limit, warmup: u64) -> Result<Vec<u64>, PerfError> {
         match self {
             Baseline::Tcp(a) => tcp::ping_pong(*a, size, limit, warmup),
@@ -588,6 +604,7 @@ fn measure(
         let limit = args.limit(5000);
         for size in args.sizes(65536) {
             let raw = base.bw(size, limit)?;
+            let gso = base.bw_gso(size, limit)?;
             for (test, _) in args.ops() {
                 let rdma = c.bw(test, size, limit)?;
                 report.bw.push(BwRow {
@@ -596,6 +613,8 @@ fn measure(
                     rdma,
                     raw_tcp: raw,
                     ratio: rdma.gbit_s / raw.gbit_s,
+                    raw_udp_gso: gso,
+                    ratio_gso: gso.map(|g| rdma.gbit_s / g.gbit_s),
                 });
             }
         }
@@ -844,7 +863,7 @@ pub fn render(r: &Report) -> String {
     let _ = if roce {
         writeln!(
             s,
-            " raw UDP: path-MTU datagrams, 512 unacknowledged at most (bandwidth), and a UDP ping-pong (latency) of the same message size, same run"
+            " raw UDP: path-MTU datagrams, 512 unacknowledged at most (bandwidth), the same as 64 KiB GSO super-datagrams received with GRO (UDP GSO), and a UDP ping-pong (latency) of the same message size, same run"
         )
     } else {
         writeln!(
@@ -857,8 +876,9 @@ pub fn render(r: &Report) -> String {
         " MB = 2^20 octets, Gb = 10^9 bits, ratio = softrdma / {base}"
     );
     if !r.bw.is_empty() {
+        let gso = r.bw.iter().any(|b| b.raw_udp_gso.is_some());
         let _ = writeln!(s, "{RULE}");
-        let _ = writeln!(
+        let _ = write!(
             s,
             " {:<14} {:>8} {:>12} {:>16} {:>18} {:>14} | {:>14} {:>7}",
             "test",
@@ -870,8 +890,13 @@ pub fn render(r: &Report) -> String {
             format!("{base}[Gb/s]"),
             "ratio"
         );
+        let _ = if gso {
+            writeln!(s, " | {:>14} {:>7}", "UDP GSO[Gb/s]", "ratio")
+        } else {
+            writeln!(s)
+        };
         for b in &r.bw {
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 " {:<14} {:>8} {:>12} {:>16.2} {:>18.2} {:>14.6} | {:>14.2} {:>7.2}",
                 b.test.name(),
@@ -883,6 +908,11 @@ pub fn render(r: &Report) -> String {
                 b.raw_tcp.gbit_s,
                 b.ratio
             );
+            let _ = match (b.raw_udp_gso, b.ratio_gso) {
+                (Some(g), Some(x)) => writeln!(s, " | {:>14.2} {:>7.2}", g.gbit_s, x),
+                _ if gso => writeln!(s, " | {:>14} {:>7}", "-", "-"),
+                _ => writeln!(s),
+            };
         }
     }
     if !r.lat.is_empty() {

@@ -320,6 +320,10 @@ pub enum RawTest {
     UdpBw,
     /// UDP ping-pong: echo datagrams until the client shuts the TCP connection down.
     UdpLat,
+    /// UDP bandwidth with segmentation offload: as [`RawTest::UdpBw`], the client sending
+    /// super-datagrams of path-MTU segments (`UDP_SEGMENT`), the server receiving with
+    /// `UDP_GRO`.
+    UdpGsoBw,
     /// End of the client's session.
     Bye,
 }
@@ -339,6 +343,7 @@ pub fn raw_header(test: RawTest, size: u32) -> [u8; RAW_HEADER_LEN] {
         RawTest::TcpLat => 2,
         RawTest::UdpBw => 0x10,
         RawTest::UdpLat => 0x11,
+        RawTest::UdpGsoBw => 0x12,
         RawTest::Bye => 0xff,
     };
     h[8..12].copy_from_slice(&size.to_le_bytes());
@@ -355,6 +360,7 @@ pub fn parse_raw_header(h: &[u8; RAW_HEADER_LEN]) -> Option<(RawTest, u32)> {
         2 => RawTest::TcpLat,
         0x10 => RawTest::UdpBw,
         0x11 => RawTest::UdpLat,
+        0x12 => RawTest::UdpGsoBw,
         0xff => RawTest::Bye,
         _ => return None,
     };
@@ -406,8 +412,17 @@ mod tests {
             EndReport::parse(&b).unwrap().error.unwrap(),
             "é".repeat(END_MSG_MAX / 2)
         );
-        let h = raw_header(RawTest::UdpLat, 64);
-        assert_eq!(parse_raw_header(&h), Some((RawTest::UdpLat, 64)));
+        for t in [
+            RawTest::TcpBw,
+            RawTest::TcpLat,
+            RawTest::UdpBw,
+            RawTest::UdpLat,
+            RawTest::UdpGsoBw,
+            RawTest::Bye,
+        ] {
+            let h = raw_header(t, 64);
+            assert_eq!(parse_raw_header(&h), Some((t, 64)));
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ fn serve_conn(s: &mut TcpStream) -> io::Result<bool> {
         RawTest::TcpBw | RawTest::TcpLat => {
             super::tcp::serve_test(s, test == RawTest::TcpBw, size)?
         }
-        RawTest::UdpBw | RawTest::UdpLat => super::udp::serve_conn(s, test == RawTest::UdpBw)?,
+        RawTest::UdpBw | RawTest::UdpLat | RawTest::UdpGsoBw => super::udp::serve_conn(s, test)?,
     }
     Ok(false)
 }

@@ -15,6 +15,11 @@
 //!   acknowledgement of the last octet, so it covers delivery. A datagram lost shows as an
 //!   acknowledgement that stops short; the test then fails rather than report a figure
 //!   for less data.
+//! - bandwidth with segmentation offload (GSO): the same, but the client hands the kernel
+//!   super-datagrams of up to 64 path-MTU segments (at most 64 KiB) with `UDP_SEGMENT`, which
+//!   it cuts into MTU datagrams, and the server's socket coalesces them again (`UDP_GRO`) and
+//!   acknowledges every 64 KiB: what UDP moves on this machine when the per-datagram system
+//!   call cost is taken away, the figure a RoCE sender with GSO could reach.
 //! - latency: a ping-pong of `size`-octet messages (datagrams of at most the MTU), the
 //!   server echoing each datagram; half the round trip beside Send and Write, the whole one
 //!   beside Read.
@@ -34,6 +39,13 @@ pub const UDP_WINDOW: u64 = 512;
 pub const UDP_ACK_EVERY: u32 = 16;
 /// Socket buffers of the raw UDP sockets (what `RoceConfig::new` asks for).
 const UDP_BUFFER: usize = 4 << 20;
+/// GSO: segments per super-datagram at most (the kernel's `UDP_MAX_SEGMENTS`) and its
+/// payload at most (a UDP datagram's, less room for headers).
+const GSO_MAX_SEGMENTS: u32 = 64;
+const GSO_MAX_OCTETS: u32 = 65_000;
+/// GSO bandwidth: the server acknowledges every this many octets.
+const GSO_ACK_EVERY: u64 = 64 << 10;
+
 /// Raw UDP: an acknowledgement or echo this late means a datagram was lost.
 const UDP_STALL: Duration = Duration::from_millis(250);
 /// How often the server's UDP loop looks whether the test is over.
@@ -66,10 +78,31 @@ impl UdpBaseline {
         Ok((s, sock))
     }
 
-    /// Raw UDP bandwidth of `size`-octet messages.
+    /// Raw UDP bandwidth of `size`-octet messages, one datagram per path MTU.
     pub fn bw(&self, size: u32, limit: Limit) -> Result<Bw, PerfError> {
-        let (mut s, sock) = self.open(RawTest::UdpBw, size)?;
-        let r = udp_blast(&sock, size, self.mtu, limit);
+        self.bw_of(RawTest::UdpBw, size, limit)
+    }
+
+    /// Raw UDP bandwidth with GSO and GRO; `None` where the kernel has no `UDP_SEGMENT`.
+    pub fn bw_gso(&self, size: u32, limit: Limit) -> Result<Option<Bw>, PerfError> {
+        if !gso_works(self.local) {
+            return Ok(None);
+        }
+        self.bw_of(RawTest::UdpGsoBw, size, limit).map(Some)
+    }
+
+    fn bw_of(&self, test: RawTest, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+        let (mut s, sock) = self.open(test, size)?;
+        let mtu = self.mtu.max(1);
+        let chunk = if test == RawTest::UdpGsoBw {
+            set_gso(&sock, mtu)?;
+            // As many whole segments as one UDP datagram (and the kernel's 64) take.
+            let segs = (GSO_MAX_OCTETS / mtu).clamp(1, GSO_MAX_SEGMENTS);
+            (segs * mtu).min(size.max(1))
+        } else {
+            mtu.min(size.max(1))
+        };
+        let r = udp_blast(&sock, size, chunk as usize, mtu as usize, limit);
         s.shutdown(Shutdown::Write)?;
         let mut got = [0u8; 8];
         s.read_exact(&mut got)?;
@@ -96,7 +129,7 @@ impl UdpBaseline {
 
 /// The raw server's side of a UDP test on `s` (its header read): bandwidth (`bw`) or
 /// ping-pong, until the client shuts `s` down.
-pub fn serve_conn(s: &mut TcpStream, bw: bool) -> io::Result<()> {
+pub fn serve_conn(s: &mut TcpStream, test: RawTest) -> io::Result<()> {
     let mut e = [0u8; UDP_ENDPOINT_LEN];
     s.read_exact(&mut e)?;
     let mut gid = [0u8; 16];
@@ -104,11 +137,15 @@ pub fn serve_conn(s: &mut TcpStream, bw: bool) -> io::Result<()> {
     let client = SocketAddr::new(softrdma::gid_to_ip(&gid), u16::from_be_bytes([e[0], e[1]]));
     let sock = udp_socket(s.local_addr()?.ip().to_canonical())?;
     sock.connect(client)?;
+    if test == RawTest::UdpGsoBw {
+        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::UdpGroSegment, &true)
+            .map_err(io::Error::from)?;
+    }
     sock.set_read_timeout(Some(POLL))?;
     s.write_all(&sock.local_addr()?.port().to_be_bytes())?;
     let stop = AtomicBool::new(false);
     let (end, r) = std::thread::scope(|sc| {
-        let h = sc.spawn(|| udp_serve(&sock, bw, &stop));
+        let h = sc.spawn(|| udp_serve(&sock, test, &stop));
         let mut rest = [0u8; 64];
         let end = loop {
             match s.read(&mut rest) {
@@ -141,6 +178,23 @@ fn udp_socket(ip: IpAddr) -> io::Result<UdpSocket> {
     Ok(s.into())
 }
 
+/// Turns `UDP_SEGMENT` on: every send larger than `mtu` leaves as `mtu`-octet datagrams.
+fn set_gso(sock: &UdpSocket, mtu: u32) -> Result<(), PerfError> {
+    nix::sys::socket::setsockopt(
+        sock,
+        nix::sys::socket::sockopt::UdpGsoSegment,
+        &(mtu as i32),
+    )
+    .map_err(|e| PerfError::Protocol(format!("UDP_SEGMENT: {e}")))
+}
+
+/// Whether this kernel segments UDP for us (Linux 4.18 and later).
+fn gso_works(ip: IpAddr) -> bool {
+    udp_socket(ip).is_ok_and(|s| {
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::UdpGsoSegment, &1024).is_ok()
+    })
+}
+
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -150,12 +204,22 @@ fn is_timeout(e: &io::Error) -> bool {
 
 /// Raw UDP on the server: counts and acknowledges (bandwidth) or echoes (latency) until
 /// `stop`; returns the octets received.
-fn udp_serve(sock: &UdpSocket, bw: bool, stop: &AtomicBool) -> Result<u64, PerfError> {
+fn udp_serve(sock: &UdpSocket, test: RawTest, stop: &AtomicBool) -> Result<u64, PerfError> {
     let mut buf = vec![0u8; 65536];
     let mut total = 0u64;
     let mut unacked = 0u32;
+    let mut acked_at = 0u64;
+    let bw = test != RawTest::UdpLat;
     loop {
         match sock.recv(&mut buf) {
+            // GRO: one receive holds many datagrams; acknowledge by octets.
+            Ok(n) if test == RawTest::UdpGsoBw => {
+                total += n as u64;
+                if n == 0 || total - acked_at >= GSO_ACK_EVERY {
+                    sock.send(&total.to_le_bytes())?;
+                    acked_at = total;
+                }
+            }
             Ok(n) if bw => {
                 total += n as u64;
                 unacked += 1;
@@ -183,12 +247,13 @@ fn udp_serve(sock: &UdpSocket, bw: bool, stop: &AtomicBool) -> Result<u64, PerfE
 fn udp_blast(
     sock: &UdpSocket,
     size: u32,
-    mtu: u32,
+    chunk: usize,
+    mtu: usize,
     limit: Limit,
 ) -> Result<(u64, u64, Duration), PerfError> {
-    let chunk = mtu.min(size).max(1) as usize;
     let size = size as usize;
-    let window = UDP_WINDOW * chunk as u64;
+    // In flight: UDP_WINDOW path-MTU datagrams' worth (what the receiver's buffer holds).
+    let window = (UDP_WINDOW * mtu.min(size.max(1)) as u64).max(chunk as u64);
     let buf = vec![0xa5u8; chunk];
     let total = match limit {
         Limit::Iters(n) => n,
