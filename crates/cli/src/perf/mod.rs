@@ -133,6 +133,17 @@ impl std::str::FromStr for FpduArg {
     }
 }
 
+/// `--raw-tx`: [`softrdma::RawTx`] on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RawTxArg {
+    /// A raw socket if the process may open one.
+    Auto,
+    /// Always the UDP socket.
+    Off,
+    /// A raw socket, or fail.
+    Required,
+}
+
 /// `softrdma perf` options (perftest's names where they overlap).
 #[derive(clap::Args, Clone, Debug)]
 pub struct PerfArgs {
@@ -155,6 +166,14 @@ pub struct PerfArgs {
     /// -R): ib_write_bw, ib_read_bw or ib_send_bw (see --test), iWARP or RoCE.
     #[arg(short = 'R', long = "rdma-cm", requires = "perftest")]
     pub rdma_cm: bool,
+    /// RoCE: how IPv4 datagrams leave: a raw socket when the process may open one (auto;
+    /// exact ICRCs for rxe and NICs), always the UDP socket (off; softrdma peers, and the
+    /// path where GSO and GRO apply), or a raw socket or fail (required).
+    #[arg(long, value_enum, default_value_t = RawTxArg::Auto)]
+    pub raw_tx: RawTxArg,
+    /// RoCE: no UDP segmentation offload (GSO on send, GRO on receive) on the UDP socket.
+    #[arg(long)]
+    pub no_gso: bool,
     /// Transport: iwarp (TCP, beside raw TCP) or roce (RoCEv2 over UDP, beside raw UDP).
     #[arg(long, value_enum, default_value = "iwarp")]
     pub transport: Transport,
@@ -473,12 +492,19 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr, PerfError> {
 }
 
 /// Opens the device of `transport`; RoCE on `ip` and UDP `port`.
-fn open(transport: Transport, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
+fn open(args: &PerfArgs, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
+    let transport = args.transport;
     let dev = match transport {
         Transport::Iwarp => Device::tcp(),
         Transport::Roce => {
             let mut cfg = RoceConfig::new(ip);
             cfg.port = port;
+            cfg.raw_tx = match args.raw_tx {
+                RawTxArg::Auto => softrdma::RawTx::Auto,
+                RawTxArg::Off => softrdma::RawTx::Off,
+                RawTxArg::Required => softrdma::RawTx::Required,
+            };
+            cfg.gso = !args.no_gso;
             Device::roce(cfg)
         }
     };
@@ -660,8 +686,8 @@ pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
             [0]
         .port;
     }
-    let server_ctx = open(args.transport, Ipv4Addr::new(127, 0, 0, 1).into(), port)?;
-    let client_ctx = open(args.transport, Ipv4Addr::new(127, 0, 0, 2).into(), port)?;
+    let server_ctx = open(args, Ipv4Addr::new(127, 0, 0, 1).into(), port)?;
+    let client_ctx = open(args, Ipv4Addr::new(127, 0, 0, 2).into(), port)?;
     let listener = Listener::bind_with(&server_ctx, "127.0.0.1:0", args.listen_params())?;
     let rdma_addr = listener.local_addr();
     let raw_listener = TcpListener::bind("127.0.0.1:0")?;
@@ -698,7 +724,7 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
         Transport::Roce => bind_ip(args)?.unwrap_or_else(default_roce_ip),
         Transport::Iwarp => Ipv4Addr::UNSPECIFIED.into(),
     };
-    let ctx = open(args.transport, ip, args.roce_port())?;
+    let ctx = open(args, ip, args.roce_port())?;
     let addr = resolve(&args.bind, args.port)?;
     let listener = Listener::bind_with(&ctx, addr, args.listen_params())?;
     let wait = args.wait();
@@ -777,7 +803,7 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
             (Transport::Roce, Ok(None)) => local_ip_toward(rdma)?,
             (Transport::Roce, Err(e)) => return Err(e),
         };
-        let ctx = open(args.transport, ip, args.roce_port())?;
+        let ctx = open(args, ip, args.roce_port())?;
         run_client(args, ctx, rdma, raw, "client")?
     };
     let stdout = std::io::stdout();

@@ -176,7 +176,7 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
         Some(ip) => ip,
         None => local_ip_toward(addr)?,
     };
-    let ctx = open(args.transport, ip, args.roce_port())?;
+    let ctx = open(args, ip, args.roce_port())?;
     let pd = ctx.alloc_pd();
     let oob = Oob::new(&pd, &ctx)?;
     oob.qp.connect(

@@ -201,7 +201,11 @@ pub fn serve(
         let mut sum = Summary::default();
         let mut reports = Vec::new();
         let mut wcs = Vec::with_capacity(256);
+        let (mut comm_closed, mut data_closed) = (false, false);
         let result = 'session: loop {
+            if comm_closed && (data_closed || data.is_none()) {
+                break Ok(());
+            }
             wcs.clear();
             if let Err(e) = wait_some(&cq, wait, 256, Duration::from_secs(1), &mut wcs) {
                 if comm.state().is_dead() {
@@ -220,8 +224,13 @@ pub fn serve(
             }
             for wc in &wcs {
                 if wc.status == WcStatus::WorkRequestFlushed {
+                    // The session ends when both connections are closed: the data
+                    // connection's last Sends may still come after the out-of-band
+                    // connection's end (two connections, no order between them).
                     if wc.wr_id & COMM != 0 {
-                        break 'session Ok(());
+                        comm_closed = true;
+                    } else {
+                        data_closed = true;
                     }
                     continue;
                 }

@@ -61,6 +61,12 @@ const MAX_WINDOW: u32 = 1024;
 /// Datagrams handed to the kernel per `sendmmsg` / taken per `recvmmsg`.
 const SEND_BATCH: usize = 64;
 const RECV_BATCH: usize = 32;
+/// With GRO a receive holds a run of packets: fewer, larger buffers.
+const GRO_BATCH: usize = 8;
+const GRO_BUFFER: usize = 65_536;
+/// GSO: packets per super-datagram at most (`UDP_MAX_SEGMENTS`) and its size at most.
+const GSO_SEGMENTS: usize = 64;
+const GSO_OCTETS: usize = 65_000;
 
 /// How long a closing context keeps its unanswered DREQs going (so a peer learns of the
 /// close though the first DREQ was lost), and how often it repeats them meanwhile.
@@ -83,6 +89,11 @@ pub struct RoceConfig {
     pub recv_buffer: usize,
     /// How IPv4 datagrams are sent (see [`RawTx`]).
     pub raw_tx: RawTx,
+    /// UDP segmentation offload on the UDP socket (where the kernel has it): a run of
+    /// equal-size packets to one peer leaves as one super-datagram (`UDP_SEGMENT`), and
+    /// received runs come up as one (`UDP_GRO`), each cut back into its packets. Raw-socket
+    /// sends (exact IPv4 ICRCs for rxe) go one datagram each.
+    pub gso: bool,
 }
 
 /// How IPv4 datagrams leave.
@@ -113,6 +124,7 @@ impl RoceConfig {
             port: ROCEV2_UDP_PORT,
             recv_buffer: 4 << 20,
             raw_tx: RawTx::Auto,
+            gso: true,
         }
     }
 
@@ -164,6 +176,10 @@ pub struct RoceCounters {
     /// Packets not sent: no route (an unknown address handle, no path) or refused by the
     /// socket (e.g. buffer full); the transport recovers as from a loss.
     pub tx_errors: u64,
+    /// GSO super-datagrams sent (each a run of packets, [`RoceConfig::gso`]).
+    pub gso_sends: u64,
+    /// Receives that held a GRO run of packets.
+    pub gro_receives: u64,
     /// Packets for QP1 that were not a MAD as the GSI takes them (UD Send Only of 256
     /// octets, Q_Key 0x80010000, default P_Key; IBA 13.5.1).
     pub qp1_dropped: u64,
@@ -181,6 +197,9 @@ struct SocketCounters {
     tx_refused: AtomicU64,
     /// Packets for QP1 that were no MAD.
     pub(crate) qp1_dropped: AtomicU64,
+    /// GSO super-datagrams sent, GRO runs received.
+    gso_sends: AtomicU64,
+    gro_receives: AtomicU64,
 }
 
 pub(crate) struct RoceShared {
@@ -220,6 +239,10 @@ pub(crate) struct RoceShared {
     events: Arc<EventQueue>,
     /// Some QP holds back an ACK ([`RoceQpShared::ack_held`]).
     acks_held: AtomicBool,
+    /// The UDP socket segments our runs (`UDP_SEGMENT`) and coalesces what it receives
+    /// (`UDP_GRO`).
+    gso: bool,
+    gro: bool,
 }
 
 struct Engine {
@@ -299,6 +322,17 @@ impl RoceShared {
         sock.bind(&SocketAddr::new(cfg.addr, cfg.port).into())?;
         let rcvbuf = sock.recv_buffer_size().unwrap_or(208 * 1024);
         let socket: UdpSocket = sock.into();
+        // Offloads where the kernel has them (Linux 4.18 for GSO, 5.0 for GRO); a value of 0
+        // leaves the socket's own segmentation off, each send names its size.
+        let (gso, gro) = if cfg.gso {
+            use nix::sys::socket::{setsockopt, sockopt};
+            (
+                setsockopt(&socket, sockopt::UdpGsoSegment, &0).is_ok(),
+                setsockopt(&socket, sockopt::UdpGroSegment, &true).is_ok(),
+            )
+        } else {
+            (false, false)
+        };
         let local = socket.local_addr()?;
         let raw = match (cfg.raw_tx, cfg.addr) {
             (RawTx::Off, _) | (_, IpAddr::V6(_)) => None,
@@ -345,6 +379,8 @@ impl RoceShared {
             rcvbuf,
             alive: AtomicBool::new(true),
             acks_held: AtomicBool::new(false),
+            gso,
+            gro,
         });
         let weak = Arc::downgrade(&shared);
         let h = std::thread::Builder::new()
@@ -435,6 +471,82 @@ impl RoceShared {
                 (SocketKind::RawIpv4, Some(r)) => r.as_raw_fd(),
                 _ => self.socket.as_raw_fd(),
             };
+            if kind == SocketKind::Udp && self.gso {
+                self.send_segmented(fd, buf, group);
+                continue;
+            }
+            self.send_each(fd, buf, group);
+        }
+    }
+
+    /// Sends `group` (one socket's datagrams, back to back in `buf`): runs of equal-size
+    /// datagrams to one peer (the last may be shorter) as GSO super-datagrams, the rest with
+    /// `sendmmsg`.
+    fn send_segmented(&self, fd: std::os::fd::RawFd, buf: &[u8], group: &[Transmit]) {
+        let mut i = 0;
+        let mut singles = 0;
+        while i < group.len() {
+            let first = &group[i];
+            let seg = first.range().len();
+            let (mut j, mut end) = (i + 1, first.end);
+            while j < group.len() && j - i < GSO_SEGMENTS {
+                let t = &group[j];
+                let l = t.range().len();
+                if t.start != end
+                    || t.socket_addr() != first.socket_addr()
+                    || l > seg
+                    || end + l - first.start > GSO_OCTETS
+                {
+                    break;
+                }
+                end = t.end;
+                j += 1;
+                if l < seg {
+                    break;
+                }
+            }
+            if j - i < 2 || seg > usize::from(u16::MAX) {
+                singles += 1;
+                i += 1;
+                continue;
+            }
+            // What came before goes first, in order.
+            if singles > 0 {
+                self.send_each(fd, buf, &group[i - singles..i]);
+                singles = 0;
+            }
+            let data = buf.get(first.start..end).unwrap_or(&[]);
+            let sent = match self.local {
+                SocketAddr::V4(_) => {
+                    send_gso::<SockaddrIn>(fd, data, seg as u16, first.socket_addr())
+                }
+                SocketAddr::V6(_) => {
+                    send_gso::<SockaddrIn6>(fd, data, seg as u16, first.socket_addr())
+                }
+            };
+            match sent {
+                Ok(_) => {
+                    self.counters.gso_sends.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .tx_packets
+                        .fetch_add((j - i) as u64, Ordering::Relaxed)
+                }
+                // Refused (a full buffer): lost, the transport recovers.
+                Err(_) => self
+                    .counters
+                    .tx_refused
+                    .fetch_add((j - i) as u64, Ordering::Relaxed),
+            };
+            i = j;
+        }
+        if singles > 0 {
+            self.send_each(fd, buf, &group[group.len() - singles..]);
+        }
+    }
+
+    /// Sends each datagram of `group` on its own, with as few `sendmmsg` calls as it takes.
+    fn send_each(&self, fd: std::os::fd::RawFd, buf: &[u8], group: &[Transmit]) {
+        {
             let slices: Vec<[IoSlice<'_>; 1]> = group
                 .iter()
                 .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))])
@@ -500,6 +612,19 @@ impl FamilyAddr for SockaddrIn6 {
     }
 }
 
+/// One `sendmsg` of a GSO super-datagram: `data`, cut by the kernel into `seg`-octet
+/// datagrams to `to` (`UDP_SEGMENT`).
+fn send_gso<S: FamilyAddr>(
+    fd: std::os::fd::RawFd,
+    data: &[u8],
+    seg: u16,
+    to: SocketAddr,
+) -> nix::Result<usize> {
+    let iov = [IoSlice::new(data)];
+    let cmsg = [nix::sys::socket::ControlMessage::UdpGsoSegments(&seg)];
+    nix::sys::socket::sendmsg(fd, &iov, &cmsg, MsgFlags::empty(), Some(&S::of(to)))
+}
+
 /// One `sendmmsg` of datagrams to addresses of the socket's family; returns how many left.
 /// The address type is the family's own, not `SockaddrStorage`: counting the results then
 /// reads nothing uninitialised (nix parses a storage's family to size it).
@@ -517,21 +642,43 @@ fn send_group<S: FamilyAddr>(
 struct RxBufs {
     bufs: Vec<Vec<u8>>,
     hdrs: MultiHeaders<SockaddrStorage>,
-    got: Vec<(usize, Option<SocketAddr>)>,
+    /// Per receive: octets, sender, and the GRO segment size (0: one datagram).
+    got: Vec<(usize, Option<SocketAddr>, usize)>,
     touched: Vec<Arc<RoceQpShared>>,
     verifier: IcrcVerifier,
+    /// Buffers large enough for GRO runs, with room for the segment size.
+    gro: bool,
 }
 
 impl RxBufs {
-    fn new() -> RxBufs {
+    fn new(gro: bool) -> RxBufs {
+        let (n, len) = if gro {
+            (GRO_BATCH, GRO_BUFFER)
+        } else {
+            (RECV_BATCH, MAX_DATAGRAM)
+        };
         RxBufs {
-            bufs: (0..RECV_BATCH).map(|_| vec![0u8; MAX_DATAGRAM]).collect(),
-            hdrs: MultiHeaders::preallocate(RECV_BATCH, None),
-            got: Vec::with_capacity(RECV_BATCH),
+            bufs: (0..n).map(|_| vec![0u8; len]).collect(),
+            hdrs: MultiHeaders::preallocate(n, gro.then(|| nix::cmsg_space!(i32))),
+            got: Vec::with_capacity(n),
             touched: Vec::new(),
             verifier: IcrcVerifier::default(),
+            gro,
         }
     }
+}
+
+/// The GRO segment size of a receive (0 when it holds one datagram).
+fn gro_segment(r: &nix::sys::socket::RecvMsg<'_, '_, SockaddrStorage>) -> usize {
+    r.cmsgs()
+        .ok()
+        .into_iter()
+        .flatten()
+        .find_map(|c| match c {
+            nix::sys::socket::ControlMessageOwned::UdpGroSegments(s) => usize::try_from(s).ok(),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 thread_local! {
@@ -541,6 +688,16 @@ thread_local! {
 }
 
 impl RoceShared {
+    /// This thread's receive buffers, made (again) for this context's GRO setting: a thread
+    /// may drive contexts of both kinds, and a GRO run must never meet a small buffer (it
+    /// would be cut short).
+    fn rx_bufs<'a>(&self, c: &'a mut Option<RxBufs>) -> &'a mut RxBufs {
+        if c.as_ref().is_some_and(|r| self.gro && !r.gro) {
+            *c = None;
+        }
+        c.get_or_insert_with(|| RxBufs::new(self.gro))
+    }
+
     /// Reads what is queued on the socket (without blocking), up to a few batches, and
     /// processes it. The caller holds `rx_lock`: datagrams are handled in arrival order.
     fn drain_socket(&self, rx: &mut RxBufs, hold: Hold) -> usize {
@@ -548,6 +705,11 @@ impl RoceShared {
         let mut total = 0;
         for _ in 0..4 {
             rx.got.clear();
+            if rx.gro {
+                // nix's recvmmsg leaves each header's control length as the last receive
+                // set it (0 without a segment size): give every header its room again.
+                rx.hdrs = MultiHeaders::preallocate(rx.bufs.len(), Some(nix::cmsg_space!(i32)));
+            }
             {
                 let mut iovs: Vec<[IoSliceMut<'_>; 1]> = rx
                     .bufs
@@ -561,12 +723,20 @@ impl RoceShared {
                     MsgFlags::MSG_DONTWAIT,
                     None,
                 ) {
-                    rx.got
-                        .extend(res.map(|r| (r.bytes, r.address.and_then(|a| socket_addr(&a)))));
+                    rx.got.extend(res.map(|r| {
+                        let seg = gro_segment(&r);
+                        (r.bytes, r.address.and_then(|a| socket_addr(&a)), seg)
+                    }));
                 }
             }
             if rx.got.is_empty() {
                 break;
+            }
+            let runs = rx.got.iter().filter(|g| g.2 != 0).count() as u64;
+            if runs > 0 {
+                self.counters
+                    .gro_receives
+                    .fetch_add(runs, Ordering::Relaxed);
             }
             let now = Instant::now();
             // The endpoint checks and routes the whole batch under one read lock; the QPs'
@@ -577,8 +747,19 @@ impl RoceShared {
             {
                 let ep = self.endpoint.read();
                 let qps = self.qps.read();
-                for (buf, &(n, peer)) in rx.bufs.iter().zip(&rx.got) {
-                    let (Some(peer), Some(dgram)) = (peer, buf.get(..n)) else {
+                // A GRO receive is a run of datagrams of `seg` octets (the last may be
+                // shorter): each is handled as if it came alone.
+                let datagrams = rx
+                    .bufs
+                    .iter()
+                    .zip(&rx.got)
+                    .flat_map(|(buf, &(n, peer, seg))| {
+                        let all = buf.get(..n).unwrap_or(&[]);
+                        let step = if seg == 0 { n.max(1) } else { seg };
+                        all.chunks(step).map(move |d| (peer, d))
+                    });
+                for (peer, dgram) in datagrams {
+                    let Some(peer) = peer else {
                         continue;
                     };
                     // A drop is counted by the endpoint.
@@ -620,7 +801,7 @@ impl RoceShared {
                 self.flush(&q, &mut e, now, hold);
             }
             total += rx.got.len();
-            if rx.got.len() < RECV_BATCH {
+            if rx.got.len() < rx.bufs.len() {
                 break;
             }
         }
@@ -660,7 +841,7 @@ impl Progress for RoceShared {
         };
         CALLER_RX.with(|c| {
             let mut c = c.borrow_mut();
-            let rx = c.get_or_insert_with(RxBufs::new);
+            let rx = self.rx_bufs(&mut c);
             self.drain_socket(rx, Hold::Ack);
         });
     }
@@ -712,7 +893,8 @@ impl RoceShared {
             let _g = self.rx_lock.lock();
             CALLER_RX.with(|c| {
                 let mut c = c.borrow_mut();
-                self.drain_socket(c.get_or_insert_with(RxBufs::new), hold);
+                let rx = self.rx_bufs(&mut c);
+                self.drain_socket(rx, hold);
             });
         }
     }
@@ -795,6 +977,8 @@ impl RoceShared {
             wrong_source: e.wrong_source,
             tx_errors: e.tx_no_route + e.tx_invalid + c.tx_refused.load(Ordering::Relaxed),
             qp1_dropped: c.qp1_dropped.load(Ordering::Relaxed),
+            gso_sends: c.gso_sends.load(Ordering::Relaxed),
+            gro_receives: c.gro_receives.load(Ordering::Relaxed),
             cm: self.gsi.lock().cm_counters(),
         }
     }
