@@ -203,7 +203,15 @@ pub fn serve(
         let mut wcs = Vec::with_capacity(256);
         let (mut comm_closed, mut data_closed) = (false, false);
         let result = 'session: loop {
-            if comm_closed && (data_closed || data.is_none()) {
+            if comm_closed && data.is_none() {
+                // The data connection may be up with its QP not yet handed over.
+                match rx.recv_timeout(Duration::from_secs(2)) {
+                    Ok(Ok(q)) => data = Some(q),
+                    Ok(Err(e)) => break Err(e.into()),
+                    Err(_) => break Ok(()),
+                }
+            }
+            if comm_closed && data_closed {
                 break Ok(());
             }
             wcs.clear();
@@ -281,6 +289,15 @@ pub fn serve(
                             Err(_) => {
                                 break 'session Err(PerfError::Protocol("lost the data QP".into()));
                             }
+                        }
+                    }
+                    if data.is_none() {
+                        // A Send on the data connection came before the accepting thread
+                        // handed its QP over: it is on its way.
+                        match rx.recv() {
+                            Ok(Ok(q)) => data = Some(q),
+                            Ok(Err(e)) => break 'session Err(e.into()),
+                            Err(_) => {}
                         }
                     }
                     let Some(q) = &data else { continue };

@@ -105,6 +105,10 @@ struct Conn {
     discard_rx: bool,
     eof: bool,
     dead: bool,
+    /// Its QP was destroyed while octets of completed sends were still to be written: they
+    /// go out (a send completion promised them), then the connection dies without waiting
+    /// for the peer's FIN.
+    die_when_flushed: bool,
     /// The read budget ran out with data possibly left in the socket.
     more_rx: bool,
     /// Send requests handed to the engine and not yet retired.
@@ -435,8 +439,13 @@ impl Driver {
                     .and_then(|t| self.conns.get_mut(&t))
                 {
                     c.disconnect(ctx, &mut self.bufs);
-                    // Abortive: no waiting for the peer's FIN.
-                    c.dead = true;
+                    // Abortive: no waiting for the peer's FIN; but what completed sends put
+                    // in the transmit buffer is still written (as a kernel socket would).
+                    if c.write_side == WriteSide::CloseWhenFlushed {
+                        c.die_when_flushed = true;
+                    } else {
+                        c.dead = true;
+                    }
                     c.qp = None;
                 }
                 let mut sub = qp.sub.lock();
@@ -634,6 +643,7 @@ impl Conn {
             discard_rx: false,
             eof: false,
             dead: false,
+            die_when_flushed: false,
             more_rx: false,
             sq_in_engine: 0,
             rq_in_engine: 0,
@@ -1055,7 +1065,7 @@ impl Conn {
             let _ = self.stream.shutdown(Shutdown::Write);
             self.write_side = WriteSide::Closed;
         }
-        if self.write_side == WriteSide::Closed && self.eof {
+        if self.write_side == WriteSide::Closed && (self.eof || self.die_when_flushed) {
             self.dead = true;
         }
     }
