@@ -800,6 +800,22 @@ impl Cm {
         Ok(())
     }
 
+    /// The QP of a connection whose REP was sent got a packet from the peer: that stands
+    /// for the RTU (IBA 12.9.6, "communication established"; the RTU may be lost). Nothing
+    /// in any other state.
+    pub fn established(&mut self, id: CommId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if !matches!(c.state, CmState::RepSent | CmState::MraRepRcvd) {
+            return;
+        }
+        c.state = CmState::Established;
+        c.out = None;
+        self.set_timer(id, None);
+        self.event(CmEvent::Established { id });
+    }
+
     /// Tells the peer we need time to answer its REQ or REP (`ib_send_cm_mra`).
     pub fn delay(&mut self, id: CommId) -> Result<(), CmError> {
         self.conn_in(id, &[CmState::ReqRcvd, CmState::RepRcvd])?;

@@ -863,3 +863,29 @@ fn timeouts() {
     assert_eq!(iba_time(0), Duration::from_nanos(4096));
     assert_eq!(iba_time(20), Duration::from_nanos(4096 << 20));
 }
+
+/// IBA 12.9.6: when the RTU is lost, the first packet on the passive QP stands for it
+/// ("communication established"): the connection is up and the REP is not sent again.
+#[test]
+fn comm_established_stands_for_a_lost_rtu() {
+    let mut n = Net::new(15, Faults::default());
+    n.consumer[0] = Consumer::Silent;
+    let a = n.cms[0].connect(n.now, &n.req(0x1c)).unwrap();
+    n.run_until(|n| n.cms[0].state(a) == Some(CmState::RepRcvd));
+    // The RTU is sent and lost.
+    n.cms[0].rtu(a, &[]).unwrap();
+    assert!(n.cms[0].poll_transmit().is_some());
+    let Some(CmEvent::Request { id: b, .. }) = n.events[1].first().cloned() else {
+        panic!()
+    };
+    assert_eq!(n.cms[1].state(b), Some(CmState::RepSent));
+    n.cms[1].established(b);
+    assert_eq!(n.cms[1].poll_event(), Some(CmEvent::Established { id: b }));
+    assert_eq!(n.cms[1].state(b), Some(CmState::Established));
+    n.run_idle();
+    assert_eq!(n.sent(1, CmAttr::Rep), 1, "no REP again");
+    // In any other state it changes nothing.
+    n.cms[1].established(b);
+    n.cms[1].established(0x1234);
+    assert_eq!(n.cms[1].poll_event(), None);
+}

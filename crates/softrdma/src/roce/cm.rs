@@ -454,6 +454,19 @@ impl RoceShared {
         }
     }
 
+    /// A packet arrived on a QP whose RTU was not seen yet: the connection is established
+    /// (IBA 12.9.6; Linux's `ib_cm_notify(IB_EVENT_COMM_EST)`).
+    pub(crate) fn comm_established(&self, qpn: u32, now: Instant) {
+        {
+            let mut g = self.gsi.lock();
+            let Some(&id) = g.conn_of.get(&qpn) else {
+                return;
+            };
+            g.cm.established(id);
+        }
+        self.gsi_pump(now);
+    }
+
     /// A QP is destroyed: its connection ends.
     pub(crate) fn cm_forget_qp(&self, qpn: u32) {
         let now = Instant::now();
@@ -973,6 +986,8 @@ impl RoceRequest {
             private_data: params.private_data.clone(),
         };
         drv.bind_qp(id, q.qpn);
+        q.awaiting_rtu
+            .store(true, std::sync::atomic::Ordering::Release);
         let deadline = Instant::now() + params.timeout;
         let (_, (), slot) = drv.cm_call(|g| {
             g.cm.accept(Instant::now(), id, &rep)?;

@@ -265,6 +265,9 @@ pub(crate) struct RoceQpShared {
     /// Told when send requests retire, for local invalidations waiting on them.
     retired: Condvar,
     invalidating: AtomicUsize,
+    /// Accepted, REP sent, RTU not seen: the first packet from the peer stands for it
+    /// ("communication established", IBA 12.9.6), as when the RTU is lost.
+    pub(crate) awaiting_rtu: AtomicBool,
     /// Its engine holds back a positive ACK for the reply the caller is about to post
     /// ([`RoceShared::flush`] with [`Hold::Ack`]).
     ack_held: AtomicBool,
@@ -786,6 +789,11 @@ impl RoceShared {
             for (i, inc) in &routed {
                 if let Some(q) = rx.touched.get(*i) {
                     q.engine.lock().qp.handle_packet(&inc.packet, &inc.grh, now);
+                    if q.awaiting_rtu.load(Ordering::Relaxed)
+                        && q.awaiting_rtu.swap(false, Ordering::AcqRel)
+                    {
+                        self.comm_established(q.qpn, now);
+                    }
                 }
             }
             drop(routed);
@@ -1013,6 +1021,7 @@ impl RoceShared {
                 qpn,
                 retired: Condvar::new(),
                 invalidating: AtomicUsize::new(0),
+                awaiting_rtu: AtomicBool::new(false),
                 ack_held: AtomicBool::new(false),
                 engine: Mutex::new(Engine {
                     qp,
