@@ -119,6 +119,12 @@ impl CmConfig {
         }
     }
 
+    /// How long we wait for the answer to our REQ or DREQ before sending it again (Linux:
+    /// twice the packet life time plus the responder's response time).
+    pub fn request_interval(&self) -> Duration {
+        iba_time(self.packet_life_time) * 2 + iba_time(self.cm_response_timeout)
+    }
+
     /// The Local ACK Timeout of our REQs' paths (Linux's `cm_ack_timeout`: about
     /// 2 × packet life time + ACK delay, rounded to the larger term).
     pub fn local_ack_timeout(&self) -> u8 {
@@ -424,6 +430,29 @@ struct Conn {
     answer: Option<Mad>,
 }
 
+impl Conn {
+    /// A connection in `state` with `peer`, nothing learnt of it yet.
+    fn new(state: CmState, peer: IpAddr, tid: u64, service_id: u64) -> Conn {
+        Conn {
+            state,
+            peer,
+            tid,
+            remote_id: 0,
+            remote_guid: 0,
+            local_qpn: 0,
+            remote_qpn: 0,
+            service_id,
+            out: None,
+            retries_left: 0,
+            interval: Duration::ZERO,
+            peer_retries: 0,
+            peer_interval: Duration::ZERO,
+            deadline: None,
+            answer: None,
+        }
+    }
+}
+
 /// The CM of one port.
 pub struct Cm {
     cfg: CmConfig,
@@ -661,27 +690,13 @@ impl Cm {
             private_data: &p.private_data,
         };
         let mad = mad_of(tid, &CmMessage::Req(req))?;
-        // Linux: twice the packet life time plus the responder's response time.
-        let interval = iba_time(c.packet_life_time) * 2 + iba_time(c.cm_response_timeout);
+        let interval = c.request_interval();
         let retries = c.max_cm_retries;
         self.conns.insert(
             id,
             Conn {
-                state: CmState::ReqSent,
-                peer: p.peer,
-                tid,
-                remote_id: 0,
-                remote_guid: 0,
                 local_qpn: p.qpn,
-                remote_qpn: 0,
-                service_id: p.service_id,
-                out: None,
-                retries_left: 0,
-                interval,
-                peer_retries: 0,
-                peer_interval: Duration::ZERO,
-                deadline: None,
-                answer: None,
+                ..Conn::new(CmState::ReqSent, p.peer, tid, p.service_id)
             },
         );
         self.send_expecting(id, mad, retries, interval, now);
@@ -864,8 +879,7 @@ impl Cm {
             private_data: &[],
         };
         let mad = mad_of(c.tid, &CmMessage::Dreq(dreq))?;
-        let interval =
-            iba_time(self.cfg.packet_life_time) * 2 + iba_time(self.cfg.cm_response_timeout);
+        let interval = self.cfg.request_interval();
         let retries = self.cfg.max_cm_retries;
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = CmState::DreqSent;
@@ -940,26 +954,8 @@ impl Cm {
         let mad = mad_of(tid, &CmMessage::SidrReq(req))?;
         // rdma_cm: 2^(20 - 8) ms per try.
         let interval = iba_time(self.cfg.cm_response_timeout);
-        self.conns.insert(
-            id,
-            Conn {
-                state: CmState::SidrReqSent,
-                peer,
-                tid,
-                remote_id: 0,
-                remote_guid: 0,
-                local_qpn: 0,
-                remote_qpn: 0,
-                service_id,
-                out: None,
-                retries_left: 0,
-                interval,
-                peer_retries: 0,
-                peer_interval: Duration::ZERO,
-                deadline: None,
-                answer: None,
-            },
-        );
+        self.conns
+            .insert(id, Conn::new(CmState::SidrReqSent, peer, tid, service_id));
         let retries = self.cfg.max_cm_retries;
         self.send_expecting(id, mad, retries, interval, now);
         Ok(id)
@@ -1207,21 +1203,12 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
-                state: CmState::ReqRcvd,
-                peer: from,
-                tid,
                 remote_id: m.local_comm_id,
                 remote_guid: m.local_ca_guid,
-                local_qpn: 0,
                 remote_qpn: m.local_qpn,
-                service_id: m.service_id,
-                out: None,
-                retries_left: 0,
-                interval: Duration::ZERO,
                 peer_retries: m.max_cm_retries,
                 peer_interval,
-                deadline: None,
-                answer: None,
+                ..Conn::new(CmState::ReqRcvd, from, tid, m.service_id)
             },
         );
         self.by_remote
@@ -1465,21 +1452,8 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
-                state: CmState::SidrReqRcvd,
-                peer: from,
-                tid,
                 remote_id: m.request_id,
-                remote_guid: 0,
-                local_qpn: 0,
-                remote_qpn: 0,
-                service_id: m.service_id,
-                out: None,
-                retries_left: 0,
-                interval: Duration::ZERO,
-                peer_retries: 0,
-                peer_interval: Duration::ZERO,
-                deadline: None,
-                answer: None,
+                ..Conn::new(CmState::SidrReqRcvd, from, tid, m.service_id)
             },
         );
         self.sidr_in.insert((from, m.request_id), id);

@@ -254,24 +254,19 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
                 ..ConnectParams::default()
             },
         );
-        match r {
+        let refused = match &r {
             Err(softrdma::Error::Rejected {
                 reason: Some(8), ..
-            }) if tries < 100 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(softrdma::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::ConnectionRefused && tries < 100 =>
-            {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            r => {
-                r?;
-                break;
-            }
+            }) => true,
+            Err(softrdma::Error::Io(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+            _ => false,
         };
+        if !refused || tries >= 100 {
+            r?;
+            break;
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_millis(20));
     }
     oob.xchg(&zero)?;
     let local = PerftestDest {

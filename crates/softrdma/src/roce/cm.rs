@@ -116,6 +116,12 @@ impl Slot {
     }
 }
 
+/// Why a request is refused, as a REJ reason and a SIDR_REP status.
+const NO_LISTENER: (u16, u8) = (reason::INVALID_SERVICE_ID, sidr_status::UNSUPPORTED);
+const BAD_HEADER: (u16, u8) = (reason::CONSUMER_DEFINED, sidr_status::REJECT);
+const BACKLOG_FULL: (u16, u8) = (reason::NO_RESOURCES, sidr_status::REJECT);
+const CONSUMER: (u16, u8) = (reason::CONSUMER_DEFINED, sidr_status::REJECT);
+
 /// A request waiting in a listener's queue.
 pub(crate) struct Pending {
     id: CommId,
@@ -245,49 +251,22 @@ impl RoceShared {
 
     fn on_cm_event(&self, now: Instant, ev: CmEvent) {
         match ev {
-            CmEvent::Request { id, req } => {
-                let port = match port_of_service(req.service_id) {
-                    Some((PortSpace::Tcp, port)) => port,
-                    _ => return self.cm_reject(id, reason::INVALID_SERVICE_ID),
-                };
-                let Ok((hdr, rest)) = CmaHeader::parse(&req.private_data) else {
-                    // librdmacm's listener refuses a request without its header.
-                    return self.cm_reject(id, reason::CONSUMER_DEFINED);
-                };
-                let p = Pending {
+            CmEvent::Request { id, mut req } => {
+                let (service_id, private_data) =
+                    (req.service_id, std::mem::take(&mut req.private_data));
+                self.take_request(
                     id,
-                    peer_addr: hdr.src,
-                    local_addr: SocketAddr::new(hdr.dst, port),
-                    private_data: rest.to_vec(),
-                    kind: PendingKind::Conn(Box::new(req)),
-                };
-                self.queue_request(port, p);
+                    service_id,
+                    &private_data,
+                    PendingKind::Conn(Box::new(req)),
+                );
             }
             CmEvent::SidrRequest {
                 id,
-                peer: _,
                 service_id,
                 private_data,
-            } => {
-                let sidr_fail = |st| {
-                    let _ = self.gsi.lock().cm.sidr_reply(now, id, st, 0, 0, &[]);
-                };
-                let port = match port_of_service(service_id) {
-                    Some((PortSpace::Udp, port)) => port,
-                    _ => return sidr_fail(sidr_status::UNSUPPORTED),
-                };
-                let Ok((hdr, rest)) = CmaHeader::parse(&private_data) else {
-                    return sidr_fail(sidr_status::REJECT);
-                };
-                let p = Pending {
-                    id,
-                    peer_addr: hdr.src,
-                    local_addr: SocketAddr::new(hdr.dst, port),
-                    private_data: rest.to_vec(),
-                    kind: PendingKind::Sidr,
-                };
-                self.queue_request(port, p);
-            }
+                ..
+            } => self.take_request(id, service_id, &private_data, PendingKind::Sidr),
             CmEvent::Reply { id, .. } | CmEvent::SidrReply { id, .. } => {
                 let slot = self.gsi.lock().slots.remove(&id);
                 match slot {
@@ -342,39 +321,49 @@ impl RoceShared {
         let _ = self.gsi.lock().cm.reject(id, why, &[]);
     }
 
-    fn queue_request(&self, port: u16, p: Pending) {
+    /// Answers a request no listener takes: a REJ with `why.0` (REQ) or a SIDR_REP with
+    /// status `why.1` (SIDR_REQ), and `private_data`. The requester may have given up.
+    fn refuse(&self, id: CommId, kind: &PendingKind, why: (u16, u8), private_data: &[u8]) {
+        let mut g = self.gsi.lock();
+        let _ = match kind {
+            PendingKind::Conn(_) => g.cm.reject(id, why.0, private_data),
+            PendingKind::Sidr => {
+                g.cm.sidr_reply(Instant::now(), id, why.1, 0, 0, private_data)
+            }
+        };
+    }
+
+    /// A REQ (RDMA_PS_TCP) or SIDR_REQ (RDMA_PS_UDP) with librdmacm's header goes to the
+    /// listener on its port, if it has room.
+    fn take_request(&self, id: CommId, service_id: u64, private_data: &[u8], kind: PendingKind) {
+        let space = match kind {
+            PendingKind::Conn(_) => PortSpace::Tcp,
+            PendingKind::Sidr => PortSpace::Udp,
+        };
+        let port = match port_of_service(service_id) {
+            Some((ps, port)) if ps == space => port,
+            _ => return self.refuse(id, &kind, NO_LISTENER, &[]),
+        };
+        let Ok((hdr, rest)) = CmaHeader::parse(private_data) else {
+            // librdmacm's listener refuses a request without its header.
+            return self.refuse(id, &kind, BAD_HEADER, &[]);
+        };
         let l = self.gsi.lock().listeners.get(&port).cloned();
         let Some(l) = l else {
-            let id = p.id;
-            return match p.kind {
-                PendingKind::Conn(_) => self.cm_reject(id, reason::INVALID_SERVICE_ID),
-                PendingKind::Sidr => {
-                    let now = Instant::now();
-                    let _ =
-                        self.gsi
-                            .lock()
-                            .cm
-                            .sidr_reply(now, id, sidr_status::UNSUPPORTED, 0, 0, &[]);
-                }
-            };
+            return self.refuse(id, &kind, NO_LISTENER, &[]);
         };
         let mut q = l.q.lock();
         if q.len() >= l.backlog {
             drop(q);
-            let id = p.id;
-            return match p.kind {
-                PendingKind::Conn(_) => self.cm_reject(id, reason::NO_RESOURCES),
-                PendingKind::Sidr => {
-                    let now = Instant::now();
-                    let _ = self
-                        .gsi
-                        .lock()
-                        .cm
-                        .sidr_reply(now, id, sidr_status::REJECT, 0, 0, &[]);
-                }
-            };
+            return self.refuse(id, &kind, BACKLOG_FULL, &[]);
         }
-        q.push_back(p);
+        q.push_back(Pending {
+            id,
+            peer_addr: hdr.src,
+            local_addr: SocketAddr::new(hdr.dst, port),
+            private_data: rest.to_vec(),
+            kind,
+        });
         drop(q);
         l.cond.notify_all();
     }
@@ -1037,21 +1026,9 @@ impl RoceRequest {
             "RoCE private data is at most 148 octets in a reject",
         )?;
         self.answered = true;
-        let now = Instant::now();
-        let r = {
-            let mut g = self.drv.gsi.lock();
-            match self.p.kind {
-                PendingKind::Conn(_) => {
-                    g.cm.reject(self.p.id, reason::CONSUMER_DEFINED, private_data)
-                }
-                PendingKind::Sidr => {
-                    g.cm.sidr_reply(now, self.p.id, sidr_status::REJECT, 0, 0, private_data)
-                }
-            }
-        };
-        self.drv.gsi_pump(now);
-        // The requester may have given up already: nothing to answer then.
-        let _ = r;
+        self.drv
+            .refuse(self.p.id, &self.p.kind, CONSUMER, private_data);
+        self.drv.gsi_pump(Instant::now());
         Ok(())
     }
 

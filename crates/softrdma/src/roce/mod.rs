@@ -549,33 +549,27 @@ impl RoceShared {
 
     /// Sends each datagram of `group` on its own, with as few `sendmmsg` calls as it takes.
     fn send_each(&self, fd: std::os::fd::RawFd, buf: &[u8], group: &[Transmit]) {
-        {
-            let slices: Vec<[IoSlice<'_>; 1]> = group
-                .iter()
-                .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))])
-                .collect();
-            let mut done = 0;
-            while done < group.len() {
-                let sent = match self.local {
-                    SocketAddr::V4(_) => {
-                        send_group::<SockaddrIn>(fd, &slices[done..], &group[done..])
-                    }
-                    SocketAddr::V6(_) => {
-                        send_group::<SockaddrIn6>(fd, &slices[done..], &group[done..])
-                    }
-                };
-                match sent {
-                    Ok(k) if k > 0 => {
-                        self.counters
-                            .tx_packets
-                            .fetch_add(k as u64, Ordering::Relaxed);
-                        done += k;
-                    }
-                    _ => {
-                        // The first unsent datagram failed: count it and go on with the rest.
-                        self.counters.tx_refused.fetch_add(1, Ordering::Relaxed);
-                        done += 1;
-                    }
+        let slices: Vec<[IoSlice<'_>; 1]> = group
+            .iter()
+            .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))])
+            .collect();
+        let mut done = 0;
+        while done < group.len() {
+            let sent = match self.local {
+                SocketAddr::V4(_) => send_group::<SockaddrIn>(fd, &slices[done..], &group[done..]),
+                SocketAddr::V6(_) => send_group::<SockaddrIn6>(fd, &slices[done..], &group[done..]),
+            };
+            match sent {
+                Ok(k) if k > 0 => {
+                    self.counters
+                        .tx_packets
+                        .fetch_add(k as u64, Ordering::Relaxed);
+                    done += k;
+                }
+                _ => {
+                    // The first unsent datagram failed: count it and go on with the rest.
+                    self.counters.tx_refused.fetch_add(1, Ordering::Relaxed);
+                    done += 1;
                 }
             }
         }
@@ -708,11 +702,6 @@ impl RoceShared {
         let mut total = 0;
         for _ in 0..4 {
             rx.got.clear();
-            if rx.gro {
-                // nix's recvmmsg leaves each header's control length as the last receive
-                // set it (0 without a segment size): give every header its room again.
-                rx.hdrs = MultiHeaders::preallocate(rx.bufs.len(), Some(nix::cmsg_space!(i32)));
-            }
             {
                 let mut iovs: Vec<[IoSliceMut<'_>; 1]> = rx
                     .bufs
@@ -734,6 +723,11 @@ impl RoceShared {
             }
             if rx.got.is_empty() {
                 break;
+            }
+            if rx.gro {
+                // nix's recvmmsg leaves each header's control length as this receive set it
+                // (0 without a segment size): the next one needs the room again.
+                rx.hdrs = MultiHeaders::preallocate(rx.bufs.len(), Some(nix::cmsg_space!(i32)));
             }
             let runs = rx.got.iter().filter(|g| g.2 != 0).count() as u64;
             if runs > 0 {
