@@ -20,6 +20,7 @@ pub mod perftest_cm_client;
 pub mod perftest_server;
 pub mod proto;
 pub mod raw;
+pub mod scale;
 mod server;
 pub mod stats;
 pub mod tcp;
@@ -249,6 +250,12 @@ pub struct PerfArgs {
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// With --loopback: the scale test instead of the others — this many connected RC QPs
+    /// between two contexts (a list runs each: -q 1,16,256,1024), one Write per QP per round
+    /// (-s, default 4096), -n rounds or -D seconds (default 1 s); aggregate bandwidth,
+    /// operations per second and RSS per connection.
+    #[arg(short = 'q', long = "qp", value_delimiter = ',', requires = "loopback")]
+    pub qps: Vec<u32>,
 }
 
 /// The connection's MPA parameters, as the first test negotiated them.
@@ -330,6 +337,9 @@ pub struct Report {
     pub bw: Vec<BwRow>,
     /// Latency rows.
     pub lat: Vec<LatRow>,
+    /// Scale rows (`-q`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scale: Vec<scale::ScaleRow>,
 }
 
 /// RoCE details of a run.
@@ -581,6 +591,7 @@ pub fn run_client(
         completion_wait: if args.busy { "busy" } else { "block" },
         bw: Vec::new(),
         lat: Vec::new(),
+        scale: Vec::new(),
     };
     let mut client = Client::new(ctx, rdma, o);
     let r = measure(args, &mut client, &base, &mut report);
@@ -677,17 +688,10 @@ fn measure(
 /// Runs `--loopback`: a server (RDMA and raw) on threads of this process and the client,
 /// over 127.0.0.1 (RoCE: the client on 127.0.0.2, UDP `--roce-port` or any free one).
 pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
-    let mut port = args.roce_port.unwrap_or(0);
-    if port == 0 && args.transport == Transport::Roce {
-        // Both contexts on one UDP port (RoCE peers are sent to at our own port).
-        let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::from);
-        port = RoceConfig::sharing_a_port(&ips)
-            .map_err(|e| PerfError::Usage(format!("no free UDP port for RoCE on loopback: {e}")))?
-            [0]
-        .port;
+    if !args.qps.is_empty() {
+        return run_scale(args);
     }
-    let server_ctx = open(args, Ipv4Addr::new(127, 0, 0, 1).into(), port)?;
-    let client_ctx = open(args, Ipv4Addr::new(127, 0, 0, 2).into(), port)?;
+    let (server_ctx, client_ctx) = loopback_contexts(args)?;
     let listener = Listener::bind_with(&server_ctx, "127.0.0.1:0", args.listen_params())?;
     let rdma_addr = listener.local_addr();
     let raw_listener = TcpListener::bind("127.0.0.1:0")?;
@@ -715,6 +719,50 @@ pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
             Err(_) => return Err(PerfError::Protocol("the raw server thread panicked".into())),
         }
         Ok(report)
+    })
+}
+
+/// The server's and the client's context of a loopback run: iWARP, or RoCE on 127.0.0.1
+/// and 127.0.0.2 sharing `--roce-port` or any free one.
+fn loopback_contexts(args: &PerfArgs) -> Result<(Context, Context), PerfError> {
+    let mut port = args.roce_port.unwrap_or(0);
+    if port == 0 && args.transport == Transport::Roce {
+        // Both contexts on one UDP port (RoCE peers are sent to at our own port).
+        let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::from);
+        port = RoceConfig::sharing_a_port(&ips)
+            .map_err(|e| PerfError::Usage(format!("no free UDP port for RoCE on loopback: {e}")))?
+            [0]
+        .port;
+    }
+    Ok((
+        open(args, Ipv4Addr::new(127, 0, 0, 1).into(), port)?,
+        open(args, Ipv4Addr::new(127, 0, 0, 2).into(), port)?,
+    ))
+}
+
+/// Runs `--loopback -q`: the scale rows.
+fn run_scale(args: &PerfArgs) -> Result<Report, PerfError> {
+    let scale = scale::run(args)?;
+    Ok(Report {
+        transport: match args.transport {
+            Transport::Iwarp => "iwarp",
+            Transport::Roce => "roce",
+        },
+        mode: "loopback",
+        server: "127.0.0.1".into(),
+        device: match args.transport {
+            Transport::Iwarp => Device::tcp(),
+            Transport::Roce => Device::roce(RoceConfig::new(Ipv4Addr::LOCALHOST.into())),
+        }
+        .name()
+        .to_owned(),
+        mpa: None,
+        roce: None,
+        tx_depth: 1,
+        completion_wait: if args.busy { "busy" } else { "block" },
+        bw: Vec::new(),
+        lat: Vec::new(),
+        scale,
     })
 }
 
@@ -939,6 +987,41 @@ pub fn render(r: &Report) -> String {
                 _ if gso => writeln!(s, " | {:>14} {:>7}", "-", "-"),
                 _ => writeln!(s),
             };
+        }
+    }
+    if !r.scale.is_empty() {
+        let _ = writeln!(s, "{RULE}");
+        let _ = writeln!(
+            s,
+            " scale: N connected RC QPs, one RDMA Write per QP per round; memory: RSS added per connection (both QPs, both contexts), KiB"
+        );
+        let _ = writeln!(
+            s,
+            " {:>6} {:>8} {:>8} {:>11} {:>10} {:>14} {:>10} {:>11} {:>11}",
+            "#QPs",
+            "#bytes",
+            "rounds",
+            "connect[s]",
+            "BW[Gb/s]",
+            "ops[Mops/s]",
+            "vs 1st",
+            "idle[KiB]",
+            "active[KiB]",
+        );
+        for x in &r.scale {
+            let _ = writeln!(
+                s,
+                " {:>6} {:>8} {:>8} {:>11.3} {:>10.2} {:>14.4} {:>10.2} {:>11.1} {:>11.1}",
+                x.qps,
+                x.bytes,
+                x.rounds,
+                x.connect_seconds,
+                x.bw.gbit_s,
+                x.bw.mpps,
+                x.vs_first,
+                x.idle_bytes_per_connection as f64 / 1024.0,
+                x.active_bytes_per_connection as f64 / 1024.0,
+            );
         }
     }
     if !r.lat.is_empty() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 pub const MB: f64 = 1_048_576.0;
 
 /// A bandwidth measurement.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Bw {
     /// Messages moved.
     pub iters: u64,

@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -111,6 +111,8 @@ struct Conn {
     die_when_flushed: bool,
     /// The read budget ran out with data possibly left in the socket.
     more_rx: bool,
+    /// On the driver's list of dead connections.
+    listed_dead: bool,
     /// Send requests handed to the engine and not yet retired.
     sq_in_engine: usize,
     rq_in_engine: usize,
@@ -127,6 +129,16 @@ pub(crate) struct Driver {
     listeners: HashMap<Token, Listening>,
     qp_conn: HashMap<u32, Token>,
     bufs: Bufs,
+    /// Connections handled since the last [`Driver::settle`]: only they can have changed
+    /// what the sets below record, so a turn costs what it handled, not the number of
+    /// connections.
+    touched: Vec<Token>,
+    /// Connections whose read budget ran out.
+    more_rx: HashSet<Token>,
+    /// Connections with a timer.
+    timed: HashSet<Token>,
+    /// Dead connections, to be removed.
+    dead: Vec<Token>,
 }
 
 /// The I/O slot of an iWARP context: the epoll set of every socket (see [`crate::leader`]).
@@ -151,6 +163,10 @@ impl Driver {
             conns: HashMap::default(),
             listeners: HashMap::default(),
             qp_conn: HashMap::default(),
+            touched: Vec::new(),
+            more_rx: HashSet::default(),
+            timed: HashSet::default(),
+            dead: Vec::new(),
             bufs: Bufs {
                 rx: vec![0u8; RX_CHUNK],
                 send_wcs: Vec::new(),
@@ -238,17 +254,42 @@ fn shut_down(ctx: &TcpShared) {
 impl Driver {
     fn rest(&mut self, ctx: &TcpShared) {
         let now = Instant::now();
-        let again: Vec<Token> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.more_rx)
-            .map(|(t, _)| *t)
-            .collect();
+        self.settle();
+        let again: Vec<Token> = self.more_rx.iter().copied().collect();
         for t in again {
             self.conn_event(ctx, t, true, now);
         }
         self.timeouts(ctx, Instant::now());
         self.remove_dead(ctx);
+    }
+
+    /// Brings `more_rx`, `timed` and `dead` up to date with the connections touched.
+    fn settle(&mut self) {
+        for t in self.touched.drain(..) {
+            let Some(c) = self.conns.get(&t) else {
+                self.more_rx.remove(&t);
+                self.timed.remove(&t);
+                continue;
+            };
+            if c.more_rx {
+                self.more_rx.insert(t);
+            } else {
+                self.more_rx.remove(&t);
+            }
+            if c.iw.poll_timeout().is_some() {
+                self.timed.insert(t);
+            } else {
+                self.timed.remove(&t);
+            }
+            if c.dead && !c.listed_dead {
+                self.dead.push(t);
+            }
+        }
+        for t in &self.dead {
+            if let Some(c) = self.conns.get_mut(t) {
+                c.listed_dead = true;
+            }
+        }
     }
 
     /// A busy poller's turn: read what has arrived on the connections of `cq`'s QPs.
@@ -260,7 +301,8 @@ impl Driver {
                     || std::ptr::eq(Arc::as_ptr(&q.recv_cq), cq)
             })
         };
-        for c in self.conns.values_mut().filter(|c| feeds(c)) {
+        for (t, c) in self.conns.iter_mut().filter(|(_, c)| feeds(c)) {
+            self.touched.push(*t);
             c.on_event(ctx, &mut self.bufs, true, now);
         }
     }
@@ -272,7 +314,7 @@ impl Driver {
         if let Some(c) = self
             .qp_conn
             .get(&qp.qpn)
-            .and_then(|t| self.conns.get_mut(t))
+            .and_then(|t| touch(&mut self.conns, &mut self.touched, *t))
         {
             c.service(ctx, &mut self.bufs);
         } else if qp.state().is_dead() {
@@ -280,13 +322,14 @@ impl Driver {
         }
     }
 
-    fn timeout(&self, now: Instant) -> Option<Duration> {
-        if self.conns.values().any(|c| c.more_rx) {
+    fn timeout(&mut self, now: Instant) -> Option<Duration> {
+        self.settle();
+        if !self.more_rx.is_empty() {
             return Some(Duration::ZERO);
         }
-        self.conns
-            .values()
-            .filter_map(|c| c.iw.poll_timeout())
+        self.timed
+            .iter()
+            .filter_map(|t| self.conns.get(t)?.iw.poll_timeout())
             .min()
             .map(|d| d.saturating_duration_since(now))
     }
@@ -359,6 +402,7 @@ impl Driver {
                         c.qp = Some(qp);
                         c.service(ctx, &mut self.bufs);
                         self.conns.insert(token, c);
+                        self.touched.push(token);
                     }
                     Err(e) => {
                         qp.transition(QpState::Connecting, QpState::Init);
@@ -376,7 +420,7 @@ impl Driver {
                 early_fpdus,
                 reply,
             } => {
-                let Some(c) = self.conns.get_mut(&token) else {
+                let Some(c) = touch(&mut self.conns, &mut self.touched, token) else {
                     qp.transition(QpState::Connecting, QpState::Init);
                     let _ = reply.send(Err(Error::Io(io::ErrorKind::ConnectionAborted.into())));
                     return;
@@ -409,7 +453,7 @@ impl Driver {
                 token,
                 private_data,
             } => {
-                if let Some(c) = self.conns.get_mut(&token) {
+                if let Some(c) = touch(&mut self.conns, &mut self.touched, token) {
                     c.listener = None;
                     if c.iw.reject(&private_data).is_ok() {
                         c.write_side = WriteSide::CloseWhenFlushed;
@@ -424,7 +468,7 @@ impl Driver {
                 if let Some(c) = self
                     .qp_conn
                     .get(&qp.qpn)
-                    .and_then(|t| self.conns.get_mut(t))
+                    .and_then(|t| touch(&mut self.conns, &mut self.touched, *t))
                 {
                     c.disconnect(ctx, &mut self.bufs);
                 } else if !qp.state().is_dead() {
@@ -436,7 +480,7 @@ impl Driver {
                 if let Some(c) = self
                     .qp_conn
                     .remove(&qp.qpn)
-                    .and_then(|t| self.conns.get_mut(&t))
+                    .and_then(|t| touch(&mut self.conns, &mut self.touched, t))
                 {
                     c.disconnect(ctx, &mut self.bufs);
                     // Abortive: no waiting for the peer's FIN; but what completed sends put
@@ -501,19 +545,25 @@ impl Driver {
                 c.read(ctx, &mut self.bufs, now);
                 c.service(ctx, &mut self.bufs);
                 self.conns.insert(t, c);
+                self.touched.push(t);
             }
         }
     }
 
     fn conn_event(&mut self, ctx: &TcpShared, token: Token, readable: bool, now: Instant) {
-        if let Some(c) = self.conns.get_mut(&token) {
+        if let Some(c) = touch(&mut self.conns, &mut self.touched, token) {
             c.on_event(ctx, &mut self.bufs, readable, now);
         }
     }
 
     fn timeouts(&mut self, ctx: &TcpShared, now: Instant) {
-        for c in self.conns.values_mut() {
+        self.settle();
+        for t in &self.timed {
+            let Some(c) = self.conns.get_mut(t) else {
+                continue;
+            };
             if c.iw.poll_timeout().is_some_and(|d| d <= now) {
+                self.touched.push(*t);
                 c.iw.handle_timeout(now);
                 c.events(ctx);
                 c.service(ctx, &mut self.bufs);
@@ -523,16 +573,13 @@ impl Driver {
 
     /// Removes dead connections.
     fn remove_dead(&mut self, ctx: &TcpShared) {
-        let dead: Vec<Token> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.dead)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in dead {
+        self.settle();
+        for t in std::mem::take(&mut self.dead) {
             let Some(mut c) = self.conns.remove(&t) else {
                 continue;
             };
+            self.more_rx.remove(&t);
+            self.timed.remove(&t);
             let _ = self.registry.deregister(&mut c.stream);
             let _ = c.stream.shutdown(Shutdown::Both);
             if let Some(qp) = c.qp.take() {
@@ -550,6 +597,17 @@ impl Driver {
             }
         }
     }
+}
+
+/// Connection `t`, noted as touched (see [`Driver::settle`]).
+fn touch<'a>(
+    conns: &'a mut HashMap<Token, Conn>,
+    touched: &mut Vec<Token>,
+    t: Token,
+) -> Option<&'a mut Conn> {
+    let c = conns.get_mut(&t)?;
+    touched.push(t);
+    Some(c)
 }
 
 /// Completes every queued request of a QP without a live engine as flushed.
@@ -645,6 +703,7 @@ impl Conn {
             dead: false,
             die_when_flushed: false,
             more_rx: false,
+            listed_dead: false,
             sq_in_engine: 0,
             rq_in_engine: 0,
             local_waiting: false,

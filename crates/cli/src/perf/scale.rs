@@ -1,0 +1,331 @@
+//! `softrdma perf --loopback -q N[,N...]`: many connected RC QPs between two contexts of
+//! this process. For each N: N QPs are connected through the connection manager, the RSS
+//! the idle connections added is taken, then every round posts one Write per QP (4 KiB by
+//! default, `-s`) and waits for all N completions; the figures are the aggregate bandwidth
+//! and operations per second. A final one-octet Read on every QP confirms delivery, and
+//! every QP's slot of the server's region is checked.
+//!
+//! Both ends live in this process, so the memory figure of a connection counts both of its
+//! QPs (and their sockets' user-space state); per QP is half of it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    AcceptParams, ConnectParams, Context, Cq, Listener, Mr, Pd, Qp, QpCap, QpInitAttr, SendFlags,
+    SendWr, WorkCompletion,
+};
+
+use super::client::{REMOTE, SAFETY, check};
+use super::proto::{fill, first_mismatch};
+use super::stats::Bw;
+use super::{Limit, PerfArgs, PerfError};
+use crate::verbs_util::{WaitMode, wait_some};
+
+/// wr_id bit of the delivery-confirming Reads.
+const SYNC: u64 = 1 << 62;
+
+/// One scale row.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScaleRow {
+    /// Connected RC QPs (client side; as many on the server).
+    pub qps: u32,
+    /// Octets per Write.
+    pub bytes: u32,
+    /// Rounds run (one Write per QP each).
+    pub rounds: u64,
+    /// Time to connect all of them, seconds.
+    pub connect_seconds: f64,
+    /// Aggregate figures (`iters`: Writes).
+    pub bw: Bw,
+    /// RSS the idle connections added, per connection (both QPs, both contexts), octets.
+    pub idle_bytes_per_connection: u64,
+    /// RSS after the rounds, per connection, octets.
+    pub active_bytes_per_connection: u64,
+    /// Aggregate bandwidth / the one-QP row's (1.0 for the first row).
+    pub vs_first: f64,
+}
+
+/// Resident set size of this process, octets (`/proc/self/statm`).
+fn rss() -> u64 {
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as u64;
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |p| p * page)
+}
+
+/// Raises the soft limit of open files to the hard one: an iWARP connection holds two
+/// sockets in this process.
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+/// Runs the scale rows `args.qps` asks for.
+pub fn run(args: &PerfArgs) -> Result<Vec<ScaleRow>, PerfError> {
+    raise_nofile();
+    let size = args.size.unwrap_or(4096);
+    let limit = match (args.duration, args.iters) {
+        (Some(d), _) => Limit::Duration(Duration::from_secs_f64(d.max(0.001))),
+        (None, Some(n)) => Limit::Iters(n.max(1)),
+        (None, None) => Limit::Duration(Duration::from_secs(1)),
+    };
+    if args.qps.contains(&0) {
+        return Err(PerfError::Usage("-q: at least one QP".into()));
+    }
+    let mut rows: Vec<ScaleRow> = Vec::new();
+    for &n in &args.qps {
+        // Each N of a list in a process of its own: a later row would reuse what the
+        // allocator kept of an earlier one and its memory figure would be too small.
+        let mut row = match args.qps.len() {
+            1 => one(args, n, size, limit)?,
+            _ => in_child(args, n)?,
+        };
+        row.vs_first = rows.first().map_or(1.0, |f| row.bw.gbit_s / f.bw.gbit_s);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Row `n` from a child process: this program, `perf --loopback -q N --json` with the
+/// options that shape the row.
+fn in_child(args: &PerfArgs, n: u32) -> Result<ScaleRow, PerfError> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(["perf", "--loopback", "--json", "-q", &n.to_string()]);
+    cmd.args(["--transport", &flag(args.transport)]);
+    cmd.args(["--raw-tx", &flag(args.raw_tx)]);
+    for (name, v) in [
+        ("-s", args.size.map(|x| x.to_string())),
+        ("-D", args.duration.map(|x| x.to_string())),
+        ("-n", args.iters.map(|x| x.to_string())),
+        ("-m", args.mtu.map(|x| x.to_string())),
+        ("--roce-port", args.roce_port.map(|x| x.to_string())),
+    ] {
+        if let Some(v) = v {
+            cmd.args([name, &v]);
+        }
+    }
+    if args.busy {
+        cmd.arg("--busy");
+    }
+    if args.no_gso {
+        cmd.arg("--no-gso");
+    }
+    let out = cmd.stderr(std::process::Stdio::inherit()).output()?;
+    if !out.status.success() {
+        return Err(PerfError::Protocol(format!(
+            "the run of {n} QPs ({}) failed: {}",
+            exe.display(),
+            out.status
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| PerfError::Protocol(format!("the run of {n} QPs: {e}")))?;
+    v.get("scale")
+        .and_then(|r| r.get(0))
+        .and_then(|r| serde_json::from_value(r.clone()).ok())
+        .ok_or_else(|| PerfError::Protocol(format!("the run of {n} QPs reported no row")))
+}
+
+/// How `v` is spelled on the command line.
+fn flag(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+/// One end: its PD, the CQ of all its QPs, and one region with a slot per QP.
+struct Side {
+    pd: Pd,
+    cq: Cq,
+    mr: Mr,
+}
+
+impl Side {
+    fn new(ctx: Context, n: u32, size: u32) -> Result<Side, PerfError> {
+        let pd = ctx.alloc_pd();
+        // Two completions per QP at most outstanding: the round's Write and the final Read.
+        let cq = ctx.create_cq(2 * n as usize + 16, None);
+        let mr = pd.alloc_mr(n as usize * size as usize, REMOTE)?;
+        Ok(Side { pd, cq, mr })
+    }
+
+    fn qp(&self) -> Result<Qp, PerfError> {
+        Ok(self.pd.create_qp(QpInitAttr {
+            cap: QpCap {
+                max_send_wr: 2,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            ..QpInitAttr::new(&self.cq, &self.cq)
+        })?)
+    }
+}
+
+fn one(args: &PerfArgs, n: u32, size: u32, limit: Limit) -> Result<ScaleRow, PerfError> {
+    let (sctx, cctx) = super::loopback_contexts(args)?;
+    let listener = Listener::bind(&sctx, "127.0.0.1:0")?;
+    let addr: SocketAddr = (Ipv4Addr::LOCALHOST, listener.local_addr().port()).into();
+    let server = Side::new(sctx, n, size)?;
+    let client = Side::new(cctx, n, size)?;
+    for i in 0..n as usize {
+        let at = i * size as usize;
+        fill(&mut client.mr.write()[at..at + size as usize], seed(i));
+    }
+    let pmtu = args.mtu.unwrap_or(4096);
+    let quit = AtomicBool::new(false);
+    let rss0 = rss();
+    let t0 = Instant::now();
+    let (served, qps) = std::thread::scope(|s| {
+        let acceptor = s.spawn(|| -> Result<Vec<Qp>, PerfError> {
+            let mut qps = Vec::with_capacity(n as usize);
+            while qps.len() < n as usize {
+                if quit.load(Ordering::Acquire) {
+                    break;
+                }
+                let req = match listener.accept_timeout(Duration::from_millis(200)) {
+                    Ok(r) => r,
+                    Err(softrdma::Error::Timeout) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                let qp = server.qp()?;
+                req.accept(
+                    &qp,
+                    AcceptParams {
+                        ird: 1,
+                        ord: 1,
+                        roce_pmtu: pmtu,
+                        ..AcceptParams::default()
+                    },
+                )?;
+                qps.push(qp);
+            }
+            Ok(qps)
+        });
+        let connect = || -> Result<Vec<Qp>, PerfError> {
+            let mut qps = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let qp = client.qp()?;
+                qp.connect(
+                    addr,
+                    ConnectParams {
+                        ird: 1,
+                        ord: 1,
+                        roce_pmtu: pmtu,
+                        ..ConnectParams::default()
+                    },
+                )?;
+                qps.push(qp);
+            }
+            Ok(qps)
+        };
+        let qps = connect();
+        quit.store(true, Ordering::Release);
+        let served = acceptor
+            .join()
+            .map_err(|_| PerfError::Protocol("the accepting thread panicked".into()));
+        (served, qps)
+    });
+    let qps = qps?;
+    let _served = served??;
+    let connect_seconds = t0.elapsed().as_secs_f64();
+    let rss_idle = rss();
+    let wait = args.wait();
+    let (rounds, elapsed) = rounds(&client, &server, &qps, size, limit, wait)?;
+    let rss_active = rss();
+    for (i, _) in qps.iter().enumerate() {
+        let at = i * size as usize;
+        if let Some(k) = first_mismatch(&server.mr.read()[at..at + size as usize], seed(i)) {
+            return Err(PerfError::Protocol(format!(
+                "QP {i} of {n}: octet {k} of its {size}-octet slot is not what it wrote"
+            )));
+        }
+    }
+    for qp in &qps {
+        let _ = qp.disconnect();
+    }
+    let per = |after: u64| after.saturating_sub(rss0) / u64::from(n);
+    Ok(ScaleRow {
+        qps: n,
+        bytes: size,
+        rounds,
+        connect_seconds,
+        bw: Bw::new(rounds * u64::from(n), size, elapsed),
+        idle_bytes_per_connection: per(rss_idle),
+        active_bytes_per_connection: per(rss_active),
+        vs_first: 1.0,
+    })
+}
+
+/// QP `i`'s pattern.
+fn seed(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// Rounds of one Write per QP, until `limit`; then a one-octet Read per QP confirms every
+/// Write was placed. The rounds run and the time from the first post to the last Read.
+fn rounds(
+    client: &Side,
+    server: &Side,
+    qps: &[Qp],
+    size: u32,
+    limit: Limit,
+    wait: WaitMode,
+) -> Result<(u64, Duration), PerfError> {
+    let n = qps.len();
+    let rkey = server.mr.rkey();
+    let base = server.mr.addr(0);
+    let mut wcs: Vec<WorkCompletion> = Vec::with_capacity(n.min(1024));
+    let collect = |want: usize, wcs: &mut Vec<WorkCompletion>| -> Result<(), PerfError> {
+        let mut got = 0;
+        while got < want {
+            wcs.clear();
+            got += wait_some(&client.cq, wait, 1024, SAFETY, wcs)?;
+            wcs.iter().try_for_each(check)?;
+        }
+        Ok(())
+    };
+    let start = Instant::now();
+    let mut done = 0u64;
+    loop {
+        match limit {
+            Limit::Iters(k) if done >= k => break,
+            Limit::Duration(d) if done > 0 && start.elapsed() >= d => break,
+            _ => {}
+        }
+        for (i, qp) in qps.iter().enumerate() {
+            let at = (i * size as usize) as u64;
+            qp.post_send(
+                SendWr::write(
+                    done,
+                    vec![client.mr.sge(at as usize, size)],
+                    rkey,
+                    base + at,
+                )
+                .with_flags(SendFlags::SIGNALED),
+            )?;
+        }
+        collect(n, &mut wcs)?;
+        done += 1;
+    }
+    for (i, qp) in qps.iter().enumerate() {
+        let at = i * size as usize;
+        qp.post_send(
+            SendWr::read(SYNC, Some(client.mr.sge(at, 1)), rkey, base + at as u64)
+                .with_flags(SendFlags::SIGNALED),
+        )?;
+    }
+    collect(n, &mut wcs)?;
+    let elapsed = start.elapsed();
+    Ok((done, elapsed))
+}
