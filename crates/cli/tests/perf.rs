@@ -269,3 +269,42 @@ fn server_and_client_processes() {
         }
     }
 }
+
+/// `--plot`: a sweep of a few sizes drawn as SVG, every series of the run in its legend.
+#[test]
+fn plot_draws_the_run() {
+    let dir = std::env::temp_dir().join(format!("softrdma-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("run.svg");
+    let args = args(&[
+        "--loopback",
+        "-n",
+        "20",
+        "-s",
+        "1024",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let r = perf::run_loopback(&args).unwrap();
+    perf::plot::plot(&r, &svg).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..text.len().min(80)]);
+    for name in [
+        "RDMA_Write BW",
+        "RDMA_Read BW",
+        "Send BW",
+        "raw TCP",
+        "RDMA_Write Lat",
+        "raw TCP round trip",
+    ] {
+        assert!(text.contains(name), "{name} missing from the plot");
+    }
+    // Nothing to draw is an error, not an empty picture.
+    let empty = perf::Report {
+        bw: Vec::new(),
+        lat: Vec::new(),
+        ..r
+    };
+    assert!(perf::plot::plot(&empty, &dir.join("empty.svg")).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -18,6 +18,7 @@ mod client;
 pub mod perftest_client;
 pub mod perftest_cm_client;
 pub mod perftest_server;
+pub mod plot;
 pub mod proto;
 pub mod raw;
 pub mod scale;
@@ -256,6 +257,10 @@ pub struct PerfArgs {
     /// operations per second and RSS per connection.
     #[arg(short = 'q', long = "qp", value_delimiter = ',', requires = "loopback")]
     pub qps: Vec<u32>,
+    /// Draw the run into this SVG file: bandwidth and latency against message size,
+    /// softrdma beside the raw baseline (with -a: the whole sweep).
+    #[arg(long, value_name = "FILE.svg", conflicts_with = "qps")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// The connection's MPA parameters, as the first test negotiated them.
@@ -854,6 +859,9 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
         let ctx = open(args, ip, args.roce_port())?;
         run_client(args, ctx, rdma, raw, "client")?
     };
+    if let Some(path) = &args.plot {
+        plot::plot(&report, path)?;
+    }
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
     if args.json {
