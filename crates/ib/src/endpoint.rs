@@ -572,7 +572,7 @@ impl RoceEndpoint {
             self.qps
                 .get(&src_qpn)
                 .ok_or(TxError::UnknownQp(src_qpn))
-                .and_then(|_| self.wrap(src_qpn, dest, payload, out)),
+                .and_then(|_| self.wrap_copy(src_qpn, dest, payload, out)),
         )
     }
 
@@ -583,34 +583,73 @@ impl RoceEndpoint {
         payload: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Transmit, TxError> {
-        let route = self.qps.get(&src_qpn).ok_or(TxError::UnknownQp(src_qpn))?;
-        let dest = match ud {
-            Some(u) => self.ah(u.ah).ok_or(TxError::UnknownAh(u.ah))?,
-            None => route.path.ok_or(TxError::NoPath(src_qpn))?,
-        };
-        self.wrap(src_qpn, dest, payload, out)
+        let dest = self.route(src_qpn, ud)?;
+        self.wrap_copy(src_qpn, dest, payload, out)
     }
 
-    fn wrap(
+    /// Where a packet of QP `src_qpn` goes: the UD request's address handle, or the path.
+    fn route(&self, src_qpn: u32, ud: Option<UdDest>) -> Result<SocketAddr, TxError> {
+        let route = self.qps.get(&src_qpn).ok_or(TxError::UnknownQp(src_qpn))?;
+        match ud {
+            Some(u) => self.ah(u.ah).ok_or(TxError::UnknownAh(u.ah)),
+            None => route.path.ok_or(TxError::NoPath(src_qpn)),
+        }
+    }
+
+    /// Octets left in front of a packet built in place for the headers the socket needs:
+    /// IPv4 and UDP when IPv4 leaves through a raw socket.
+    fn reserve(&self) -> usize {
+        match self.ipv4 {
+            SocketKind::RawIpv4 => IPV4_HEADER_LEN + UDP_HEADER_LEN,
+            SocketKind::Udp => 0,
+        }
+    }
+
+    /// [`RoceEndpoint::wrap`] of a packet copied in from `payload`.
+    fn wrap_copy(
         &self,
         src_qpn: u32,
         dest: SocketAddr,
         payload: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Transmit, TxError> {
+        let start = out.len();
+        out.resize(start + self.reserve(), 0);
+        out.extend_from_slice(payload);
+        let r = self.wrap(src_qpn, dest, out, start);
+        if r.is_err() {
+            out.truncate(start);
+        }
+        r
+    }
+
+    /// Makes the packet at `out[start + self.reserve()..]` (BTH .. pad) a datagram to `dest`
+    /// in place: the IPv4 and UDP headers written into the reserved octets (raw socket) or
+    /// the reserve removed (UDP socket), the ICRC appended. On error `out` is to be cut back
+    /// to `start` by the caller.
+    fn wrap(
+        &self,
+        src_qpn: u32,
+        dest: SocketAddr,
+        out: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<Transmit, TxError> {
+        let at = start + self.reserve();
+        let payload = &out[at..];
         let bad_len = TxError::BadLength(payload.len());
         let bth = Bth::new_checked(payload).map_err(|_| bad_len)?;
-        let start = out.len();
         let kind = match (self.ipv4, self.local.ip(), dest) {
             (SocketKind::RawIpv4, IpAddr::V4(src), SocketAddr::V4(dst)) => {
-                if payload.len() > MAX_IPV4_PAYLOAD_LEN {
-                    return Err(bad_len);
-                }
                 // rxe's port for a QP without a flow label: the QP pair's flow label (the
                 // BTH DestQP is the path's or the UD request's remote QPN).
                 let port = rocev2_src_port(rocev2_flow_label(src_qpn, bth.dest_qp()));
                 let id = self.next_ipv4_id();
-                emit_raw_ipv4(out, SocketAddrV4::new(src, port), dst, id, payload)?;
+                let src = SocketAddrV4::new(src, port);
+                let hdr = raw_ipv4_headers(src, dst, id, payload.len())?;
+                let ep = Endpoints::from_socket_addrs(src.into(), dest);
+                let icrc = icrc_for(&ep, id, payload);
+                out[start..at].copy_from_slice(&hdr);
+                out.extend_from_slice(&icrc.to_le_bytes());
                 SocketKind::RawIpv4
             }
             _ => {
@@ -623,7 +662,14 @@ impl RoceEndpoint {
                 if payload.len() > max {
                     return Err(bad_len);
                 }
-                emit_udp_payload(out, &ep, payload);
+                // The ICRC with IPv4 Identification 0: the kernel chooses the real one
+                // (ignored for IPv6).
+                let icrc = icrc_for(&ep, 0, payload);
+                if at > start {
+                    // A raw IPv4 socket's reserve in front of a datagram for the UDP one.
+                    out.drain(start..at);
+                }
+                out.extend_from_slice(&icrc.to_le_bytes());
                 SocketKind::Udp
             }
         };
@@ -646,17 +692,13 @@ impl RoceEndpoint {
         }
     }
 
-    /// Runs `qp`'s transmit ([`IbQp::poll_transmit`] into `scratch`) and encapsulates the
-    /// next packet that has a route into `out`; packets without one are counted and skipped
-    /// (the transport recovers as from a loss). `None` when the QP has nothing to send.
-    pub fn poll_transmit(
-        &self,
-        qp: &mut IbQp,
-        now: Instant,
-        scratch: &mut Vec<u8>,
-        out: &mut Vec<u8>,
-    ) -> Option<Transmit> {
-        self.poll_transmit_holding(qp, now, scratch, out, false)
+    /// Runs `qp`'s transmit and appends the next packet that has a route to `out` as a
+    /// datagram, built in place (headers reserved in front, the payload gathered from
+    /// registered memory once, the ICRC over it); packets without a route are counted and
+    /// skipped (the transport recovers as from a loss). `None` when the QP has nothing to
+    /// send.
+    pub fn poll_transmit(&self, qp: &mut IbQp, now: Instant, out: &mut Vec<u8>) -> Option<Transmit> {
+        self.poll_transmit_holding(qp, now, out, false)
     }
 
     /// As [`RoceEndpoint::poll_transmit`], holding back a lone positive ACK with `hold_ack`
@@ -665,45 +707,44 @@ impl RoceEndpoint {
         &self,
         qp: &mut IbQp,
         now: Instant,
-        scratch: &mut Vec<u8>,
         out: &mut Vec<u8>,
         hold_ack: bool,
     ) -> Option<Transmit> {
         loop {
-            let tx = qp.poll_transmit_holding(now, scratch, hold_ack)?;
-            let payload = scratch.get(..tx.len).unwrap_or(&[]);
-            match self.encapsulate(qp.qpn(), tx.dest, payload, out) {
+            let start = out.len();
+            out.resize(start + self.reserve(), 0);
+            let Some(tx) = qp.append_transmit(now, out, hold_ack) else {
+                out.truncate(start);
+                return None;
+            };
+            let r = self
+                .route(qp.qpn(), tx.dest)
+                .and_then(|dest| self.wrap(qp.qpn(), dest, out, start));
+            match self.counted(r) {
                 Ok(t) => return Some(t),
-                Err(e) => tracing::debug!(qpn = qp.qpn(), error = %e, "packet not sent"),
+                Err(e) => {
+                    out.truncate(start);
+                    tracing::debug!(qpn = qp.qpn(), error = %e, "packet not sent");
+                }
             }
         }
     }
 }
 
-/// Appends the UDP-socket form: `payload` ‖ ICRC over `ep` with IPv4 Identification 0 (the
-/// kernel chooses the real one; ignored for IPv6).
-fn emit_udp_payload(out: &mut Vec<u8>, ep: &Endpoints, payload: &[u8]) {
-    out.extend_from_slice(payload);
-    out.extend_from_slice(&icrc_for(ep, 0, payload).to_le_bytes());
-}
-
-/// Appends a whole RoCEv2 IPv4 packet as rxe sends it: IPv4 (IHL 5, TOS 0, Identification
-/// `ident`, DF, TTL 64, checksum) ‖ UDP (`src` port to `dst` port, checksum 0) ‖ `payload`
-/// (BTH .. pad) ‖ ICRC; returns the octets appended. [`TxError::BadLength`], with nothing
-/// appended, for a payload longer than `MAX_IPV4_PAYLOAD_LEN`. The form
-/// [`RoceEndpoint::encapsulate`] builds for a raw socket.
-pub fn emit_raw_ipv4(
-    out: &mut Vec<u8>,
+/// The IPv4 and UDP headers of a RoCEv2 datagram as rxe sends it (IHL 5, TOS 0,
+/// Identification `ident`, DF, TTL 64, checksum; UDP checksum 0) around a `len`-octet
+/// packet (BTH .. pad) and its ICRC. [`TxError::BadLength`] above `MAX_IPV4_PAYLOAD_LEN`.
+fn raw_ipv4_headers(
     src: SocketAddrV4,
     dst: SocketAddrV4,
     ident: u16,
-    payload: &[u8],
-) -> Result<usize, TxError> {
-    let bad_len = TxError::BadLength(payload.len());
-    if payload.len() > MAX_IPV4_PAYLOAD_LEN {
+    len: usize,
+) -> Result<[u8; IPV4_HEADER_LEN + UDP_HEADER_LEN], TxError> {
+    let bad_len = TxError::BadLength(len);
+    if len > MAX_IPV4_PAYLOAD_LEN {
         return Err(bad_len);
     }
-    let udp_len = UDP_HEADER_LEN + payload.len() + ICRC_LEN;
+    let udp_len = UDP_HEADER_LEN + len + ICRC_LEN;
     let ip = Ipv4Repr {
         total_len: (IPV4_HEADER_LEN + udp_len) as u16,
         ident,
@@ -719,6 +760,22 @@ pub fn emit_raw_ipv4(
     // Both fit their fixed sizes: emit cannot fail here.
     ip.emit(&mut hdr[..IPV4_HEADER_LEN]).map_err(|_| bad_len)?;
     udp.emit(&mut hdr[IPV4_HEADER_LEN..]).map_err(|_| bad_len)?;
+    Ok(hdr)
+}
+
+/// Appends a whole RoCEv2 IPv4 packet as rxe sends it: IPv4 (IHL 5, TOS 0, Identification
+/// `ident`, DF, TTL 64, checksum) ‖ UDP (`src` port to `dst` port, checksum 0) ‖ `payload`
+/// (BTH .. pad) ‖ ICRC; returns the octets appended. [`TxError::BadLength`], with nothing
+/// appended, for a payload longer than `MAX_IPV4_PAYLOAD_LEN`. The form
+/// [`RoceEndpoint::encapsulate`] builds for a raw socket.
+pub fn emit_raw_ipv4(
+    out: &mut Vec<u8>,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    ident: u16,
+    payload: &[u8],
+) -> Result<usize, TxError> {
+    let hdr = raw_ipv4_headers(src, dst, ident, payload.len())?;
     out.extend_from_slice(&hdr);
     out.extend_from_slice(payload);
     let ep = Endpoints::from_socket_addrs(src.into(), dst.into());

@@ -670,9 +670,9 @@ impl IbQp {
         }
     }
 
-    /// Writes the next packet to send: responses first, then requests — but a lone positive
-    /// ACK ([`Responder::ack_may_wait`]) goes after the requests, so a reply reaches the peer
-    /// before the ACK of what it answers.
+    /// Writes the next packet to send into `out` (cleared first): responses first, then
+    /// requests — but a lone positive ACK ([`Responder::ack_may_wait`]) goes after the
+    /// requests, so a reply reaches the peer before the ACK of what it answers.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<Tx> {
         self.poll_transmit_holding(now, out, false)
     }
@@ -682,6 +682,19 @@ impl IbQp {
     /// sends it with that reply, in one batch, instead of before it. The driver must send it
     /// later without `hold_ack`, whatever happens (the peer's requester retries without it).
     pub fn poll_transmit_holding(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u8>,
+        hold_ack: bool,
+    ) -> Option<Tx> {
+        out.clear();
+        self.append_transmit(now, out, hold_ack)
+    }
+
+    /// As [`IbQp::poll_transmit_holding`], the packet appended to `out` (`Tx::len` octets
+    /// from its former end): a driver builds datagrams in place, behind the headers it
+    /// reserved, and batches of them in one buffer.
+    pub fn append_transmit(
         &mut self,
         now: Instant,
         out: &mut Vec<u8>,

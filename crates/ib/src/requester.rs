@@ -36,7 +36,7 @@ use softrdma_verbs_types::{
 use softrdma_wire::ib::Opcode;
 use softrdma_wire::ib::{
     AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, NakCode, Operation, PSN_MASK,
-    PacketRepr, RethRepr, Service, Syndrome, psn_add, psn_diff, psn_sub, read_psn_count,
+    PacketRepr, RethRepr, Service, Syndrome, pad_count, psn_add, psn_diff, psn_sub, read_psn_count,
 };
 
 /// PSNs that may be queued at once (ib-transport.md §13.5: keep far below 2^23).
@@ -139,16 +139,10 @@ pub struct Tx {
 
 /// Payload access with the requester's completion statuses.
 trait PayloadExt {
-    fn gather_wc(&self, off: usize, out: &mut [u8]) -> Result<(), WcStatus>;
     fn scatter_wc(&self, off: usize, data: &[u8]) -> Result<(), WcStatus>;
 }
 
 impl PayloadExt for Payload {
-    fn gather_wc(&self, off: usize, out: &mut [u8]) -> Result<(), WcStatus> {
-        self.gather(off as u64, out)
-            .map_err(|_| WcStatus::LocalProtection)
-    }
-
     /// READ and ATOMIC responses land in the request's entries (never inline).
     fn scatter_wc(&self, off: usize, data: &[u8]) -> Result<(), WcStatus> {
         match self {
@@ -217,8 +211,6 @@ pub struct Requester {
     dup_head: bool,
     /// UC/UD send queue error (SQE): requests are flushed until resumed.
     sqe: bool,
-    /// Scratch for the payload of the packet being built.
-    payload: Vec<u8>,
     timer: Option<Instant>,
     rnr_until: Option<Instant>,
     noack_pkts: u32,
@@ -242,7 +234,6 @@ impl Requester {
             cwnd_acc: 0,
             dup_head: false,
             sqe: false,
-            payload: Vec::new(),
             cfg,
             keys,
             sq: VecDeque::new(),
@@ -561,7 +552,7 @@ impl Requester {
             .count() as u32;
     }
 
-    /// Writes the next request packet (BTH .. pad, no ICRC) into `out`, or `None` when
+    /// Appends the next request packet (BTH .. pad, no ICRC) to `out`, or `None` when
     /// nothing may be sent now (empty, window full, ORD reached, fence, RNR wait, drained).
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<Tx> {
         if self.error || self.sqe || self.rnr_until.is_some() {
@@ -700,10 +691,9 @@ impl Requester {
         let pmtu = self.cfg.pmtu;
         let svc = self.cfg.service;
         let k = self.tx_pkt;
-        // One payload buffer for every packet (no allocation per packet).
-        let mut payload = std::mem::take(&mut self.payload);
-        payload.clear();
         let w = &self.sq[self.tx_idx];
+        // The payload: `plen` octets from message offset `from`.
+        let (mut from, mut plen) = (0usize, 0usize);
         let dest_qp = w.ud.map_or(self.cfg.dest_qp, |u| u.remote_qpn);
         let (op, last) = match w.op {
             WrOpcode::RdmaRead { .. } => (Operation::RdmaReadRequest, true),
@@ -712,9 +702,8 @@ impl Requester {
             _ => {
                 let n = w.npsn;
                 let start = (k * pmtu) as usize;
-                let plen = (w.len as usize - start.min(w.len as usize)).min(pmtu as usize);
-                payload.resize(plen, 0);
-                w.data.gather_wc(start, &mut payload)?;
+                from = start;
+                plen = (w.len as usize - start.min(w.len as usize)).min(pmtu as usize);
                 let only = n == 1;
                 let last = k + 1 == n;
                 let send = !matches!(
@@ -768,7 +757,7 @@ impl Requester {
                 | WrOpcode::RdmaWriteWithImm { .. }
         );
         bth.se = last && se_op && w.solicited;
-        let mut p = PacketRepr::new(bth, &payload);
+        let mut p = PacketRepr::new(bth, &[]);
         if svc == Service::Ud {
             let u = w.ud.expect("UD request has a destination");
             // C9-49 / verbs: a Q_Key with the high bit set means "the QP's own".
@@ -845,12 +834,22 @@ impl Requester {
                 _ => {}
             }
         }
-        out.clear();
-        out.resize(p.buffer_len(), 0);
-        let n = p.emit(out).expect("request repr is well-formed");
-        out.truncate(n);
-        self.payload = payload;
-        Ok((n, last))
+        // Headers in place, then the payload gathered from registered memory straight
+        // behind them: one copy.
+        let start = out.len();
+        p.emit_headers(plen, out)
+            .expect("request repr is well-formed");
+        if plen > 0
+            && w
+                .data
+                .gather_extend(from as u64, plen, out)
+                .is_err()
+        {
+            out.truncate(start);
+            return Err(WcStatus::LocalProtection);
+        }
+        out.resize(out.len() + pad_count(plen) as usize, 0);
+        Ok((out.len() - start, last))
     }
 
     /// Handles one RC response packet (ACK, NAK, RDMA READ response, ATOMIC ACK) addressed

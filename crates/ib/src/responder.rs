@@ -195,8 +195,6 @@ pub struct Responder {
     responses: VecDeque<Pending>,
     completions: VecDeque<WorkCompletion>,
     counters: ResponderCounters,
-    /// Scratch for the payload of a READ response.
-    read_buf: Vec<u8>,
     /// The queued ACK answers a duplicate: a requester is retrying, it must not wait.
     ack_now: bool,
 }
@@ -251,7 +249,6 @@ impl Responder {
             responses: VecDeque::new(),
             completions: VecDeque::new(),
             counters: ResponderCounters::default(),
-            read_buf: Vec::new(),
             ack_now: false,
         }
     }
@@ -1016,22 +1013,20 @@ impl Responder {
             && matches!(self.responses.front(), Some(Pending::Ack { syndrome, .. }) if syndrome.is_ack())
     }
 
-    /// Writes the next response packet (BTH .. pad, no ICRC) into `out` (cleared first) and
-    /// returns its length.
+    /// Appends the next response packet (BTH .. pad, no ICRC) to `out` and returns its
+    /// length.
     pub fn poll_response(&mut self, out: &mut Vec<u8>) -> Option<usize> {
         let dest = self.cfg.dest_qp;
         let pending = self.responses.pop_front()?;
         if self.responses.is_empty() {
             self.ack_now = false;
         }
-        // One buffer for every READ response (no allocation per packet).
-        let mut data = std::mem::take(&mut self.read_buf);
-        data.clear();
-        let repr = match pending {
+        let start = out.len();
+        let (mut repr, payload) = match pending {
             Pending::Ack { psn, syndrome, msn } => {
                 let mut p = PacketRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest, psn), &[]);
                 p.aeth = Some(aeth(syndrome, msn));
-                p
+                (p, None)
             }
             Pending::AtomicAck { psn, orig, msn } => {
                 let mut p =
@@ -1040,31 +1035,11 @@ impl Responder {
                 p.atomic_ack_eth = Some(AtomicAckEthRepr {
                     orig_remote_data: orig,
                 });
-                p
+                (p, None)
             }
-            Pending::Read(mut job) => {
+            Pending::Read(job) => {
                 let i = job.next;
                 let psn = psn_add(job.psn, i);
-                let pmtu = self.cfg.pmtu;
-                let start = i * pmtu;
-                let n = job.len.saturating_sub(start).min(pmtu) as usize;
-                data.resize(n, 0);
-                if n > 0 {
-                    let ok = job
-                        .target
-                        .as_ref()
-                        .is_some_and(|t| t.copy_out(start as usize, &mut data).is_ok());
-                    if !ok {
-                        // Source revoked mid-READ: NAK Remote Access Error, abandon the READ.
-                        self.counters.naks += 1;
-                        self.responses.push_front(Pending::Ack {
-                            psn,
-                            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
-                            msn: job.msn,
-                        });
-                        return self.poll_response(out);
-                    }
-                }
                 let opcode = if job.count == 1 {
                     Opcode::RC_RDMA_READ_RESPONSE_ONLY
                 } else if i == 0 {
@@ -1074,25 +1049,47 @@ impl Responder {
                 } else {
                     Opcode::RC_RDMA_READ_RESPONSE_MIDDLE
                 };
-                let msn = job.msn;
-                job.next += 1;
-                if job.next < job.count {
-                    self.responses.push_front(Pending::Read(job));
-                }
-                let mut p = PacketRepr::new(BthRepr::new(opcode, dest, psn), &data);
+                let mut p = PacketRepr::new(BthRepr::new(opcode, dest, psn), &[]);
                 // IBA 9.3.5: AETH on First, Last and Only responses.
                 if opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
-                    p.aeth = Some(aeth(Syndrome::ACK, msn));
+                    p.aeth = Some(aeth(Syndrome::ACK, job.msn));
                 }
-                p
+                (p, Some(job))
             }
         };
-        out.clear();
-        out.resize(repr.buffer_len(), 0);
-        let n = repr.emit(out).expect("response repr is well-formed");
-        out.truncate(n);
-        self.read_buf = data;
-        Some(n)
+        let Some(mut job) = payload else {
+            repr.emit_headers(0, out)
+                .expect("response repr is well-formed");
+            return Some(out.len() - start);
+        };
+        let off = job.next * self.cfg.pmtu;
+        let n = job.len.saturating_sub(off).min(self.cfg.pmtu) as usize;
+        repr.emit_headers(n, out)
+            .expect("response repr is well-formed");
+        // The payload straight from the region behind the headers: one copy.
+        if n > 0 {
+            let ok = job.target.as_ref().is_some_and(|t| {
+                t.read_with(off as usize, n, |src| out.extend_from_slice(src))
+                    .is_ok()
+            });
+            if !ok {
+                // Source revoked mid-READ: NAK Remote Access Error, abandon the READ.
+                out.truncate(start);
+                self.counters.naks += 1;
+                self.responses.push_front(Pending::Ack {
+                    psn: repr.bth.psn,
+                    syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+                    msn: job.msn,
+                });
+                return self.poll_response(out);
+            }
+        }
+        out.resize(out.len() + softrdma_wire::ib::pad_count(n) as usize, 0);
+        job.next += 1;
+        if job.next < job.count {
+            self.responses.push_front(Pending::Read(job));
+        }
+        Some(out.len() - start)
     }
 }
 

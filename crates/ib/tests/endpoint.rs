@@ -765,9 +765,9 @@ fn poll_transmit_drives_a_qp() {
         .unwrap();
     qa.post_send(SendWr::send(1, vec![Sge::new(ka, 0, 3000)]))
         .unwrap();
-    let (mut scratch, mut out) = (Vec::new(), Vec::new());
+    let mut out = Vec::new();
     // No path yet: the three packets are counted and skipped.
-    assert_eq!(ea.poll_transmit(&mut qa, now, &mut scratch, &mut out), None);
+    assert_eq!(ea.poll_transmit(&mut qa, now, &mut out), None);
     assert!(out.is_empty());
     assert_eq!(ea.counters().tx_no_route, 3);
     // With the path: the retransmission (timeout) goes out and arrives.
@@ -776,7 +776,7 @@ fn poll_transmit_drives_a_qp() {
     qa.handle_timeout(later);
     let mut v = IcrcVerifier::new();
     let mut sent = Vec::new();
-    while let Some(t) = ea.poll_transmit(&mut qa, later, &mut scratch, &mut out) {
+    while let Some(t) = ea.poll_transmit(&mut qa, later, &mut out) {
         sent.push(t);
     }
     assert_eq!(sent.len(), 3);
@@ -787,7 +787,7 @@ fn poll_transmit_drives_a_qp() {
     }
     out.clear();
     sent.clear();
-    while let Some(t) = eb.poll_transmit(&mut qb, later, &mut scratch, &mut out) {
+    while let Some(t) = eb.poll_transmit(&mut qb, later, &mut out) {
         sent.push(t);
     }
     assert!(!sent.is_empty());

@@ -389,7 +389,6 @@ pub struct Sim {
     pub per_packet: Duration,
     pub latency: Duration,
     link_free: [Instant; 2],
-    scratch: Vec<u8>,
     dgram: Vec<u8>,
     /// Transmissions are paused on a side (to starve or overflow on purpose).
     pub hold: [bool; 2],
@@ -484,7 +483,6 @@ impl Sim {
             per_packet: Duration::from_nanos(300),
             latency: Duration::from_micros(5),
             link_free: [now; 2],
-            scratch: Vec::new(),
             dgram: Vec::new(),
             hold: [false; 2],
             start: now,
@@ -609,7 +607,6 @@ impl Sim {
             if self.hold[side] {
                 continue;
             }
-            let mut scratch = std::mem::take(&mut self.scratch);
             let mut out = std::mem::take(&mut self.dgram);
             for k in 0..self.pairs() {
                 loop {
@@ -619,7 +616,7 @@ impl Sim {
                         0 => &mut self.n[side],
                         k => &mut self.more[k - 1][side],
                     };
-                    let Some(t) = ep.poll_transmit(&mut node.qp, self.now, &mut scratch, &mut out)
+                    let Some(t) = ep.poll_transmit(&mut node.qp, self.now, &mut out)
                     else {
                         break;
                     };
@@ -627,7 +624,6 @@ impl Sim {
                 }
                 self.node_mut(side, k).collect();
             }
-            self.scratch = scratch;
             self.dgram = out;
         }
     }

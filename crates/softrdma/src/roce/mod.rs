@@ -247,8 +247,6 @@ pub(crate) struct RoceShared {
 
 struct Engine {
     qp: IbQp,
-    /// The packet the requester or responder writes (BTH .. pad).
-    scratch: Vec<u8>,
     /// Datagrams of one transmit batch, back to back, and where each lies and goes.
     dgram: Vec<u8>,
     batch: Vec<Transmit>,
@@ -399,7 +397,6 @@ impl RoceShared {
     fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant, hold: Hold) {
         let Engine {
             qp,
-            scratch,
             dgram,
             batch,
             wcs,
@@ -414,7 +411,7 @@ impl RoceShared {
                 let ep = self.endpoint.read();
                 while batch.len() < SEND_BATCH {
                     let Some(t) =
-                        ep.poll_transmit_holding(qp, now, scratch, dgram, hold == Hold::Ack)
+                        ep.poll_transmit_holding(qp, now, dgram, hold == Hold::Ack)
                     else {
                         break;
                     };
@@ -1019,7 +1016,6 @@ impl RoceShared {
                 ack_held: AtomicBool::new(false),
                 engine: Mutex::new(Engine {
                     qp,
-                    scratch: Vec::new(),
                     dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
                     batch: Vec::with_capacity(SEND_BATCH),
                     wcs: Vec::new(),

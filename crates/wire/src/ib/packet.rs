@@ -180,8 +180,42 @@ impl<'a> PacketRepr<'a> {
     /// than its slot.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         self.check()?;
-        let len = self.buffer_len();
-        need(Layer::Bth, buf, len)?;
+        need(Layer::Bth, buf, self.buffer_len())?;
+        let mut off = self.emit_header_part(buf)?;
+        buf[off..off + self.payload.len()].copy_from_slice(self.payload);
+        off += self.payload.len();
+        let pad_len = self.bth.pad_cnt as usize;
+        buf[off..off + pad_len].copy_from_slice(&self.pad[..pad_len]);
+        Ok(off + pad_len)
+    }
+
+    /// Appends BTH and the extended headers of a packet whose `payload_len` payload octets
+    /// the caller appends next (gathered straight from their memory, with no copy in
+    /// between), followed by [`pad_count`]`(payload_len)` zero octets. PadCnt is set from
+    /// `payload_len`; `self.payload` must be empty. Errors as [`PacketRepr::emit`]; `out` is
+    /// unchanged on error.
+    pub fn emit_headers(&mut self, payload_len: usize, out: &mut Vec<u8>) -> Result<usize> {
+        self.bth.pad_cnt = pad_count(payload_len);
+        self.check()?;
+        if !self.payload.is_empty() || (payload_len > 0 && !self.bth.opcode.has_payload()) {
+            return Err(Error::Malformed {
+                layer: Layer::Bth,
+                reason: "payload on an opcode that carries none",
+            });
+        }
+        let start = out.len();
+        out.resize(start + self.header_len(), 0);
+        match self.emit_header_part(&mut out[start..]) {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                out.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// BTH and the extended headers present, in wire order; their length.
+    fn emit_header_part(&self, buf: &mut [u8]) -> Result<usize> {
         let mut off = self.bth.emit(buf)?;
         macro_rules! put {
             ($opt:expr) => {
@@ -200,11 +234,7 @@ impl<'a> PacketRepr<'a> {
         put!(self.atomic_ack_eth);
         put!(self.immdt);
         put!(self.ieth);
-        buf[off..off + self.payload.len()].copy_from_slice(self.payload);
-        off += self.payload.len();
-        let pad_len = self.bth.pad_cnt as usize;
-        buf[off..off + pad_len].copy_from_slice(&self.pad[..pad_len]);
-        Ok(off + pad_len)
+        Ok(off)
     }
 }
 
@@ -230,7 +260,38 @@ mod tests {
         let mut out = vec![0u8; t.len()];
         assert_eq!(p.emit(&mut out), Ok(t.len()));
         assert_eq!(out, t);
+        // The same packet with its payload appended apart (the gathering transmit path).
+        let mut h = PacketRepr { payload: &[], ..p };
+        let mut apart = vec![0xEE];
+        assert_eq!(
+            h.emit_headers(p.payload.len(), &mut apart),
+            Ok(p.header_len())
+        );
+        apart.extend_from_slice(p.payload);
+        apart.resize(apart.len() + pad_count(p.payload.len()) as usize, 0);
+        if p.pad == [0; 3] {
+            assert_eq!(&apart[1..], t);
+        }
+        assert_eq!(apart.len(), 1 + t.len());
         p
+    }
+
+    #[test]
+    fn headers_apart_refuse_what_emit_refuses() {
+        let ack = BthRepr::new(Opcode::RC_ACKNOWLEDGE, 7, 1);
+        let mut out = vec![1, 2, 3];
+        // An ACK without its AETH, and an ACK with payload.
+        assert!(PacketRepr::new(ack, &[]).emit_headers(0, &mut out).is_err());
+        let mut p = PacketRepr::new(ack, &[]);
+        p.aeth = Some(crate::ib::aeth::AethRepr {
+            syndrome: Syndrome::ACK,
+            msn: 0,
+            reserved: false,
+        });
+        assert!(p.emit_headers(4, &mut out).is_err());
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!(p.emit_headers(0, &mut out), Ok(16));
+        assert_eq!(out.len(), 3 + 16);
     }
 
     /// Every capture vector: parse, re-emit identically, and each shorter
