@@ -33,9 +33,9 @@ measure() {  # NAME N ARGS...
     "$BIN" perf --loopback --bw --op write -s "$SIZE" -n "$n" "$@" >/dev/null 2>"$OUT/$name-$n.log"
   local total raw
   total=$(callgrind_annotate "$OUT/$name-$n" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-  raw=$(callgrind_annotate --inclusive=yes "$OUT/$name-$n" 2>/dev/null | grep -v '=>' \
-    | grep -E 'softrdma_cli::perf::(tcp::bw|raw::serve|udp::UdpBaseline::bw_of|udp::udp_serve) ' \
-    | awk '{gsub(",", "", $1); match($0, /softrdma_cli::perf::[A-Za-z_:]+/); f = substr($0, RSTART, RLENGTH); if (!(f in seen)) { seen[f] = 1; s += $1 } } END {print s + 0}')
+  raw=$(callgrind_annotate --inclusive=yes --threshold=100 "$OUT/$name-$n" 2>/dev/null \
+    | grep -E 'crates/cli/src/perf/[a-z]+\.rs:softrdma_cli::perf::(tcp::bw|raw::serve|udp::UdpBaseline::bw_of|udp::udp_serve) ' \
+    | awk '{gsub(",", "", $1); match($0, /softrdma_cli::perf::[A-Za-z_:]+/); f = substr($0, RSTART, RLENGTH); if (!(f in seen)) { seen[f] = 1; s += $1 } } END {print s + 0}' || true)
   echo "$total $raw"
 }
 printf '%-34s %16s %16s %14s\n' "transport" "Ir per Write" "baseline share" "per octet"

@@ -17,6 +17,7 @@
 #
 # Options: --sizes "26 64 ..."  --count N  --no-crc  --no-perftest  --no-build
 #          --only REGEX (case names)  --out DIR (logs and pcaps; default target/interop-siw)
+#          --mtu N (the VM's NIC and the bridge, e.g. 9000: jumbo frames, larger FPDUs)
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,7 +27,7 @@ STATE=${INTEROP_VM_STATE:-/var/tmp/interop-vm}
 # rping accepts -S 26..65535 (RPING_MIN_BUFSIZE .. RPING_BUFSIZE - 1).
 SIZES="26 64 1000 4096 65535"
 COUNT=10
-CRC=1 PERFTEST=1 BUILD_BIN=1
+CRC=1 PERFTEST=1 BUILD_BIN=1 MTU=""
 OUT=$REPO/target/interop-siw
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +38,7 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD_BIN=0 ;;
     --only) ONLY=$2; shift ;;
     --out) OUT=$2; shift ;;
+    --mtu) MTU=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "interop-siw.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -184,7 +186,7 @@ perftest_cases() {
 start_vm() {  # BUILD-DIR
   "$INTEROP" --stop >/dev/null 2>&1
   say "booting the VM (BUILD=$1)"
-  "$INTEROP" --start --build "$1" >/dev/null || { say "VM boot failed"; return 1; }
+  "$INTEROP" --start --build "$1" ${MTU:+--mtu "$MTU"} >/dev/null || { say "VM boot failed"; return 1; }
 }
 trap '"$INTEROP" --stop >/dev/null 2>&1' EXIT
 

@@ -697,7 +697,12 @@ impl RoceEndpoint {
     /// registered memory once, the ICRC over it); packets without a route are counted and
     /// skipped (the transport recovers as from a loss). `None` when the QP has nothing to
     /// send.
-    pub fn poll_transmit(&self, qp: &mut IbQp, now: Instant, out: &mut Vec<u8>) -> Option<Transmit> {
+    pub fn poll_transmit(
+        &self,
+        qp: &mut IbQp,
+        now: Instant,
+        out: &mut Vec<u8>,
+    ) -> Option<Transmit> {
         self.poll_transmit_holding(qp, now, out, false)
     }
 

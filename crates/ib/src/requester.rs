@@ -839,12 +839,7 @@ impl Requester {
         let start = out.len();
         p.emit_headers(plen, out)
             .expect("request repr is well-formed");
-        if plen > 0
-            && w
-                .data
-                .gather_extend(from as u64, plen, out)
-                .is_err()
-        {
+        if plen > 0 && w.data.gather_extend(from as u64, plen, out).is_err() {
             out.truncate(start);
             return Err(WcStatus::LocalProtection);
         }

@@ -530,12 +530,31 @@ impl Connection {
         if let Some(d) = deframer.as_mut() {
             let mut go = true;
             let mut rest = bytes;
-            while go && d.buffered() == 0 && !rest.is_empty() {
-                match d.next_in(&mut rest) {
-                    Some(next) => {
-                        go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
+            while go {
+                // FPDUs read where they arrived while nothing is buffered ...
+                while go && d.buffered() == 0 && !rest.is_empty() {
+                    match d.next_in(&mut rest) {
+                        Some(next) => {
+                            go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
+                        }
+                        None => break,
                     }
-                    None => break,
+                }
+                // ... and a partial one left from earlier input completed from this input,
+                // no more copied than it lacks.
+                let n = d.wanted().min(rest.len());
+                if !go || n == 0 {
+                    break;
+                }
+                d.push(&rest[..n]);
+                rest = &rest[n..];
+                while go {
+                    match d.next_ulpdu() {
+                        Some(next) => {
+                            go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
+                        }
+                        None => break,
+                    }
                 }
             }
             d.push(rest);

@@ -335,6 +335,33 @@ impl Deframer {
         }
     }
 
+    /// How many octets [`push`](Self::push) should be given next to complete the FPDU
+    /// at the head of the buffer (only its header's first octets, while its ULPDU_Length is
+    /// not in), so that what follows can be read in place with
+    /// [`next_in`](Self::next_in): a partial FPDU is then the only input copied. 0 when
+    /// nothing is buffered or the head FPDU is whole.
+    pub fn wanted(&self) -> usize {
+        let b = &self.buf[self.start..];
+        if b.is_empty() || self.error.is_some() {
+            return 0;
+        }
+        // A Marker at the FPDU's first octet precedes ULPDU_Length (MPA-21).
+        let lead = if self.markers && mpa::marker_at(self.pos) {
+            MARKER_LEN
+        } else {
+            0
+        };
+        match b.get(lead..lead + 2) {
+            None => lead + 2 - b.len(),
+            // Too long for any FPDU: what is buffered already fails it.
+            Some(l) if usize::from(u16::from_be_bytes([l[0], l[1]])) > self.max_ulpdu => 0,
+            Some(l) => {
+                let n = usize::from(u16::from_be_bytes([l[0], l[1]]));
+                mpa::encoded_len(n, self.pos, self.markers).saturating_sub(b.len())
+            }
+        }
+    }
+
     /// Drops the delivered octets in front of the buffer: all of them for free when
     /// nothing is left behind them, else once they outweigh what is (each octet is moved
     /// a bounded number of times).
@@ -1052,10 +1079,13 @@ mod tests {
             let got = deframe_chunks(&s, start, markers, crc, chunks.iter().copied().cycle());
             prop_assert_eq!(&got, &u);
             // Read in place as a connection does: whole FPDUs from each chunk as it comes,
-            // the rest buffered.
+            // a partial one completed from the next chunk with only what it lacks
+            // (`wanted`), the rest buffered.
             let mut d = Deframer::with_position(markers, crc, start).unwrap();
             let mut direct = Vec::new();
             let mut off = 0;
+            let mut pushed = 0;
+            let mut cuts = Vec::new();
             for c in chunks.iter().copied().cycle() {
                 if off >= s.len() {
                     break;
@@ -1063,17 +1093,42 @@ mod tests {
                 let end = (off + c).min(s.len());
                 let mut rest = &s[off..end];
                 off = end;
-                while d.buffered() == 0 {
-                    match d.next_in(&mut rest) {
-                        Some(r) => direct.push(r.expect("valid stream").to_vec()),
-                        None => break,
+                cuts.push(end);
+                loop {
+                    while d.buffered() == 0 {
+                        match d.next_in(&mut rest) {
+                            Some(r) => direct.push(r.expect("valid stream").to_vec()),
+                            None => break,
+                        }
+                    }
+                    let n = d.wanted().min(rest.len());
+                    if n == 0 {
+                        break;
+                    }
+                    d.push(&rest[..n]);
+                    pushed += n;
+                    rest = &rest[n..];
+                    while let Some(r) = d.next_ulpdu() {
+                        direct.push(r.expect("valid stream").to_vec());
                     }
                 }
+                pushed += rest.len();
                 d.push(rest);
                 while let Some(r) = d.next_ulpdu() {
                     direct.push(r.expect("valid stream").to_vec());
                 }
             }
+            // Copied: only FPDUs that a chunk's end cuts.
+            let (mut at, mut pos, mut bound) = (0usize, start, 0usize);
+            for x in &u {
+                let len = mpa::encoded_len(x.len(), pos, markers);
+                if cuts.iter().any(|&c| at < c && c < at + len) {
+                    bound += len;
+                }
+                at += len;
+                pos = pos.wrapping_add(len as u32);
+            }
+            prop_assert!(pushed <= bound, "{} octets pushed, {} in cut FPDUs", pushed, bound);
             prop_assert_eq!(d.buffered(), 0);
             prop_assert_eq!(d.position(), start.wrapping_add(s.len() as u32));
             prop_assert_eq!(direct, u);

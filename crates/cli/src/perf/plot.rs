@@ -177,11 +177,8 @@ where
             .map_err(|e| e.to_string())?
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], colour));
-        c.draw_series(
-            pts.iter()
-                .map(|&p| Circle::new(p, 3, colour.filled())),
-        )
-        .map_err(|e| e.to_string())?;
+        c.draw_series(pts.iter().map(|&p| Circle::new(p, 3, colour.filled())))
+            .map_err(|e| e.to_string())?;
     }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.85))

@@ -616,8 +616,7 @@ impl Sim {
                         0 => &mut self.n[side],
                         k => &mut self.more[k - 1][side],
                     };
-                    let Some(t) = ep.poll_transmit(&mut node.qp, self.now, &mut out)
-                    else {
+                    let Some(t) = ep.poll_transmit(&mut node.qp, self.now, &mut out) else {
                         break;
                     };
                     self.send(side, &out, t);

@@ -410,8 +410,7 @@ impl RoceShared {
                 // Not held across the system call: it would keep writers waiting.
                 let ep = self.endpoint.read();
                 while batch.len() < SEND_BATCH {
-                    let Some(t) =
-                        ep.poll_transmit_holding(qp, now, dgram, hold == Hold::Ack)
+                    let Some(t) = ep.poll_transmit_holding(qp, now, dgram, hold == Hold::Ack)
                     else {
                         break;
                     };
