@@ -19,7 +19,7 @@
 #                    ib_send_lat / ib_write_lat -d rxe0 -x 1 -F -s LAT_SIZE -n LAT_ITERS
 #   extras (--no-extra drops them): softrdma RoCE with the other --raw-tx path (off, if the main
 #                    path is the raw socket), softrdma RoCE bandwidth with -m 1024 (rxe's active MTU
-#                    at the guest's netdev MTU 1500), and both latencies of both transports with
+#                    at the guest's netdev MTU 1500; -n M1024_ITERS), and both latencies of both transports with
 #                    --busy (perftest's latency tests busy-poll; softrdma's default is its hybrid
 #                    poll-then-sleep wait), and rxe's Write bandwidth at active_mtu 4096 (eth0 set to
 #                    MTU 9000 for that run, then back to 1500)
@@ -28,8 +28,14 @@
 # mbyte_s both divide by 2^20). Latency: t_typical (the median; half a round trip for Send and
 # Write in both tools), in microseconds. Each figure is the median of the RUNS runs; the ratios
 # are softrdma / kernel (bandwidth: above 1 = softrdma faster; latency: above 1 = slower).
-# A measurement that fails (non-zero exit, no figure, perftest's "inf" when its TSC calibration
-# fails under TCG) is retried up to TRIES times; what was retried is listed under "notes".
+# A measurement that fails (non-zero exit, no figure, a figure of 0, perftest's "inf" when its
+# TSC calibration fails under TCG) is retried up to TRIES times; retries are listed under "notes".
+#
+# The VM shares the host's CPUs: before each measurement the script waits (up to QUIET_WAIT s)
+# until processes other than the VM's QEMU use less than QUIET_PCT % of one host CPU (1 s
+# sample), and records that figure for the measurement itself (column host_other_cpu: busy CPU
+# time of everything but QEMU during the measurement, in % of one CPU) so that runs disturbed
+# by other host load can be told apart.
 #
 # The guest's net.core.rmem_max / wmem_max are raised to --rmem (default 4194304, 4 MiB): at
 # the guest's default 212992 the raw UDP baseline's 4 MiB socket buffers (and softrdma RoCE's
@@ -40,19 +46,22 @@
 # time (they share VM 1). Under TCG on 2 host cores the default set takes about 15-20 minutes.
 #
 # Options: --runs N (default 5)  --size N (bandwidth, default 65536)  --bw-iters N (default 5000)
-#          --lat-size N (default 2)  --lat-iters N (default 1000)  --tries N (default 3)
+#          --lat-size N (default 2)  --lat-iters N (default 1000)  --tries N (default 5)
+#          --m1024-iters N (the -m 1024 extra's -n, default 1000: about 5 MB/s under TCG)
+#          --quiet-pct P (default 20)  --quiet-wait S (default 120; 0: do not wait)
 #          --timeout S (per measurement, default 300)  --rmem BYTES (default 4194304; 0: leave)
 #          --no-extra  --bin PATH (softrdma binary; default $SOFTRDMA_BIN or target/release/softrdma,
 #          not built here)  --out DIR (default target/bench-vm)  -h
 # Output in OUT: raw/ (each run's JSON, perftest client and server output, stderr), results.tsv
-# (name, run, value, attempts, wall seconds), env.txt (guest and VM facts), summary.txt (the table).
+# (name, run, value, attempts, wall seconds, host_other_cpu), env.txt (guest and VM facts), summary.txt (the table).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VMDIR=${INTEROP_VM_DIR:-$(dirname "$0")/../../shared/interop-vm}
 VMDIR=$(cd "$VMDIR" && pwd)
 STATE=${INTEROP_VM_STATE:-/var/tmp/interop-vm}
-RUNS=5 SIZE=65536 BW_ITERS=5000 LAT_SIZE=2 LAT_ITERS=1000 TRIES=3 TIMEOUT=300 RMEM=4194304
+RUNS=5 SIZE=65536 BW_ITERS=5000 LAT_SIZE=2 LAT_ITERS=1000 TRIES=5 TIMEOUT=300 RMEM=4194304
+M1024_ITERS=1000 QUIET_PCT=20 QUIET_WAIT=120
 EXTRA=1 BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
 OUT=$REPO/target/bench-vm
 while [ $# -gt 0 ]; do
@@ -65,6 +74,9 @@ while [ $# -gt 0 ]; do
     --tries) TRIES=$2; shift ;;
     --timeout) TIMEOUT=$2; shift ;;
     --rmem) RMEM=$2; shift ;;
+    --m1024-iters) M1024_ITERS=$2; shift ;;
+    --quiet-pct) QUIET_PCT=$2; shift ;;
+    --quiet-wait) QUIET_WAIT=$2; shift ;;
     --no-extra) EXTRA=0 ;;
     --bin) BIN=$2; shift ;;
     --out) OUT=$2; shift ;;
@@ -82,7 +94,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -rf "$OUT/raw"; mkdir -p "$OUT/raw"
 RES=$OUT/results.tsv
-printf 'name\trun\tvalue\tattempts\twall_s\n' > "$RES"
+printf 'name\trun\tvalue\tattempts\twall_s\thost_other_cpu\n' > "$RES"
 : > "$OUT/notes.txt"
 # interop.sh --start writes its boot log under runs/ without creating it.
 mkdir -p "$STATE/runs"
@@ -99,8 +111,35 @@ say() { echo "[bench-vm $(date +%T)] $*" >&2; }
 note() { echo "$*" >> "$OUT/notes.txt"; say "note: $*"; }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-isnum() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]]; }
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" >> "$RES"; }   # NAME RUN VALUE ATTEMPTS WALL
+# a figure: a positive number (perftest prints inf, or 0.00, when its clock calibration fails)
+isnum() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]] && awk -v v="$1" 'BEGIN { exit !(v > 0) }'; }
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$RES"; }   # NAME RUN VALUE ATTEMPTS WALL HOST_OTHER
+
+# Host CPU used by everything but the VM's QEMU: snapshot "busy-jiffies qemu-jiffies time".
+HZ=$(getconf CLK_TCK)
+cpu_snap() {
+  local q b
+  b=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat)
+  q=$(awk '{ print $14 + $15 }' "/proc/$(cat "$VMRUN/qemu.pid" 2>/dev/null)/stat" 2>/dev/null)
+  echo "$b ${q:-0} $(now)"
+}
+other_cpu() {  # SNAP-BEFORE: % of one CPU used by non-QEMU processes since then
+  local s1; s1=$(cpu_snap)
+  awk -v a="$1" -v b="$s1" -v hz="$HZ" 'BEGIN { split(a, x, " "); split(b, y, " ");
+    t = y[3] - x[3]; if (t <= 0) { print "-"; exit }
+    o = ((y[1] - x[1]) - (y[2] - x[2])) / hz / t * 100; if (o < 0) o = 0; printf "%.1f\n", o }'
+}
+QUIET_WAITED=0
+wait_quiet() {  # until the rest of the host is below QUIET_PCT (1 s samples), QUIET_WAIT s at most
+  [ "$QUIET_WAIT" = 0 ] && return 0
+  local end=$(( $(date +%s) + QUIET_WAIT )) s o t0; t0=$(now)
+  while :; do
+    s=$(cpu_snap); sleep 1; o=$(other_cpu "$s")
+    awk -v o="$o" -v p="$QUIET_PCT" 'BEGIN { exit !(o < p) }' && break
+    [ "$(date +%s)" -lt "$end" ] || { note "host still busy (${o}% of a CPU besides the VM) after ${QUIET_WAIT}s: measuring anyway"; break; }
+  done
+  QUIET_WAITED=$(awk -v a="$QUIET_WAITED" -v b="$(elapsed "$t0")" 'BEGIN { print a + b - 1 }')
+}
 
 start_vm() {
   "$INTEROP" --stop >/dev/null 2>&1
@@ -116,14 +155,16 @@ trap '"$INTEROP" --stop >/dev/null 2>&1' EXIT
 # sr NAME RUN "perf args" name=jqpath ...   (records one row per field, all from one run)
 sr() {
   local name=$1 run=$2 args=$3; shift 3
-  local a t0 w tag rc ok f fname path v vals=()
+  local a t0 w tag rc ok f fname path v snap other vals=()
   for a in $(seq "$TRIES"); do
     tag=$name-r$run-a$a
+    wait_quiet
+    snap=$(cpu_snap)
     t0=$(now)
     vm_exec "$VMRUN" "unset LD_PRELOAD; /tmp/softrdma perf --loopback $args --json >/host/bench/$tag.json 2>/host/bench/$tag.err" \
       "$TIMEOUT" >"$OUT/raw/$tag.exec" 2>&1
     rc=$?
-    w=$(elapsed "$t0")
+    w=$(elapsed "$t0") other=$(other_cpu "$snap")
     mv "$VMRUN/bench/$tag.json" "$VMRUN/bench/$tag.err" "$OUT/raw/" 2>/dev/null
     [ -s "$OUT/raw/$tag.exec" ] || rm -f "$OUT/raw/$tag.exec"
     [ -s "$OUT/raw/$tag.err" ] || rm -f "$OUT/raw/$tag.err"
@@ -138,13 +179,13 @@ sr() {
     else ok=0; fi
     if [ $ok = 1 ]; then
       local i=0
-      for f in "$@"; do fname=${f%%=*}; record "$fname" "$run" "${vals[$i]}" "$a" "$w"; i=$((i + 1)); done
-      say "$name run $run: ${vals[*]} (${w}s)"
+      for f in "$@"; do fname=${f%%=*}; record "$fname" "$run" "${vals[$i]}" "$a" "$w" "$other"; i=$((i + 1)); done
+      say "$name run $run: ${vals[*]} (${w}s, rest of host ${other}% CPU)"
       return 0
     fi
     note "$name run $run attempt $a failed (rc $rc): $(tail -n 1 "$OUT/raw/$tag.err" 2>/dev/null; tail -n 1 "$OUT/raw/$tag.exec" 2>/dev/null)"
   done
-  for f in "$@"; do record "${f%%=*}" "$run" FAIL "$TRIES" ""; done
+  for f in "$@"; do record "${f%%=*}" "$run" FAIL "$TRIES" "" ""; done
   return 1
 }
 
@@ -152,15 +193,16 @@ sr() {
 # pt NAME RUN "server cmd" "client address" COLUMN (5th column: t_typical; 4th: BW average)
 pt() {
   local name=$1 run=$2 cmd=$3 addr=$4 col=$5
-  local a t0 w tag job rc src v
+  local a t0 w tag job rc src v snap other
   for a in $(seq "$TRIES"); do
     tag=$name-r$run-a$a
+    wait_quiet
     job=$(vm_spawn "$VMRUN" "unset LD_PRELOAD; timeout $TIMEOUT $cmd" srv)
     vm_exec "$VMRUN" "vm-wait-listen $PORT 30" 40 >/dev/null 2>&1 || note "$tag: the server did not listen on $PORT"
-    t0=$(now)
+    snap=$(cpu_snap) t0=$(now)
     vm_exec "$VMRUN" "unset LD_PRELOAD; timeout $TIMEOUT $cmd $addr" $((TIMEOUT + 10)) >"$OUT/raw/$tag.client.txt" 2>&1
     rc=$?
-    w=$(elapsed "$t0")
+    w=$(elapsed "$t0") other=$(other_cpu "$snap")
     if ! vm_wait "$VMRUN" "$job" 30 quiet; then
       vm_kill "$VMRUN" "$job"
       vm_wait "$VMRUN" "$job" 10 quiet
@@ -172,13 +214,13 @@ pt() {
       '$1 == s && $2 ~ /^[0-9]+$/ && NF >= c { v = $c } END { print v }' "$OUT/raw/$tag.client.txt")
     if [ $rc = 0 ] && isnum "$v"; then
       [ "$src" = 0 ] || note "$tag: client ok, server exit status $src"
-      record "$name" "$run" "$v" "$a" "$w"
-      say "$name run $run: $v (${w}s)"
+      record "$name" "$run" "$v" "$a" "$w" "$other"
+      say "$name run $run: $v (${w}s, rest of host ${other}% CPU)"
       return 0
     fi
-    note "$tag failed (client rc $rc, server $src, figure '${v}'): $(grep -m1 -iE 'inf|error|fail|r\^2' "$OUT/raw/$tag.client.txt")"
+    note "$tag failed (client rc $rc, server $src, figure '${v}'): $(grep -m1 -iE '[[:space:]]inf[[:space:]]|error|fail|r\^2' "$OUT/raw/$tag.client.txt")"
   done
-  record "$name" "$run" FAIL "$TRIES" ""
+  record "$name" "$run" FAIL "$TRIES" "" ""
   return 1
 }
 
@@ -219,7 +261,7 @@ round() {  # RUN
   for op in send write; do
     sr "sr-roce-alt-lat-$op" "$r" "$T $(lat $op)" "sr_roce_alt_${op}_lat=.lat[0].rdma.t_typical"
   done
-  sr sr-roce-m1024-bw "$r" "--transport roce --raw-tx $RAWTX -m 1024 $IW_BW" \
+  sr sr-roce-m1024-bw "$r" "--transport roce --raw-tx $RAWTX -m 1024 --bw --op write -s $SIZE -n $M1024_ITERS" \
     sr_roce_m1024_write_bw="$BWF" raw_udp_m1024_bw='.bw[0].raw_udp.mbyte_s'
   # rxe at path MTU 4096: eth0 at MTU 9000 for this one run (loopback: nothing leaves the guest)
   if rxe_mtu 9000 4096; then
@@ -236,7 +278,7 @@ round() {  # RUN
 }
 
 # --- summary helpers
-vals() { awk -F'\t' -v n="$1" '$1 == n { printf "%s%s", s, $3; s = " " }' "$RES"; }
+vals() { awk -F'\t' -v n="$1" -v c="${2:-3}" '$1 == n { printf "%s%s", s, $c; s = " " }' "$RES"; }
 median() {  # NAME: median of the numeric values ("-" if none)
   awk -F'\t' -v n="$1" '$1 == n && $3 ~ /^[0-9.eE+-]+$/ { print $3 }' "$RES" | sort -g |
     awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
@@ -280,7 +322,7 @@ summary() {
       row3 "RoCE --raw-tx $ALT_RAWTX Write lat" sr_roce_alt_write_lat rxe_write_lat
       row1 "  its raw UDP BW" raw_udp_alt_bw
       row1 "  its raw UDP GSO BW" raw_udp_gso_alt_bw
-      row3 "RoCE -m 1024 Write BW" sr_roce_m1024_write_bw rxe_write_bw
+      row3 "RoCE -m 1024 Write BW (-n $M1024_ITERS)" sr_roce_m1024_write_bw rxe_write_bw
       row1 "  its raw UDP BW (1024 B dgrams)" raw_udp_m1024_bw
       row3 "RoCE Write BW vs rxe at MTU 4096" sr_roce_write_bw rxe_m4096_write_bw
       row3 "iWARP --busy Send lat" sr_iw_busy_send_lat siw_send_lat
@@ -291,10 +333,11 @@ summary() {
     echo
     echo "per run:"
     for n in $(awk -F'\t' 'NR > 1 && !seen[$1]++ { print $1 }' "$RES"); do
-      printf '  %-28s median %-12s [%s]\n' "$n" "$(median "$n")" "$(vals "$n")"
+      printf '  %-28s median %-20s [%s]  rest-of-host CPU %% [%s]\n' "$n" "$(median "$n")" "$(vals "$n")" "$(vals "$n" 6)"
     done
     if [ -s "$OUT/notes.txt" ]; then echo; echo "notes:"; sed 's/^/  /' "$OUT/notes.txt"; fi
     echo
+    echo "waited for a quiet host: ${QUIET_WAITED}s in all; whole run: $(elapsed "$T_START") s"
     echo "raw results: $OUT/raw, $RES"
   } | tee "$OUT/summary.txt"
 }

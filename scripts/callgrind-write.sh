@@ -5,9 +5,10 @@
 # process, both ends together (client, server, progress threads), set-up cancelled out. The
 # raw baseline runs N messages too; its share is printed apart (the inclusive cost of its
 # functions) and taken out. Kernel work (system calls, TCP, UDP) is not counted by
-# callgrind. Compare a change against docs/callgrind.md with the same command.
+# callgrind. Compare a change against docs/performance.md with the same command.
 #
 #   scripts/callgrind-write.sh [--size BYTES] [--n1 N] [--n2 N] [--no-build]
+#   SOFTRDMA_BIN=path/to/softrdma scripts/callgrind-write.sh --no-build   # another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE=65536 N1=200 N2=1200 BUILD=1
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ "$BUILD" = 1 ] && cargo build --release -p softrdma-cli >&2
-BIN=target/release/softrdma
+BIN=${SOFTRDMA_BIN:-target/release/softrdma}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 # total instructions, and the raw baseline's (its client and server functions, inclusive)

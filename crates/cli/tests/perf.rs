@@ -3,6 +3,8 @@
 //! RNR: one Send without a receive would kill the stream); the binary prints the table and
 //! `--json`.
 
+mod common;
+
 use std::process::Command;
 
 use clap::Parser;
@@ -80,26 +82,17 @@ fn send_bandwidth_credit_window() {
 
 #[test]
 fn duration_mode_and_json_from_the_binary() {
-    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args([
-            "perf",
-            "--loopback",
-            "-D",
-            "0.2",
-            "--op",
-            "write",
-            "-s",
-            "256",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::softrdma_json(&[
+        "perf",
+        "--loopback",
+        "-D",
+        "0.2",
+        "--op",
+        "write",
+        "-s",
+        "256",
+        "--json",
+    ]);
     assert_eq!(v["mode"], "loopback");
     assert_eq!(v["bw"][0]["test"], "WriteBw");
     assert!(v["bw"][0]["rdma"]["iters"].as_u64().unwrap() > 0);

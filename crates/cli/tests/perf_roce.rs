@@ -5,6 +5,8 @@
 //! docs/rxe-interop.md: the server half of perftest 6.06's TCP exchange, every message read
 //! with its exact length, and a passive RC QP on a softrdma RoCE context.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
@@ -67,26 +69,17 @@ fn loopback_every_test_from_the_library() {
 
 #[test]
 fn loopback_json_from_the_binary() {
-    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args([
-            "perf",
-            "--transport",
-            "roce",
-            "--loopback",
-            "-n",
-            "50",
-            "--op",
-            "write",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::softrdma_json(&[
+        "perf",
+        "--transport",
+        "roce",
+        "--loopback",
+        "-n",
+        "50",
+        "--op",
+        "write",
+        "--json",
+    ]);
     assert_eq!(v["transport"], "roce");
     assert_eq!(v["mode"], "loopback");
     assert_eq!(v["roce"]["pmtu"], 4096);

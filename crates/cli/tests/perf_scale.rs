@@ -2,6 +2,8 @@
 //! QP per round, over both transports. A row that comes back has had every QP's slot of
 //! the server's region checked after a Read on each QP confirmed delivery.
 
+mod common;
+
 use std::process::Command;
 
 use clap::Parser;
@@ -65,16 +67,7 @@ fn odd_sizes_few_qps() {
 /// process's own); the rows come back in order, compared with the first.
 #[test]
 fn a_list_from_the_binary() {
-    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args(["perf", "--loopback", "-q", "2,16", "-n", "3", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::softrdma_json(&["perf", "--loopback", "-q", "2,16", "-n", "3", "--json"]);
     let rows = v["scale"].as_array().unwrap();
     let qps: Vec<u64> = rows.iter().map(|r| r["qps"].as_u64().unwrap()).collect();
     assert_eq!(qps, [2, 16]);

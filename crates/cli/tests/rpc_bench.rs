@@ -2,31 +2,22 @@
 //! bench itself fails if a large call's data comes back short), and `--json` carries each
 //! figure beside its TCP baseline and the plain RDMA Write of the same run.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn rpc_bench_runs_on_both_transports() {
     for t in ["iwarp", "roce"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-            .args([
-                "rpc",
-                "bench",
-                "--transport",
-                t,
-                "-D",
-                "0.2",
-                "-s",
-                "65536",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{t}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let j = common::softrdma_json(&[
+            "rpc",
+            "bench",
+            "--transport",
+            t,
+            "-D",
+            "0.2",
+            "-s",
+            "65536",
+            "--json",
+        ]);
         assert_eq!(j["transport"], t);
         assert_eq!(j["size"], 65536);
         for side in ["rdma", "tcp"] {

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 
 use super::proto::Test;
@@ -132,45 +133,43 @@ fn chart<DB: DrawingBackend>(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60);
-    let x_fmt = |v: &f64| size_label(*v);
+    let x = (x0..x1).log_scale().base(2.0);
     if what == "bandwidth" {
-        let mut c = b
-            .build_cartesian_2d((x0..x1).log_scale().base(2.0), 0f64..(y1 * 1.1).max(1e-3))
-            .map_err(|e| e.to_string())?;
-        c.configure_mesh()
-            .x_desc("message size")
-            .y_desc(unit)
-            .x_label_formatter(&x_fmt)
-            .draw()
-            .map_err(|e| e.to_string())?;
-        lines(&mut c, series)
+        let y = 0f64..(y1 * 1.1).max(1e-3);
+        draw(
+            &mut b.build_cartesian_2d(x, y).map_err(|e| e.to_string())?,
+            unit,
+            series,
+        )
     } else {
-        let mut c = b
-            .build_cartesian_2d(
-                (x0..x1).log_scale().base(2.0),
-                ((y0 / 1.5).max(1e-3)..y1 * 1.5).log_scale(),
-            )
-            .map_err(|e| e.to_string())?;
-        c.configure_mesh()
-            .x_desc("message size")
-            .y_desc(unit)
-            .x_label_formatter(&x_fmt)
-            .draw()
-            .map_err(|e| e.to_string())?;
-        lines(&mut c, series)
+        let y = ((y0 / 1.5).max(1e-3)..y1 * 1.5).log_scale();
+        draw(
+            &mut b.build_cartesian_2d(x, y).map_err(|e| e.to_string())?,
+            unit,
+            series,
+        )
     }
 }
 
-/// The series as lines with points, and their legend.
-fn lines<'a, DB, X, Y>(
+/// The mesh (sizes as perftest users write them, `unit` up the side), the series as lines
+/// with points, and their legend.
+fn draw<'a, DB, X, Y>(
     c: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    unit: &str,
     series: &[Series],
 ) -> Result<(), String>
 where
     DB: DrawingBackend + 'a,
-    X: Ranged<ValueType = f64>,
-    Y: Ranged<ValueType = f64>,
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
+    let x_fmt = |v: &f64| size_label(*v);
+    c.configure_mesh()
+        .x_desc("message size")
+        .y_desc(unit)
+        .x_label_formatter(&x_fmt)
+        .draw()
+        .map_err(|e| e.to_string())?;
     for (name, colour, pts) in series {
         let colour = *colour;
         c.draw_series(LineSeries::new(pts.iter().copied(), colour.stroke_width(2)))
@@ -192,8 +191,8 @@ where
 fn size_label(v: f64) -> String {
     let v = v.round() as u64;
     match v {
-        _ if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{}M", v >> 20),
-        _ if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}K", v >> 10),
+        _ if v >= 1 << 20 && v.is_multiple_of(1 << 20) => format!("{}M", v >> 20),
+        _ if v >= 1 << 10 && v.is_multiple_of(1 << 10) => format!("{}K", v >> 10),
         _ => v.to_string(),
     }
 }

@@ -1,4 +1,4 @@
-//! Shared helpers for the decode integration tests.
+//! Shared helpers of the integration tests.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -81,4 +81,20 @@ pub fn num(s: &str) -> u64 {
     } else {
         s.parse().unwrap_or_else(|_| panic!("number {s}"))
     }
+}
+
+/// Runs the `softrdma` binary with `args`, which must succeed (its stderr is the failure
+/// message) and print one JSON document: that document.
+pub fn softrdma_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "softrdma {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
