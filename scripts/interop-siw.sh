@@ -18,6 +18,7 @@
 # Options: --sizes "26 64 ..."  --count N  --no-crc  --no-perftest  --no-build
 #          --only REGEX (case names)  --out DIR (logs and pcaps; default target/interop-siw)
 #          --mtu N (the VM's NIC and the bridge, e.g. 9000: jumbo frames, larger FPDUs)
+# Environment: SOFTRDMA_BIN (default target/release/softrdma; --no-build implied if set)
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,8 +50,8 @@ done
 [ -c /dev/net/tun ] || { echo "interop-siw.sh: needs /dev/net/tun" >&2; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-BIN=$REPO/target/release/softrdma
-if [ "$BUILD_BIN" = 1 ]; then
+BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
+if [ "$BUILD_BIN" = 1 ] && [ -z "${SOFTRDMA_BIN:-}" ]; then
   (cd "$REPO" && cargo build --release -p softrdma-cli) || exit 1
 fi
 [ -x "$BIN" ] || { echo "interop-siw.sh: no $BIN" >&2; exit 2; }
