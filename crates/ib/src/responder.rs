@@ -924,6 +924,16 @@ impl Responder {
                 match self.read_target(reth.r_key, reth.va, reth.dma_len) {
                     Ok(target) => {
                         self.counters.duplicates += 1;
+                        // The requester went back to `psn`: responses still queued from there
+                        // on would reach it ahead of the ones it asks for now, out of
+                        // sequence, and be thrown away (a large READ's tail can outlast its
+                        // ACK timeout, retry after retry). It asks again for what lies
+                        // beyond; the regenerated range replaces them (rxe restarts its
+                        // in-progress READ the same way).
+                        self.responses.retain(|r| match r {
+                            Pending::Read(j) => psn_diff(psn_add(j.psn, j.next), psn) < 0,
+                            _ => true,
+                        });
                         self.responses.push_back(Pending::Read(ReadJob {
                             target,
                             psn,

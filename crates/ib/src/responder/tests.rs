@@ -471,6 +471,38 @@ fn ext_psn_03_duplicate_read_subrange() {
     assert_eq!(e.r.msn(), 1);
 }
 
+/// A duplicate READ from PSN k while the original's responses are still queued: the queued
+/// tail from k on is dropped, so the responses the requester asks for come next, in sequence.
+#[test]
+fn duplicate_read_replaces_the_queued_tail() {
+    let mut e = env(10);
+    let d = data(256 * 8, 6);
+    e.buf.copy_in(0, &d).unwrap();
+    e.feed(&with_reth(
+        req(Opcode::RC_RDMA_READ_REQUEST, 10, &[]),
+        e.key,
+        0x1000,
+        256 * 8,
+    ));
+    // Two of the eight responses leave, then the requester goes back to PSN 12.
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        out.clear();
+        e.r.poll_response(&mut out).unwrap();
+    }
+    e.feed(&with_reth(
+        req(Opcode::RC_RDMA_READ_REQUEST, 12, &[]),
+        e.key,
+        0x1000 + 512,
+        256 * 6,
+    ));
+    let rs = e.responses();
+    let psns: Vec<u32> = rs.iter().map(|b| decode(b).1).collect();
+    assert_eq!(psns, (12..18).collect::<Vec<_>>());
+    assert_eq!(PacketRepr::parse(&rs[0]).unwrap().payload, &d[512..768]);
+    assert_eq!(e.r.counters().duplicates, 1);
+}
+
 /// max_rd_atomic: more queued READs than the limit -> NAK Invalid Request.
 #[test]
 fn read_limit_naks() {
