@@ -60,6 +60,8 @@ const MAX_WINDOW: u32 = 1024;
 
 /// Datagrams handed to the kernel per `sendmmsg` / taken per `recvmmsg`.
 const SEND_BATCH: usize = 64;
+/// Batches a QP sends from the receive path before the socket is read again.
+const BACKLOG_BATCHES: usize = 4;
 const RECV_BATCH: usize = 32;
 /// With GRO a receive holds a run of packets: fewer, larger buffers.
 const GRO_BATCH: usize = 8;
@@ -395,6 +397,19 @@ impl RoceShared {
     /// Moves the QP's completions to the CQs (a waiter on another thread starts on them
     /// while the datagrams go out), then sends what the QP has to send.
     fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant, hold: Hold) {
+        self.flush_some(q, e, now, hold, usize::MAX);
+    }
+
+    /// [`flush`](Self::flush) of at most `batches` batches of datagrams; `true` when the QP
+    /// has more to send.
+    fn flush_some(
+        &self,
+        q: &RoceQpShared,
+        e: &mut Engine,
+        now: Instant,
+        hold: Hold,
+        batches: usize,
+    ) -> bool {
         let Engine {
             qp,
             dgram,
@@ -403,7 +418,8 @@ impl RoceShared {
             ..
         } = e;
         deliver(q, qp, wcs);
-        loop {
+        let mut more = false;
+        for n in 1.. {
             dgram.clear();
             batch.clear();
             {
@@ -421,6 +437,10 @@ impl RoceShared {
             if batch.len() < SEND_BATCH {
                 break;
             }
+            if n >= batches {
+                more = true;
+                break;
+            }
         }
         // UD and UC sends complete as they leave.
         deliver(q, qp, wcs);
@@ -434,6 +454,7 @@ impl RoceShared {
         if q.invalidating.load(Ordering::Acquire) > 0 {
             q.retired.notify_all();
         }
+        more
     }
 
     /// Sends the ACKs callers held back ([`Hold::Ack`]).
@@ -696,7 +717,14 @@ impl RoceShared {
     fn drain_socket(&self, rx: &mut RxBufs, hold: Hold) -> usize {
         let fd = self.socket.as_raw_fd();
         let mut total = 0;
-        for _ in 0..4 {
+        // QPs with more to send than one turn's budget (a large READ's responses): the
+        // socket is read between their budgets, so what the peer sends meanwhile (a READ
+        // re-issued after a loss, which replaces the queued responses) is not left waiting
+        // behind the whole burst.
+        let mut backlog: SmallVec<[Arc<RoceQpShared>; 4]> = SmallVec::new();
+        let mut rounds = 0;
+        while rounds < 4 || !backlog.is_empty() {
+            rounds += 1;
             rx.got.clear();
             {
                 let mut iovs: Vec<[IoSliceMut<'_>; 1]> = rx
@@ -718,7 +746,10 @@ impl RoceShared {
                 }
             }
             if rx.got.is_empty() {
-                break;
+                if !self.send_backlog(&mut backlog, hold) {
+                    break;
+                }
+                continue;
             }
             if rx.gro {
                 // nix's recvmmsg leaves each header's control length as this receive set it
@@ -795,15 +826,27 @@ impl RoceShared {
                 self.gsi_pump(now);
             }
             for q in rx.touched.drain(..) {
-                let mut e = q.engine.lock();
-                self.flush(&q, &mut e, now, hold);
+                if !backlog.iter().any(|b| Arc::ptr_eq(b, &q)) {
+                    backlog.push(q);
+                }
             }
             total += rx.got.len();
-            if rx.got.len() < rx.bufs.len() {
+            if !self.send_backlog(&mut backlog, hold) && rx.got.len() < rx.bufs.len() {
                 break;
             }
         }
         total
+    }
+
+    /// One budget of sending for each QP in `backlog`; those with nothing more to send
+    /// leave it. Whether any is left.
+    fn send_backlog(&self, backlog: &mut SmallVec<[Arc<RoceQpShared>; 4]>, hold: Hold) -> bool {
+        let now = Instant::now();
+        backlog.retain(|q| {
+            let mut e = q.engine.lock();
+            self.flush_some(q, &mut e, now, hold, BACKLOG_BATCHES)
+        });
+        !backlog.is_empty()
     }
 }
 
