@@ -1032,7 +1032,7 @@ impl Responder {
             self.ack_now = false;
         }
         let start = out.len();
-        let (mut repr, payload) = match pending {
+        let (mut repr, read) = match pending {
             Pending::Ack { psn, syndrome, msn } => {
                 let mut p = PacketRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest, psn), &[]);
                 p.aeth = Some(aeth(syndrome, msn));
@@ -1067,7 +1067,7 @@ impl Responder {
                 (p, Some(job))
             }
         };
-        let Some(mut job) = payload else {
+        let Some(mut job) = read else {
             repr.emit_headers(0, out)
                 .expect("response repr is well-formed");
             return Some(out.len() - start);

@@ -111,8 +111,6 @@ struct Conn {
     die_when_flushed: bool,
     /// The read budget ran out with data possibly left in the socket.
     more_rx: bool,
-    /// On the driver's list of dead connections.
-    listed_dead: bool,
     /// Send requests handed to the engine and not yet retired.
     sq_in_engine: usize,
     rq_in_engine: usize,
@@ -281,13 +279,9 @@ impl Driver {
             } else {
                 self.timed.remove(&t);
             }
-            if c.dead && !c.listed_dead {
+            // The list is short: what died since the last removal.
+            if c.dead && !self.dead.contains(&t) {
                 self.dead.push(t);
-            }
-        }
-        for t in &self.dead {
-            if let Some(c) = self.conns.get_mut(t) {
-                c.listed_dead = true;
             }
         }
     }
@@ -703,7 +697,6 @@ impl Conn {
             dead: false,
             die_when_flushed: false,
             more_rx: false,
-            listed_dead: false,
             sq_in_engine: 0,
             rq_in_engine: 0,
             local_waiting: false,
