@@ -28,12 +28,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use softrdma_memory::KeyTable;
+use softrdma_memory::{KeyTable, TxBuf, TxSink};
 use softrdma_wire::ddp;
 use softrdma_wire::mpa::{self, LlpError};
 use softrdma_wire::rdmap::{Body, Control, Opcode, Segment};
 
-use crate::framing::{Deframer, Framer};
+use crate::framing::{Deframer, Framer, FramingError};
 use crate::rdmap::{QpConfig, QpEvent, RdmapEngine, StreamState};
 use crate::startup::{
     Negotiated, PeerParams, Role, Rtr, Startup, StartupConfig, StartupError, StartupEvent,
@@ -336,15 +336,67 @@ impl Connection {
     /// first frame is larger than `max_bytes` that one frame goes out alone,
     /// so every call with work ready makes progress.
     pub fn poll_transmit_bounded(&mut self, out: &mut Vec<u8>, max_bytes: usize) -> usize {
+        let n = self.fill(out, max_bytes);
+        // Copied: the sources are free at once.
+        self.release_all();
+        n
+    }
+
+    /// [`poll_transmit_bounded`](Self::poll_transmit_bounded) into a [`TxBuf`], which
+    /// keeps large payloads as references to registered memory and writes them from there.
+    /// The requests they belong to complete once [`transmitted`](Self::transmitted) hears
+    /// that their last octet was written (RDMAP-80).
+    pub fn poll_transmit_into(&mut self, out: &mut TxBuf, max_bytes: usize) -> usize {
+        let n = self.fill(out, max_bytes);
+        if out.references() == 0 {
+            self.release_all();
+        } else {
+            out.push_tag(self.engine.ulpdus_emitted());
+        }
+        n
+    }
+
+    /// Octets of `out` were written: requests whose last ULPDU is out complete.
+    pub fn transmitted(&mut self, out: &mut TxBuf) {
+        if let Some(ord) = out.take_passed() {
+            self.engine.release_transmitted(ord);
+            self.pump_engine_events();
+        }
+    }
+
+    /// Nothing more can be written: the write failed, or a reference in the transmit queue
+    /// could not be written (its key was revoked after the request was framed, so the
+    /// stream would be cut short). Requests not yet written are flushed; an established
+    /// stream has lost its LLP.
+    pub fn transmit_failed(&mut self) {
+        if self.deframer.is_some() {
+            if matches!(
+                self.engine.state(),
+                StreamState::Rts | StreamState::Terminating
+            ) {
+                self.engine.handle_llp_error(LlpError::TcpConnectionLost);
+            } else {
+                self.engine.tx_lost();
+            }
+        }
+        self.pump_engine_events();
+    }
+
+    fn release_all(&mut self) {
+        self.engine
+            .release_transmitted(self.engine.ulpdus_emitted());
+    }
+
+    fn fill(&mut self, out: &mut dyn TxSink, max_bytes: usize) -> usize {
         let start = out.len();
-        let fits = |out: &Vec<u8>, n: usize| {
+        let fits = |out: &dyn TxSink, n: usize| {
             out.len() == start || (out.len() - start).saturating_add(n) <= max_bytes
         };
         while let Some(f) = self.tx_startup.front() {
             if !fits(out, f.len()) {
                 return out.len() - start;
             }
-            out.extend_from_slice(f);
+            out.staged().extend_from_slice(f);
             self.tx_startup.pop_front();
         }
         if !self.may_transmit_fpdus() {
@@ -361,33 +413,36 @@ impl Connection {
                 return out.len() - start;
             }
             self.rtr_due = false;
-            if framer.frame(&[&rtr], out).is_err() {
+            if framer.frame(&[&rtr], out.staged()).is_err() {
                 self.failed = true;
             }
         }
         let largest = usize::from(framer.mulpdu());
         while fits(out, framer.encoded_len(largest)) {
-            let framed = match framer.begin(out) {
+            let framed = match framer.open(out) {
                 // Without Markers the engine writes the ULPDU into its FPDU.
-                Some(at) => {
-                    if self.engine.poll_ulpdu(out).is_none() {
-                        out.truncate(at);
+                Some(o) => {
+                    if self.engine.poll_ulpdu_into(out).is_none() {
+                        out.rewind(o.mark());
                         break;
                     }
-                    framer.seal(out, at)
+                    framer.close(out, o)
                 }
                 None => {
                     self.scratch.clear();
-                    if self.engine.poll_ulpdu(&mut self.scratch).is_none() {
+                    if self.engine.poll_ulpdu_into(&mut self.scratch).is_none() {
                         break;
                     }
-                    framer.frame(&[&self.scratch], out)
+                    framer.frame(&[&self.scratch], out.staged())
                 }
             };
             if let Err(e) = framed {
-                // The engine never exceeds the MULPDU it was given; if it did,
-                // the stream is unusable.
-                debug_assert!(false, "engine ULPDU refused by the framer: {e:?}");
+                // The engine never exceeds the MULPDU it was given; if it did (or a
+                // source was revoked while its CRC was computed), the stream is unusable.
+                debug_assert!(
+                    matches!(e, FramingError::Source(_)),
+                    "engine ULPDU refused by the framer: {e:?}"
+                );
                 self.engine.handle_llp_error(LlpError::LocalCatastrophic);
                 break;
             }

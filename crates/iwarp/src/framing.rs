@@ -13,6 +13,7 @@
 //!
 //! Sans-IO: no sockets, no clocks; the caller moves the octets.
 
+use softrdma_memory::{AccessError, TxMark, TxSink};
 use softrdma_wire::mpa::{self, CRC_LEN, LlpError, MARKER_LEN, MAX_ULPDU, MULPDU_MIN};
 
 /// MULPDU for an EMSS (RFC 5044 §4.5, MPA-04/35/36/40): re-exported from the
@@ -31,6 +32,10 @@ pub enum FramingError {
         /// The MULPDU that applied.
         limit: usize,
     },
+    /// A source of the ULPDU became unreachable while its CRC was computed (its key was
+    /// revoked meanwhile): the FPDU cannot be completed.
+    #[error("ULPDU source unreachable while framing: {0}")]
+    Source(AccessError),
     /// With Markers on every FPDU starts 4-aligned to SeqStart (RFC 5044 §4.3),
     /// so a stream position that is not a multiple of 4 cannot be right.
     #[error(
@@ -179,6 +184,48 @@ impl Framer {
         }
     }
 
+    /// [`begin`](Self::begin) for any sink: the ULPDU appended next may reference
+    /// registered memory rather than copy it.
+    pub fn open(&self, out: &mut dyn TxSink) -> Option<OpenFpdu> {
+        if self.markers {
+            return None;
+        }
+        let mark = out.mark();
+        out.staged().extend_from_slice(&[0, 0]);
+        Some(OpenFpdu { mark })
+    }
+
+    /// [`seal`](Self::seal) for any sink (RFC 5044 §4.1-§4.4): ULPDU_Length, PAD, and the
+    /// CRC32c over the FPDU read where its octets are (MPA-32/33), else a zero CRC
+    /// (MPA-14). On error `out` is as it was before [`open`](Self::open).
+    pub fn close(&mut self, out: &mut dyn TxSink, o: OpenFpdu) -> Result<usize, FramingError> {
+        let len = out.len().saturating_sub(o.mark.len() + 2);
+        let limit = usize::from(clamp_mulpdu(self.mulpdu));
+        if len > limit {
+            out.rewind(o.mark);
+            return Err(FramingError::UlpduTooLarge { len, limit });
+        }
+        let at = o.mark.staged();
+        let staged = out.staged();
+        // <= 64768 checked above.
+        staged[at..at + 2].copy_from_slice(&(len as u16).to_be_bytes());
+        staged.extend_from_slice(&[0u8; 3][..mpa::pad_len(len)]);
+        let crc = if self.crc {
+            let mut c = 0;
+            if let Err(e) = out.for_each_since(o.mark, &mut |s| c = mpa::crc32c_append(c, s)) {
+                out.rewind(o.mark);
+                return Err(FramingError::Source(e));
+            }
+            c
+        } else {
+            0
+        };
+        out.staged().extend_from_slice(&mpa::crc_to_wire(crc));
+        let n = out.len() - o.mark.len();
+        self.pos = self.pos.wrapping_add(n as u32);
+        Ok(n)
+    }
+
     /// [`frame`](Self::frame) with a MULPDU for this one FPDU (RFC 5044 §4.5
     /// allows adjusting it, MPA-37), clamped to [128, 64768] (MPA-41).
     pub fn frame_limited(
@@ -208,6 +255,20 @@ impl Framer {
                 Err(FramingError::Unaligned { pos: self.pos })
             }
         }
+    }
+}
+
+/// An FPDU [`Framer::open`] started, for [`Framer::close`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct OpenFpdu {
+    mark: TxMark,
+}
+
+impl OpenFpdu {
+    /// Where the FPDU starts: rewind to it to drop the FPDU.
+    pub fn mark(&self) -> TxMark {
+        self.mark
     }
 }
 

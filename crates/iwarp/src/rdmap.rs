@@ -297,6 +297,9 @@ struct SqEntry {
     signaled: bool,
     fence: bool,
     state: SqState,
+    /// Ordinal of the ULPDU that carried its last octets; it completes once that one is
+    /// released ([`RdmapEngine::release_transmitted`]).
+    tx_ord: u64,
 }
 
 /// An RDMA Read this side sent and whose response is not complete (ORD accounting).
@@ -398,6 +401,11 @@ pub struct RdmapEngine {
     /// A Terminate (valid or not) arrived: later ones are ignored.
     term_rx_seen: bool,
 
+    /// ULPDUs emitted, and the number of them whose octets the LLP has taken (RDMAP-80:
+    /// a request completes once its last octet is handed over, not when it is framed).
+    tx_emitted: u64,
+    tx_released: u64,
+
     completions: VecDeque<WorkCompletion>,
     events: VecDeque<QpEvent>,
     counters: StreamCounters,
@@ -431,6 +439,8 @@ impl RdmapEngine {
             term_sent: None,
             term_received: None,
             term_rx_seen: false,
+            tx_emitted: 0,
+            tx_released: 0,
             completions: VecDeque::new(),
             events: VecDeque::new(),
             counters: StreamCounters::default(),
@@ -651,6 +661,7 @@ impl RdmapEngine {
             signaled,
             fence,
             state: SqState::Queued,
+            tx_ord: 0,
         });
         Ok(())
     }
@@ -696,6 +707,9 @@ impl RdmapEngine {
     pub fn handle_llp_error(&mut self, e: LlpError) {
         self.events.push_back(QpEvent::LlpError(e));
         let lost = e == LlpError::TcpConnectionLost;
+        if lost {
+            self.tx_lost();
+        }
         match self.state {
             StreamState::Rts if lost => {
                 self.state = StreamState::Error;
@@ -742,8 +756,40 @@ impl RdmapEngine {
 
     /// Hands completed send-queue entries to the CQ, oldest first, stopping at the first one
     /// still in progress (RDMAP-81).
+    /// ULPDUs [`poll_ulpdu_into`](Self::poll_ulpdu_into) has emitted so far (the ordinal of
+    /// the last one).
+    pub fn ulpdus_emitted(&self) -> u64 {
+        self.tx_emitted
+    }
+
+    /// The LLP has taken every octet of the first `ord` ULPDUs emitted: requests whose last
+    /// ULPDU is among them complete.
+    pub fn release_transmitted(&mut self, ord: u64) {
+        let ord = ord.min(self.tx_emitted);
+        if ord > self.tx_released {
+            self.tx_released = ord;
+            self.retire();
+        }
+    }
+
+    /// The LLP can take nothing more (connection lost, write side failed): requests whose
+    /// octets were framed but not handed over never left, and are flushed
+    /// (`WorkRequestFlushed`) — in the Rts state the loss is also an LLP error.
+    pub fn tx_lost(&mut self) {
+        for e in self.sq.iter_mut() {
+            if e.state == SqState::Done(WcStatus::Success) && e.tx_ord > self.tx_released {
+                e.state = SqState::Done(WcStatus::WorkRequestFlushed);
+            }
+        }
+        self.tx_released = self.tx_emitted;
+        self.retire();
+    }
+
     fn retire(&mut self) {
         while let Some(SqState::Done(status)) = self.sq.front().map(|e| e.state) {
+            if status == WcStatus::Success && self.sq[0].tx_ord > self.tx_released {
+                break;
+            }
             let Some(e) = self.sq.pop_front() else { break };
             self.sq_tx = self.sq_tx.saturating_sub(1);
             if e.signaled || status != WcStatus::Success {
@@ -769,6 +815,8 @@ impl RdmapEngine {
     /// send-queue entry and `rq` the status of the receive WQE in use that failed for a
     /// reason of their own; everything else is flushed.
     fn abort(&mut self, sq: Option<(u64, WcStatus)>, rq: Option<WcStatus>) {
+        // Requests already framed stay held until their octets are out (ahead of the
+        // Terminate, or of the close) or the LLP is lost (`tx_lost`).
         for e in self.sq.iter_mut() {
             if !matches!(e.state, SqState::Done(_)) {
                 e.state = SqState::Done(match sq {

@@ -42,6 +42,7 @@
 
 mod buffer;
 mod error;
+mod gather;
 mod key;
 mod table;
 
@@ -50,6 +51,7 @@ mod tests;
 
 pub use buffer::{Buffer, BufferReadGuard, BufferWriteGuard, PAGE_SIZE};
 pub use error::{AccessError, IbNak, InvalidateError, MemError};
+pub use gather::{DEFAULT_MIN_REFERENCE, MAX_IOV, TxBuf, TxMark, TxSink};
 pub use key::{Access, Key, KeyState, MrFlags, MwType, PdId, QpId};
 pub use table::{KeyTable, Target};
 

@@ -63,7 +63,7 @@ struct Slot {
     obj: Obj,
 }
 
-struct Slots {
+pub(crate) struct Slots {
     slots: Vec<Slot>,
     free: Vec<u32>,
     live: usize,
@@ -300,6 +300,38 @@ impl Target {
     ) -> std::result::Result<std::ops::Range<usize>, AccessError> {
         let r = range(at, len, self.len).map_err(|_| AccessError::Bounds)?;
         Ok(self.offset + r.start..self.offset + r.end)
+    }
+
+    pub(crate) fn buffer_arc(&self) -> &Arc<Buffer> {
+        &self.buffer
+    }
+
+    pub(crate) fn table_arc(&self) -> &Arc<RwLock<Slots>> {
+        &self.table
+    }
+
+    /// What [`read_with`](Self::read_with) checks, without reading: the right to read, the
+    /// range and the grant.
+    pub fn check_read(&self, at: usize, len: usize) -> std::result::Result<(), AccessError> {
+        self.checked_read(&self.table.read(), at, len).map(|_| ())
+    }
+
+    /// The buffer range of `len` bytes at `at` if this target may be read there, the grant
+    /// checked against `table` (its table, locked by the caller).
+    pub(crate) fn checked_read(
+        &self,
+        table: &Slots,
+        at: usize,
+        len: usize,
+    ) -> std::result::Result<std::ops::Range<usize>, AccessError> {
+        if !self.mode.may_read() {
+            return Err(AccessError::Rights);
+        }
+        let r = self.sub(at, len)?;
+        if !self.grant.holds(table) {
+            return Err(AccessError::Invalidated);
+        }
+        Ok(r)
     }
 
     /// Runs `f` on `len` bytes at `at`, under the buffer's read lock and the table lock

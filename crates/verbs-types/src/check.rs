@@ -10,7 +10,7 @@
 //! the ORD, queue depth).
 
 use smallvec::SmallVec;
-use softrdma_memory::{Access, AccessError, KeyTable, PdId, Target};
+use softrdma_memory::{Access, AccessError, KeyTable, PdId, Target, TxSink};
 
 use crate::{PostError, RecvWr, SendFlags, SendWr, UdDest, WrOpcode};
 
@@ -104,13 +104,22 @@ impl Sgl {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), AccessError> {
-        let start = out.len();
         out.reserve(len);
-        let r = self.walk(off, len, |t, o, n| {
-            t.read_with(o, n, |src| out.extend_from_slice(src))
-        });
+        self.gather_into(off, len, out)
+    }
+
+    /// Appends `len` octets from message offset `off` to `out`, copied or referenced as the
+    /// sink does it; `out` is as it was on error.
+    pub fn gather_into<S: TxSink + ?Sized>(
+        &self,
+        off: u64,
+        len: usize,
+        out: &mut S,
+    ) -> Result<(), AccessError> {
+        let m = out.mark();
+        let r = self.walk(off, len, |t, o, n| out.gather(t, o, n));
         if r.is_err() {
-            out.truncate(start);
+            out.rewind(m);
         }
         r
     }
@@ -145,10 +154,22 @@ impl Payload {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), AccessError> {
+        out.reserve(len);
+        self.gather_into(off, len, out)
+    }
+
+    /// Appends `len` octets from message offset `off` to `out`: registered memory as the
+    /// sink takes it (see [`Sgl::gather_into`]), inline octets copied.
+    pub fn gather_into<S: TxSink + ?Sized>(
+        &self,
+        off: u64,
+        len: usize,
+        out: &mut S,
+    ) -> Result<(), AccessError> {
         match self {
-            Payload::Sgl(s) => s.gather_extend(off, len, out),
+            Payload::Sgl(s) => s.gather_into(off, len, out),
             Payload::Inline(v) => {
-                out.extend_from_slice(inline_at(v, off, len)?);
+                out.staged().extend_from_slice(inline_at(v, off, len)?);
                 Ok(())
             }
         }

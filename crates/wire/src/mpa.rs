@@ -105,6 +105,12 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc32c::crc32c(data)
 }
 
+/// CRC32c of octets following those `crc` was computed over (start from 0).
+#[inline]
+pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, data)
+}
+
 /// CRC32c over the concatenation of `parts` (same value as [`crc32c()`] of the
 /// joined octets).
 #[inline]

@@ -38,6 +38,9 @@ struct Side {
     /// Resume after an SRQ stop with the next read rather than at once.
     lazy_resume: bool,
     qp_events: Vec<QpEvent>,
+    /// Transmit through a [`TxBuf`] (payloads referenced, written in pieces) instead of a
+    /// `Vec`.
+    tx: Option<TxBuf>,
 }
 
 /// Checks what one side transmits: every call hands out whole frames (the
@@ -91,6 +94,8 @@ struct Knobs {
     markers_r: bool,
     p2p: bool,
     emss: u32,
+    /// Both sides transmit from registered memory (a [`TxBuf`] referencing every payload).
+    gather: bool,
 }
 
 impl Default for Knobs {
@@ -103,6 +108,7 @@ impl Default for Knobs {
             markers_r: false,
             p2p: false,
             emss: 1460,
+            gather: false,
         }
     }
 }
@@ -146,6 +152,7 @@ fn side(role: Role, k: &Knobs, qp: u32, len: usize, now: Instant) -> Side {
         srq_asks: 0,
         lazy_resume: false,
         qp_events: Vec::new(),
+        tx: k.gather.then(|| TxBuf::new().with_min_reference(1)),
     }
 }
 
@@ -176,7 +183,29 @@ fn transfer(
     now: Instant,
 ) -> bool {
     let mut out = Vec::new();
-    let n = from.conn.poll_transmit_bounded(&mut out, from.bound);
+    let n = match from.tx.as_mut() {
+        None => from.conn.poll_transmit_bounded(&mut out, from.bound),
+        Some(tx) => {
+            let n = from.conn.poll_transmit_into(tx, from.bound);
+            assert_eq!(n, tx.len());
+            // Written in pieces `cut` chooses, as a socket takes them.
+            while tx.len() > 0 {
+                let want = cut(tx.len()).clamp(1, tx.len());
+                let wrote = tx.write_with(|iov| {
+                    let mut k = 0;
+                    for s in iov {
+                        let take = s.len().min(want - k);
+                        out.extend_from_slice(&s[..take]);
+                        k += take;
+                    }
+                    Ok::<_, ()>(k)
+                });
+                assert_eq!(wrote, Ok(Some(want)));
+                from.conn.transmitted(tx);
+            }
+            n
+        }
+    };
     assert_eq!(n, out.len());
     from.frames.check(&from.conn, &out, from.bound);
     to.inbound.extend_from_slice(&out);
@@ -363,6 +392,7 @@ fn all_knobs() -> Vec<Knobs> {
                             markers_r,
                             p2p,
                             emss: 1460,
+                            gather: false,
                         });
                     }
                 }
@@ -377,6 +407,23 @@ fn all_knobs() -> Vec<Knobs> {
 fn mpa_25_every_negotiation_moves_data_whole_reads() {
     for k in all_knobs() {
         exchange(k, &mut |n| n);
+    }
+}
+
+/// Transmit from registered memory (every payload referenced, the queue written in random
+/// pieces): the same octets as copying, for every negotiation, CRC over the referenced
+/// memory included.
+#[test]
+fn gather_transmit_every_negotiation_random_writes() {
+    for (n, k) in all_knobs().into_iter().enumerate() {
+        let k = Knobs { gather: true, ..k };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ n as u64;
+        exchange(k, &mut |n| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            1 + (x as usize) % n.min(5000)
+        });
     }
 }
 
@@ -817,4 +864,102 @@ fn set_data_path_only_before_establishment() {
             .set_data_path(qp, FpduSizing::PathMss, false, false)
             .is_err()
     );
+}
+
+/// Two sides with [`TxBuf`] transmit, established, nothing in flight.
+fn gather_pair(now: Instant, len: usize) -> (Side, Side) {
+    let k = Knobs {
+        gather: true,
+        ..Knobs::default()
+    };
+    let mut i = side(Role::Initiator, &k, 10, len, now);
+    let mut r = side(Role::Responder, &k, 20, len, now);
+    drive(&mut i, &mut r, &mut |n| n, now);
+    assert!(i.established && r.established);
+    (i, r)
+}
+
+/// Writes at most `max` octets of `tx` into `wire`, as a socket would take them.
+fn write_some(tx: &mut TxBuf, max: usize, wire: &mut Vec<u8>) -> usize {
+    let r = tx.write_with(|iov| {
+        let mut k = 0;
+        for s in iov {
+            let take = s.len().min(max - k);
+            wire.extend_from_slice(&s[..take]);
+            k += take;
+        }
+        Ok::<_, ()>(k)
+    });
+    r.expect("written").unwrap_or(0)
+}
+
+/// RDMAP-80 with the payload written from registered memory: a Send completes once its last
+/// octet is written, not when it is framed (until then the memory is still being read).
+#[test]
+fn gather_send_completes_once_its_last_octet_is_written() {
+    let now = Instant::now();
+    let len = 30_000;
+    let (mut i, mut r) = gather_pair(now, 65536);
+    let recv = RecvWr::new(1, vec![Sge::new(r.key, IOVA + 8, len as u32)]);
+    r.conn.engine_mut().post_recv(recv).unwrap();
+    let data = pattern(3, len);
+    i.buf.copy_in(100, &data).unwrap();
+    let wr = SendWr::send(7, vec![Sge::new(i.key, IOVA + 100, len as u32)]);
+    i.conn.engine_mut().post_send(wr).unwrap();
+    let mut tx = i.tx.take().unwrap();
+    let framed = i.conn.poll_transmit_into(&mut tx, usize::MAX);
+    assert!(framed > len && tx.references() > 0, "payload referenced");
+    let mut wire = Vec::new();
+    assert_eq!(write_some(&mut tx, framed - 1, &mut wire), framed - 1);
+    i.conn.transmitted(&mut tx);
+    assert_eq!(
+        i.conn.engine_mut().poll_completion(),
+        None,
+        "one octet unwritten"
+    );
+    assert_eq!(write_some(&mut tx, usize::MAX, &mut wire), 1);
+    i.conn.transmitted(&mut tx);
+    let wc = i
+        .conn
+        .engine_mut()
+        .poll_completion()
+        .expect("completed once written");
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+    assert_eq!(tx.references(), 0);
+    // The octets are the Send, intact.
+    r.conn.handle_input(now, &wire);
+    let wc = r.conn.engine_mut().poll_completion().expect("received");
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len as usize),
+        (1, WcStatus::Success, len)
+    );
+    let mut got = vec![0; len];
+    r.buf.copy_out(8, &mut got).unwrap();
+    assert_eq!(got, data);
+}
+
+/// A source deregistered after its FPDUs were framed and before they were written: the
+/// write refuses it (not one octet of that write leaves), the connection is lost, and the
+/// Send is flushed rather than completed.
+#[test]
+fn gather_source_revoked_before_write_flushes_the_send() {
+    let now = Instant::now();
+    let len = 30_000;
+    let (mut i, _r) = gather_pair(now, 65536);
+    let wr = SendWr::send(7, vec![Sge::new(i.key, IOVA + 100, len as u32)]);
+    i.conn.engine_mut().post_send(wr).unwrap();
+    let mut tx = i.tx.take().unwrap();
+    i.conn.poll_transmit_into(&mut tx, usize::MAX);
+    i.keys.dereg_mr(i.key).unwrap();
+    let mut called = false;
+    let r = tx.write_with(|_| {
+        called = true;
+        Ok::<_, ()>(0)
+    });
+    assert_eq!(r, Err(Err(softrdma_memory::AccessError::Invalidated)));
+    assert!(!called, "nothing handed to the socket");
+    i.conn.transmit_failed();
+    let wc = i.conn.engine_mut().poll_completion().expect("completed");
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::WorkRequestFlushed));
+    assert_eq!(i.conn.state(), ConnState::Dead);
 }

@@ -1,7 +1,7 @@
 //! Transmit path: send queue, Read Responses and Atomic Responses → DDP segments of at most
 //! MULPDU octets (RFC 5041 §5, RFC 7306 §5, §6), and the one Terminate (RFC 5040 §5.4).
 
-use softrdma_memory::Key;
+use softrdma_memory::{Key, TxMark, TxSink};
 use softrdma_wire::ddp::{self, DDP_VERSION, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 use softrdma_wire::rdmap::{
     ATOMIC_REQUEST_HEADER_LEN, ATOMIC_RESPONSE_HEADER_LEN, AtomicOpcode, AtomicRequestRepr,
@@ -27,10 +27,11 @@ enum Step {
     Outstanding,
 }
 
-/// Grows `out` by `len` zeroed octets and returns the offset of the first.
-fn grow(out: &mut Vec<u8>, len: usize) -> usize {
-    let start = out.len();
-    out.resize(start + len, 0);
+/// Grows `out`'s staged octets by `len` zeroes and returns the index of the first there.
+fn grow(out: &mut dyn TxSink, len: usize) -> usize {
+    let v = out.staged();
+    let start = v.len();
+    v.resize(start + len, 0);
     start
 }
 
@@ -42,13 +43,28 @@ impl RdmapEngine {
     /// RDMAP-73), then the owed responses (Read and Atomic, in request order) and send-queue
     /// messages alternately, ULPDU by ULPDU.
     pub fn poll_ulpdu(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+        let n = self.poll_ulpdu_into(out);
+        // Copied: the sources are free at once.
+        self.release_transmitted(self.ulpdus_emitted());
+        n
+    }
+
+    /// [`poll_ulpdu`](Self::poll_ulpdu) into any sink. A sink that keeps references to
+    /// registered memory holds the requests they came from: they complete (RDMAP-80) once
+    /// [`release_transmitted`](Self::release_transmitted) says their last ULPDU was written.
+    pub fn poll_ulpdu_into(&mut self, out: &mut dyn TxSink) -> Option<usize> {
+        // The ordinal of the ULPDU being emitted (taken back if there is none).
+        self.tx_emitted += 1;
         let n = match self.state {
             StreamState::Terminating => self.emit_terminate(out),
             StreamState::Rts => {
                 let responder = self.responder_ready();
                 let sq = self.sq_ready();
                 let use_responder = match (responder, sq) {
-                    (false, false) => return None,
+                    (false, false) => {
+                        self.tx_emitted -= 1;
+                        return None;
+                    }
                     (true, false) => true,
                     (false, true) => false,
                     (true, true) => self.prefer_responder,
@@ -64,6 +80,8 @@ impl RdmapEngine {
         };
         if n.is_some() {
             self.counters.ulpdus_tx += 1;
+        } else {
+            self.tx_emitted -= 1;
         }
         n
     }
@@ -170,11 +188,11 @@ impl RdmapEngine {
 
     /// One ULPDU of the send queue's current request (RFC 5040 §5.5 rule 13: in submission
     /// order, RDMAP-38, -45, -65, -79).
-    fn emit_sq(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+    fn emit_sq(&mut self, out: &mut dyn TxSink) -> Option<usize> {
         let idx = self.sq_tx;
         let e = self.sq.get(idx)?;
         let seq = e.seq;
-        let start = out.len();
+        let start = out.mark();
         let step = match e.op {
             SqOp::Read { .. } => {
                 self.put_read_request(out, idx);
@@ -253,19 +271,21 @@ impl RdmapEngine {
                 self.sq_tx_off = 0;
             }
             Ok(Step::Done) => {
-                // RDMAP-80: complete once the last octet is handed to the LLP.
+                // RDMAP-80: complete once the last octet is handed to the LLP, which is
+                // when this ULPDU is released.
                 self.sq_tx += 1;
                 self.sq_tx_off = 0;
                 self.sq[idx].state = SqState::Done(WcStatus::Success);
+                self.sq[idx].tx_ord = self.tx_emitted;
                 self.retire();
             }
         }
-        Some(out.len() - start)
+        Some(out.len() - start.len())
     }
 
     /// RFC 5040 §5.2.1 / §4.4: one untagged segment on QN 1 (RDMAP-42, RDMAP-23); the Read
     /// becomes outstanding.
-    fn put_read_request(&mut self, out: &mut Vec<u8>, idx: usize) {
+    fn put_read_request(&mut self, out: &mut dyn TxSink, idx: usize) {
         let e = &mut self.sq[idx];
         let SqOp::Read {
             rkey,
@@ -296,7 +316,7 @@ impl RdmapEngine {
         e.state = SqState::Outstanding;
         let start = grow(out, UNTAGGED_HEADER_LEN + READ_REQUEST_HEADER_LEN);
         self.put_untagged(
-            &mut out[start..],
+            &mut out.staged()[start..],
             Opcode::RdmaReadRequest,
             0,
             Queue::ReadRequest,
@@ -304,7 +324,7 @@ impl RdmapEngine {
             0,
             true,
         );
-        req.emit(&mut out[start + UNTAGGED_HEADER_LEN..])
+        req.emit(&mut out.staged()[start + UNTAGGED_HEADER_LEN..])
             .expect("28 octets reserved");
         self.tx_msn[1] = read.msn.wrapping_add(1);
         self.outbound_reads.push_back(read);
@@ -313,7 +333,7 @@ impl RdmapEngine {
     /// RFC 7306 §5: one Atomic Request, untagged on QN 1 in the Read Requests' MSN sequence;
     /// its Request Identifier is that MSN. The verbs forms: FetchAdd with Add Mask 0 (one
     /// 64-bit field), CmpSwap with every bit compared and swapped.
-    fn put_atomic_request(&mut self, out: &mut Vec<u8>, idx: usize) {
+    fn put_atomic_request(&mut self, out: &mut dyn TxSink, idx: usize) {
         let e = &mut self.sq[idx];
         let SqOp::Atomic {
             rkey,
@@ -350,7 +370,7 @@ impl RdmapEngine {
         e.state = SqState::Outstanding;
         let start = grow(out, UNTAGGED_HEADER_LEN + ATOMIC_REQUEST_HEADER_LEN);
         self.put_untagged(
-            &mut out[start..],
+            &mut out.staged()[start..],
             Opcode::AtomicRequest,
             0,
             Queue::ReadRequest,
@@ -358,7 +378,7 @@ impl RdmapEngine {
             0,
             true,
         );
-        req.emit(&mut out[start + UNTAGGED_HEADER_LEN..])
+        req.emit(&mut out.staged()[start + UNTAGGED_HEADER_LEN..])
             .expect("52 octets reserved, reserved bits 0");
         self.tx_msn[1] = msn.wrapping_add(1);
         self.outbound_atomics.push_back(atomic);
@@ -368,7 +388,7 @@ impl RdmapEngine {
     /// already sent. `Ok(true)` for the last segment, `Err` when the source is gone.
     fn put_write_segment(
         &mut self,
-        out: &mut Vec<u8>,
+        out: &mut dyn TxSink,
         idx: usize,
         rkey: Key,
         raddr: u64,
@@ -378,16 +398,23 @@ impl RdmapEngine {
         let e = &self.sq[idx];
         let n = (e.len - off).min((mulpdu - TAGGED_HEADER_LEN) as u32);
         let last = off + n == e.len;
+        let m = out.mark();
         let start = grow(out, TAGGED_HEADER_LEN);
         let to = raddr.wrapping_add(u64::from(off));
-        self.put_tagged(&mut out[start..], Opcode::RdmaWrite, rkey.0, to, last);
+        self.put_tagged(
+            &mut out.staged()[start..],
+            Opcode::RdmaWrite,
+            rkey.0,
+            to,
+            last,
+        );
         // The payload is copied once, straight after the header.
         if self.sq[idx]
             .data
-            .gather_extend(u64::from(off), n as usize, out)
+            .gather_into(u64::from(off), n as usize, out)
             .is_err()
         {
-            out.truncate(start);
+            out.rewind(m);
             return Err(());
         }
         self.sq_tx_off = off + n;
@@ -400,7 +427,7 @@ impl RdmapEngine {
     /// segment. `Ok(true)` for the last segment, `Err` when the source is gone.
     fn put_send_segment(
         &mut self,
-        out: &mut Vec<u8>,
+        out: &mut dyn TxSink,
         idx: usize,
         opcode: Opcode,
         invalidate: u32,
@@ -410,10 +437,11 @@ impl RdmapEngine {
         let e = &self.sq[idx];
         let n = (e.len - off).min((mulpdu - UNTAGGED_HEADER_LEN) as u32);
         let last = off + n == e.len;
+        let m = out.mark();
         let start = grow(out, UNTAGGED_HEADER_LEN);
         let msn = self.tx_msn[0];
         self.put_untagged(
-            &mut out[start..],
+            &mut out.staged()[start..],
             opcode,
             invalidate,
             Queue::Send,
@@ -423,10 +451,10 @@ impl RdmapEngine {
         );
         if self.sq[idx]
             .data
-            .gather_extend(u64::from(off), n as usize, out)
+            .gather_into(u64::from(off), n as usize, out)
             .is_err()
         {
-            out.truncate(start);
+            out.rewind(m);
             return Err(());
         }
         if last {
@@ -439,7 +467,7 @@ impl RdmapEngine {
 
     /// RFC 7306 §6: one Immediate Data message (0x8, or 0x9 with SE), untagged on QN 0 with
     /// its own MSN.
-    fn put_immediate(&mut self, out: &mut Vec<u8>, solicited: bool, data: [u8; 8]) {
+    fn put_immediate(&mut self, out: &mut dyn TxSink, solicited: bool, data: [u8; 8]) {
         let opcode = if solicited {
             Opcode::ImmediateDataWithSe
         } else {
@@ -447,26 +475,34 @@ impl RdmapEngine {
         };
         let msn = self.tx_msn[0];
         let start = grow(out, UNTAGGED_HEADER_LEN + IMMEDIATE_DATA_HEADER_LEN);
-        self.put_untagged(&mut out[start..], opcode, 0, Queue::Send, msn, 0, true);
+        self.put_untagged(
+            &mut out.staged()[start..],
+            opcode,
+            0,
+            Queue::Send,
+            msn,
+            0,
+            true,
+        );
         ImmediateDataRepr {
             immediate_data: data,
         }
-        .emit(&mut out[start + UNTAGGED_HEADER_LEN..])
+        .emit(&mut out.staged()[start + UNTAGGED_HEADER_LEN..])
         .expect("8 octets reserved");
         self.tx_msn[0] = msn.wrapping_add(1);
     }
 
     /// RFC 5040 §7.1 case 1 (RDMAP-99): a source buffer became unreachable while building
     /// an outbound message: a Terminate goes out instead of it.
-    fn fail_tx(&mut self, out: &mut Vec<u8>, start: usize, seq: u64) -> Option<usize> {
-        out.truncate(start);
+    fn fail_tx(&mut self, out: &mut dyn TxSink, start: TxMark, seq: u64) -> Option<usize> {
+        out.rewind(start);
         self.fail(Fault::local().sq(seq, WcStatus::LocalProtection));
         self.emit_terminate(out)
     }
 
     /// One ULPDU of the oldest owed response: all of an Atomic Response, or one segment of a
     /// Read Response.
-    fn emit_response(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+    fn emit_response(&mut self, out: &mut dyn TxSink) -> Option<usize> {
         match self.responses.front()? {
             Response::Atomic(resp) => {
                 let resp = *resp;
@@ -479,11 +515,12 @@ impl RdmapEngine {
 
     /// RFC 7306 §5: the Atomic Response, untagged on QN 3 with its own MSN sequence; its
     /// IRD slot is free again.
-    fn put_atomic_response(&mut self, out: &mut Vec<u8>, resp: AtomicResponseRepr) -> usize {
+    fn put_atomic_response(&mut self, out: &mut dyn TxSink, resp: AtomicResponseRepr) -> usize {
         let msn = self.tx_msn[3];
+        let m = out.mark();
         let start = grow(out, UNTAGGED_HEADER_LEN + ATOMIC_RESPONSE_HEADER_LEN);
         self.put_untagged(
-            &mut out[start..],
+            &mut out.staged()[start..],
             Opcode::AtomicResponse,
             0,
             Queue::AtomicResponse,
@@ -491,15 +528,15 @@ impl RdmapEngine {
             0,
             true,
         );
-        resp.emit(&mut out[start + UNTAGGED_HEADER_LEN..])
+        resp.emit(&mut out.staged()[start + UNTAGGED_HEADER_LEN..])
             .expect("12 octets reserved");
         self.tx_msn[3] = msn.wrapping_add(1);
-        out.len() - start
+        out.len() - m.len()
     }
 
     /// One segment of the oldest Read Response (RFC 5040 §5.2.2: in request order, RDMAP-55,
     /// RDMAP-86; STag and TO copied from the request, RDMAP-24).
-    fn emit_read_response(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+    fn emit_read_response(&mut self, out: &mut dyn TxSink) -> Option<usize> {
         let mulpdu = usize::from(self.cfg.mulpdu);
         let Some(Response::Read(r)) = self.responses.front() else {
             return None;
@@ -508,10 +545,11 @@ impl RdmapEngine {
         let sent = r.sent;
         let n = (total - sent).min((mulpdu - TAGGED_HEADER_LEN) as u32);
         let last = sent + n == total;
+        let m = out.mark();
         let start = grow(out, TAGGED_HEADER_LEN);
         let to = r.req.sink_to.wrapping_add(u64::from(sent));
         self.put_tagged(
-            &mut out[start..],
+            &mut out.staged()[start..],
             Opcode::RdmaReadResponse,
             r.req.sink_stag,
             to,
@@ -519,12 +557,11 @@ impl RdmapEngine {
         );
         if let Some(source) = &r.source {
             // The grant is re-validated under the table lock (RDMAP-120): a source
-            // invalidated after the request was accepted fails here. The payload is
-            // copied once, straight after the header.
-            if let Err(e) =
-                source.read_with(sent as usize, n as usize, |src| out.extend_from_slice(src))
-            {
-                out.truncate(start);
+            // invalidated after the request was accepted fails here (and, for a sink that
+            // references it, again when it is written). The payload is copied at most once,
+            // straight after the header.
+            if let Err(e) = out.gather(source, sent as usize, n as usize) {
+                out.rewind(m);
                 // RFC 5040 §4.8 (RDMAP-33): the Terminated RDMA Header is advanced by the
                 // octets already sent.
                 let fault = term::read_source_fault(e)
@@ -534,7 +571,8 @@ impl RdmapEngine {
                 return self.emit_terminate(out);
             }
         } else {
-            out.resize(out.len() + n as usize, 0);
+            let v = out.staged();
+            v.resize(v.len() + n as usize, 0);
         }
         self.counters.payload_tx += u64::from(n);
         if last {
@@ -542,16 +580,17 @@ impl RdmapEngine {
         } else if let Some(Response::Read(r)) = self.responses.front_mut() {
             r.sent = sent + n;
         }
-        Some(out.len() - start)
+        Some(out.len() - m.len())
     }
 
     /// RFC 5040 §4.8 / §5.4: the Terminate, untagged on QN 2 with MSN 1 and MO 0 (RDMAP-68);
     /// afterwards nothing is sent (RDMAP-73).
-    pub(super) fn emit_terminate(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+    pub(super) fn emit_terminate(&mut self, out: &mut dyn TxSink) -> Option<usize> {
         let t = self.term_pending.take()?;
+        let m = out.mark();
         let start = grow(out, UNTAGGED_HEADER_LEN + t.buffer_len());
         self.put_untagged(
-            &mut out[start..],
+            &mut out.staged()[start..],
             Opcode::Terminate,
             0,
             Queue::Terminate,
@@ -559,7 +598,7 @@ impl RdmapEngine {
             0,
             true,
         );
-        t.emit(&mut out[start + UNTAGGED_HEADER_LEN..])
+        t.emit(&mut out.staged()[start + UNTAGGED_HEADER_LEN..])
             .expect("Terminate fits its buffer_len");
         self.state = if self.closing {
             StreamState::Closed
@@ -567,6 +606,6 @@ impl RdmapEngine {
             StreamState::Error
         };
         self.counters.terminates_tx += 1;
-        Some(out.len() - start)
+        Some(out.len() - m.len())
     }
 }

@@ -8,6 +8,7 @@ use crate::{Access, Buffer, Key, KeyTable, PdId, QpId};
 mod access;
 mod buffer;
 mod concurrency;
+mod gather;
 mod invalidate;
 mod keys;
 mod model;

@@ -10,8 +10,10 @@
 //! * receive: read until `WouldBlock` (at most [`RX_BUDGET`] octets per turn), every read
 //!   to the connection; a QP on a shared receive queue gets a buffer when the connection
 //!   asks for one ([`IwConn::needs_recv`]);
-//! * transmit: whole frames from the connection into one transmit buffer until it holds
-//!   [`TX_HIGH`] octets, then written with one `write` (large writes, not one per FPDU);
+//! * transmit: whole frames from the connection into one transmit queue until it holds
+//!   [`TX_HIGH`] octets, headers copied and payloads referenced in registered memory, then
+//!   written with one vectored `write` (large writes, not one per FPDU, no user-space copy
+//!   of the payload); a send completes once its last octet is written;
 //! * close: a dead stream (Terminate sent or received, [`Qp::disconnect`](crate::Qp::disconnect))
 //!   flushes its transmit buffer, shuts the write side and waits for the peer's FIN.
 
@@ -32,7 +34,7 @@ use softrdma_iwarp::connection::{
 };
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
 use softrdma_iwarp::startup::{Negotiated, Role};
-use softrdma_memory::{PdId, QpId};
+use softrdma_memory::{PdId, QpId, TxBuf, TxSink};
 use softrdma_verbs_types::{
     CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -54,8 +56,6 @@ const RX_CHUNK: usize = 256 * 1024;
 const RX_BUDGET: usize = 4 * 1024 * 1024;
 /// Transmit buffer fill level that triggers a write.
 const TX_HIGH: usize = 256 * 1024;
-/// Below this many unsent octets the transmit buffer is compacted and refilled.
-const TX_LOW: usize = 64 * 1024;
 
 struct Listening {
     listener: TcpListener,
@@ -98,8 +98,8 @@ struct Conn {
     early_rq: Vec<CheckedRecv>,
     /// Events of the stream, published with the state and the completions.
     qp_events: Vec<QpEvent>,
-    tx: Vec<u8>,
-    tx_off: usize,
+    /// Frames to write: headers copied, large payloads referenced in registered memory.
+    tx: TxBuf,
     write_side: WriteSide,
     /// Inbound octets are read and dropped (closing).
     discard_rx: bool,
@@ -689,8 +689,7 @@ impl Conn {
             established: false,
             early_rq: Vec::new(),
             qp_events: Vec::new(),
-            tx: Vec::new(),
-            tx_off: 0,
+            tx: TxBuf::new(),
             write_side: WriteSide::Open,
             discard_rx: false,
             eof: false,
@@ -998,7 +997,10 @@ impl Conn {
     fn transmit(&mut self, ctx: &TcpShared) {
         loop {
             self.fill_tx();
-            if self.tx_off == self.tx.len() || !self.flush_tx(ctx) {
+            let more = !self.tx.is_empty() && self.flush_tx(ctx);
+            // Sends whose last octet is written complete (RDMAP-80).
+            self.iw.transmitted(&mut self.tx);
+            if !more {
                 return;
             }
         }
@@ -1006,46 +1008,47 @@ impl Conn {
 
     /// Whole frames from the connection until [`TX_HIGH`] octets wait.
     fn fill_tx(&mut self) {
-        if self.tx_off == self.tx.len() {
-            self.tx.clear();
-            self.tx_off = 0;
-        } else if self.tx_off > 0 && self.tx.len() - self.tx_off < TX_LOW {
-            self.tx.drain(..self.tx_off);
-            self.tx_off = 0;
-        }
         if self.write_side == WriteSide::Closed {
             return;
         }
-        let room = TX_HIGH.saturating_sub(self.tx.len() - self.tx_off);
-        if room > 0 {
-            self.iw.poll_transmit_bounded(&mut self.tx, room);
+        let waiting = self.tx.len();
+        if waiting < TX_HIGH {
+            self.iw.poll_transmit_into(&mut self.tx, TX_HIGH - waiting);
         }
     }
 
-    /// Writes the transmit buffer; `true` when it is empty afterwards.
+    /// Writes the transmit queue, payloads straight from registered memory (one vectored
+    /// write per [`softrdma_memory::MAX_IOV`] slices); `true` when it is empty afterwards.
     fn flush_tx(&mut self, _ctx: &TcpShared) -> bool {
-        while self.tx_off < self.tx.len() {
-            match self.stream.write(&self.tx[self.tx_off..]) {
-                Ok(0) => {
+        loop {
+            let stream = &mut self.stream;
+            match self.tx.write_with(|iov| stream.write_vectored(iov)) {
+                Ok(None) => return true,
+                Ok(Some(0)) => {
                     self.lost();
                     return false;
                 }
-                Ok(n) => self.tx_off += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
+                Ok(Some(_)) => {}
+                Err(Ok(e)) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(Ok(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(Ok(_)) => {
+                    self.lost();
+                    return false;
+                }
+                Err(Err(_)) => {
+                    // A source was revoked under a framed FPDU: the stream cannot go on.
                     self.lost();
                     return false;
                 }
             }
         }
-        true
     }
 
     /// The connection failed under us (write error).
     fn lost(&mut self) {
+        // Sends not written never left (RDMAP-80): flushed, not completed.
+        self.iw.transmit_failed();
         self.tx.clear();
-        self.tx_off = 0;
         self.write_side = WriteSide::Closed;
         self.on_eof();
         self.dead = true;
@@ -1113,7 +1116,7 @@ impl Conn {
             self.write_side = WriteSide::CloseWhenFlushed;
             self.discard_rx = true;
         }
-        if self.write_side == WriteSide::CloseWhenFlushed && self.tx_off == self.tx.len() {
+        if self.write_side == WriteSide::CloseWhenFlushed && self.tx.is_empty() {
             let _ = self.stream.shutdown(Shutdown::Write);
             self.write_side = WriteSide::Closed;
         }
