@@ -17,6 +17,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = CmMessage::parse(h.attribute_id, body) {
         let mut out = [0u8; MAD_DATA_LEN];
         m.emit(&mut out).expect("a parsed message fits");
-        assert_eq!(CmMessage::parse(h.attribute_id, &out).expect("ours parse"), m);
+        assert_eq!(
+            CmMessage::parse(h.attribute_id, &out).expect("ours parse"),
+            m
+        );
     }
 });

@@ -81,7 +81,11 @@ fuzz_target!(|data: &[u8]| {
         let pick = |ids: &[CommId], b: u8| ids.get(usize::from(b) % ids.len().max(1)).copied();
         match op >> 1 {
             0 => {
-                let svc = if inp.byte().unwrap_or(0) & 1 == 0 { SERVICE } else { 0x0106_0001 };
+                let svc = if inp.byte().unwrap_or(0) & 1 == 0 {
+                    SERVICE
+                } else {
+                    0x0106_0001
+                };
                 let pd_len = usize::from(inp.byte().unwrap_or(0) % 100);
                 let p = ReqParams {
                     peer: addr(1 - side),
@@ -120,7 +124,9 @@ fuzz_target!(|data: &[u8]| {
                 m.resize(MAD_LEN, 0);
                 if op >> 1 == 5 {
                     let attr = 0x10 + u16::from(m[0] % 9);
-                    MadHeaderRepr::cm(attr, u64::from(inp.u32())).emit(&mut m).unwrap();
+                    MadHeaderRepr::cm(attr, u64::from(inp.u32()))
+                        .emit(&mut m)
+                        .unwrap();
                     if let Some(id) = pick(&ids[side], m[30]) {
                         m[28..32].copy_from_slice(&id.to_be_bytes()); // remote comm id
                     }
@@ -128,8 +134,16 @@ fuzz_target!(|data: &[u8]| {
                         m[24..28].copy_from_slice(&id.to_be_bytes()); // local comm id
                     }
                 }
-                let from = if m[2] & 0x80 != 0 { IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9)) } else { addr(1 - side) };
-                let len = if m[3] & 0x40 != 0 { usize::from(m[4]) } else { MAD_LEN };
+                let from = if m[2] & 0x80 != 0 {
+                    IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9))
+                } else {
+                    addr(1 - side)
+                };
+                let len = if m[3] & 0x40 != 0 {
+                    usize::from(m[4])
+                } else {
+                    MAD_LEN
+                };
                 cms[side].handle_mad(now, from, &m[..len.min(MAD_LEN)]);
             }
             6 => {

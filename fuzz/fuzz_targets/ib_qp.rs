@@ -25,7 +25,14 @@ fuzz_target!(|data: &[u8]| {
     let keys = Arc::new(KeyTable::with_seed(1));
     let buf = Buffer::from_vec(vec![0x5A; GUARD + REGION + GUARD]);
     let key = keys
-        .reg_mr(PdId(1), buf.clone(), GUARD, REGION, BASE, Access::LOCAL_WRITE | Access::REMOTE)
+        .reg_mr(
+            PdId(1),
+            buf.clone(),
+            GUARD,
+            REGION,
+            BASE,
+            Access::LOCAL_WRITE | Access::REMOTE,
+        )
         .unwrap();
     let mut qp = IbQp::new(0x11, ty, PdId(1), QpCaps::default(), keys);
     let conn = ty != QpType::Ud;
@@ -63,8 +70,19 @@ fuzz_target!(|data: &[u8]| {
         let _ = qp.post_send(SendWr::write(1, vec![Sge::new(key, BASE, 600)], Key(7), 0));
     }
     if rc {
-        let _ = qp.post_send(SendWr::read(2, Some(Sge::new(key, BASE + 4096, 700)), Key(7), 0));
-        let _ = qp.post_send(SendWr::fetch_add(3, Sge::new(key, BASE + 8000, 8), Key(7), 0, 1));
+        let _ = qp.post_send(SendWr::read(
+            2,
+            Some(Sge::new(key, BASE + 4096, 700)),
+            Key(7),
+            0,
+        ));
+        let _ = qp.post_send(SendWr::fetch_add(
+            3,
+            Sge::new(key, BASE + 8000, 8),
+            Key(7),
+            0,
+            1,
+        ));
     }
     let mut now = Instant::now();
     let mut out = Vec::new();
@@ -86,7 +104,8 @@ fuzz_target!(|data: &[u8]| {
         }
         // What was held goes out when asked, and only an ACK is ever held.
         if qp.ack_held() {
-            qp.poll_transmit(now, &mut out).expect("a held ACK is sent on request");
+            qp.poll_transmit(now, &mut out)
+                .expect("a held ACK is sent on request");
             let p = PacketRepr::parse(&out).expect("emitted packet parses");
             assert!(p.aeth.is_some_and(|a| a.syndrome.is_ack()), "{p:?}");
         }
@@ -96,6 +115,12 @@ fuzz_target!(|data: &[u8]| {
         qp.handle_timeout(now);
     }
     let g = buf.read();
-    assert!(g[..GUARD].iter().all(|&b| b == 0x5A), "write below the region");
-    assert!(g[GUARD + REGION..].iter().all(|&b| b == 0x5A), "write above the region");
+    assert!(
+        g[..GUARD].iter().all(|&b| b == 0x5A),
+        "write below the region"
+    );
+    assert!(
+        g[GUARD + REGION..].iter().all(|&b| b == 0x5A),
+        "write above the region"
+    );
 });

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use libfuzzer_sys::fuzz_target;
 use softrdma_iwarp::rdmap::{QpConfig, RdmapEngine, StreamState};
 use softrdma_iwarp::verbs_types::{RecvWr, SendFlags, SendWr, Sge};
-use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId, QpId};
+use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId, QpId, TxBuf};
 use softrdma_wire::ddp;
 use softrdma_wire::rdmap::{LlpError, MASK_OPCODE, Opcode, Segment, TerminateLayout};
 
@@ -46,6 +46,9 @@ struct Tx {
     mulpdu: usize,
     terminates: usize,
     out: Vec<u8>,
+    /// Odd-length inputs: every ULPDU goes through a `TxBuf` that references its payload
+    /// and is written out (flattened into `out`) before the next.
+    gather: Option<TxBuf>,
 }
 
 impl Tx {
@@ -53,7 +56,34 @@ impl Tx {
     fn drain(&mut self, e: &mut RdmapEngine, max: usize) {
         for _ in 0..max {
             self.out.clear();
-            let Some(n) = e.poll_ulpdu(&mut self.out) else {
+            let n = match self.gather.as_mut() {
+                None => e.poll_ulpdu(&mut self.out),
+                Some(g) => {
+                    let n = e.poll_ulpdu_into(g);
+                    let out = &mut self.out;
+                    let written = g.write_with(|iov| {
+                        Ok::<_, ()>(
+                            iov.iter()
+                                .map(|s| {
+                                    out.extend_from_slice(s);
+                                    s.len()
+                                })
+                                .sum(),
+                        )
+                    });
+                    match written {
+                        Ok(_) => e.release_transmitted(e.ulpdus_emitted()),
+                        Err(_) => {
+                            // Revoked under the reference: nothing was written.
+                            g.clear();
+                            e.tx_lost();
+                            break;
+                        }
+                    }
+                    n
+                }
+            };
+            let Some(n) = n else {
                 break;
             };
             let u = &self.out[..];
@@ -144,6 +174,7 @@ fuzz_target!(|data: &[u8]| {
         mulpdu: usize::from(e.config().mulpdu),
         terminates: 0,
         out: Vec::new(),
+        gather: (data.len() % 2 == 1).then(|| TxBuf::new().with_min_reference(1)),
     };
 
     let mut wr_id = 0u64;
@@ -280,7 +311,11 @@ fuzz_target!(|data: &[u8]| {
     }
     tx.drain(&mut e, DRAIN_MAX);
     if tx.terminates > 0 {
-        assert_ne!(e.state(), StreamState::Rts, "Terminate sent, stream still up");
+        assert_ne!(
+            e.state(),
+            StreamState::Rts,
+            "Terminate sent, stream still up"
+        );
     }
 
     let g = buf.read();

@@ -16,11 +16,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut reg = Registry::new();
-    reg.register(100_003, 3, |ctx: &CallContext<'_>, args: &[u8]| match ctx.header.proc {
-        0 => Ok(Vec::new()),
-        1 => Ok(args.to_vec()),
-        2 => Err(ProcError::GarbageArgs),
-        _ => Err(ProcError::ProcUnavail),
+    reg.register(100_003, 3, |ctx: &CallContext<'_>, args: &[u8]| {
+        match ctx.header.proc {
+            0 => Ok(Vec::new()),
+            1 => Ok(args.to_vec()),
+            2 => Err(ProcError::GarbageArgs),
+            _ => Err(ProcError::ProcUnavail),
+        }
     });
     reg.register(100_003, 4, |_: &CallContext<'_>, _: &[u8]| {
         Err::<Vec<u8>, _>(ProcError::SystemErr)

@@ -39,7 +39,10 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(e.emit(&mut b), Ok(b.len()));
                 assert_eq!(&b[..4], &msg[..4]);
                 let (back, _) = Repr::parse(&b).expect("our RDMA_ERROR parses");
-                assert_eq!(back.rdma_xid, u32::from_be_bytes([msg[0], msg[1], msg[2], msg[3]]));
+                assert_eq!(
+                    back.rdma_xid,
+                    u32::from_be_bytes([msg[0], msg[1], msg[2], msg[3]])
+                );
             }
         }
     }

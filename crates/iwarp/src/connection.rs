@@ -443,6 +443,9 @@ impl Connection {
                     matches!(e, FramingError::Source(_)),
                     "engine ULPDU refused by the framer: {e:?}"
                 );
+                // The request whose ULPDU was dropped did not go out: nothing held
+                // completes as sent.
+                self.engine.tx_lost();
                 self.engine.handle_llp_error(LlpError::LocalCatastrophic);
                 break;
             }

@@ -96,18 +96,6 @@ impl Sgl {
         })
     }
 
-    /// Appends `len` octets from message offset `off` to `out`, copied once (no zeroing
-    /// first); `out` is as it was on error.
-    pub fn gather_extend(
-        &self,
-        off: u64,
-        len: usize,
-        out: &mut Vec<u8>,
-    ) -> Result<(), AccessError> {
-        out.reserve(len);
-        self.gather_into(off, len, out)
-    }
-
     /// Appends `len` octets from message offset `off` to `out`, copied or referenced as the
     /// sink does it; `out` is as it was on error.
     pub fn gather_into<S: TxSink + ?Sized>(
@@ -147,7 +135,8 @@ impl Payload {
         }
     }
 
-    /// Appends `len` octets from message offset `off` to `out` (see [`Sgl::gather_extend`]).
+    /// Appends `len` octets from message offset `off` to `out`, copied once (no zeroing
+    /// first); `out` is as it was on error.
     pub fn gather_extend(
         &self,
         off: u64,

@@ -191,16 +191,7 @@ fn transfer(
             // Written in pieces `cut` chooses, as a socket takes them.
             while tx.len() > 0 {
                 let want = cut(tx.len()).clamp(1, tx.len());
-                let wrote = tx.write_with(|iov| {
-                    let mut k = 0;
-                    for s in iov {
-                        let take = s.len().min(want - k);
-                        out.extend_from_slice(&s[..take]);
-                        k += take;
-                    }
-                    Ok::<_, ()>(k)
-                });
-                assert_eq!(wrote, Ok(Some(want)));
+                assert_eq!(write_some(tx, want, &mut out), want);
                 from.conn.transmitted(tx);
             }
             n
