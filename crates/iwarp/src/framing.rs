@@ -152,40 +152,9 @@ impl Framer {
     }
 
     /// Starts an FPDU in place at the end of `out`, for a ULPDU appended there next and
-    /// [`seal`](Self::seal)ed: the ULPDU is written once, where it is sent from. `None` with
-    /// Markers on (they cut into the body: use [`frame`](Self::frame)).
-    pub fn begin(&self, out: &mut Vec<u8>) -> Option<usize> {
-        if self.markers {
-            return None;
-        }
-        let at = out.len();
-        out.extend_from_slice(&[0, 0]);
-        Some(at)
-    }
-
-    /// Finishes the FPDU [`begin`](Self::begin) started at `at` (length, PAD, CRC); on
-    /// error `out` is cut back to `at`.
-    pub fn seal(&mut self, out: &mut Vec<u8>, at: usize) -> Result<usize, FramingError> {
-        let len = out.len().saturating_sub(at + 2);
-        let limit = usize::from(clamp_mulpdu(self.mulpdu));
-        if self.markers || len > limit {
-            out.truncate(at);
-            return Err(FramingError::UlpduTooLarge { len, limit });
-        }
-        match mpa::seal_fpdu(out, at, self.crc) {
-            Ok(n) => {
-                self.pos = self.pos.wrapping_add(n as u32);
-                Ok(n)
-            }
-            Err(_) => {
-                out.truncate(at);
-                Err(FramingError::UlpduTooLarge { len, limit })
-            }
-        }
-    }
-
-    /// [`begin`](Self::begin) for any sink: the ULPDU appended next may reference
-    /// registered memory rather than copy it.
+    /// [`close`](Self::close)d: the ULPDU is written once (or referenced where it lies in
+    /// registered memory), where it is sent from. `None` with Markers on (they cut into the
+    /// body: use [`frame`](Self::frame)).
     pub fn open(&self, out: &mut dyn TxSink) -> Option<OpenFpdu> {
         if self.markers {
             return None;
@@ -195,8 +164,8 @@ impl Framer {
         Some(OpenFpdu { mark })
     }
 
-    /// [`seal`](Self::seal) for any sink (RFC 5044 §4.1-§4.4): ULPDU_Length, PAD, and the
-    /// CRC32c over the FPDU read where its octets are (MPA-32/33), else a zero CRC
+    /// Finishes the FPDU [`open`](Self::open) started (RFC 5044 §4.1-§4.4): ULPDU_Length,
+    /// the zero PAD (MPA-13), and the CRC32c over the FPDU read where its octets are (MPA-32/33), else a zero CRC
     /// (MPA-14). On error `out` is as it was before [`open`](Self::open).
     pub fn close(&mut self, out: &mut dyn TxSink, o: OpenFpdu) -> Result<usize, FramingError> {
         let len = out.len().saturating_sub(o.mark.len() + 2);
@@ -833,6 +802,39 @@ mod tests {
     /// MPA-05/07/40: the framer refuses ULPDUs above the MULPDU (construction
     /// or per call) and above 64768 always; nothing is appended, the position
     /// stays; MULPDUs are clamped to [128, 64768].
+    /// Closing in place at the length limits: the octets [`Framer::frame`] makes, up to a
+    /// 64768-octet ULPDU; one more is refused and leaves `out` as it was.
+    #[test]
+    fn closed_in_place_as_framed_at_the_limits() {
+        for len in [0usize, 1, 2, 3, 4, 5, 511, 512, 1000, MAX_ULPDU] {
+            let ulpdu = pattern(len, 3);
+            for crc in [false, true] {
+                let mut f = Framer::new(false, crc);
+                let mut out = vec![0xEE; 5];
+                let o = f.open(&mut out).expect("no Markers");
+                out.extend_from_slice(&ulpdu);
+                let n = f.close(&mut out, o).unwrap();
+                assert_eq!(n, out.len() - 5);
+                assert_eq!(&out[..5], &[0xEE; 5]);
+                let mut framed = Vec::new();
+                Framer::new(false, crc)
+                    .frame(&[&ulpdu], &mut framed)
+                    .unwrap();
+                assert_eq!(out[5..], framed[..], "{len} {crc}");
+            }
+        }
+        let mut f = Framer::new(false, false);
+        let mut out = vec![0xEE; 5];
+        let o = f.open(&mut out).expect("no Markers");
+        out.resize(out.len() + MAX_ULPDU + 1, 0);
+        assert!(matches!(
+            f.close(&mut out, o),
+            Err(FramingError::UlpduTooLarge { .. })
+        ));
+        assert_eq!(out, [0xEE; 5]);
+        assert_eq!(f.position(), 0);
+    }
+
     #[test]
     fn mpa_07_mulpdu_enforced() {
         let mut f = Framer::new(false, true).with_mulpdu(mulpdu(1460, false));
@@ -1195,7 +1197,7 @@ mod tests {
             prop_assert_eq!(direct, u);
         }
 
-        /// Framing in place ([`Framer::begin`], [`Framer::seal`]) puts out the octets
+        /// Framing in place ([`Framer::open`], [`Framer::close`]) puts out the octets
         /// [`Framer::frame`] does.
         #[test]
         fn prop_sealed_in_place_as_framed(
@@ -1207,13 +1209,13 @@ mod tests {
             let mut f = Framer::with_position(false, crc, start).unwrap();
             let mut out = vec![0xAB; 3];
             for x in &u {
-                let at = f.begin(&mut out).expect("no Markers");
+                let o = f.open(&mut out).expect("no Markers");
                 out.extend_from_slice(x);
-                f.seal(&mut out, at).unwrap();
+                f.close(&mut out, o).unwrap();
             }
             prop_assert_eq!(f.position(), start.wrapping_add(out.len() as u32 - 3));
             prop_assert_eq!(&out[3..], &stream(&u, start, false, crc)[..]);
-            prop_assert!(Framer::new(true, crc).begin(&mut out).is_none());
+            prop_assert!(Framer::new(true, crc).open(&mut out).is_none());
         }
 
         /// Arbitrary octets never panic the Deframer; whatever it delivers

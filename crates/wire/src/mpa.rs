@@ -1005,28 +1005,6 @@ pub fn encode_fpdu(
     Ok(crc_at + CRC_LEN)
 }
 
-/// Finishes in place an FPDU without Markers whose ULPDU was appended to `out` after two
-/// octets left at `at` for ULPDU_Length (RFC 5044 §4.1): the length, the zero PAD (MPA-13)
-/// and the CRC field — CRC32c over the FPDU when `crc` (MPA-32/33), else zero (MPA-14).
-/// The same octets as [`encode_fpdu`] without the copy. Returns the FPDU's length.
-///
-/// Errors: nothing reserved at `at`, or a ULPDU over 64768 octets (`TooLarge`, MPA-07).
-pub fn seal_fpdu(out: &mut Vec<u8>, at: usize, crc: bool) -> Result<usize> {
-    let ulpdu_len = out
-        .len()
-        .checked_sub(at.saturating_add(2))
-        .ok_or_else(|| too_large("ULPDU_Length field", at, out.len()))?;
-    if ulpdu_len > MAX_ULPDU {
-        return Err(too_large("ULPDU length", ulpdu_len, MAX_ULPDU));
-    }
-    // <= 64768 checked above.
-    out[at..at + 2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
-    out.extend_from_slice(&[0u8; 3][..pad_len(ulpdu_len)]);
-    let value = if crc { crc32c(&out[at..]) } else { 0 };
-    out.extend_from_slice(&crc_to_wire(value));
-    Ok(out.len() - at)
-}
-
 /// What [`decode_fpdu`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -1254,29 +1232,6 @@ mod tests {
         let c = if crc { crc32c_bitwise(&v) } else { 0 };
         v.extend_from_slice(&c.to_le_bytes());
         v
-    }
-
-    #[test]
-    fn sealing_in_place_makes_the_octets_encoding_makes() {
-        for len in [0usize, 1, 2, 3, 4, 5, 511, 512, 1000, MAX_ULPDU] {
-            let ulpdu: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
-            for crc in [false, true] {
-                let mut out = vec![0xEE; 5];
-                out.extend_from_slice(&[0, 0]);
-                out.extend_from_slice(&ulpdu);
-                let n = seal_fpdu(&mut out, 5, crc).unwrap();
-                assert_eq!(n, out.len() - 5);
-                assert_eq!(&out[..5], &[0xEE; 5]);
-                assert_eq!(
-                    out[5..],
-                    encode_vec(&[&ulpdu], 5, false, crc)[..],
-                    "{len} {crc}"
-                );
-            }
-        }
-        let mut big = vec![0u8; MAX_ULPDU + 3];
-        assert!(seal_fpdu(&mut big, 0, false).is_err());
-        assert!(seal_fpdu(&mut vec![0u8; 1], 0, false).is_err());
     }
 
     fn encode_vec(parts: &[&[u8]], pos: u32, markers: bool, crc: bool) -> Vec<u8> {

@@ -53,18 +53,13 @@ impl RdmapEngine {
     /// registered memory holds the requests they came from: they complete (RDMAP-80) once
     /// [`release_transmitted`](Self::release_transmitted) says their last ULPDU was written.
     pub fn poll_ulpdu_into(&mut self, out: &mut dyn TxSink) -> Option<usize> {
-        // The ordinal of the ULPDU being emitted (taken back if there is none).
-        self.tx_emitted += 1;
         let n = match self.state {
             StreamState::Terminating => self.emit_terminate(out),
             StreamState::Rts => {
                 let responder = self.responder_ready();
                 let sq = self.sq_ready();
                 let use_responder = match (responder, sq) {
-                    (false, false) => {
-                        self.tx_emitted -= 1;
-                        return None;
-                    }
+                    (false, false) => return None,
                     (true, false) => true,
                     (false, true) => false,
                     (true, true) => self.prefer_responder,
@@ -80,8 +75,7 @@ impl RdmapEngine {
         };
         if n.is_some() {
             self.counters.ulpdus_tx += 1;
-        } else {
-            self.tx_emitted -= 1;
+            self.tx_emitted += 1;
         }
         n
     }
@@ -276,7 +270,8 @@ impl RdmapEngine {
                 self.sq_tx += 1;
                 self.sq_tx_off = 0;
                 self.sq[idx].state = SqState::Done(WcStatus::Success);
-                self.sq[idx].tx_ord = self.tx_emitted;
+                // The ordinal of the ULPDU being emitted.
+                self.sq[idx].tx_ord = self.tx_emitted + 1;
                 self.retire();
             }
         }
