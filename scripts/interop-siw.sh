@@ -18,6 +18,9 @@
 # Options: --sizes "26 64 ..."  --count N  --no-crc  --no-perftest  --no-build
 #          --only REGEX (case names)  --out DIR (logs and pcaps; default target/interop-siw)
 #          --mtu N (the VM's NIC and the bridge, e.g. 9000: jumbo frames, larger FPDUs)
+#          --rx-direct-min N (softrdma reads payloads of N octets and more straight into
+#          registered memory; the default, 16384, is above siw's FPDUs over this link, so
+#          `--rx-direct-min 1` is how the direct receive path meets siw)
 # Environment: SOFTRDMA_BIN (default target/release/softrdma; --no-build implied if set)
 set -uo pipefail
 
@@ -40,6 +43,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY=$2; shift ;;
     --out) OUT=$2; shift ;;
     --mtu) MTU=$2; shift ;;
+    --rx-direct-min) export SOFTRDMA_RX_DIRECT_MIN=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "interop-siw.sh: unknown argument $1" >&2; exit 2 ;;
   esac

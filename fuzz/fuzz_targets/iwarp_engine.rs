@@ -13,7 +13,9 @@
 //!   STag (1: region A, 2: region B, 3: A with a wrong consumer key) where the segment names
 //!   one of ours: a tagged segment's STag, a Send with Invalidate's Invalidate STag, a Read
 //!   Request's Data Source STag, an Atomic Request's Remote STag. Bit 13 set: the engine's
-//!   output is not drained afterwards (so IRD / ORD fill up).
+//!   output is not drained afterwards (so IRD / ORD fill up). Bit 14 set: where the engine
+//!   names a placement for the payload (`placement`), it is copied there and the segment
+//!   handed over with `handle_placed`, as direct placement from a socket does.
 //! * `h & 0x8000 != 0`: a local action, `(h >> 11) & 0xF` = kind, `h & 0x7FF` = flags, then 8
 //!   octets of parameters (little-endian, zero-padded at the end of the input).
 
@@ -196,7 +198,27 @@ fuzz_target!(|data: &[u8]| {
             }
             drain = h & 0x2000 == 0;
             let _ = e.needs_recv(&ulpdu);
-            e.handle_ulpdu(&ulpdu);
+            let head = ddp::Repr::parse(&ulpdu).map_or(0, |r| r.header_len());
+            let placement = if h & 0x4000 != 0 && head <= ulpdu.len() {
+                e.placement(&ulpdu[..head], ulpdu.len())
+            } else {
+                None
+            };
+            match placement {
+                // Direct placement: the payload copied where the engine named, then the
+                // segment handed over as placed (and checked again).
+                Some(p) => {
+                    let mut at = head;
+                    let mut ok = true;
+                    for (t, off, len) in p.pieces() {
+                        ok &= t.place(*off, &ulpdu[at..at + len]).is_ok();
+                        at += len;
+                    }
+                    assert_eq!(at, ulpdu.len(), "the pieces cover the payload");
+                    e.handle_placed(&ulpdu[..head], ulpdu.len() - head, ok);
+                }
+                None => e.handle_ulpdu(&ulpdu),
+            }
         } else {
             let kind = (h >> 11) & 0xF;
             let p = h & 0x7FF;

@@ -9,6 +9,7 @@
 //! conn.poll_transmit_bounded(&mut out, room); // whole frames to write to TCP
 //! conn.poll_timeout() / conn.handle_timeout(now);
 //! conn.poll_event();                         // startup decisions, establishment, errors
+//! conn.rx_window() / conn.rx_placed(..)       // optional: payload read straight into memory
 //! conn.engine_mut().post_send(..) / post_recv(..) / poll_completion()
 //! ```
 //!
@@ -28,13 +29,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use softrdma_memory::{KeyTable, TxBuf, TxSink};
+use softrdma_memory::{KeyTable, Target, TxBuf, TxSink};
 use softrdma_wire::ddp;
 use softrdma_wire::mpa::{self, LlpError};
 use softrdma_wire::rdmap::{Body, Control, Opcode, Segment};
 
 use crate::framing::{Deframer, Framer, FramingError};
-use crate::rdmap::{QpConfig, QpEvent, RdmapEngine, StreamState};
+use crate::rdmap::{Placement, QpConfig, QpEvent, RdmapEngine, StreamState};
 use crate::startup::{
     Negotiated, PeerParams, Role, Rtr, Startup, StartupConfig, StartupError, StartupEvent,
     StartupState,
@@ -69,7 +70,19 @@ pub struct ConnectionConfig {
     /// the first segment of a Send that finds no receive posted, so the driver
     /// can post one ([`Connection::needs_recv`]).
     pub srq: bool,
+    /// Direct placement ([`Connection::rx_window`]) for a segment with at least this many
+    /// payload octets still to arrive; `usize::MAX`: never.
+    pub rx_direct_min: usize,
 }
+
+/// [`ConnectionConfig::rx_direct_min`] by default: below it a read into a buffer and a copy
+/// cost less than the system call a window needs per FPDU.
+pub const DEFAULT_RX_DIRECT_MIN: usize = 16 * 1024;
+
+/// Octets a driver reads after a window's last piece: the PAD and CRC, then the next FPDU's
+/// length and headers (at most 2 + 28 for any data segment), so that its payload can go
+/// straight into memory too.
+const WINDOW_TAIL: usize = 3 + mpa::CRC_LEN + 2 + 28;
 
 impl ConnectionConfig {
     /// MSS-sized FPDUs, no early FPDUs, no SRQ.
@@ -82,6 +95,61 @@ impl ConnectionConfig {
             fpdu: FpduSizing::PathMss,
             early_fpdus: false,
             srq: false,
+            rx_direct_min: DEFAULT_RX_DIRECT_MIN,
+        }
+    }
+}
+
+/// Memory the next octets of the TCP stream belong in ([`Connection::rx_window`]): `len`
+/// octets of `target` at `at`.
+#[derive(Debug, Clone)]
+pub struct RxWindow {
+    pub target: Target,
+    pub at: usize,
+    pub len: usize,
+    /// Octets worth reading into the ordinary buffer in the same call, after these.
+    pub tail: usize,
+}
+
+/// The FPDU whose payload is placed straight into memory: where it goes and how far it got.
+#[derive(Debug)]
+struct Direct {
+    placement: Placement,
+    /// The piece being filled and the octets of it filled.
+    piece: usize,
+    filled: usize,
+    /// Every octet so far went where it belongs.
+    ok: bool,
+}
+
+impl Direct {
+    /// Copies `octets`, the next of the payload, to where they belong (the path for octets
+    /// that came through a buffer after all); a refusal spoils the rest.
+    fn copy_in(&mut self, mut octets: &[u8]) {
+        while !octets.is_empty() && self.ok {
+            let Some((t, at, len)) = self.placement.pieces().get(self.piece) else {
+                self.ok = false;
+                break;
+            };
+            let n = (len - self.filled).min(octets.len());
+            self.ok = t.place(at + self.filled, &octets[..n]).is_ok();
+            self.advance(n);
+            octets = &octets[n..];
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(&(_, _, len)) = self.placement.pieces().get(self.piece) else {
+                return;
+            };
+            let k = (len - self.filled).min(n);
+            self.filled += k;
+            n -= k;
+            if self.filled == len {
+                self.piece += 1;
+                self.filled = 0;
+            }
         }
     }
 }
@@ -141,6 +209,10 @@ pub struct Connection {
     rtr_expected: Option<Rtr>,
     failed: bool,
     scratch: Vec<u8>,
+    /// Direct placement in progress.
+    direct: Option<Direct>,
+    /// The last ULPDU delivered was large enough for direct placement.
+    rx_large: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -180,6 +252,8 @@ impl Connection {
             rtr_expected: None,
             failed: false,
             scratch: Vec::new(),
+            direct: None,
+            rx_large: false,
         };
         c.pump_startup();
         Ok(c)
@@ -300,6 +374,116 @@ impl Connection {
     /// engine terminates the stream, RFC 5041 §7.2) and goes on.
     pub fn needs_recv(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// Direct placement (RFC 5041 §5, placement straight from the LLP): when the next octets
+    /// of the TCP stream are payload of an RDMA Write, Read Response or Send segment whose
+    /// headers are in and pass every check, with at least
+    /// [`rx_direct_min`](ConnectionConfig::rx_direct_min) octets still to come, the memory
+    /// they belong in. A driver may read straight into it (`target.write_with(at, len, ..)`,
+    /// with up to `tail` more octets into its own buffer in the same call), report those
+    /// octets with [`rx_placed`](Self::rx_placed) and hand what followed them to
+    /// [`handle_input`](Self::handle_input) as always; or ignore the window and hand
+    /// everything to `handle_input`, which then places by copying. Payload octets are in
+    /// memory before their FPDU's CRC is checked, as on hardware; the segment is only
+    /// delivered (and checked again) once the CRC is good (MPA-34, MPA-48), and until then
+    /// the memory is indeterminate (RDMAP-75).
+    pub fn rx_window(&mut self) -> Option<RxWindow> {
+        if self.direct.is_none() {
+            self.start_direct();
+        }
+        let direct = self.direct.as_ref().filter(|d| d.ok)?;
+        let left = self.deframer.as_ref()?.bypass_left()?;
+        let (target, at, len) = direct.placement.pieces().get(direct.piece)?;
+        let n = (len - direct.filled).min(left);
+        if n == 0 {
+            return None;
+        }
+        Some(RxWindow {
+            target: target.clone(),
+            at: at + direct.filled,
+            len: n,
+            tail: if n == left { WINDOW_TAIL } else { 0 },
+        })
+    }
+
+    /// At most how many octets the next read into a buffer should take (when there is no
+    /// [`rx_window`](Self::rx_window)). While large FPDUs arrive (at least
+    /// [`rx_direct_min`](ConnectionConfig::rx_direct_min) octets: the one at the head of the
+    /// buffer, or the last one delivered), the rest of the head FPDU and the next one's
+    /// headers, so that the next payload gets a window instead of being swallowed by a
+    /// large read; otherwise no limit.
+    pub fn rx_read_limit(&self) -> usize {
+        let Some(d) = self.deframer.as_ref() else {
+            return usize::MAX;
+        };
+        if self.direct.is_some() || d.markers() {
+            return usize::MAX;
+        }
+        match d.head() {
+            Some((n, ulpdu)) if self.rx_large || n >= self.cfg.rx_direct_min => {
+                n - ulpdu.len() + WINDOW_TAIL
+            }
+            None if self.rx_large && d.buffered() == 0 => WINDOW_TAIL,
+            _ => usize::MAX,
+        }
+    }
+
+    /// `octets` were read straight into the memory of the last [`rx_window`](Self::rx_window),
+    /// from its start (at most its `len`).
+    pub fn rx_placed(&mut self, octets: &[u8]) {
+        if let (Some(d), Some(direct)) = (self.deframer.as_mut(), self.direct.as_mut()) {
+            d.bypassed(octets);
+            direct.advance(octets.len());
+        }
+    }
+
+    /// The memory of the last [`rx_window`](Self::rx_window) refused the write (its key was
+    /// revoked): the rest of the payload is read and dropped, and the segment fails as a
+    /// placement into a revoked key does.
+    pub fn rx_window_failed(&mut self) {
+        if let Some(direct) = self.direct.as_mut() {
+            direct.ok = false;
+        }
+    }
+
+    /// Starts direct placement of the partial FPDU at the head of the receive buffer, if it
+    /// qualifies: its octets buffered behind the headers are placed now.
+    fn start_direct(&mut self) {
+        if self.failed
+            || self.held.is_some()
+            || self.rtr_expected.is_some()
+            || self.startup.state() == StartupState::AwaitingFirstFpdu
+        {
+            return;
+        }
+        let Some(d) = self.deframer.as_mut() else {
+            return;
+        };
+        let Some((ulpdu_len, ulpdu)) = d.head() else {
+            return;
+        };
+        let Ok(hdr) = ddp::Repr::parse(ulpdu) else {
+            return;
+        };
+        let keep = hdr.header_len();
+        if ulpdu.len() < keep || ulpdu_len - ulpdu.len() < self.cfg.rx_direct_min {
+            return;
+        }
+        let Some(placement) = self.engine.placement(&ulpdu[..keep], ulpdu_len) else {
+            return;
+        };
+
+        let mut direct = Direct {
+            placement,
+            piece: 0,
+            filled: 0,
+            ok: true,
+        };
+        direct.copy_in(&ulpdu[keep..]);
+        if direct.ok && d.bypass(keep) {
+            self.direct = Some(direct);
+        }
     }
 
     /// The TCP connection delivered FIN or failed.
@@ -583,16 +767,45 @@ impl Connection {
             cfg,
             engine,
             held,
+            direct,
+            rx_large,
             ..
         } = self;
+        let large = cfg.rx_direct_min;
         if let Some(d) = deframer.as_mut() {
             let mut go = true;
             let mut rest = bytes;
+            // The rest of a payload placed straight into memory, then its PAD and CRC.
+            if let Some(left) = d.bypass_left() {
+                let n = left.min(rest.len());
+                if let Some(direct) = direct.as_mut() {
+                    direct.copy_in(&rest[..n]);
+                }
+                d.bypassed(&rest[..n]);
+                rest = &rest[n..];
+                let n = d.wanted().min(rest.len());
+                d.push(&rest[..n]);
+                rest = &rest[n..];
+                match d.next_bypassed() {
+                    None => {}
+                    Some(Ok((head, placed))) => {
+                        let ok = direct.take().is_some_and(|x| x.ok);
+                        *rx_large = true;
+                        engine.handle_placed(head, placed, ok);
+                    }
+                    Some(Err(e)) => {
+                        *direct = None;
+                        engine.handle_llp_error(e);
+                        go = false;
+                    }
+                }
+            }
             while go {
                 // FPDUs read where they arrived while nothing is buffered ...
                 while go && d.buffered() == 0 && !rest.is_empty() {
                     match d.next_in(&mut rest) {
                         Some(next) => {
+                            *rx_large = next.as_ref().is_ok_and(|u| u.len() >= large);
                             go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
                         }
                         None => break,
@@ -609,6 +822,7 @@ impl Connection {
                 while go {
                     match d.next_ulpdu() {
                         Some(next) => {
+                            *rx_large = next.as_ref().is_ok_and(|u| u.len() >= large);
                             go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
                         }
                         None => break,
@@ -619,6 +833,7 @@ impl Connection {
             while go {
                 match d.next_ulpdu() {
                     Some(next) => {
+                        *rx_large = next.as_ref().is_ok_and(|u| u.len() >= large);
                         go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
                     }
                     None => break,

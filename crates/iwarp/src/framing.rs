@@ -14,7 +14,9 @@
 //! Sans-IO: no sockets, no clocks; the caller moves the octets.
 
 use softrdma_memory::{AccessError, TxMark, TxSink};
-use softrdma_wire::mpa::{self, CRC_LEN, LlpError, MARKER_LEN, MAX_ULPDU, MULPDU_MIN};
+use softrdma_wire::mpa::{
+    self, CRC_LEN, LlpError, MARKER_LEN, MAX_ULPDU, MULPDU_MIN, ULPDU_LENGTH_LEN,
+};
 
 /// MULPDU for an EMSS (RFC 5044 §4.5, MPA-04/35/36/40): re-exported from the
 /// wire codec so the data path finds it next to the [`Framer`].
@@ -285,6 +287,22 @@ pub struct Deframer {
     delivered: u64,
     /// A ULPDU taken out from between Markers (without them it is read in place).
     scratch: Vec<u8>,
+    /// The head FPDU while its payload goes around the buffer.
+    bypass: Option<Bypass>,
+}
+
+/// Direct placement: the head FPDU's payload is placed by the caller as it arrives and only
+/// passes through here to be counted (and CRC'd); the buffer holds its length field and
+/// headers, then its PAD and CRC.
+#[derive(Debug, Clone, Copy)]
+struct Bypass {
+    ulpdu_len: usize,
+    /// ULPDU octets kept in the buffer (the headers).
+    kept: usize,
+    /// Payload octets still to come around.
+    left: usize,
+    /// CRC32c so far over the FPDU's octets (with CRCs on).
+    crc: u32,
 }
 
 impl Deframer {
@@ -301,6 +319,7 @@ impl Deframer {
             error_reported: false,
             delivered: 0,
             scratch: Vec::new(),
+            bypass: None,
         }
     }
 
@@ -372,6 +391,13 @@ impl Deframer {
     /// nothing is buffered or the head FPDU is whole.
     pub fn wanted(&self) -> usize {
         let b = &self.buf[self.start..];
+        if let Some(bp) = self.bypass {
+            // Only the PAD and CRC, once the payload went around.
+            return match bp.left {
+                0 => bypass_trailer_end(bp).saturating_sub(b.len()),
+                _ => 0,
+            };
+        }
         if b.is_empty() || self.error.is_some() {
             return 0;
         }
@@ -410,7 +436,95 @@ impl Deframer {
         self.error_reported = true;
         self.buf = Vec::new();
         self.start = 0;
+        self.bypass = None;
         e
+    }
+
+    /// Without Markers and before any error: the FPDU at the head of the buffer while it is
+    /// partial, its ULPDU_Length in and acceptable and its ULPDU not all in: that length and
+    /// the ULPDU octets buffered. What [`bypass`](Self::bypass) can start on.
+    pub fn head(&self) -> Option<(usize, &[u8])> {
+        if self.markers || self.error.is_some() || self.bypass.is_some() {
+            return None;
+        }
+        let b = &self.buf[self.start..];
+        let l = b.get(..ULPDU_LENGTH_LEN)?;
+        let n = usize::from(u16::from_be_bytes([l[0], l[1]]));
+        if n > self.max_ulpdu || b.len() >= ULPDU_LENGTH_LEN + n {
+            return None;
+        }
+        Some((n, &b[ULPDU_LENGTH_LEN..]))
+    }
+
+    /// Direct placement of the [`head`](Self::head) FPDU's payload: its first `keep` ULPDU
+    /// octets (the DDP/RDMAP headers) stay buffered; the caller has placed the buffered
+    /// octets behind them, and places the [`bypass_left`](Self::bypass_left) octets still to
+    /// come itself, passing each through [`bypassed`](Self::bypassed). [`push`](Self::push)
+    /// then only the PAD and CRC ([`wanted`](Self::wanted)), and take the FPDU with
+    /// [`next_bypassed`](Self::next_bypassed): the CRC is checked over the octets as they
+    /// passed (MPA-34), so a corrupt FPDU still fails with code 2. `false` (nothing changed)
+    /// when there is no such head or `keep` exceeds what is buffered.
+    pub fn bypass(&mut self, keep: usize) -> bool {
+        let Some((ulpdu_len, ulpdu)) = self.head() else {
+            return false;
+        };
+        if keep > ulpdu.len() {
+            return false;
+        }
+        let left = ulpdu_len - ulpdu.len();
+        let crc = if self.crc {
+            mpa::crc32c(&self.buf[self.start..])
+        } else {
+            0
+        };
+        self.buf.truncate(self.start + ULPDU_LENGTH_LEN + keep);
+        self.bypass = Some(Bypass {
+            ulpdu_len,
+            kept: keep,
+            left,
+            crc,
+        });
+        true
+    }
+
+    /// Payload octets of the bypassed FPDU still to come around (`None`: no bypass).
+    pub fn bypass_left(&self) -> Option<usize> {
+        self.bypass.map(|b| b.left)
+    }
+
+    /// The next payload octets of the bypassed FPDU, placed by the caller (at most
+    /// [`bypass_left`](Self::bypass_left)).
+    pub fn bypassed(&mut self, octets: &[u8]) {
+        let crc = self.crc;
+        if let Some(bp) = self.bypass.as_mut() {
+            debug_assert!(octets.len() <= bp.left, "more than the payload bypassed");
+            let octets = &octets[..octets.len().min(bp.left)];
+            if crc {
+                bp.crc = mpa::crc32c_append(bp.crc, octets);
+            }
+            bp.left -= octets.len();
+        }
+    }
+
+    /// The bypassed FPDU once its payload went around and its PAD and CRC are in: its
+    /// kept headers and the payload octets placed, or the CRC error (once, MPA-90).
+    pub fn next_bypassed(&mut self) -> Option<Result<(&[u8], usize), LlpError>> {
+        let bp = self.bypass.filter(|b| b.left == 0)?;
+        let end = bypass_trailer_end(bp);
+        let b = self.buf.get(self.start..self.start + end)?;
+        if self.crc {
+            let head = ULPDU_LENGTH_LEN + bp.kept;
+            let pad = &b[head..end - CRC_LEN];
+            let f = &b[end - CRC_LEN..];
+            if mpa::crc_from_wire([f[0], f[1], f[2], f[3]]) != mpa::crc32c_append(bp.crc, pad) {
+                return Some(Err(self.fail(LlpError::CrcError))); // MPA-34, MPA-86
+            }
+        }
+        self.bypass = None;
+        self.advance(mpa::encoded_len(bp.ulpdu_len, self.pos, false));
+        let at = self.start + ULPDU_LENGTH_LEN;
+        self.start += end;
+        Some(Ok((&self.buf[at..at + bp.kept], bp.ulpdu_len - bp.kept)))
     }
 
     /// The error to report now, once (MPA-90).
@@ -469,6 +583,9 @@ impl Deframer {
         if let Some(e) = self.report() {
             return e.map(Err);
         }
+        if self.bypass.is_some() {
+            return None; // `next_bypassed` delivers it
+        }
         match parse(
             bytes,
             self.pos,
@@ -491,6 +608,11 @@ impl Deframer {
         self.pos = self.pos.wrapping_add(n as u32);
         self.delivered += 1;
     }
+}
+
+/// Buffered octets of a bypassed FPDU once complete: length field, kept headers, PAD, CRC.
+fn bypass_trailer_end(bp: Bypass) -> usize {
+    ULPDU_LENGTH_LEN + bp.kept + mpa::pad_len(bp.ulpdu_len) + CRC_LEN
 }
 
 /// One step of deframing.
@@ -804,6 +926,67 @@ mod tests {
     /// stays; MULPDUs are clamped to [128, 64768].
     /// Closing in place at the length limits: the octets [`Framer::frame`] makes, up to a
     /// 64768-octet ULPDU; one more is refused and leaves `out` as it was.
+    #[test]
+    fn bypassed_fpdus_checked_and_counted_as_whole_ones() {
+        for crc in [false, true] {
+            for len in [20usize, 21, 22, 23, 1000, MAX_ULPDU] {
+                for keep in [0usize, 1, 14] {
+                    let a = pattern(len, 1);
+                    let b = pattern(30, 2);
+                    let mut wire = Vec::new();
+                    let mut f = Framer::new(false, crc);
+                    f.frame(&[&a], &mut wire).unwrap();
+                    f.frame(&[&b], &mut wire).unwrap();
+                    for corrupt in [None, Some(2 + len - 1)] {
+                        let mut w = wire.clone();
+                        if let Some(at) = corrupt {
+                            w[at] ^= 1;
+                        }
+                        let mut d = Deframer::new(false, crc);
+                        // The length and `keep + 3` ULPDU octets, one at a time (MPA-48).
+                        for o in &w[..2 + keep + 3] {
+                            d.push(std::slice::from_ref(o));
+                            assert!(d.next_ulpdu().is_none());
+                        }
+                        let (n, buffered) = d.head().expect("a partial head FPDU");
+                        assert_eq!((n, buffered), (len, &a[..keep + 3]));
+                        assert!(d.bypass(keep));
+                        assert_eq!(d.bypass_left(), Some(len - keep - 3));
+                        assert_eq!(d.wanted(), 0);
+                        // The payload goes around in two pieces.
+                        let rest = &w[2 + keep + 3..2 + len];
+                        let (x, y) = rest.split_at(rest.len() / 2);
+                        d.bypassed(x);
+                        d.bypassed(y);
+                        assert_eq!(d.bypass_left(), Some(0));
+                        let trailer = 2 + len + mpa::pad_len(len) + CRC_LEN;
+                        assert_eq!(d.wanted(), trailer - 2 - len);
+                        for o in &w[2 + len..trailer] {
+                            assert!(d.next_bypassed().is_none());
+                            d.push(std::slice::from_ref(o));
+                        }
+                        match (d.next_bypassed(), corrupt, crc) {
+                            (Some(Ok((head, placed))), None, _)
+                            | (Some(Ok((head, placed))), _, false) => {
+                                assert_eq!((head, placed), (&a[..keep], len - keep));
+                            }
+                            (Some(Err(LlpError::CrcError)), Some(_), true) => {
+                                assert!(d.next_ulpdu().is_none());
+                                continue;
+                            }
+                            (other, ..) => panic!("{other:?} {crc} {len} {keep} {corrupt:?}"),
+                        }
+                        // Positions agree: the next FPDU deframes as usual.
+                        assert_eq!(d.position() as usize, trailer);
+                        assert_eq!(d.delivered(), 1);
+                        d.push(&w[trailer..]);
+                        assert_eq!(d.next_ulpdu().unwrap().unwrap(), &b[..]);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn closed_in_place_as_framed_at_the_limits() {
         for len in [0usize, 1, 2, 3, 4, 5, 511, 512, 1000, MAX_ULPDU] {

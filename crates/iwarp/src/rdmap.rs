@@ -302,6 +302,67 @@ struct SqEntry {
     tx_ord: u64,
 }
 
+/// Where a segment's payload goes ([`RdmapEngine::placement`]): pieces of registered memory
+/// (target, offset in it, octets), in payload order.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pieces: smallvec::SmallVec<[(Target, usize, usize); 2]>,
+}
+
+impl Placement {
+    /// The pieces, in payload order.
+    pub fn pieces(&self) -> &[(Target, usize, usize)] {
+        &self.pieces
+    }
+}
+
+/// Payload octets placed straight from the LLP before their segment was handed over;
+/// `ok` false when the memory refused them.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    len: usize,
+    ok: bool,
+}
+
+/// A received segment's payload: in its ULPDU, or placed already.
+#[derive(Debug, Clone, Copy)]
+enum RxPayload<'a> {
+    Here(&'a [u8]),
+    Placed(Placed),
+}
+
+impl<'a> RxPayload<'a> {
+    /// The payload a segment's body holds, or the one placed behind its headers.
+    fn of(payload: &'a [u8], placed: Option<Placed>) -> RxPayload<'a> {
+        match placed {
+            Some(p) if payload.is_empty() => RxPayload::Placed(p),
+            _ => RxPayload::Here(payload),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            RxPayload::Here(p) => p.len(),
+            RxPayload::Placed(p) => p.len,
+        }
+    }
+
+    /// Places the octets with `place` unless there are none or they are placed already.
+    fn place(
+        &self,
+        place: impl FnOnce(&[u8]) -> Result<(), softrdma_memory::AccessError>,
+    ) -> Result<(), softrdma_memory::AccessError> {
+        match *self {
+            RxPayload::Here([]) => Ok(()),
+            RxPayload::Here(p) => place(p),
+            RxPayload::Placed(Placed { ok: true, .. }) => Ok(()),
+            RxPayload::Placed(Placed { ok: false, .. }) => {
+                Err(softrdma_memory::AccessError::Invalidated)
+            }
+        }
+    }
+}
+
 /// An RDMA Read this side sent and whose response is not complete (ORD accounting).
 #[derive(Debug)]
 struct OutboundRead {

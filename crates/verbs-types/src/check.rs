@@ -86,6 +86,21 @@ impl Sgl {
         })
     }
 
+    /// Appends the pieces (entry, entry offset, octets) of `len` octets from message offset
+    /// `off` to `out`, in order: `Bounds` if the list ends first (where a payload is read
+    /// into straight from a socket).
+    pub fn pieces<A: smallvec::Array<Item = (Target, usize, usize)>>(
+        &self,
+        off: u64,
+        len: usize,
+        out: &mut SmallVec<A>,
+    ) -> Result<(), AccessError> {
+        self.walk(off, len, |t, o, n| {
+            out.push((t.clone(), o, n));
+            Ok(())
+        })
+    }
+
     /// Fills `out` from message offset `off`: `Bounds` if the list ends first.
     pub fn gather(&self, off: u64, out: &mut [u8]) -> Result<(), AccessError> {
         let mut at = 0;

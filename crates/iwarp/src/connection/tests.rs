@@ -41,6 +41,10 @@ struct Side {
     /// Transmit through a [`TxBuf`] (payloads referenced, written in pieces) instead of a
     /// `Vec`.
     tx: Option<TxBuf>,
+    /// Read through [`Connection::rx_window`] and [`Connection::rx_read_limit`].
+    direct: bool,
+    /// Payload octets read straight into memory.
+    placed: usize,
 }
 
 /// Checks what one side transmits: every call hands out whole frames (the
@@ -96,6 +100,9 @@ struct Knobs {
     emss: u32,
     /// Both sides transmit from registered memory (a [`TxBuf`] referencing every payload).
     gather: bool,
+    /// Both sides read payloads straight into memory whenever a window is offered (any
+    /// payload size), as the TCP driver does for large ones.
+    direct: bool,
 }
 
 impl Default for Knobs {
@@ -109,6 +116,7 @@ impl Default for Knobs {
             p2p: false,
             emss: 1460,
             gather: false,
+            direct: false,
         }
     }
 }
@@ -137,7 +145,10 @@ fn side(role: Role, k: &Knobs, qp: u32, len: usize, now: Instant) -> Side {
     let mut qpc = QpConfig::new(PD, QpId(qp));
     qpc.sq_depth = 1024;
     qpc.rq_depth = 1024;
-    let cfg = ConnectionConfig::new(role, startup, qpc, k.emss);
+    let mut cfg = ConnectionConfig::new(role, startup, qpc, k.emss);
+    if k.direct {
+        cfg.rx_direct_min = 1;
+    }
     Side {
         conn: Connection::new(cfg, keys.clone(), now).unwrap(),
         keys,
@@ -153,6 +164,8 @@ fn side(role: Role, k: &Knobs, qp: u32, len: usize, now: Instant) -> Side {
         lazy_resume: false,
         qp_events: Vec::new(),
         tx: k.gather.then(|| TxBuf::new().with_min_reference(1)),
+        direct: k.direct,
+        placed: 0,
     }
 }
 
@@ -200,16 +213,45 @@ fn transfer(
     assert_eq!(n, out.len());
     from.frames.check(&from.conn, &out, from.bound);
     to.inbound.extend_from_slice(&out);
+    let moved = receive(to, cut, now);
+    events(from);
+    moved
+}
+
+/// `to` reads what is in flight towards it, `cut` octets at a time (through windows when
+/// it reads directly).
+fn receive(to: &mut Side, cut: &mut dyn FnMut(usize) -> usize, now: Instant) -> bool {
     let mut moved = false;
     while !to.inbound.is_empty() {
-        let n = cut(to.inbound.len()).clamp(1, to.inbound.len());
+        let mut n = cut(to.inbound.len()).clamp(1, to.inbound.len());
+        if to.direct {
+            if let Some(w) = to.conn.rx_window() {
+                // One read: the window's memory first, then up to `tail` into a buffer.
+                let n = n.min(w.len + w.tail);
+                let k = n.min(w.len);
+                let chunk: Vec<u8> = to.inbound.drain(..n).collect();
+                let conn = &mut to.conn;
+                w.target
+                    .write_with(w.at, k, |mem| {
+                        mem.copy_from_slice(&chunk[..k]);
+                        conn.rx_placed(mem);
+                    })
+                    .unwrap();
+                to.placed += k;
+                to.conn.handle_input(now, &chunk[k..]);
+                moved = true;
+                serve_srq(to, now);
+                events(to);
+                continue;
+            }
+            n = n.min(to.conn.rx_read_limit());
+        }
         let chunk: Vec<u8> = to.inbound.drain(..n).collect();
         to.conn.handle_input(now, &chunk);
         moved = true;
         serve_srq(to, now);
         events(to);
     }
-    events(from);
     moved
 }
 
@@ -268,12 +310,17 @@ const FULL: Load<'static> = Load {
 
 /// One full exchange: Sends, a Write, a Read, with sizes that cross FPDU and
 /// marker boundaries; every byte and completion checked.
-fn exchange(k: Knobs, cut: &mut dyn FnMut(usize) -> usize) {
-    exchange_bounded(k, cut, usize::MAX, FULL);
+fn exchange(k: Knobs, cut: &mut dyn FnMut(usize) -> usize) -> (Side, Side) {
+    exchange_bounded(k, cut, usize::MAX, FULL)
 }
 
 /// [`exchange`] with every transmit call bounded to `bound` octets.
-fn exchange_bounded(k: Knobs, cut: &mut dyn FnMut(usize) -> usize, bound: usize, load: Load) {
+fn exchange_bounded(
+    k: Knobs,
+    cut: &mut dyn FnMut(usize) -> usize,
+    bound: usize,
+    load: Load,
+) -> (Side, Side) {
     let Load { sizes, write, read } = load;
     let max = sizes.iter().copied().max().unwrap_or(0);
     // Responder: receives, the Write's target, the Read's source, apart.
@@ -363,6 +410,7 @@ fn exchange_bounded(k: Knobs, cut: &mut dyn FnMut(usize) -> usize, bound: usize,
     assert_eq!(r.conn.state(), ConnState::Established);
     assert!(i.qp_events.is_empty() && r.qp_events.is_empty(), "{k:?}");
     let _ = (&i.keys, &r.keys);
+    (i, r)
 }
 
 fn all_knobs() -> Vec<Knobs> {
@@ -384,6 +432,7 @@ fn all_knobs() -> Vec<Knobs> {
                             p2p,
                             emss: 1460,
                             gather: false,
+                            direct: false,
                         });
                     }
                 }
@@ -416,6 +465,184 @@ fn gather_transmit_every_negotiation_random_writes() {
             1 + (x as usize) % n.min(5000)
         });
     }
+}
+
+fn xorshift(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed | 1;
+    move |n| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        1 + (x as usize) % n.min(5000)
+    }
+}
+
+/// Direct placement: payloads read straight into the Write's target, the Read's sink and
+/// the receive buffers through windows, the rest of each read handed over as usual; every
+/// negotiation, whole and random reads, CRC checked over what went around the buffer.
+/// Without Markers towards a side, its payloads did go straight into memory.
+#[test]
+fn direct_placement_every_negotiation() {
+    for (n, k) in all_knobs().into_iter().enumerate() {
+        let k = Knobs {
+            direct: true,
+            gather: n % 2 == 0,
+            ..k
+        };
+        for whole in [true, false] {
+            let (i, r) = if whole {
+                exchange(k, &mut |n| n)
+            } else {
+                exchange(k, &mut xorshift(n as u64 + 77))
+            };
+            // FULL's payloads towards each side, and what went straight into memory: none
+            // with Markers, none from whole reads (no FPDU is partial, nothing to wait for).
+            let sent: usize = FULL.sizes.iter().sum::<usize>() + FULL.write;
+            assert_eq!(r.placed > 0, !k.markers_r && !whole, "{k:?}");
+            assert_eq!(i.placed > 0, !k.markers_i && !whole, "{k:?}");
+            assert!(r.placed <= sent && i.placed <= FULL.read, "{k:?}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// Direct placement under random reads, random negotiation, 1-octet reads included.
+    #[test]
+    fn direct_placement_random_splits(seed in any::<u64>(), idx in 0usize..24, one in 0u8..4) {
+        let ks = all_knobs();
+        let k = Knobs { direct: true, gather: seed % 3 == 0, ..ks[idx % ks.len()] };
+        if one == 0 {
+            exchange(k, &mut |_| 1);
+        } else {
+            exchange(k, &mut xorshift(seed));
+        }
+    }
+}
+
+/// A connected pair reading directly, one good Send each way done (the Responder may
+/// transmit), CRC on.
+fn direct_pair(now: Instant, len: usize) -> (Side, Side) {
+    let k = Knobs {
+        direct: true,
+        crc_i: true,
+        crc_r: true,
+        emss: 9000,
+        ..Knobs::default()
+    };
+    let mut i = side(Role::Initiator, &k, 10, len, now);
+    let mut r = side(Role::Responder, &k, 20, len, now);
+    for s in [&mut i, &mut r] {
+        let key = s.key;
+        let e = s.conn.engine_mut();
+        e.post_recv(RecvWr::new(1, vec![Sge::new(key, IOVA, 64)]))
+            .unwrap();
+        e.post_send(SendWr::send(8, vec![Sge::new(key, IOVA, 10)]))
+            .unwrap();
+    }
+    drive(&mut i, &mut r, &mut |n| n, now);
+    assert!(i.established && r.established);
+    (i, r)
+}
+
+/// MPA-34 with direct placement: a payload octet flipped on the wire is placed, but the
+/// FPDU's CRC (computed over the octets as they went around the buffer) fails: code 2,
+/// the Send is not delivered, its receive is flushed, nothing after it is delivered.
+#[test]
+fn direct_placement_crc_error_terminates() {
+    let now = Instant::now();
+    let (mut i, mut r) = direct_pair(now, 64 * 1024);
+    r.conn
+        .engine_mut()
+        .post_recv(RecvWr::new(2, vec![Sge::new(r.key, IOVA, 20_000)]))
+        .unwrap();
+    let p = pattern(3, 20_000);
+    i.buf.copy_in(0, &p).unwrap();
+    for id in [9, 10] {
+        i.conn
+            .engine_mut()
+            .post_send(SendWr::send(id, vec![Sge::new(i.key, IOVA, 6000)]))
+            .unwrap();
+    }
+    let mut out = Vec::new();
+    i.conn.poll_transmit(&mut out);
+    out[3000] ^= 0x10; // payload of the first Send's first FPDU
+    r.inbound = out;
+    receive(&mut r, &mut |n| n.min(700), now);
+    assert!(r.placed > 0, "a window was used");
+    assert!(
+        r.qp_events.contains(&QpEvent::LlpError(LlpError::CrcError)),
+        "{:?}",
+        r.qp_events
+    );
+    let wcs: Vec<_> = std::iter::from_fn(|| r.conn.engine_mut().poll_completion()).collect();
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status),
+        (2, WcStatus::WorkRequestFlushed)
+    );
+    let mut t = Vec::new();
+    r.conn.poll_transmit(&mut t);
+    assert_eq!(r.conn.state(), ConnState::Dead);
+}
+
+/// The Write's target deregistered while its payload is being read straight into it: the
+/// window's memory refuses the rest, nothing more is written there, the octets are read
+/// and dropped, and the segment fails as a Write to an invalid STag does (a Terminate).
+#[test]
+fn direct_placement_target_revoked_midway() {
+    let now = Instant::now();
+    let len = 64 * 1024;
+    let (mut i, mut r) = direct_pair(now, len);
+    // A second region at the Responder for the Write (the first holds the receives).
+    let target = Buffer::new(len);
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let tkey = r
+        .keys
+        .reg_mr(PD, target.clone(), 0, len, IOVA, access)
+        .unwrap();
+    i.buf.copy_in(0, &pattern(5, 30_000)).unwrap();
+    i.conn
+        .engine_mut()
+        .post_send(SendWr::write(
+            7,
+            vec![Sge::new(i.key, IOVA, 30_000)],
+            tkey,
+            IOVA,
+        ))
+        .unwrap();
+    let mut out = Vec::new();
+    i.conn.poll_transmit(&mut out);
+    // The first 2,000 octets: headers, then the start of the payload, copied in.
+    r.conn.handle_input(now, &out[..2000]);
+    let w = r
+        .conn
+        .rx_window()
+        .expect("a window for the rest of the payload");
+    r.keys.dereg_mr(tkey).unwrap();
+    assert!(w.target.write_with(w.at, w.len, |_| ()).is_err());
+    r.conn.rx_window_failed();
+    assert!(r.conn.rx_window().is_none(), "no window once refused");
+    r.conn.handle_input(now, &out[2000..]);
+    events(&mut r);
+    let mut tail = vec![0u8; len - 2000];
+    target.copy_out(2000, &mut tail).unwrap();
+    assert!(tail.iter().all(|&b| b == 0), "written after deregistration");
+    assert!(
+        r.qp_events
+            .iter()
+            .any(|e| matches!(e, QpEvent::LocalError(_))),
+        "{:?}",
+        r.qp_events
+    );
+    let mut t = Vec::new();
+    r.conn.poll_transmit(&mut t);
+    assert_eq!(r.conn.state(), ConnState::Dead);
+    let mut d = Deframer::new(false, true);
+    d.push(&t);
+    let seg_bytes = d.next().unwrap().unwrap();
+    let seg = Segment::parse(&seg_bytes).unwrap();
+    assert!(matches!(seg.body, Body::Terminate(_)), "{seg:?}");
 }
 
 /// MPA-44 / MPA-95: the stream cut into 1-octet reads.

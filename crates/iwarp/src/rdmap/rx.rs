@@ -13,11 +13,15 @@ use softrdma_wire::rdmap::{
     TerminateCode, TerminateRepr, terminate_code_for,
 };
 
+use smallvec::SmallVec;
+use softrdma_memory::Target;
+
 use super::term::{self, Fault};
 use super::{
-    ActiveRecv, IMM_SEND_FOLLOWS, InboundRead, QpEvent, RdmapEngine, Response, SqOp, SqState,
-    StreamState, wc,
+    ActiveRecv, IMM_SEND_FOLLOWS, InboundRead, Placed, Placement, QpEvent, RdmapEngine, Response,
+    RxPayload, SqOp, SqState, StreamState, wc,
 };
+use crate::verbs_types::Sgl;
 use crate::verbs_types::{WcOpcode, WcStatus};
 
 /// T = 0 and OpCode 7: handled as a Terminate whatever else is wrong with it (RDMAP-71).
@@ -48,6 +52,20 @@ impl RdmapEngine {
     /// The first invalid segment queues a Terminate and kills the stream (RFC 5040 §7); once
     /// the stream is terminating or dead only a peer's Terminate is still looked at.
     pub fn handle_ulpdu(&mut self, ulpdu: &[u8]) {
+        self.handle(ulpdu, None);
+    }
+
+    /// A ULPDU whose payload was placed straight from the LLP while it arrived (the
+    /// connection's direct placement, at the pieces [`placement`](Self::placement) named):
+    /// `head` is its DDP and RDMAP headers, `placed` the payload octets behind them, and `ok`
+    /// false if the memory refused them (a key revoked meanwhile). The segment is checked
+    /// again exactly as [`handle_ulpdu`](Self::handle_ulpdu) checks it, once its CRC is good;
+    /// only the copy is skipped.
+    pub fn handle_placed(&mut self, head: &[u8], placed: usize, ok: bool) {
+        self.handle(head, Some(Placed { len: placed, ok }));
+    }
+
+    fn handle(&mut self, ulpdu: &[u8], placed: Option<Placed>) {
         self.counters.ulpdus_rx += 1;
         if self.state != StreamState::Closed && looks_like_terminate(ulpdu) {
             self.receive_terminate(ulpdu);
@@ -57,17 +75,60 @@ impl RdmapEngine {
             self.counters.dropped_rx += 1;
             return;
         }
-        if let Err(fault) = self.receive(ulpdu) {
+        if let Err(fault) = self.receive(ulpdu, placed) {
             self.fail(fault);
         }
     }
 
-    fn receive(&mut self, ulpdu: &[u8]) -> Result<(), Fault> {
+    /// RFC 5041 §5 with the payload not yet here: where the payload of the segment whose
+    /// headers are `head` (nothing after them) and whose ULPDU is `ulpdu_len` octets long
+    /// goes, if it is an RDMA Write, Read Response or Send segment that passes every check
+    /// [`handle_ulpdu`](Self::handle_ulpdu) makes now; the pieces of registered memory, in
+    /// order. Nothing changes here: the segment is handed over later, whole or with
+    /// [`handle_placed`](Self::handle_placed), and checked again then.
+    pub fn placement(&self, head: &[u8], ulpdu_len: usize) -> Option<Placement> {
+        if self.state != StreamState::Rts || looks_like_terminate(head) {
+            return None;
+        }
+        let len = ulpdu_len.checked_sub(head.len())?;
+        let (hdr, seg_len, seg) = self.classify(head, len).ok()?;
+        let mut pieces = SmallVec::new();
+        match seg.body {
+            Body::RdmaWrite { payload: [] } => {
+                pieces.push((self.write_dest(&hdr, seg_len, len).ok()?, 0, len));
+            }
+            Body::RdmaReadResponse { payload: [] } => {
+                let (_, at) = self.read_response_dest(&hdr, seg_len, len).ok()?;
+                let sink = self.outbound_reads.front()?.sink.clone()?;
+                pieces.push((sink, at, len));
+            }
+            Body::Send { payload: [] } | Body::SendWithSe { payload: [] } => {
+                let mo = self.send_dest(&hdr, len, false).ok()?;
+                self.recv_sgl()?.pieces(mo, len, &mut pieces).ok()?;
+            }
+            Body::SendWithInvalidate { payload: [], .. }
+            | Body::SendWithSeAndInvalidate { payload: [], .. } => {
+                let mo = self.send_dest(&hdr, len, true).ok()?;
+                self.recv_sgl()?.pieces(mo, len, &mut pieces).ok()?;
+            }
+            _ => return None,
+        }
+        Some(Placement { pieces })
+    }
+
+    /// The checks of RFC 5040 §7.2 and RFC 5041 §7.2 that come before the queue and buffer:
+    /// the DDP header, the segment's length as DDP hands it up (`payload` octets after the
+    /// headers, in `ulpdu` or placed), and the parsed segment.
+    fn classify<'u>(
+        &self,
+        ulpdu: &'u [u8],
+        placed: usize,
+    ) -> Result<(ddp::Repr, u16, Segment<'u>), Fault> {
         // A ULPDU shorter than its DDP header leaves no header to quote.
         let hdr = ddp::Repr::parse(ulpdu)
             .map_err(|_| Fault::operation(RemoteOperationError::Unspecified))?;
         // RFC 5040 §4.8: the length DDP handed up (the octets after the DDP header).
-        let seg_len = u16::try_from(ulpdu.len() - hdr.header_len()).unwrap_or(u16::MAX);
+        let seg_len = u16::try_from(ulpdu.len() - hdr.header_len() + placed).unwrap_or(u16::MAX);
         let at = |f: Fault| f.segment(hdr, seg_len);
 
         // RFC 5041 §7.2 (RDMAP-103): DDP version, then queue number.
@@ -99,19 +160,43 @@ impl RdmapEngine {
             ));
             at(Fault::new(code))
         })?;
+        Ok((hdr, seg_len, seg))
+    }
+
+    fn receive(&mut self, ulpdu: &[u8], placed: Option<Placed>) -> Result<(), Fault> {
+        let (hdr, seg_len, seg) = self.classify(ulpdu, placed.map_or(0, |p| p.len))?;
+        let at = |f: Fault| f.segment(hdr, seg_len);
+        // A placed payload lies behind the headers, which are all `ulpdu` holds then.
+        let data = |payload| RxPayload::of(payload, placed);
+        if placed.is_some()
+            && !matches!(
+                seg.body,
+                Body::RdmaWrite { payload: [] }
+                    | Body::RdmaReadResponse { payload: [] }
+                    | Body::Send { payload: [] }
+                    | Body::SendWithSe { payload: [] }
+                    | Body::SendWithInvalidate { payload: [], .. }
+                    | Body::SendWithSeAndInvalidate { payload: [], .. }
+            )
+        {
+            // `placement` names no pieces for anything else.
+            return Err(Fault::local());
+        }
         match seg.body {
-            Body::RdmaWrite { payload } => self.rx_write(&hdr, seg_len, payload),
-            Body::RdmaReadResponse { payload } => self.rx_read_response(&hdr, seg_len, payload),
-            Body::Send { payload } => self.rx_send(&hdr, seg_len, payload, false, None),
-            Body::SendWithSe { payload } => self.rx_send(&hdr, seg_len, payload, true, None),
+            Body::RdmaWrite { payload } => self.rx_write(&hdr, seg_len, data(payload)),
+            Body::RdmaReadResponse { payload } => {
+                self.rx_read_response(&hdr, seg_len, data(payload))
+            }
+            Body::Send { payload } => self.rx_send(&hdr, seg_len, data(payload), false, None),
+            Body::SendWithSe { payload } => self.rx_send(&hdr, seg_len, data(payload), true, None),
             Body::SendWithInvalidate {
                 invalidate_stag,
                 payload,
-            } => self.rx_send(&hdr, seg_len, payload, false, Some(invalidate_stag)),
+            } => self.rx_send(&hdr, seg_len, data(payload), false, Some(invalidate_stag)),
             Body::SendWithSeAndInvalidate {
                 invalidate_stag,
                 payload,
-            } => self.rx_send(&hdr, seg_len, payload, true, Some(invalidate_stag)),
+            } => self.rx_send(&hdr, seg_len, data(payload), true, Some(invalidate_stag)),
             Body::RdmaReadRequest(req) => self.rx_read_request(&hdr, seg_len, req),
             Body::ImmediateData(i) => self.rx_immediate(&hdr, seg_len, i, false),
             Body::ImmediateDataWithSe(i) => self.rx_immediate(&hdr, seg_len, i, true),
@@ -125,27 +210,30 @@ impl RdmapEngine {
     /// RFC 5040 §5.1, RFC 5041 §5.2: RDMA Write segment, placed at its own STag and TO
     /// through `check_remote` (RDMAP-35, -36, -37, -40, -115..-117). No completion at the
     /// sink (RDMAP-11).
-    fn rx_write(&mut self, hdr: &ddp::Repr, seg_len: u16, payload: &[u8]) -> Result<(), Fault> {
+    fn rx_write(&mut self, hdr: &ddp::Repr, seg_len: u16, payload: RxPayload) -> Result<(), Fault> {
+        let target = self.write_dest(hdr, seg_len, payload.len())?;
+        payload
+            .place(|p| target.place(0, p))
+            .map_err(|e| term::tagged_sink_fault(e).segment(*hdr, seg_len))?;
+        self.counters.payload_rx += payload.len() as u64;
+        Ok(())
+    }
+
+    /// Where an RDMA Write segment of `len` payload octets is placed.
+    fn write_dest(&self, hdr: &ddp::Repr, seg_len: u16, len: usize) -> Result<Target, Fault> {
         let ddp::Repr::Tagged { stag, to, .. } = *hdr else {
             return Err(Fault::operation(RemoteOperationError::UnexpectedOpcode));
         };
-        let fault = |e: AccessError| term::tagged_sink_fault(e).segment(*hdr, seg_len);
-        let target = self
-            .keys
+        self.keys
             .check_remote(
                 Key(stag),
                 self.cfg.pd,
                 self.cfg.qp,
                 Access::REMOTE_WRITE,
                 to,
-                payload.len() as u64,
+                len as u64,
             )
-            .map_err(fault)?;
-        if !payload.is_empty() {
-            target.place(0, payload).map_err(fault)?;
-        }
-        self.counters.payload_rx += payload.len() as u64;
-        Ok(())
+            .map_err(|e| term::tagged_sink_fault(e).segment(*hdr, seg_len))
     }
 
     /// RFC 5040 §5.2.2: Read Response segment for the oldest outstanding Read (RDMAP-77),
@@ -155,8 +243,36 @@ impl RdmapEngine {
         &mut self,
         hdr: &ddp::Repr,
         seg_len: u16,
-        payload: &[u8],
+        payload: RxPayload,
     ) -> Result<(), Fault> {
+        let (seq, at) = self.read_response_dest(hdr, seg_len, payload.len())?;
+        let Some(read) = self.outbound_reads.front_mut() else {
+            return Err(Fault::local());
+        };
+        let placed = payload.place(|p| match &read.sink {
+            Some(sink) => sink.place(at, p),
+            None => Err(AccessError::Bounds),
+        });
+        // Our own buffer went away after the post: a local error (RDMAP-99).
+        placed.map_err(|_| Fault::local().sq(seq, WcStatus::LocalProtection))?;
+        self.counters.payload_rx += payload.len() as u64;
+        if hdr.last() {
+            self.outbound_reads.pop_front();
+            self.complete_sq(seq, WcStatus::Success);
+        } else {
+            read.received = (at + payload.len()) as u32;
+        }
+        Ok(())
+    }
+
+    /// The Read a Read Response segment of `len` payload octets answers and the offset in
+    /// its sink where they go.
+    fn read_response_dest(
+        &self,
+        hdr: &ddp::Repr,
+        seg_len: u16,
+        len: usize,
+    ) -> Result<(u64, usize), Fault> {
         let at = |f: Fault| f.segment(*hdr, seg_len);
         let ddp::Repr::Tagged { stag, to, last, .. } = *hdr else {
             return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
@@ -170,30 +286,15 @@ impl RdmapEngine {
         if stag != read.sink_stag.0 {
             return Err(bad(Fault::tagged(TaggedBufferError::InvalidStag)));
         }
-        let end = u64::from(read.received) + payload.len() as u64;
-        let len = u64::from(read.len);
+        let end = u64::from(read.received) + len as u64;
+        let total = u64::from(read.len);
         if to != read.sink_to.wrapping_add(u64::from(read.received))
-            || end > len
-            || (last && end != len)
+            || end > total
+            || (last && end != total)
         {
             return Err(bad(Fault::tagged(TaggedBufferError::BaseOrBoundsViolation)));
         }
-        if !payload.is_empty() {
-            let placed = match &read.sink {
-                Some(sink) => sink.place(read.received as usize, payload),
-                None => Err(AccessError::Bounds),
-            };
-            // Our own buffer went away after the post: a local error (RDMAP-99).
-            placed.map_err(|_| Fault::local().sq(seq, WcStatus::LocalProtection))?;
-        }
-        self.counters.payload_rx += payload.len() as u64;
-        if last {
-            self.outbound_reads.pop_front();
-            self.complete_sq(seq, WcStatus::Success);
-        } else if let Some(read) = self.outbound_reads.front_mut() {
-            read.received = end as u32;
-        }
-        Ok(())
+        Ok((seq, read.received as usize))
     }
 
     /// RFC 5040 §5.3, RFC 5041 §5.3: Send-family segment on QN 0. The first segment of a
@@ -204,58 +305,37 @@ impl RdmapEngine {
         &mut self,
         hdr: &ddp::Repr,
         seg_len: u16,
-        payload: &[u8],
+        payload: RxPayload,
         solicited: bool,
         invalidate: Option<u32>,
     ) -> Result<(), Fault> {
         let at = |f: Fault| f.segment(*hdr, seg_len);
-        let ddp::Repr::Untagged { msn, mo, last, .. } = *hdr else {
-            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
-        };
-        let d = msn.wrapping_sub(self.rx_msn[0]);
-        if d != 0 {
-            let available = self.rq.len() + usize::from(self.rx_send.is_some());
-            return Err(at(msn_fault(d, available)));
-        }
-        if self.rx_send.is_none() {
-            if mo != 0 {
-                return Err(at(Fault::untagged(UntaggedBufferError::InvalidMo)));
-            }
-            let Some(entry) = self.rq.pop_front() else {
-                return Err(at(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer)));
-            };
+        let dest = self.send_dest(hdr, payload.len(), invalidate.is_some());
+        // The first segment takes its WQE even when it then fails: the abort completes the
+        // WQE with the fault's status.
+        if self.rx_send.is_none()
+            && dest.as_ref().map_or_else(|f| f.rq.is_some(), |_| true)
+            && let Some(entry) = self.rq.pop_front()
+        {
             self.rx_send = Some(ActiveRecv {
                 entry,
                 received: 0,
                 imm: None,
             });
         }
+        let mo = dest.map_err(at)?;
         let Some(active) = self.rx_send.as_mut() else {
             return Err(Fault::local());
         };
-        // The Send an Immediate Data announced (Send with immediate) is a plain Send or
-        // Send with SE: nothing else may take its WQE.
-        if active.imm.is_some() && invalidate.is_some() {
-            return Err(at(Fault::operation(RemoteOperationError::UnexpectedOpcode)));
-        }
-        if mo != active.received {
-            return Err(at(Fault::untagged(UntaggedBufferError::InvalidMo)));
-        }
-        // RDMAP-61: longer than the receive buffer.
-        let end = u64::from(mo) + payload.len() as u64;
-        if end > active.entry.sgl.len() || end > u64::from(u32::MAX) {
-            return Err(
-                at(Fault::untagged(UntaggedBufferError::MessageTooLong)).rq(WcStatus::LocalLength)
-            );
-        }
-        active
-            .entry
-            .sgl
-            .scatter(u64::from(mo), payload)
+        payload
+            .place(|p| active.entry.sgl.scatter(mo, p))
             .map_err(|_| Fault::local().rq(WcStatus::LocalProtection))?;
-        active.received = end as u32;
+        active.received = (mo + payload.len() as u64) as u32;
         self.counters.payload_rx += payload.len() as u64;
-        if !last {
+        let ddp::Repr::Untagged { msn, .. } = *hdr else {
+            return Err(Fault::local());
+        };
+        if !hdr.last() {
             return Ok(());
         }
         let mut done = wc(
@@ -292,6 +372,56 @@ impl RdmapEngine {
         self.rx_msn[0] = msn.wrapping_add(1);
         self.completions.push_back(done);
         Ok(())
+    }
+
+    /// The message offset where a Send-family segment of `len` payload octets goes, in the
+    /// receive WQE in use or (first segment) the next one posted, after the checks of RFC
+    /// 5041 §7.2 (MSN, MO, buffer) and RDMAP-61 (length). A fault with an `rq` status is
+    /// one the first segment meets after taking its WQE.
+    fn send_dest(&self, hdr: &ddp::Repr, len: usize, invalidate: bool) -> Result<u64, Fault> {
+        let ddp::Repr::Untagged { msn, mo, .. } = *hdr else {
+            return Err(Fault::operation(RemoteOperationError::UnexpectedOpcode));
+        };
+        let d = msn.wrapping_sub(self.rx_msn[0]);
+        if d != 0 {
+            let available = self.rq.len() + usize::from(self.rx_send.is_some());
+            return Err(msn_fault(d, available));
+        }
+        let (received, imm) = match &self.rx_send {
+            Some(active) => (active.received, active.imm.is_some()),
+            None if mo != 0 => return Err(Fault::untagged(UntaggedBufferError::InvalidMo)),
+            None if self.rq.is_empty() => {
+                return Err(Fault::untagged(UntaggedBufferError::InvalidMsnNoBuffer));
+            }
+            None => (0, false),
+        };
+        // The Send an Immediate Data announced (Send with immediate) is a plain Send or
+        // Send with SE: nothing else may take its WQE.
+        if imm && invalidate {
+            return Err(Fault::operation(RemoteOperationError::UnexpectedOpcode));
+        }
+        if mo != received {
+            return Err(Fault::untagged(UntaggedBufferError::InvalidMo));
+        }
+        // RDMAP-61: longer than the receive buffer.
+        let end = u64::from(mo) + len as u64;
+        let Some(sgl) = self.recv_sgl() else {
+            return Err(Fault::local());
+        };
+        if end > sgl.len() || end > u64::from(u32::MAX) {
+            return Err(
+                Fault::untagged(UntaggedBufferError::MessageTooLong).rq(WcStatus::LocalLength)
+            );
+        }
+        Ok(u64::from(mo))
+    }
+
+    /// The buffer the next Send segment lands in: the WQE in use, else the next posted.
+    fn recv_sgl(&self) -> Option<&Sgl> {
+        match &self.rx_send {
+            Some(active) => Some(&active.entry.sgl),
+            None => self.rq.front().map(|e| &e.sgl),
+        }
     }
 
     /// RFC 5040 §6.1: the IRD slots are QN 1's buffers, shared by Read and Atomic Requests

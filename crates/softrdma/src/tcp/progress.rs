@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Registry, Token};
 use softrdma_iwarp::connection::{
-    ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, FpduSizing,
+    ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, DEFAULT_RX_DIRECT_MIN,
+    FpduSizing, RxWindow,
 };
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
 use softrdma_iwarp::startup::{Negotiated, Role};
@@ -382,6 +383,7 @@ impl Driver {
             } => {
                 let token = ctx.token();
                 let cfg = ConnectionConfig {
+                    rx_direct_min: rx_direct_min(),
                     fpdu: fpdu_sizing(fpdu),
                     srq: qp.srq.is_some(),
                     ..ConnectionConfig::new(Role::Initiator, startup, qp_config(&qp), emss)
@@ -521,12 +523,15 @@ impl Driver {
                 continue;
             };
             // The QP and the data path's settings come with the accept.
-            let cfg = ConnectionConfig::new(
-                Role::Responder,
-                shared.params.startup_config(),
-                QpConfig::new(PdId(0), QpId(0)),
-                emss,
-            );
+            let cfg = ConnectionConfig {
+                rx_direct_min: rx_direct_min(),
+                ..ConnectionConfig::new(
+                    Role::Responder,
+                    shared.params.startup_config(),
+                    QpConfig::new(PdId(0), QpId(0)),
+                    emss,
+                )
+            };
             let Ok(iw) = IwConn::new(cfg, ctx.keys.clone(), now) else {
                 continue;
             };
@@ -657,6 +662,18 @@ fn qp_config(qp: &TcpQp) -> QpConfig {
     cfg
 }
 
+/// The payload size from which a receive reads straight into registered memory
+/// (`ConnectionConfig::rx_direct_min`): `SOFTRDMA_RX_DIRECT_MIN` (octets, or `off`) where set,
+/// for tuning and for interop runs whose FPDUs are small.
+fn rx_direct_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| match std::env::var("SOFTRDMA_RX_DIRECT_MIN") {
+        Ok(v) if v == "off" => usize::MAX,
+        Ok(v) => v.parse().unwrap_or(DEFAULT_RX_DIRECT_MIN),
+        Err(_) => DEFAULT_RX_DIRECT_MIN,
+    })
+}
+
 fn fpdu_sizing(f: FpduSize) -> FpduSizing {
     match f {
         FpduSize::PathMss => FpduSizing::PathMss,
@@ -716,13 +733,35 @@ impl Conn {
     fn read(&mut self, ctx: &TcpShared, bufs: &mut Bufs, now: Instant) {
         let mut budget = RX_BUDGET;
         while !self.eof && !self.dead {
-            match self.stream.read(&mut bufs.rx) {
+            // A read straight into memory for a payload (up to `direct` octets), with what
+            // follows it into `rx`; or a read into `rx`. Receives must be in the engine
+            // before a Send's payload is given a window.
+            let window = if self.discard_rx {
+                None
+            } else {
+                self.submit_to_engine(ctx);
+                self.iw.rx_window()
+            };
+            let (got, cap, direct) = match window {
+                Some(w) => match self.read_direct(&w, &mut bufs.rx) {
+                    Some(r) => (r, w.len + w.tail.min(bufs.rx.len()), w.len),
+                    None => continue,
+                },
+                None => {
+                    let cap = self.iw.rx_read_limit().min(bufs.rx.len());
+                    (self.stream.read(&mut bufs.rx[..cap]), cap, 0)
+                }
+            };
+            match got {
                 Ok(0) => {
                     self.on_eof();
                     break;
                 }
                 Ok(n) => {
-                    self.on_bytes(ctx, &bufs.rx[..n], now);
+                    let extra = n.saturating_sub(direct);
+                    if extra > 0 {
+                        self.on_bytes(ctx, &bufs.rx[..extra], now);
+                    }
                     budget = budget.saturating_sub(n);
                     if budget == 0 {
                         self.more_rx = true;
@@ -730,7 +769,7 @@ impl Conn {
                     }
                     // A short read emptied the socket: what arrives later is a new edge,
                     // so the read that would say WouldBlock is saved.
-                    if n < bufs.rx.len() {
+                    if n < cap {
                         break;
                     }
                 }
@@ -743,6 +782,32 @@ impl Conn {
             }
         }
         self.events(ctx);
+    }
+
+    /// One read straight into the memory of a direct-placement window, the octets after it
+    /// (up to `w.tail`) into `rx`: what was read in all, `None` if the memory refused (the
+    /// connection then reads the rest of that payload through `rx` and fails the segment).
+    fn read_direct(&mut self, w: &RxWindow, rx: &mut [u8]) -> Option<io::Result<usize>> {
+        let tail = w.tail.min(rx.len());
+        let Conn { stream, iw, .. } = self;
+        let r = w.target.write_with(w.at, w.len, |mem| {
+            let mut iov = [
+                io::IoSliceMut::new(mem),
+                io::IoSliceMut::new(&mut rx[..tail]),
+            ];
+            let r = stream.read_vectored(&mut iov);
+            if let Ok(n) = r {
+                iw.rx_placed(&mem[..n.min(w.len)]);
+            }
+            r
+        });
+        match r {
+            Ok(r) => Some(r),
+            Err(_) => {
+                self.iw.rx_window_failed();
+                None
+            }
+        }
     }
 
     /// The peer closed its side or the connection failed.
