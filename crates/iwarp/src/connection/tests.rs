@@ -520,8 +520,28 @@ proptest! {
     }
 }
 
-/// A connected pair reading directly, one good Send each way done (the Responder may
-/// transmit), CRC on.
+/// A connected pair of `len`-octet regions, `recvs` receives (ids 1..) posted on each side
+/// and one good Send each way done (the Responder transmits only after it received an FPDU,
+/// MPA-73).
+fn connected(k: &Knobs, len: usize, recvs: u64, now: Instant) -> (Side, Side) {
+    let mut i = side(Role::Initiator, k, 10, len, now);
+    let mut r = side(Role::Responder, k, 20, len, now);
+    for s in [&mut i, &mut r] {
+        let key = s.key;
+        let e = s.conn.engine_mut();
+        for id in 1..=recvs {
+            e.post_recv(RecvWr::new(id, vec![Sge::new(key, IOVA, 4096)]))
+                .unwrap();
+        }
+        e.post_send(SendWr::send(8, vec![Sge::new(key, IOVA, 10)]))
+            .unwrap();
+    }
+    drive(&mut i, &mut r, &mut |n| n, now);
+    assert!(i.established && r.established);
+    (i, r)
+}
+
+/// [`connected`], reading directly, CRC on.
 fn direct_pair(now: Instant, len: usize) -> (Side, Side) {
     let k = Knobs {
         direct: true,
@@ -530,19 +550,7 @@ fn direct_pair(now: Instant, len: usize) -> (Side, Side) {
         emss: 9000,
         ..Knobs::default()
     };
-    let mut i = side(Role::Initiator, &k, 10, len, now);
-    let mut r = side(Role::Responder, &k, 20, len, now);
-    for s in [&mut i, &mut r] {
-        let key = s.key;
-        let e = s.conn.engine_mut();
-        e.post_recv(RecvWr::new(1, vec![Sge::new(key, IOVA, 64)]))
-            .unwrap();
-        e.post_send(SendWr::send(8, vec![Sge::new(key, IOVA, 10)]))
-            .unwrap();
-    }
-    drive(&mut i, &mut r, &mut |n| n, now);
-    assert!(i.established && r.established);
-    (i, r)
+    connected(&k, len, 1, now)
 }
 
 /// MPA-34 with direct placement: a payload octet flipped on the wire is placed, but the
@@ -692,22 +700,7 @@ proptest! {
 fn mpa_86_corrupted_fpdu_terminates() {
     let now = Instant::now();
     let k = Knobs::default();
-    let mut i = side(Role::Initiator, &k, 10, 8192, now);
-    let mut r = side(Role::Responder, &k, 20, 8192, now);
-    // One good Send each way first (the Responder transmits only after it
-    // received an FPDU, MPA-73).
-    for s in [&mut i, &mut r] {
-        let key = s.key;
-        let e = s.conn.engine_mut();
-        e.post_recv(RecvWr::new(1, vec![Sge::new(key, IOVA, 4096)]))
-            .unwrap();
-        e.post_recv(RecvWr::new(2, vec![Sge::new(key, IOVA, 4096)]))
-            .unwrap();
-        e.post_send(SendWr::send(8, vec![Sge::new(key, IOVA, 10)]))
-            .unwrap();
-    }
-    drive(&mut i, &mut r, &mut |n| n, now);
-    assert!(i.established && r.established);
+    let (mut i, mut r) = connected(&k, 8192, 2, now);
     assert_eq!(i.completions.len(), 2);
     // The Responder's next FPDU is corrupted on its way to the Initiator.
     r.conn
