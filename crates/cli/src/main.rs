@@ -74,6 +74,11 @@ fn main() -> ExitCode {
         } => run_decode(&file, verbose, json, strict, all),
         Cmd::Perf(args) => match perf::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
+            // Bad options exit 2, as clap's own refusals do.
+            Err(e @ perf::PerfError::Usage(_)) => {
+                eprintln!("softrdma perf: {e}");
+                ExitCode::from(2)
+            }
             Err(e) => {
                 eprintln!("softrdma perf: {e}");
                 ExitCode::FAILURE

@@ -127,10 +127,15 @@ impl std::str::FromStr for FpduArg {
         Ok(FpduArg(match s {
             "mss" => FpduSize::PathMss,
             "largest" => FpduSize::Largest,
-            n => FpduSize::Mulpdu(
-                n.parse()
-                    .map_err(|_| format!("expected mss, largest or a MULPDU, got {n:?}"))?,
-            ),
+            n => match n.parse::<u16>() {
+                // RFC 5044 §5.1: a ULPDU of 128 to 64768 octets (MPA-07).
+                Ok(m) if (128..=64768).contains(&m) => FpduSize::Mulpdu(m),
+                _ => {
+                    return Err(format!(
+                        "expected mss, largest or a MULPDU of 128 to 64768 octets, got {n:?}"
+                    ));
+                }
+            },
         }))
     }
 }
@@ -206,24 +211,30 @@ pub struct PerfArgs {
     /// default: --port + 1).
     #[arg(long)]
     pub tcp_port: Option<u16>,
-    /// Message size in octets (default: 65536 for bandwidth, 64 for latency; --perftest:
-    /// the data buffer, default 16 MiB).
-    #[arg(short = 's', long)]
+    /// Message size in octets, 1 to 1 GiB (default: 65536 for bandwidth, 64 for latency;
+    /// --perftest: the data buffer, default 16 MiB).
+    #[arg(short = 's', long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SIZE)))]
     pub size: Option<u32>,
     /// All sizes from 2 to 2^23 (as perftest -a).
     #[arg(short = 'a', long, conflicts_with = "size")]
     pub all: bool,
     /// Messages per bandwidth test and round trips per latency test (default 5000 and 1000).
-    #[arg(short = 'n', long, conflicts_with = "duration")]
+    #[arg(short = 'n', long, conflicts_with = "duration", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
     pub iters: Option<u64>,
-    /// Run each test this many seconds instead of a number of iterations.
-    #[arg(short = 'D', short_alias = 'd', long)]
+    /// Run each test this many seconds instead of a number of iterations (above 0).
+    #[arg(short = 'D', short_alias = 'd', long, allow_negative_numbers = true,
+          value_parser = seconds)]
     pub duration: Option<f64>,
-    /// Requests kept outstanding in bandwidth tests.
-    #[arg(short = 't', long, default_value_t = 128)]
+    /// Requests kept outstanding in bandwidth tests, 1 to 16383.
+    #[arg(short = 't', long, default_value_t = 128, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..=16383))]
     pub tx_depth: u32,
-    /// Receives the server keeps posted in the Send bandwidth test (the credit window).
-    #[arg(short = 'r', long, default_value_t = 512)]
+    /// Receives the server keeps posted in the Send bandwidth test (the credit window), 4 to
+    /// 65536.
+    #[arg(short = 'r', long, default_value_t = 512, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(4..=65536))]
     pub rx_depth: u32,
     /// Operations to measure.
     #[arg(long, value_enum, default_value = "all")]
@@ -255,7 +266,8 @@ pub struct PerfArgs {
     /// between two contexts (a list runs each: -q 1,16,256,1024), one Write per QP per round
     /// (-s, default 4096), -n rounds or -D seconds (default 1 s); aggregate bandwidth,
     /// operations per second and RSS per connection.
-    #[arg(short = 'q', long = "qp", value_delimiter = ',', requires = "loopback")]
+    #[arg(short = 'q', long = "qp", value_delimiter = ',', requires = "loopback",
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub qps: Vec<u32>,
     /// Draw the run into this SVG file: bandwidth and latency against message size,
     /// softrdma beside the raw baseline (with -a: the whole sweep).
@@ -474,10 +486,53 @@ impl PerfArgs {
                 "--perftest: --server serves perftest clients over rdma_cm (-R); RoCE with HOST is the client of a perftest server (its TCP exchange)".into(),
             ));
         }
-        if self.size == Some(0) {
-            return Err(PerfError::Usage("--size must be at least 1".into()));
+        if self.once && !self.server {
+            return Err(PerfError::Usage("--once goes with --server".into()));
+        }
+        // Options of the other transport are refused rather than ignored.
+        match self.transport {
+            Transport::Iwarp => {
+                if self.mtu.is_some() {
+                    return Err(PerfError::Usage(
+                        "--mtu is RoCE's path MTU: give --transport roce (iWARP FPDUs: --fpdu)"
+                            .into(),
+                    ));
+                }
+                if self.no_gso || self.raw_tx != RawTxArg::Auto || self.roce_port.is_some() {
+                    return Err(PerfError::Usage(
+                        "--no-gso, --raw-tx and --roce-port are RoCE's: give --transport roce"
+                            .into(),
+                    ));
+                }
+            }
+            Transport::Roce => {
+                if self.crc || self.fpdu.0 != FpduSize::PathMss {
+                    return Err(PerfError::Usage(
+                        "--crc and --fpdu are iWARP's (MPA): RoCE always has its ICRC; give --transport iwarp".into(),
+                    ));
+                }
+            }
+        }
+        if let Some(m) = self.mtu {
+            valid_mtu(m)?;
         }
         Ok(())
+    }
+}
+
+/// The largest `--size`: every buffer of a run is allocated (and filled) up front.
+pub const MAX_SIZE: u32 = 1 << 30;
+
+/// The largest `-n`.
+const MAX_ITERS: u64 = 1_000_000_000_000;
+
+/// `-D`: a positive, finite number of seconds.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(d) if d.is_finite() && d > 0.0 && d <= 86_400.0 => Ok(d),
+        _ => Err(format!(
+            "expected seconds above 0 (at most 86400), got {s:?}"
+        )),
     }
 }
 
