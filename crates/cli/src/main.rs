@@ -128,9 +128,14 @@ fn run_decode(
         }
     }
     let _ = w.flush();
-    let bad = out.records.iter().filter(|r| !r.clean()).count() + out.stream_errors.len();
+    let bad = out.records.iter().filter(|r| !r.clean()).count()
+        + out.stream_errors.len()
+        + usize::from(out.cut.is_some());
     for e in &out.stream_errors {
         eprintln!("softrdma decode: {e}");
+    }
+    if let Some(c) = &out.cut {
+        eprintln!("softrdma decode: {}: {c}", file.display());
     }
     if !json {
         eprintln!(

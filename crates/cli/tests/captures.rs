@@ -4,7 +4,7 @@
 
 mod common;
 
-use softrdma_cli::decode::{Options, Output, decode_file};
+use softrdma_cli::decode::{Options, Output, capture, decode_bytes, decode_file};
 
 fn decode(name: &str) -> Output {
     decode_file(&common::captures_dir().join(name), &Options::default()).expect("capture reads")
@@ -284,7 +284,104 @@ fn lossy_iwarp_stream_reassembles() {
     assert!(writes >= 90, "{writes} RDMA Write segments");
 }
 
-/// A clear error for an unreadable or truncated file.
+/// File offsets where each packet record of a pcap or pcapng image ends, in order.
+fn record_ends(img: &[u8]) -> Vec<usize> {
+    let u32_at = |o: usize, le: bool| {
+        let b = [img[o], img[o + 1], img[o + 2], img[o + 3]];
+        if le {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        }
+    };
+    let mut ends = Vec::new();
+    if img[..4] == [0x0a, 0x0d, 0x0d, 0x0a] {
+        // pcapng: blocks of (type, total length, ..., total length); each section says its
+        // byte order; packets are Enhanced (6), Simple (3) and obsolete Packet (2) blocks.
+        let (mut off, mut le) = (0, true);
+        while off + 12 <= img.len() {
+            if img[off..off + 4] == [0x0a, 0x0d, 0x0d, 0x0a] {
+                le = img[off + 8..off + 12] == [0x4d, 0x3c, 0x2b, 0x1a];
+            }
+            let ty = u32_at(off, le);
+            let len = u32_at(off + 4, le) as usize;
+            off += len;
+            if matches!(ty, 2 | 3 | 6) {
+                ends.push(off);
+            }
+        }
+    } else {
+        // pcap: a 24-octet file header, then 16-octet record headers with the captured length
+        // at octet 8.
+        let le = matches!(
+            img[..4],
+            [0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1]
+        );
+        let mut off = 24;
+        while off + 16 <= img.len() {
+            off += 16 + u32_at(off + 8, le) as usize;
+            ends.push(off);
+        }
+    }
+    ends
+}
+
+/// Every capture cut at every 997th octet (a killed tcpdump): every frame whose record is
+/// whole before the cut is read, the cut says where it is (and only a cut inside a record is
+/// one); and, at some of those cuts in each capture, the decode is the decode of the file
+/// truncated at its last whole record: every message before the cut, as it was.
+#[test]
+fn captures_cut_anywhere_keep_every_frame_before_the_cut() {
+    for f in common::captures() {
+        let img = std::fs::read(&f).unwrap();
+        let ends = record_ends(&img);
+        let whole = capture::read_frames_from("whole", &img[..]).unwrap();
+        assert_eq!(whole.frames.len(), ends.len(), "{f:?}");
+        assert!(whole.cut.is_none(), "{f:?}");
+        let cuts: Vec<usize> = (997..img.len()).step_by(997).collect();
+        for (i, &at) in cuts.iter().enumerate() {
+            let before = ends.iter().filter(|&&e| e <= at).count();
+            let c = capture::read_frames_from("cut", &img[..at])
+                .unwrap_or_else(|e| panic!("{f:?} cut at {at}: {e}"));
+            assert_eq!(c.frames.len(), before, "{f:?} cut at {at}");
+            for (a, b) in c.frames.iter().zip(&whole.frames) {
+                assert_eq!(
+                    (a.number, &a.data),
+                    (b.number, &b.data),
+                    "{f:?} cut at {at}"
+                );
+            }
+            match &c.cut {
+                Some(k) => {
+                    assert!(k.short && k.at == at as u64, "{f:?} cut at {at}: {k:?}");
+                    assert_eq!(k.after_frame as usize, before, "{f:?} cut at {at}");
+                }
+                None => assert!(ends.contains(&at), "{f:?} cut at {at} not reported"),
+            }
+            // Decoding is the costly part: eight cuts a capture, spread over it.
+            if i % cuts.len().div_ceil(8) != 0 {
+                continue;
+            }
+            let out = decode_bytes(&img[..at], &Options::default()).unwrap();
+            let lines = |o: &Output| -> Vec<(u64, String)> {
+                o.records
+                    .iter()
+                    .map(|r| (r.frame, r.summary.clone()))
+                    .collect()
+            };
+            match before.checked_sub(1) {
+                None => assert!(out.records.is_empty(), "{f:?} cut at {at}"),
+                Some(last) => {
+                    let want = decode_bytes(&img[..ends[last]], &Options::default()).unwrap();
+                    assert!(want.cut.is_none());
+                    assert_eq!(lines(&out), lines(&want), "{f:?} cut at {at}");
+                }
+            }
+        }
+    }
+}
+
+/// A clear error for an unreadable file, the frames before the cut of a truncated one.
 #[test]
 fn unreadable_and_truncated_files_are_clear_errors() {
     let dir = std::env::temp_dir().join(format!("softrdma-decode-{}", std::process::id()));
@@ -305,12 +402,38 @@ fn unreadable_and_truncated_files_are_clear_errors() {
     let whole = std::fs::read(common::captures_dir().join("siw-rping.pcap")).unwrap();
     let cut = dir.join("cut.pcap");
     std::fs::write(&cut, &whole[..whole.len() - 7]).unwrap();
-    let e = decode_file(&cut, &Options::default())
-        .unwrap_err()
-        .to_string();
+    // Cut short: the frames before the cut are decoded, the cut is reported.
+    let out = decode_file(&cut, &Options::default()).unwrap();
+    assert_eq!(out.frames, 36);
+    let c = out.cut.expect("the cut is reported");
     assert!(
-        e.contains("truncated") && e.contains("after frame 36"),
-        "{e}"
+        c.short && c.after_frame == 36 && c.at == whole.len() as u64 - 7,
+        "{c:?}"
     );
+    let text = c.to_string();
+    assert!(
+        text.contains("cut short") && text.contains("after frame 36"),
+        "{text}"
+    );
+    // Through the binary: the messages, then one line saying where the file was cut.
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .arg("decode")
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(stdout.lines().count(), out.records.len(), "{stdout}");
+    assert!(
+        stderr.contains("cut.pcap: cut short") && stderr.contains("after frame 36"),
+        "{stderr}"
+    );
+    let strict = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["decode", "--strict"])
+        .arg(&cut)
+        .status()
+        .unwrap();
+    assert_eq!(strict.code(), Some(1), "--strict counts the cut");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -45,19 +45,29 @@ pub struct Output {
     pub records: Vec<Record>,
     /// Problems not tied to one message (e.g. a TCP gap never filled inside an MPA stream).
     pub stream_errors: Vec<String>,
+    /// Where the capture stopped before its end (a file cut short); everything before it was
+    /// decoded.
+    pub cut: Option<capture::Cut>,
 }
 
 /// Decode a pcap or pcapng file.
 pub fn decode_file(path: &Path, opts: &Options) -> Result<Output, CaptureError> {
-    Ok(decode_frames(&capture::read_frames(path)?, opts))
+    Ok(decode_capture(capture::read_frames(path)?, opts))
 }
 
 /// Decode a pcap or pcapng image held in memory (hostile input: never panics).
 pub fn decode_bytes(bytes: &[u8], opts: &Options) -> Result<Output, CaptureError> {
-    Ok(decode_frames(
-        &capture::read_frames_from("<memory>", bytes)?,
+    Ok(decode_capture(
+        capture::read_frames_from("<memory>", bytes)?,
         opts,
     ))
+}
+
+fn decode_capture(c: capture::Capture, opts: &Options) -> Output {
+    Output {
+        cut: c.cut,
+        ..decode_frames(&c.frames, opts)
+    }
 }
 
 fn decode_frames(frames: &[capture::Frame], opts: &Options) -> Output {
@@ -228,6 +238,7 @@ impl Decoder {
             frames: self.frames,
             records: self.records,
             stream_errors: self.stream_errors,
+            cut: None,
         }
     }
 }
