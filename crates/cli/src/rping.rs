@@ -82,13 +82,10 @@ pub enum RpingError {
 
 /// `softrdma rping` options: rping's flags.
 #[derive(clap::Args, Clone, Debug)]
+#[command(group(clap::ArgGroup::new("role").required(true).args(["server", "client"])))]
 pub struct RpingArgs {
     /// Server side.
-    #[arg(
-        short = 's',
-        conflicts_with = "client",
-        required_unless_present = "client"
-    )]
+    #[arg(short = 's', conflicts_with = "client")]
     pub server: bool,
     /// Client side.
     #[arg(short = 'c')]

@@ -67,6 +67,12 @@ pub enum PerfError {
     /// Bad options.
     #[error("{0}")]
     Usage(String),
+    /// A file the run writes.
+    #[error("{path}: {source}")]
+    File {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// How long a test runs.
@@ -170,8 +176,10 @@ pub struct PerfArgs {
     #[arg(long)]
     pub perftest: bool,
     /// With --perftest and HOST: the perftest server runs over rdma_cm (it was started with
-    /// -R): ib_write_bw, ib_read_bw or ib_send_bw (see --test), iWARP or RoCE.
-    #[arg(short = 'R', long = "rdma-cm", requires = "perftest")]
+    /// -R): ib_write_bw, ib_read_bw or ib_send_bw (see --test), iWARP or RoCE. Without
+    /// --perftest, perftest's meaning: connect through the connection manager, which softrdma
+    /// perf always does.
+    #[arg(short = 'R', long = "rdma-cm")]
     pub rdma_cm: bool,
     /// RoCE: how IPv4 datagrams leave: a raw socket when the process may open one (auto;
     /// exact ICRCs for rxe and NICs), always the UDP socket (off; softrdma peers, and the
@@ -224,9 +232,39 @@ pub struct PerfArgs {
           value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
     pub iters: Option<u64>,
     /// Run each test this many seconds instead of a number of iterations (above 0).
-    #[arg(short = 'D', short_alias = 'd', long, allow_negative_numbers = true,
-          value_parser = seconds)]
+    #[arg(short = 'D', long, allow_negative_numbers = true, value_parser = seconds)]
     pub duration: Option<f64>,
+    /// The device, as perftest's -d names one: it picks the transport (softrdma_tcp0, siw0,
+    /// iwarp: iWARP; softrdma_roce*, rxe0, roce: RoCE).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEVICE", conflicts_with = "transport",
+          value_parser = device_transport)]
+    pub ib_dev: Option<Transport>,
+    /// perftest's -c: the connection type. RC is what perf measures.
+    #[arg(short = 'c', long = "connection", value_name = "RC", value_parser = connection_rc)]
+    pub connection: Option<String>,
+    /// perftest's -e: sleep on completion events rather than poll; softrdma's default (see
+    /// --busy for polling).
+    #[arg(short = 'e', long = "events", conflicts_with = "busy")]
+    pub events: bool,
+    /// perftest's -F (no CPU frequency warning): softrdma gives none; accepted.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// perftest's --report_gbits: the table always shows Gb/s (and MB/s); accepted.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// perftest's -b (bidirectional bandwidth): refused, not measured yet.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// Also write the report as JSON into --out_json_file (as perftest's --out_json).
+    #[arg(long = "out_json")]
+    pub out_json: bool,
+    /// The file --out_json writes.
+    #[arg(
+        long = "out_json_file",
+        value_name = "FILE",
+        default_value = "perftest_out.json"
+    )]
+    pub out_json_file: std::path::PathBuf,
     /// Requests kept outstanding in bandwidth tests, 1 to 16383.
     #[arg(short = 't', long, default_value_t = 128, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(1..=16383))]
@@ -486,6 +524,12 @@ impl PerfArgs {
                 "--perftest: --server serves perftest clients over rdma_cm (-R); RoCE with HOST is the client of a perftest server (its TCP exchange)".into(),
             ));
         }
+        if self.bidirectional {
+            return Err(PerfError::Usage(
+                "-b (bidirectional bandwidth) is not measured: run a second perf the other way"
+                    .into(),
+            ));
+        }
         if self.once && !self.server {
             return Err(PerfError::Usage("--once goes with --server".into()));
         }
@@ -525,6 +569,31 @@ pub const MAX_SIZE: u32 = 1 << 30;
 
 /// The largest `-n`.
 const MAX_ITERS: u64 = 1_000_000_000_000;
+
+/// `-d`: the transport a perftest device name stands for.
+fn device_transport(s: &str) -> Result<Transport, String> {
+    let l = s.to_ascii_lowercase();
+    if l.starts_with("softrdma_tcp") || l.starts_with("siw") || l == "iwarp" {
+        Ok(Transport::Iwarp)
+    } else if l.starts_with("softrdma_roce") || l.starts_with("rxe") || l == "roce" {
+        Ok(Transport::Roce)
+    } else {
+        Err(format!(
+            "no such device {s:?}: softrdma_tcp0 (or siw0, iwarp) for iWARP, softrdma_roce (or rxe0, roce) for RoCE"
+        ))
+    }
+}
+
+/// `-c`: perftest's connection types; perf measures RC.
+fn connection_rc(s: &str) -> Result<String, String> {
+    match s.to_ascii_uppercase().as_str() {
+        "RC" => Ok("RC".into()),
+        "UC" | "UD" | "XRC" | "DC" | "SRD" => Err(format!(
+            "perf measures RC connections; {s} is not measured (pingpong has UC and UD)"
+        )),
+        _ => Err(format!("expected RC, got {s:?}")),
+    }
+}
 
 /// `-D`: a positive, finite number of seconds.
 fn seconds(s: &str) -> Result<f64, String> {
@@ -886,6 +955,12 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
 
 /// Entry point of `softrdma perf`.
 pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
+    // perftest's -d picks the transport.
+    let mut args = args.clone();
+    if let Some(t) = args.ib_dev {
+        args.transport = t;
+    }
+    let args = &args;
     args.check()?;
     if args.server {
         return run_server(args);
@@ -916,6 +991,18 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     };
     if let Some(path) = &args.plot {
         plot::plot(&report, path)?;
+    }
+    if args.out_json {
+        let file = |source| PerfError::File {
+            path: args.out_json_file.display().to_string(),
+            source,
+        };
+        let f = std::fs::File::create(&args.out_json_file).map_err(file)?;
+        let mut w = std::io::BufWriter::new(f);
+        serde_json::to_writer_pretty(&mut w, &json(&report))
+            .map_err(std::io::Error::from)
+            .and_then(|()| w.flush())
+            .map_err(file)?;
     }
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
