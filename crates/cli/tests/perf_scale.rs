@@ -82,5 +82,5 @@ fn a_list_from_the_binary() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("at least one QP"), "{err}");
+    assert!(err.contains("--qp") && err.contains("1..=65536"), "{err}");
 }

@@ -522,6 +522,16 @@ pub enum DdpError {
     UntaggedBuffer(UntaggedBufferError),
 }
 
+impl core::fmt::Display for DdpError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DdpError::LocalCatastrophic => f.write_str("local catastrophic"),
+            DdpError::TaggedBuffer(e) => write!(f, "tagged buffer: {e}"),
+            DdpError::UntaggedBuffer(e) => write!(f, "untagged buffer: {e}"),
+        }
+    }
+}
+
 impl DdpError {
     /// Every defined DDP error, in (EType, code) order.
     pub fn all() -> impl Iterator<Item = DdpError> {

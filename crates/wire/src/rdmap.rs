@@ -450,6 +450,20 @@ pub enum TerminateCode {
     Llp(LlpError),
 }
 
+impl core::fmt::Display for TerminateCode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TerminateCode::RdmaLocalCatastrophic { code } => {
+                write!(f, "RDMAP local catastrophic (code {code:#04x})")
+            }
+            TerminateCode::RdmaRemoteProtection(e) => write!(f, "RDMAP remote protection: {e}"),
+            TerminateCode::RdmaRemoteOperation(e) => write!(f, "RDMAP remote operation: {e}"),
+            TerminateCode::Ddp(e) => write!(f, "DDP {e}"),
+            TerminateCode::Llp(e) => write!(f, "LLP: {e}"),
+        }
+    }
+}
+
 /// RFC 5040 §4.8 Figure 10: which Terminated headers an error class carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -552,6 +566,15 @@ pub enum TerminateLayout {
     /// octet 0 = EType<<4 | Layer, octet 1 = Error Code, octet 2 bit 0 = M,
     /// bit 1 = D, bit 2 = R, reserved = octet 3 << 5 | octet 2 >> 3.
     LinuxSiw,
+}
+
+impl core::fmt::Display for TerminateLayout {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            TerminateLayout::Rfc5040 => "RFC 5040",
+            TerminateLayout::LinuxSiw => "Linux siw",
+        })
+    }
 }
 
 /// The Terminate control word, decoded in some layout.

@@ -1038,6 +1038,18 @@ pub enum ErrorBody {
     Chunk,
 }
 
+impl core::fmt::Display for ErrorBody {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ErrorBody::Vers {
+                rdma_vers_low,
+                rdma_vers_high,
+            } => write!(f, "ERR_VERS (versions {rdma_vers_low} to {rdma_vers_high})"),
+            ErrorBody::Chunk => f.write_str("ERR_CHUNK"),
+        }
+    }
+}
+
 impl ErrorBody {
     /// The `rdma_err` code.
     pub fn code(&self) -> ErrCode {

@@ -52,7 +52,7 @@ fn summary(h: &rpcrdma::Repr<'_>) -> String {
         }
     }
     if let rpcrdma::Body::Error(e) = &h.body {
-        s.push_str(&format!(" {e:?}"));
+        s.push_str(&format!(" {e}"));
     }
     s
 }
@@ -81,13 +81,13 @@ fn rpc_summary(m: &onc_rpc::Repr<'_>) -> String {
         }
         onc_rpc::MsgBody::Reply(onc_rpc::ReplyBody::Accepted(a)) => {
             format!(
-                "RPC REPLY xid {:#010x} {:?}",
+                "RPC REPLY xid {:#010x} {}",
                 m.xid,
                 a.reply_data.accept_stat()
             )
         }
         onc_rpc::MsgBody::Reply(onc_rpc::ReplyBody::Denied(d)) => {
-            format!("RPC REPLY xid {:#010x} denied {:?}", m.xid, d.reject_stat())
+            format!("RPC REPLY xid {:#010x} denied {}", m.xid, d.reject_stat())
         }
     }
 }

@@ -54,8 +54,28 @@ pub(crate) fn segment(seg: &rdmap::Segment<'_>) -> String {
             "sink {:#010x}/{:#x} size {} src {:#010x}/{:#x}",
             rr.sink_stag, rr.sink_to, rr.rdmardsz, rr.src_stag, rr.src_to
         ),
-        rdmap::Body::Terminate(t) => format!("{:?} ({:?} layout)", t.code, t.layout),
-        other => format!("{other:?}"),
+        rdmap::Body::Terminate(t) => format!("{} ({} layout)", t.code, t.layout),
+        rdmap::Body::ImmediateData(i) | rdmap::Body::ImmediateDataWithSe(i) => {
+            let hex: String = i
+                .immediate_data
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("immediate 0x{hex}")
+        }
+        rdmap::Body::AtomicRequest(a) => format!(
+            "{} id {} STag {:#010x} TO {:#x} add/swap {:#x} compare {:#x}",
+            a.opcode,
+            a.request_identifier,
+            a.remote_stag,
+            a.remote_tagged_offset,
+            a.add_or_swap_data,
+            a.compare_data
+        ),
+        rdmap::Body::AtomicResponse(r) => format!(
+            "id {} original {:#x}",
+            r.original_request_identifier, r.original_remote_data_value
+        ),
     };
     format!("{op} {ddp} {body}")
 }
@@ -146,9 +166,9 @@ pub(crate) fn ib_packet(p: &PacketRepr<'_>) -> String {
     }
     if let Some(a) = p.aeth {
         let syn = match a.syndrome {
-            Syndrome::Ack { credit } => format!("ACK credit {credit:?}"),
-            Syndrome::RnrNak { timer } => format!("RNR NAK timer {timer:?}"),
-            Syndrome::Nak(code) => format!("NAK {code:?}"),
+            Syndrome::Ack { credit } => format!("ACK credit {credit}"),
+            Syndrome::RnrNak { timer } => format!("RNR NAK timer {timer}"),
+            Syndrome::Nak(code) => format!("NAK {code}"),
         };
         s.push_str(&format!(" [{syn} MSN {}]", a.msn));
     }

@@ -143,6 +143,47 @@ pub enum NakCode {
     InvalidRdRequest = 4,
 }
 
+impl core::fmt::Display for NakCode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            NakCode::PsnSequenceError => "PSN sequence error",
+            NakCode::InvalidRequest => "invalid request",
+            NakCode::RemoteAccessError => "remote access error",
+            NakCode::RemoteOperationalError => "remote operational error",
+            NakCode::InvalidRdRequest => "invalid RD request",
+        })
+    }
+}
+
+/// Credits as a person reads them: the count, or "unlimited" for code 31 (no credit
+/// information), then the code.
+impl core::fmt::Display for CreditCode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.credits() {
+            Some(n) => write!(f, "{n} (code {})", self.code()),
+            None => write!(f, "unlimited (code {})", self.code()),
+        }
+    }
+}
+
+/// The RNR timer as a time, then its code.
+impl core::fmt::Display for RnrTimer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let us = self.micros();
+        if us >= 1000 {
+            write!(
+                f,
+                "{}.{:02} ms (code {})",
+                us / 1000,
+                us % 1000 / 10,
+                self.code()
+            )
+        } else {
+            write!(f, "{us} us (code {})", self.code())
+        }
+    }
+}
+
 impl TryFrom<u8> for NakCode {
     type Error = Error;
     fn try_from(v: u8) -> Result<Self> {
