@@ -63,6 +63,16 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // RUST_LOG=softrdma_iwarp=debug,... : the libraries' events on standard error (nothing
+    // when unset).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::builder()
+                .with_default_directive(tracing_subscriber::filter::LevelFilter::OFF.into())
+                .from_env_lossy(),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Decode {

@@ -164,3 +164,36 @@ fn rping_asks_for_either_role() {
         "{err}"
     );
 }
+
+/// RUST_LOG is honoured: the libraries' events on standard error when asked (the iWARP
+/// connection's negotiation), nothing when not.
+#[test]
+fn rust_log_is_honoured() {
+    let run = |log: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+        c.args([
+            "perf",
+            "--loopback",
+            "-n",
+            "5",
+            "-s",
+            "64",
+            "--op",
+            "write",
+            "--bw",
+        ]);
+        match log {
+            Some(l) => c.env("RUST_LOG", l),
+            None => c.env_remove("RUST_LOG"),
+        };
+        let out = c.output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let logged = run(Some("softrdma_iwarp=debug"));
+    assert!(
+        logged.contains("softrdma_iwarp") && logged.contains("MPA negotiated"),
+        "{logged}"
+    );
+    assert!(!run(None).contains("softrdma_iwarp"));
+}

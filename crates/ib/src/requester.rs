@@ -910,6 +910,7 @@ impl Requester {
                             Some(now + Duration::from_micros(u64::from(timer.micros())));
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
+                        tracing::debug!(qpn = self.cfg.qpn, psn, "NAK: PSN sequence error");
                         self.ack_through(psn_add(psn, PSN_MASK));
                         self.counters.seq_naks += 1;
                         self.on_loss(false);
@@ -927,6 +928,7 @@ impl Requester {
                         self.go_back(self.una);
                     }
                     Syndrome::Nak(code) => {
+                        tracing::warn!(qpn = self.cfg.qpn, psn, code = %code, "NAK: request failed");
                         self.ack_through(psn_add(psn, PSN_MASK));
                         // §13.3: fatal; the request completes in error, the QP goes to Error.
                         let status = match code {

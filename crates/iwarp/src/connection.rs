@@ -698,6 +698,7 @@ impl Connection {
 
     fn fail(&mut self, e: StartupError) {
         if !self.failed {
+            tracing::warn!(role = ?self.cfg.role, error = %e, "MPA startup failed");
             self.failed = true;
             self.events.push_back(ConnEvent::StartupFailed(e));
         }
@@ -750,6 +751,17 @@ impl Connection {
             (false, Some(r)) => self.rtr_expected = Some(r),
             _ => {}
         }
+        tracing::debug!(
+            qp = self.cfg.qp.qp.0,
+            rev = n.rev,
+            crc = n.crc,
+            markers_tx = n.markers_tx,
+            markers_rx = n.markers_rx,
+            ird = n.ird,
+            ord = n.ord,
+            mulpdu,
+            "MPA negotiated: Full Operation"
+        );
         self.events.push_back(ConnEvent::Established {
             negotiated: n,
             mulpdu,

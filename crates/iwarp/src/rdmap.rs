@@ -766,6 +766,7 @@ impl RdmapEngine {
     /// Layer LLP (no headers, Figure 10) is queued unless the connection is lost, and the QP
     /// goes to Error with every request flushed.
     pub fn handle_llp_error(&mut self, e: LlpError) {
+        tracing::debug!(qp = self.cfg.qp.0, error = %e, "LLP error");
         self.events.push_back(QpEvent::LlpError(e));
         let lost = e == LlpError::TcpConnectionLost;
         if lost {
@@ -919,6 +920,7 @@ impl RdmapEngine {
             return;
         }
         let t = fault.terminate();
+        tracing::warn!(qp = self.cfg.qp.0, code = %t.code, "local error: Terminate sent, stream stops");
         self.term_pending = Some(t);
         self.term_sent = Some(t);
         self.state = StreamState::Terminating;

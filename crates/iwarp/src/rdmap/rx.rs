@@ -652,6 +652,7 @@ impl RdmapEngine {
         let parsed = self.parse_terminate(ulpdu);
         match parsed {
             Some(t) => {
+                tracing::warn!(qp = self.cfg.qp.0, code = %t.code, "peer's Terminate received");
                 self.rx_msn[2] = self.rx_msn[2].wrapping_add(1);
                 self.term_received = Some(t);
                 self.events.push_back(QpEvent::TerminateReceived(t));
