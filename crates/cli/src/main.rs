@@ -24,8 +24,15 @@ struct Cli {
 enum Cmd {
     /// Decode iWARP (MPA/DDP/RDMAP), RoCEv2 and RPC-over-RDMA in a pcap or pcapng file.
     Decode {
-        /// The capture file (pcap or pcapng).
+        /// The capture file (pcap or pcapng); `-`: standard input.
         file: PathBuf,
+        /// Decode only the first N frames (as tshark -c).
+        #[arg(short = 'c', long = "count", value_name = "N",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+        /// Also decode UDP datagrams to this port as RoCEv2 (4791 always is; repeatable).
+        #[arg(long = "roce-port", value_name = "PORT")]
+        roce_port: Vec<u16>,
         /// Print every field of every message.
         #[arg(short, long)]
         verbose: bool,
@@ -77,11 +84,24 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Decode {
             file,
+            count,
+            roce_port,
             verbose,
             json,
             strict,
             all,
-        } => run_decode(&file, verbose, json, strict, all),
+        } => run_decode(
+            &file,
+            &decode::Options {
+                all,
+                roce_ports: roce_port,
+                max_frames: count,
+                ..decode::Options::default()
+            },
+            verbose,
+            json,
+            strict,
+        ),
         Cmd::Perf(args) => match perf::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             // Bad options exit 2, as clap's own refusals do.
@@ -105,18 +125,17 @@ fn main() -> ExitCode {
 
 fn run_decode(
     file: &std::path::Path,
+    opts: &decode::Options,
     verbose: bool,
     json: bool,
     strict: bool,
-    all: bool,
 ) -> ExitCode {
-    let out = match decode::decode_file(
-        file,
-        &decode::Options {
-            all,
-            ..decode::Options::default()
-        },
-    ) {
+    let out = if file.as_os_str() == "-" {
+        decode::decode_reader("<stdin>", std::io::stdin().lock(), opts)
+    } else {
+        decode::decode_file(file, opts)
+    };
+    let out = match out {
         Ok(o) => o,
         Err(e) => {
             eprintln!("softrdma decode: {e}");

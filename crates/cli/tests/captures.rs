@@ -505,3 +505,73 @@ fn summaries_carry_no_debug_formatting() {
         }
     }
 }
+
+/// Runs `softrdma decode ARGS` with `stdin`; its exit status, standard output and error.
+fn decode_cli(args: &[&str], stdin: Option<&[u8]>) -> (Option<i32>, String, String) {
+    use std::io::Write;
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"));
+    c.arg("decode").args(args);
+    c.stdin(std::process::Stdio::piped());
+    c.stdout(std::process::Stdio::piped());
+    c.stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.unwrap_or_default().to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// As tshark: `-` reads the capture from standard input, `-c N` stops after N frames,
+/// `--roce-port` decodes another UDP port as RoCEv2 ("decode as").
+#[test]
+fn stdin_frame_count_and_decode_as() {
+    let path = common::captures_dir().join("rxe-rping.pcap");
+    let img = std::fs::read(&path).unwrap();
+    let p = path.to_str().unwrap();
+    let (code, from_file, _) = decode_cli(&[p], None);
+    assert_eq!(code, Some(0));
+    let (code, from_stdin, _) = decode_cli(&["-"], Some(&img));
+    assert_eq!(code, Some(0));
+    assert_eq!(from_stdin, from_file);
+    assert!(from_file.lines().count() > 10);
+
+    let (code, first, err) = decode_cli(&["-c", "10", "--all", p], None);
+    assert_eq!(code, Some(0));
+    for line in first.lines() {
+        let frame: u64 = line.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(frame <= 10, "{line}");
+    }
+    assert!(err.contains("10 frames"), "{err}");
+
+    // The same capture with RoCEv2 on UDP port 4792 (pcap, Ethernet: record header 16,
+    // Ethernet 14, then IPv4 and UDP).
+    let mut moved = img.clone();
+    let ends = record_ends(&img);
+    let mut start = 24;
+    let mut n = 0;
+    for &end in &ends {
+        let ip = start + 16 + 14;
+        if end > ip + 24 && moved[ip] >> 4 == 4 && moved[ip + 9] == 17 {
+            let udp = ip + usize::from(moved[ip] & 0x0f) * 4;
+            if moved[udp + 2..udp + 4] == 4791u16.to_be_bytes() {
+                moved[udp + 2..udp + 4].copy_from_slice(&4792u16.to_be_bytes());
+                n += 1;
+            }
+        }
+        start = end;
+    }
+    assert!(n > 10, "{n} datagrams moved");
+    let roce = |s: &str| s.lines().filter(|l| l.contains("RoCEv2")).count();
+    let (_, plain, _) = decode_cli(&["-"], Some(&moved));
+    assert_eq!(roce(&plain), 0);
+    let (_, as_roce, _) = decode_cli(&["--roce-port", "4792", "-"], Some(&moved));
+    assert_eq!(roce(&as_roce), roce(&from_file));
+}

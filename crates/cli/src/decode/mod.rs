@@ -36,6 +36,10 @@ pub struct Options {
     /// Keep every Send segment's payload ([`Record::send`]), for tools and tests that look
     /// at what the Sends carry beyond the headers decoded.
     pub sends: bool,
+    /// UDP ports decoded as RoCEv2 besides 4791 (tshark's "decode as").
+    pub roce_ports: Vec<u16>,
+    /// Decode only the first this many frames (tshark's `-c`).
+    pub max_frames: Option<u64>,
 }
 
 /// The result of decoding one capture.
@@ -55,6 +59,15 @@ pub fn decode_file(path: &Path, opts: &Options) -> Result<Output, CaptureError> 
     Ok(decode_capture(capture::read_frames(path)?, opts))
 }
 
+/// Decode a pcap or pcapng stream (standard input, a pipe); `name` labels errors.
+pub fn decode_reader(
+    name: &str,
+    r: impl std::io::Read,
+    opts: &Options,
+) -> Result<Output, CaptureError> {
+    Ok(decode_capture(capture::read_frames_from(name, r)?, opts))
+}
+
 /// Decode a pcap or pcapng image held in memory (hostile input: never panics).
 pub fn decode_bytes(bytes: &[u8], opts: &Options) -> Result<Output, CaptureError> {
     Ok(decode_capture(
@@ -63,7 +76,14 @@ pub fn decode_bytes(bytes: &[u8], opts: &Options) -> Result<Output, CaptureError
     ))
 }
 
-fn decode_capture(c: capture::Capture, opts: &Options) -> Output {
+fn decode_capture(mut c: capture::Capture, opts: &Options) -> Output {
+    if let Some(n) = opts.max_frames
+        && (c.frames.len() as u64) > n
+    {
+        // Stopped by the count, not cut: what follows is not looked at.
+        c.frames.truncate(n as usize);
+        c.cut = None;
+    }
     Output {
         cut: c.cut,
         ..decode_frames(&c.frames, opts)
@@ -159,7 +179,7 @@ impl Decoder {
                     dst: endpoint(dst, dst_port),
                     sends: self.opts.sends,
                 };
-                if dst_port == roce::ROCEV2_PORT {
+                if dst_port == roce::ROCEV2_PORT || self.opts.roce_ports.contains(&dst_port) {
                     self.records.push(roce::decode(&ctx, ip));
                 } else if self.opts.all {
                     let mut r = Record::new(ctx.frame, time, ctx.src, ctx.dst, "UDP");
