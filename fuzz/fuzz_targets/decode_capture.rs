@@ -5,7 +5,8 @@
 //!
 //! Input: a pcap image. To reach the protocol decoders quickly the first
 //! octet chooses between the input as-is and the input appended as one
-//! Ethernet frame to a minimal pcap header.
+//! Ethernet frame to a minimal pcap header; its bit 3 also decodes UDP port
+//! 4792 as RoCEv2, bits 4-7 stop after that many frames (0: all).
 
 use libfuzzer_sys::fuzz_target;
 use softrdma_cli::decode::{Options, decode_bytes};
@@ -17,6 +18,8 @@ fuzz_target!(|data: &[u8]| {
     let opts = Options {
         all: mode & 2 != 0,
         sends: mode & 4 != 0,
+        roce_ports: if mode & 8 != 0 { vec![4792] } else { Vec::new() },
+        max_frames: Some(u64::from(mode >> 4)).filter(|&n| n > 0),
     };
     if mode & 1 == 0 {
         let _ = decode_bytes(rest, &opts);

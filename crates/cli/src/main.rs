@@ -105,6 +105,8 @@ fn main() -> ExitCode {
         Cmd::Perf(args) => match perf::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             // Bad options exit 2, as clap's own refusals do.
+            // As a shell reports a SIGINT: 128 + 2.
+            Err(perf::PerfError::Interrupted) => ExitCode::from(130),
             Err(e @ perf::PerfError::Usage(_)) => {
                 eprintln!("softrdma perf: {e}");
                 ExitCode::from(2)

@@ -197,3 +197,61 @@ fn rust_log_is_honoured() {
     );
     assert!(!run(None).contains("softrdma_iwarp"));
 }
+
+/// `perf -a` prints each row as it completes; Ctrl-C (SIGINT) lets the row in progress
+/// finish, prints the rows done and the table's end, and exits 130.
+#[test]
+fn rows_stream_and_ctrl_c_keeps_them() {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args([
+            "perf",
+            "--loopback",
+            "-a",
+            "-D",
+            "0.05",
+            "--op",
+            "write",
+            "--bw",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    // The first row arrives while the sweep (23 sizes) goes on.
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "ended early: {seen:?}"
+        );
+        let row = line.starts_with(" RDMA_Write BW");
+        seen.push(line);
+        if row {
+            break;
+        }
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "still running after its first row"
+    );
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    let rows = seen
+        .iter()
+        .map(String::as_str)
+        .chain(rest.lines())
+        .filter(|l| l.starts_with(" RDMA_Write BW"))
+        .count();
+    assert!((1..23).contains(&rows), "{rows} rows: {rest}");
+    assert!(rest.contains("MPA rev 2"), "the table's end: {rest}");
+}

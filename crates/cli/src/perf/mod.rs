@@ -29,6 +29,7 @@ pub mod udp;
 
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -67,6 +68,9 @@ pub enum PerfError {
     /// Bad options.
     #[error("{0}")]
     Usage(String),
+    /// Interrupted (SIGINT) after the rows reported.
+    #[error("interrupted")]
+    Interrupted,
     /// A file the run writes.
     #[error("{path}: {source}")]
     File {
@@ -690,6 +694,10 @@ impl Baseline {
     }
 }
 
+/// Told the report so far each time a row completes; `false` stops the run there (its
+/// report then holds the rows done).
+pub type Progress<'a> = &'a mut dyn FnMut(&Report) -> bool;
+
 /// Runs the client on `ctx` against the RDMA server at `rdma` and the raw server at `raw`.
 pub fn run_client(
     args: &PerfArgs,
@@ -697,6 +705,18 @@ pub fn run_client(
     rdma: SocketAddr,
     raw: SocketAddr,
     mode: &'static str,
+) -> Result<Report, PerfError> {
+    run_client_with(args, ctx, rdma, raw, mode, &mut |_| true)
+}
+
+/// [`run_client`], telling `progress` of each row.
+pub fn run_client_with(
+    args: &PerfArgs,
+    ctx: Context,
+    rdma: SocketAddr,
+    raw: SocketAddr,
+    mode: &'static str,
+    progress: Progress<'_>,
 ) -> Result<Report, PerfError> {
     let roce = ctx.transport() == softrdma::Transport::Roce;
     let o = args.client_opts()?;
@@ -723,7 +743,7 @@ pub fn run_client(
         scale: Vec::new(),
     };
     let mut client = Client::new(ctx, rdma, o);
-    let r = measure(args, &mut client, &base, &mut report);
+    let r = measure(args, &mut client, &base, &mut report, progress);
     client.bye();
     let _ = tcp::bye(raw);
     r?;
@@ -765,6 +785,7 @@ fn measure(
     c: &mut Client,
     base: &Baseline,
     report: &mut Report,
+    progress: Progress<'_>,
 ) -> Result<(), PerfError> {
     if !args.lat {
         let limit = args.limit(5000);
@@ -782,6 +803,9 @@ fn measure(
                     raw_udp_gso: gso,
                     ratio_gso: gso.map(|g| rdma.gbit_s / g.gbit_s),
                 });
+                if !progress(report) {
+                    return Ok(());
+                }
             }
         }
     }
@@ -807,6 +831,9 @@ fn measure(
                         },
                         ratio: rdma.t_typical / raw.t_typical,
                     });
+                    if !progress(report) {
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -817,6 +844,11 @@ fn measure(
 /// Runs `--loopback`: a server (RDMA and raw) on threads of this process and the client,
 /// over 127.0.0.1 (RoCE: the client on 127.0.0.2, UDP `--roce-port` or any free one).
 pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
+    run_loopback_with(args, &mut |_| true)
+}
+
+/// [`run_loopback`], telling `progress` of each row.
+pub fn run_loopback_with(args: &PerfArgs, progress: Progress<'_>) -> Result<Report, PerfError> {
     if !args.qps.is_empty() {
         return run_scale(args);
     }
@@ -830,7 +862,7 @@ pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
     std::thread::scope(|s| {
         let rdma_server = s.spawn(|| serve(&server_ctx, &listener, sopts, true, Some(&quit)));
         let raw_server = s.spawn(move || raw::serve(raw_listener, true));
-        let report = run_client(args, client_ctx, rdma_addr, raw_addr, "loopback");
+        let report = run_client_with(args, client_ctx, rdma_addr, raw_addr, "loopback", progress);
         // A client that failed before its Bye leaves the servers waiting.
         quit.store(true, Ordering::Release);
         if report.is_err() {
@@ -965,8 +997,29 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     if args.server {
         return run_server(args);
     }
+    // Ctrl-C: the row in progress finishes, then the rows done are reported (a second one
+    // exits at once).
+    let stop = interrupt_flag();
+    // The table streams: each row is printed as it completes.
+    let mut shown = 0;
+    let stream = !args.json;
+    let mut progress = |r: &Report| {
+        if stream {
+            let body = render_body(r);
+            let lines: Vec<&str> = body.lines().collect();
+            // The body's last line is its closing rule, printed at the end.
+            let upto = lines.len().saturating_sub(1);
+            let mut out = std::io::stdout().lock();
+            for l in lines.iter().take(upto).skip(shown) {
+                let _ = writeln!(out, "{l}");
+            }
+            let _ = out.flush();
+            shown = shown.max(upto);
+        }
+        !stop.load(Ordering::Acquire)
+    };
     let report = if args.loopback {
-        run_loopback(args)?
+        run_loopback_with(args, &mut progress)?
     } else {
         let host = args.host.as_deref().unwrap_or_default();
         if args.perftest {
@@ -987,7 +1040,7 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
             (Transport::Roce, Err(e)) => return Err(e),
         };
         let ctx = open(args, ip, args.roce_port())?;
-        run_client(args, ctx, rdma, raw, "client")?
+        run_client_with(args, ctx, rdma, raw, "client", &mut progress)?
     };
     if let Some(path) = &args.plot {
         plot::plot(&report, path)?;
@@ -1010,9 +1063,28 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
         let _ = serde_json::to_writer_pretty(&mut w, &json(&report));
         let _ = writeln!(w);
     } else {
-        let _ = write!(w, "{}", render(&report));
+        // What the rows did not print yet: a table without rows (scale), the closing rule,
+        // the negotiated parameters and counters.
+        for l in render_body(&report).lines().skip(shown) {
+            let _ = writeln!(w, "{l}");
+        }
+        let _ = write!(w, "{}", render_tail(&report));
+    }
+    let _ = w.flush();
+    if stop.load(Ordering::Acquire) {
+        return Err(PerfError::Interrupted);
     }
     Ok(())
+}
+
+/// Set by the first SIGINT (the run reports what it has); a second one ends the process.
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let sig = signal_hook::consts::SIGINT;
+    // Registered first: it acts only once the flag is set, i.e. on the second signal.
+    let _ = signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone());
+    let _ = signal_hook::flag::register(sig, flag.clone());
+    flag
 }
 
 /// The report as JSON; RoCE's baseline under `raw_udp`.
@@ -1039,23 +1111,16 @@ const RULE: &str = "------------------------------------------------------------
 
 /// The report as a table a perftest user reads.
 pub fn render(r: &Report) -> String {
+    let mut s = render_body(r);
+    s.push_str(&render_tail(r));
+    s
+}
+
+/// What the connections negotiated and counted, known once the run is over: the table's
+/// last lines.
+pub fn render_tail(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let roce = r.transport == "roce";
-    let base = if roce { "raw UDP" } else { "raw TCP" };
-    let _ = writeln!(s, "{RULE}");
-    let _ = writeln!(
-        s,
-        " softrdma perf: {}, device {}, {} {}",
-        if roce {
-            "RoCEv2 (InfiniBand RC over UDP)"
-        } else {
-            "iWARP over TCP"
-        },
-        r.device,
-        r.mode,
-        r.server
-    );
     if let Some(x) = &r.roce {
         let _ = writeln!(
             s,
@@ -1084,6 +1149,32 @@ pub fn render(r: &Report) -> String {
             r.completion_wait
         );
     }
+    if r.roce.is_some() || r.mpa.is_some() {
+        let _ = writeln!(s, "{RULE}");
+    }
+    s
+}
+
+/// The table up to its last row: the head, known before the run, then each section's
+/// rows; each completed row only appends lines ([`run`] prints them as they come).
+pub fn render_body(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let roce = r.transport == "roce";
+    let base = if roce { "raw UDP" } else { "raw TCP" };
+    let _ = writeln!(s, "{RULE}");
+    let _ = writeln!(
+        s,
+        " softrdma perf: {}, device {}, {} {}",
+        if roce {
+            "RoCEv2 (InfiniBand RC over UDP)"
+        } else {
+            "iWARP over TCP"
+        },
+        r.device,
+        r.mode,
+        r.server
+    );
     let _ = if roce {
         writeln!(
             s,
