@@ -35,7 +35,7 @@ def variants(rid):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", default=None)
-    ap.add_argument("--matrix", default=str(ROOT.parent / "shared/spec/conformance-matrix.md"))
+    ap.add_argument("--matrix", default=str(ROOT / "docs/spec/conformance-matrix.md"))
     ap.add_argument("--list-missing", action="store_true")
     a = ap.parse_args()
     rows = matrix_rows(pathlib.Path(a.matrix))

@@ -34,7 +34,7 @@
 //! let cq = ctx.create_cq(256, Some(&ch));
 //! let qp = pd.create_qp(QpInitAttr::new(&cq, &cq))?;
 //! let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
-//! qp.connect("127.0.0.1:4791", ConnectParams::default())?;
+//! qp.connect("127.0.0.1:7174", ConnectParams::default())?; // an iWARP peer (rping's port)
 //! mr.copy_in(0, b"hello")?;
 //! qp.post_send(SendWr::send(1, vec![mr.sge(0, 5)]))?;
 //! let mut wcs = Vec::new();
