@@ -255,3 +255,43 @@ fn rows_stream_and_ctrl_c_keeps_them() {
     assert!((1..23).contains(&rows), "{rows} rows: {rest}");
     assert!(rest.contains("MPA rev 2"), "the table's end: {rest}");
 }
+
+/// Errors name what failed: the address a server could not listen on, the address a
+/// client could not reach.
+#[test]
+fn errors_name_the_address() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port().to_string();
+    let (code, _, err) = tool("perf", &["--server", "-B", "127.0.0.1", "-p", &port]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines().count() == 1
+            && err.contains(&format!("127.0.0.1:{port}"))
+            && err.contains("-p"),
+        "{err}"
+    );
+    // Nothing listens on the port after the held one's: the client says where it went.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let free = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (code, _, err) = tool(
+        "perf",
+        &[
+            "127.0.0.1",
+            "-p",
+            &free.to_string(),
+            "--connect-timeout",
+            "2",
+            "-n",
+            "2",
+            "-s",
+            "64",
+        ],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines().count() == 1 && err.contains("127.0.0.1:"),
+        "{err}"
+    );
+    drop(held);
+}

@@ -103,6 +103,8 @@ pub struct ClientOpts {
     pub wait: WaitMode,
     /// How blocking waits poll before they sleep.
     pub busy_poll: BusyPoll,
+    /// Bound on each connection's setup.
+    pub connect_timeout: std::time::Duration,
 }
 
 /// The client's end of a session: one context, one connection per test.
@@ -149,6 +151,7 @@ impl Client {
             crc: self.o.crc,
             fpdu: self.o.fpdu,
             roce_pmtu: self.o.pmtu,
+            timeout: self.o.connect_timeout,
             ..ConnectParams::default()
         }
     }
@@ -169,7 +172,9 @@ impl Client {
             ..QpInitAttr::new(&cq, &cq)
         })?;
         prepost(&qp)?;
-        let conn = qp.connect(self.server, self.params(&req))?;
+        let conn = qp
+            .connect(self.server, self.params(&req))
+            .map_err(|e| PerfError::from(e).at(format!("connecting to {}", self.server)))?;
         let reply = Reply::parse(&conn.peer_private_data).ok_or_else(|| {
             PerfError::Protocol("the server's accept is not a softrdma perf reply".into())
         })?;
@@ -205,7 +210,7 @@ impl Client {
         })?;
         match qp.connect(self.server, self.params(&req)) {
             Err(Error::Rejected { private_data, .. }) => Ok(private_data),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(PerfError::from(e).at(format!("connecting to {}", self.server))),
             Ok(_) => Err(PerfError::Protocol(format!(
                 "the server accepted a {} request",
                 req.test

@@ -68,6 +68,12 @@ pub enum PerfError {
     /// Bad options.
     #[error("{0}")]
     Usage(String),
+    /// What was being done when `source` happened (an address, a port, a file).
+    #[error("{what}: {source}")]
+    At {
+        what: String,
+        source: Box<PerfError>,
+    },
     /// Interrupted (SIGINT) after the rows reported.
     #[error("interrupted")]
     Interrupted,
@@ -235,6 +241,10 @@ pub struct PerfArgs {
     #[arg(short = 'n', long, conflicts_with = "duration", allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
     pub iters: Option<u64>,
+    /// Client: give up on a connection that is not set up within this many seconds.
+    #[arg(long = "connect-timeout", value_name = "S", default_value_t = 10.0,
+          allow_negative_numbers = true, value_parser = seconds)]
+    pub connect_timeout: f64,
     /// Run each test this many seconds instead of a number of iterations (above 0).
     #[arg(short = 'D', long, allow_negative_numbers = true, value_parser = seconds)]
     pub duration: Option<f64>,
@@ -446,6 +456,7 @@ impl PerfArgs {
             rx_depth: self.rx_depth.clamp(4, 1 << 16),
             wait: self.wait(),
             busy_poll: self.busy_poll(),
+            connect_timeout: Duration::from_secs_f64(self.connect_timeout),
         })
     }
 
@@ -606,6 +617,16 @@ fn seconds(s: &str) -> Result<f64, String> {
         _ => Err(format!(
             "expected seconds above 0 (at most 86400), got {s:?}"
         )),
+    }
+}
+
+impl PerfError {
+    /// This error, said to have happened while doing `what`.
+    pub fn at(self, what: impl Into<String>) -> PerfError {
+        PerfError::At {
+            what: what.into(),
+            source: Box::new(self),
+        }
     }
 }
 
@@ -935,7 +956,8 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
     };
     let ctx = open(args, ip, args.roce_port())?;
     let addr = resolve(&args.bind, args.port)?;
-    let listener = Listener::bind_with(&ctx, addr, args.listen_params())?;
+    let listener = Listener::bind_with(&ctx, addr, args.listen_params())
+        .map_err(|e| PerfError::from(e).at(format!("listening on {addr} (-B, -p)")))?;
     let wait = args.wait();
     if args.perftest {
         let buf_len = args.size.map_or(16 << 20, |s| s as usize);
@@ -963,7 +985,12 @@ pub fn run_server(args: &PerfArgs) -> Result<(), PerfError> {
         }
         return Ok(());
     }
-    let raw_listener = TcpListener::bind(resolve(&args.bind, args.raw_port())?)?;
+    let raw_addr = resolve(&args.bind, args.raw_port())?;
+    let raw_listener = TcpListener::bind(raw_addr).map_err(|e| {
+        PerfError::from(e).at(format!(
+            "listening on {raw_addr} for the raw baseline (--tcp-port)"
+        ))
+    })?;
     match ctx.roce_local_addr() {
         Ok(roce) => eprintln!(
             "softrdma perf: serving on {} (RoCE connections; RoCE on {roce}) and {} (raw UDP)",

@@ -65,7 +65,12 @@ pub fn serve_test(s: &mut TcpStream, bw: bool, size: u32) -> io::Result<()> {
 
 /// A connection to the raw server at `addr` for `test`.
 pub fn connect(addr: SocketAddr, test: RawTest, size: u32) -> io::Result<TcpStream> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("raw TCP baseline at {addr} (--tcp-port): {e}"),
+        )
+    })?;
     s.set_nodelay(true)?;
     s.write_all(&raw_header(test, size))?;
     Ok(s)
