@@ -305,3 +305,32 @@ fn plot_draws_the_run() {
     assert!(perf::plot::plot(&empty, &dir.join("empty.svg")).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// iWARP: the client's counters are reported, and a Read's responses (1 MiB, FPDUs of the
+/// loopback MSS, far above the 16 KiB threshold) are read straight from the socket into the
+/// sink: all but the octets that came in with FPDU headers.
+#[test]
+fn iwarp_counters_show_payload_placed_straight_from_the_socket() {
+    let r = perf::run_loopback(&args(&[
+        "--loopback",
+        "--op",
+        "read",
+        "--bw",
+        "-s",
+        "1048576",
+        "-n",
+        "20",
+    ]))
+    .unwrap();
+    let c = r.iwarp.clone().expect("iWARP counters");
+    let mulpdu = usize::from(r.mpa.as_ref().unwrap().mulpdu);
+    // 21 reads: the test's 20 and the check of the data.
+    assert!(c.payload_rx >= 20 << 20, "{c:?}");
+    assert_eq!((c.terminates_tx, c.terminates_rx), (0, 0));
+    if mulpdu >= 20 * 1024 {
+        assert!(c.payload_rx_direct * 2 > c.payload_rx, "{c:?}");
+    }
+    assert!(c.payload_rx_direct <= c.payload_rx);
+    let table = perf::render(&r);
+    assert!(table.contains("straight from the socket"), "{table}");
+}

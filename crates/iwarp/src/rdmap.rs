@@ -172,6 +172,9 @@ pub struct StreamCounters {
     pub payload_tx: u64,
     /// Payload octets placed (Send, Write, Read Response).
     pub payload_rx: u64,
+    /// Of those, octets placed straight from the LLP before their segment was handed over
+    /// (the connection's direct placement, [`RdmapEngine::handle_placed`]).
+    pub payload_rx_direct: u64,
     /// Inbound ULPDUs ignored because the stream was already terminating or closed.
     pub dropped_rx: u64,
     /// Terminates sent.

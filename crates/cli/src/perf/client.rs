@@ -116,6 +116,8 @@ pub struct Client {
     pub first_conn: Option<ConnectionInfo>,
     /// RoCE: the requester counters of every test QP, summed.
     pub requester: RequesterCounters,
+    /// iWARP: the RDMAP counters of every test QP, summed.
+    pub stream: softrdma::StreamCounters,
 }
 
 /// A connected test.
@@ -135,6 +137,7 @@ impl Client {
             o,
             first_conn: None,
             requester: RequesterCounters::default(),
+            stream: Default::default(),
         }
     }
 
@@ -228,6 +231,16 @@ impl Client {
         sum.timeouts += c.timeouts;
         sum.seq_naks += c.seq_naks;
         sum.rnr_naks += c.rnr_naks;
+        let w = t.qp.counters().iwarp();
+        let sum = &mut self.stream;
+        sum.ulpdus_tx += w.ulpdus_tx;
+        sum.ulpdus_rx += w.ulpdus_rx;
+        sum.payload_tx += w.payload_tx;
+        sum.payload_rx += w.payload_rx;
+        sum.payload_rx_direct += w.payload_rx_direct;
+        sum.dropped_rx += w.dropped_rx;
+        sum.terminates_tx += w.terminates_tx;
+        sum.terminates_rx += w.terminates_rx;
         let r = self.request(Request {
             id: t.id,
             count: sent,

@@ -398,6 +398,9 @@ pub struct Report {
     /// RoCE: path MTU and counters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roce: Option<RoceInfo>,
+    /// iWARP: the client QPs' RDMAP counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iwarp: Option<IwarpCounters>,
     /// Requests outstanding in bandwidth tests.
     pub tx_depth: u32,
     /// `block` or `busy`.
@@ -409,6 +412,21 @@ pub struct Report {
     /// Scale rows (`-q`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scale: Vec<scale::ScaleRow>,
+}
+
+/// iWARP: what the client's QPs of a run counted, summed over its tests.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct IwarpCounters {
+    /// ULPDUs sent and received.
+    pub ulpdus_tx: u64,
+    pub ulpdus_rx: u64,
+    /// Payload octets placed (RDMA Read Responses, Sends received).
+    pub payload_rx: u64,
+    /// Of those, read from the socket straight into their memory.
+    pub payload_rx_direct: u64,
+    /// Terminates sent and received.
+    pub terminates_tx: u64,
+    pub terminates_rx: u64,
 }
 
 /// RoCE details of a run.
@@ -757,6 +775,7 @@ pub fn run_client_with(
         device: ctx.device().name().to_owned(),
         mpa: None,
         roce: None,
+        iwarp: None,
         tx_depth: args.tx_depth,
         completion_wait: if args.busy { "busy" } else { "block" },
         bw: Vec::new(),
@@ -776,6 +795,17 @@ pub fn run_client_with(
         mulpdu: c.mulpdu,
         emss: c.emss,
     });
+    if !roce {
+        let w = &client.stream;
+        report.iwarp = Some(IwarpCounters {
+            ulpdus_tx: w.ulpdus_tx,
+            ulpdus_rx: w.ulpdus_rx,
+            payload_rx: w.payload_rx,
+            payload_rx_direct: w.payload_rx_direct,
+            terminates_tx: w.terminates_tx,
+            terminates_rx: w.terminates_rx,
+        });
+    }
     if roce {
         let pmtu = match conn.map(|c| &c.detail) {
             Some(softrdma::ConnectionDetail::Roce { pmtu, .. }) => *pmtu,
@@ -940,6 +970,7 @@ fn run_scale(args: &PerfArgs) -> Result<Report, PerfError> {
         .to_owned(),
         mpa: None,
         roce: None,
+        iwarp: None,
         tx_depth: 1,
         completion_wait: if args.busy { "busy" } else { "block" },
         bw: Vec::new(),
@@ -1174,6 +1205,18 @@ pub fn render_tail(r: &Report) -> String {
             m.emss,
             r.tx_depth,
             r.completion_wait
+        );
+    }
+    if let Some(c) = &r.iwarp {
+        let _ = writeln!(
+            s,
+            " client QPs: {} ULPDUs sent, {} received; {} payload octets placed, {} of them straight from the socket; Terminates {} sent, {} received",
+            c.ulpdus_tx,
+            c.ulpdus_rx,
+            c.payload_rx,
+            c.payload_rx_direct,
+            c.terminates_tx,
+            c.terminates_rx
         );
     }
     if r.roce.is_some() || r.mpa.is_some() {

@@ -75,8 +75,13 @@ impl RdmapEngine {
             self.counters.dropped_rx += 1;
             return;
         }
-        if let Err(fault) = self.receive(ulpdu, placed) {
-            self.fail(fault);
+        match self.receive(ulpdu, placed) {
+            Err(fault) => self.fail(fault),
+            Ok(()) => {
+                if let Some(p) = placed {
+                    self.counters.payload_rx_direct += p.len as u64;
+                }
+            }
         }
     }
 
