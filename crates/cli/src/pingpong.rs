@@ -722,15 +722,25 @@ pub fn client(
         .map_err(|e| PingpongError::Exchange(format!("{e} for {host}:{port}")))?
         .collect();
     let mut sock = None;
+    let mut why = String::from("no address");
     for a in &addrs {
-        if let Ok(s) = TcpStream::connect(a) {
-            sock = Some(s);
-            break;
+        // --timeout covers the out-of-band connect too (the kernel's SYN retries take
+        // minutes against a host that does not answer).
+        let r = match o.timeout {
+            Some(t) => TcpStream::connect_timeout(a, t),
+            None => TcpStream::connect(a),
+        };
+        match r {
+            Ok(s) => {
+                sock = Some(s);
+                break;
+            }
+            Err(e) => why = e.to_string(),
         }
     }
     let Some(mut sock) = sock else {
         return Err(PingpongError::Exchange(format!(
-            "Couldn't connect to {host}:{port}"
+            "Couldn't connect to {host}:{port} (the exchange port, -p): {why}"
         )));
     };
     let _ = sock.set_nodelay(true);

@@ -542,3 +542,49 @@ fn ud_against_rdma_core_exchange() {
     rdma_core_client_vs_our_server(QpType::Ud, "--ud", 39, 1024);
     our_client_vs_rdma_core_server(QpType::Ud, "--ud", 40, 1);
 }
+
+/// `--timeout` covers the out-of-band connect: against a port that never completes the
+/// handshake (a listener whose accept queue is full drops SYNs) the client gives up when
+/// its timeout says, naming the port, instead of waiting out the kernel's SYN retries.
+#[test]
+fn timeout_covers_the_exchange_connect() {
+    let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    l.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    l.listen(0).unwrap();
+    let addr = l.local_addr().unwrap().as_socket().unwrap();
+    // Fill the accept queue: nothing is ever accepted.
+    let mut fill = Vec::new();
+    for _ in 0..4 {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&addr.into());
+        fill.push(s);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args([
+            "pingpong",
+            "--rc",
+            "--timeout",
+            "1",
+            "-p",
+            &addr.port().to_string(),
+        ])
+        .arg("127.0.0.1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{}", addr.port()))
+            && err.contains("-p")
+            && err.contains("timed out"),
+        "{err}"
+    );
+    drop(fill);
+}
