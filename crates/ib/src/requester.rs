@@ -128,6 +128,18 @@ pub struct RequesterCounters {
     pub stale_responses: u64,
 }
 
+/// Counters of several QPs, summed.
+impl std::ops::AddAssign for RequesterCounters {
+    fn add_assign(&mut self, o: RequesterCounters) {
+        self.packets += o.packets;
+        self.retransmitted += o.retransmitted;
+        self.timeouts += o.timeouts;
+        self.seq_naks += o.seq_naks;
+        self.rnr_naks += o.rnr_naks;
+        self.stale_responses += o.stale_responses;
+    }
+}
+
 /// Where a packet from [`Requester::poll_transmit`] goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tx {

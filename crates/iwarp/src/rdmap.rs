@@ -183,6 +183,20 @@ pub struct StreamCounters {
     pub terminates_rx: u64,
 }
 
+/// Counters of several streams, summed.
+impl std::ops::AddAssign for StreamCounters {
+    fn add_assign(&mut self, o: StreamCounters) {
+        self.ulpdus_tx += o.ulpdus_tx;
+        self.ulpdus_rx += o.ulpdus_rx;
+        self.payload_tx += o.payload_tx;
+        self.payload_rx += o.payload_rx;
+        self.payload_rx_direct += o.payload_rx_direct;
+        self.dropped_rx += o.dropped_rx;
+        self.terminates_tx += o.terminates_tx;
+        self.terminates_rx += o.terminates_rx;
+    }
+}
+
 /// The word in octets 4..8 of our Immediate Data: this bit set means "a Send follows and
 /// belongs to the same receive WQE" (Send with immediate); clear, the other 31 bits are the
 /// length of the RDMA Write it follows (Write with immediate).

@@ -224,23 +224,9 @@ impl Client {
     /// Ends test `t`: the server tears its side down and reports (an error it met is
     /// ours), then our QP goes. `sent`: messages the server should have received.
     fn end(&mut self, t: TestQp, sent: u64) -> Result<EndReport, PerfError> {
-        let c = t.qp.counters().ib_requester();
-        let sum = &mut self.requester;
-        sum.packets += c.packets;
-        sum.retransmitted += c.retransmitted;
-        sum.timeouts += c.timeouts;
-        sum.seq_naks += c.seq_naks;
-        sum.rnr_naks += c.rnr_naks;
-        let w = t.qp.counters().iwarp();
-        let sum = &mut self.stream;
-        sum.ulpdus_tx += w.ulpdus_tx;
-        sum.ulpdus_rx += w.ulpdus_rx;
-        sum.payload_tx += w.payload_tx;
-        sum.payload_rx += w.payload_rx;
-        sum.payload_rx_direct += w.payload_rx_direct;
-        sum.dropped_rx += w.dropped_rx;
-        sum.terminates_tx += w.terminates_tx;
-        sum.terminates_rx += w.terminates_rx;
+        let c = t.qp.counters();
+        self.requester += c.ib_requester();
+        self.stream += c.iwarp();
         let r = self.request(Request {
             id: t.id,
             count: sent,
