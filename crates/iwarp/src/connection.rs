@@ -211,8 +211,6 @@ pub struct Connection {
     scratch: Vec<u8>,
     /// Direct placement in progress.
     direct: Option<Direct>,
-    /// The last ULPDU delivered was large enough for direct placement.
-    rx_large: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -253,7 +251,6 @@ impl Connection {
             failed: false,
             scratch: Vec::new(),
             direct: None,
-            rx_large: false,
         };
         c.pump_startup();
         Ok(c)
@@ -410,21 +407,22 @@ impl Connection {
     /// At most how many octets the next read into a buffer should take (when there is no
     /// [`rx_window`](Self::rx_window)). While large FPDUs arrive (at least
     /// [`rx_direct_min`](ConnectionConfig::rx_direct_min) octets: the one at the head of the
-    /// buffer, or the last one delivered), the rest of the head FPDU and the next one's
+    /// buffer, or the last one the deframer delivered), the rest of the head FPDU and the next one's
     /// headers, so that the next payload gets a window instead of being swallowed by a
     /// large read; otherwise no limit.
     pub fn rx_read_limit(&self) -> usize {
         let Some(d) = self.deframer.as_ref() else {
             return usize::MAX;
         };
-        if self.direct.is_some() || d.markers() {
+        if self.direct.is_some() || d.markers() || d.error().is_some() {
             return usize::MAX;
         }
+        let large = d.last_fpdu_len() >= self.cfg.rx_direct_min;
         match d.head() {
-            Some((n, ulpdu)) if self.rx_large || n >= self.cfg.rx_direct_min => {
+            Some((n, ulpdu)) if large || n >= self.cfg.rx_direct_min => {
                 n - ulpdu.len() + WINDOW_TAIL
             }
-            None if self.rx_large && d.buffered() == 0 => WINDOW_TAIL,
+            None if large && d.buffered() == 0 => WINDOW_TAIL,
             _ => usize::MAX,
         }
     }
@@ -780,10 +778,8 @@ impl Connection {
             engine,
             held,
             direct,
-            rx_large,
             ..
         } = self;
-        let large = cfg.rx_direct_min;
         if let Some(d) = deframer.as_mut() {
             let mut go = true;
             let mut rest = bytes;
@@ -802,7 +798,6 @@ impl Connection {
                     None => {}
                     Some(Ok((head, placed))) => {
                         let ok = direct.take().is_some_and(|x| x.ok);
-                        *rx_large = true;
                         engine.handle_placed(head, placed, ok);
                     }
                     Some(Err(e)) => {
@@ -817,7 +812,6 @@ impl Connection {
                 while go && d.buffered() == 0 && !rest.is_empty() {
                     match d.next_in(&mut rest) {
                         Some(next) => {
-                            *rx_large = next.as_ref().is_ok_and(|u| u.len() >= large);
                             go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
                         }
                         None => break,
@@ -834,7 +828,6 @@ impl Connection {
                 while go {
                     match d.next_ulpdu() {
                         Some(next) => {
-                            *rx_large = next.as_ref().is_ok_and(|u| u.len() >= large);
                             go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
                         }
                         None => break,
@@ -845,7 +838,6 @@ impl Connection {
             while go {
                 match d.next_ulpdu() {
                     Some(next) => {
-                        *rx_large = next.as_ref().is_ok_and(|u| u.len() >= large);
                         go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
                     }
                     None => break,

@@ -285,6 +285,8 @@ pub struct Deframer {
     error: Option<LlpError>,
     error_reported: bool,
     delivered: u64,
+    /// Octets of the last FPDU delivered.
+    last_len: usize,
     /// A ULPDU taken out from between Markers (without them it is read in place).
     scratch: Vec<u8>,
     /// The head FPDU while its payload goes around the buffer.
@@ -318,6 +320,7 @@ impl Deframer {
             error: None,
             error_reported: false,
             delivered: 0,
+            last_len: 0,
             scratch: Vec::new(),
             bypass: None,
         }
@@ -364,6 +367,11 @@ impl Deframer {
     /// Octets pushed but not yet delivered.
     pub fn buffered(&self) -> usize {
         self.buf.len() - self.start
+    }
+
+    /// Octets of the last FPDU delivered (Markers, PAD and CRC included); 0 before the first.
+    pub fn last_fpdu_len(&self) -> usize {
+        self.last_len
     }
 
     /// ULPDUs delivered so far.
@@ -607,6 +615,7 @@ impl Deframer {
         // FPDUs are < 2^17 octets: the truncation is modular, as is the position.
         self.pos = self.pos.wrapping_add(n as u32);
         self.delivered += 1;
+        self.last_len = n;
     }
 }
 

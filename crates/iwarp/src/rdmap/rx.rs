@@ -34,6 +34,20 @@ fn looks_like_terminate(ulpdu: &[u8]) -> bool {
     }
 }
 
+/// A segment whose payload can be placed straight from the LLP (Write, Read Response,
+/// Send family), given only its headers (its body holds no payload octets).
+fn header_of_placeable(body: &Body) -> bool {
+    matches!(
+        body,
+        Body::RdmaWrite { payload: [] }
+            | Body::RdmaReadResponse { payload: [] }
+            | Body::Send { payload: [] }
+            | Body::SendWithSe { payload: [] }
+            | Body::SendWithInvalidate { payload: [], .. }
+            | Body::SendWithSeAndInvalidate { payload: [], .. }
+    )
+}
+
 /// RFC 5041 §7.2: an untagged segment whose MSN is `d` messages past the expected one, when
 /// `available` buffers (counting the expected message's) exist: "no buffer" if it is ahead
 /// of every buffer, otherwise "MSN range not valid" (this receiver takes the messages of a
@@ -97,26 +111,27 @@ impl RdmapEngine {
         }
         let len = ulpdu_len.checked_sub(head.len())?;
         let (hdr, seg_len, seg) = self.classify(head, len).ok()?;
+        if !header_of_placeable(&seg.body) {
+            return None;
+        }
         let mut pieces = SmallVec::new();
         match seg.body {
-            Body::RdmaWrite { payload: [] } => {
+            Body::RdmaWrite { .. } => {
                 pieces.push((self.write_dest(&hdr, seg_len, len).ok()?, 0, len));
             }
-            Body::RdmaReadResponse { payload: [] } => {
+            Body::RdmaReadResponse { .. } => {
                 let (_, at) = self.read_response_dest(&hdr, seg_len, len).ok()?;
                 let sink = self.outbound_reads.front()?.sink.clone()?;
                 pieces.push((sink, at, len));
             }
-            Body::Send { payload: [] } | Body::SendWithSe { payload: [] } => {
-                let mo = self.send_dest(&hdr, len, false).ok()?;
+            body => {
+                let invalidate = matches!(
+                    body,
+                    Body::SendWithInvalidate { .. } | Body::SendWithSeAndInvalidate { .. }
+                );
+                let mo = self.send_dest(&hdr, len, invalidate).ok()?;
                 self.recv_sgl()?.pieces(mo, len, &mut pieces).ok()?;
             }
-            Body::SendWithInvalidate { payload: [], .. }
-            | Body::SendWithSeAndInvalidate { payload: [], .. } => {
-                let mo = self.send_dest(&hdr, len, true).ok()?;
-                self.recv_sgl()?.pieces(mo, len, &mut pieces).ok()?;
-            }
-            _ => return None,
         }
         Some(Placement { pieces })
     }
@@ -173,17 +188,7 @@ impl RdmapEngine {
         let at = |f: Fault| f.segment(hdr, seg_len);
         // A placed payload lies behind the headers, which are all `ulpdu` holds then.
         let data = |payload| RxPayload::of(payload, placed);
-        if placed.is_some()
-            && !matches!(
-                seg.body,
-                Body::RdmaWrite { payload: [] }
-                    | Body::RdmaReadResponse { payload: [] }
-                    | Body::Send { payload: [] }
-                    | Body::SendWithSe { payload: [] }
-                    | Body::SendWithInvalidate { payload: [], .. }
-                    | Body::SendWithSeAndInvalidate { payload: [], .. }
-            )
-        {
+        if placed.is_some() && !header_of_placeable(&seg.body) {
             // `placement` names no pieces for anything else.
             return Err(Fault::local());
         }

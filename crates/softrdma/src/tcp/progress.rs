@@ -734,8 +734,9 @@ impl Conn {
         let mut budget = RX_BUDGET;
         while !self.eof && !self.dead {
             // A read straight into memory for a payload (up to `direct` octets), with what
-            // follows it into `rx`; or a read into `rx`. Receives must be in the engine
-            // before a Send's payload is given a window.
+            // follows it into `rx`; or a read into `rx`. Receives posted before the octets
+            // are read go into the engine first: a Send's payload finds its buffer (a user
+            // may post, then tell the peer out of band).
             let window = if self.discard_rx {
                 None
             } else {
@@ -830,9 +831,7 @@ impl Conn {
         if self.discard_rx {
             return;
         }
-        // Receives posted before these octets were read must be in the engine before the
-        // Sends among them are delivered (a user may post, then tell the peer out of band).
-        self.submit_to_engine(ctx);
+        // (`read` put the receives posted before these octets were read in the engine.)
         self.iw.handle_input(now, bytes);
         while self.iw.needs_recv() {
             self.srq_recv();
