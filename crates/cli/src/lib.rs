@@ -3,6 +3,7 @@
 pub mod decode;
 pub mod nfs;
 pub mod nfsd;
+pub mod pcap_out;
 pub mod perf;
 pub mod pingpong;
 pub mod rpcbench;

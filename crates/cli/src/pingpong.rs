@@ -46,6 +46,7 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use softrdma::ib::{QpAttr, QpState, QpType};
@@ -54,6 +55,7 @@ use softrdma::{
     RecvWr, RoceConfig, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 
+use crate::pcap_out::PcapTap;
 use crate::verbs_util::{OobPath, WaitMode, rtr_rts, wait_some};
 
 /// rdma-core's default out-of-band port.
@@ -175,6 +177,10 @@ pub struct PingpongArgs {
     /// Safety net: give up after this many seconds without a completion (0: never).
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// Write the RDMA traffic (RoCEv2 datagrams; not the out-of-band exchange) to this pcap
+    /// file, for `softrdma decode` and tshark.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
     /// After the last completion, keep the QP answering until no datagram arrived for this
     /// many milliseconds (0: exit at once).
     #[arg(long, default_value_t = 200)]
@@ -217,6 +223,8 @@ pub struct Opts {
     pub timeout: Option<Duration>,
     /// Quiet period after the last completion.
     pub linger: Duration,
+    /// The `--pcap` file the context is tapped into.
+    pub tap: Option<Arc<PcapTap>>,
 }
 
 impl PingpongArgs {
@@ -267,6 +275,7 @@ impl PingpongArgs {
             roce_port: self.roce_port,
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             linger: Duration::from_millis(self.linger),
+            tap: None,
         })
     }
 }
@@ -374,6 +383,9 @@ impl Pp {
                 o.roce_port
             ))
         })?;
+        if let Some(t) = &o.tap {
+            t.attach(&ctx).map_err(PingpongError::Exchange)?;
+        }
         let pd = ctx.alloc_pd();
         let channel = match o.wait {
             Wait::Events => Some(ctx.create_comp_channel()?),
@@ -821,13 +833,31 @@ pub fn serve(
 
 /// Entry point of `softrdma pingpong`; the exit status (1 on errors and on invalid data).
 pub fn run(args: &PingpongArgs) -> i32 {
-    let o = match args.opts() {
+    let mut o = match args.opts() {
         Ok(o) => o,
         Err(e) => {
             eprintln!("softrdma pingpong: {e}");
             return 1;
         }
     };
+    if let Some(path) = &args.pcap {
+        match PcapTap::create(path) {
+            Ok(t) => o.tap = Some(t),
+            Err(e) => {
+                eprintln!("softrdma pingpong: {e}");
+                return 1;
+            }
+        }
+    }
+    let rc = run_with(args, &o);
+    match &o.tap {
+        Some(t) if !t.finish_and_tell("softrdma pingpong") => rc.max(1),
+        _ => rc,
+    }
+}
+
+fn run_with(args: &PingpongArgs, o: &Opts) -> i32 {
+    let o = o.clone();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let r = match &args.host {

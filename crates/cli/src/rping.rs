@@ -29,6 +29,7 @@
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 use softrdma::{
@@ -37,6 +38,7 @@ use softrdma::{
     RoceConfig, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::pcap_out::PcapTap;
 use crate::verbs_util::{TransportArg, WaitMode, default_roce_ip, local_ip_toward, wait_some};
 
 /// rping's default port.
@@ -138,6 +140,10 @@ pub struct RpingArgs {
     /// which in rping's lock-step exchange never happens.
     #[arg(long, default_value_t = 20)]
     pub first_send_delay: u64,
+    /// Write the RDMA traffic (connection setup and pings) to this pcap file, for
+    /// `softrdma decode` and tshark.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 /// Options of one run, independent of the command line.
@@ -614,7 +620,11 @@ pub fn listen(
 
 /// Opens the device `args` name: the TCP device, or a RoCE device on `ip` (the server's
 /// `-a`, the client's `-I` or the address facing `server`).
-fn open(args: &RpingArgs, server: Option<SocketAddr>) -> Result<Context, String> {
+fn open(
+    args: &RpingArgs,
+    server: Option<SocketAddr>,
+    tap: Option<&Arc<PcapTap>>,
+) -> Result<Context, String> {
     let dev = match args.transport {
         TransportArg::Iwarp => Device::tcp(),
         TransportArg::Roce => {
@@ -629,11 +639,30 @@ fn open(args: &RpingArgs, server: Option<SocketAddr>) -> Result<Context, String>
             Device::roce(cfg)
         }
     };
-    dev.open().map_err(|e| format!("{}: {e}", dev.name()))
+    let ctx = dev.open().map_err(|e| format!("{}: {e}", dev.name()))?;
+    if let Some(t) = tap {
+        t.attach(&ctx)?;
+    }
+    Ok(ctx)
 }
 
 /// Entry point of `softrdma rping`; the exit status rping would give.
 pub fn run(args: &RpingArgs) -> i32 {
+    let tap = match args.pcap.as_deref().map(PcapTap::create).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("softrdma rping: {e}");
+            return 1;
+        }
+    };
+    let rc = run_tapped(args, tap.as_ref());
+    match tap {
+        Some(t) if !t.finish_and_tell("softrdma rping") => rc.max(1),
+        _ => rc,
+    }
+}
+
+fn run_tapped(args: &RpingArgs, tap: Option<&Arc<PcapTap>>) -> i32 {
     let o = args.opts();
     let host = args.addr.as_deref();
     let addr = match host.map(|h| (h, args.port).to_socket_addrs().map(|mut a| a.next())) {
@@ -647,7 +676,7 @@ pub fn run(args: &RpingArgs) -> i32 {
             return 1;
         }
     };
-    let ctx = match open(args, addr) {
+    let ctx = match open(args, addr, tap) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("softrdma rping: {e}");
@@ -672,7 +701,11 @@ pub fn run(args: &RpingArgs) -> i32 {
             let _ = writeln!(out, "rdma_listen on {}", listener.local_addr());
         }
         loop {
-            match serve_one(&ctx, &listener, &o, &mut out) {
+            let served = serve_one(&ctx, &listener, &o, &mut out);
+            if let Some(t) = tap {
+                t.flush();
+            }
+            match served {
                 Ok(s) => {
                     eprintln!("server DISCONNECT EVENT...");
                     if o.debug {

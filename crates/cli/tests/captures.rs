@@ -572,6 +572,8 @@ fn stdin_frame_count_and_decode_as() {
     let roce = |s: &str| s.lines().filter(|l| l.contains("RoCEv2")).count();
     let (_, plain, _) = decode_cli(&["-"], Some(&moved));
     assert_eq!(roce(&plain), 0);
+    // Decoded, not only claimed (the ICRC, over the ports, no longer checks).
     let (_, as_roce, _) = decode_cli(&["--roce-port", "4792", "-"], Some(&moved));
     assert_eq!(roce(&as_roce), roce(&from_file));
+    assert!(!as_roce.contains("undecodable"), "{as_roce}");
 }

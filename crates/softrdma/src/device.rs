@@ -16,6 +16,7 @@ use crate::Error;
 use crate::cq::{CompletionChannel, Cq};
 use crate::event::{AsyncEvent, EventQueue};
 use crate::roce::{Ah, RoceConfig, RoceCounters, RoceShared};
+use crate::tap::Tap;
 use crate::tcp::TcpShared;
 
 /// Name of the TCP (iWARP) device.
@@ -222,6 +223,16 @@ impl Context {
     /// Opens a RoCEv2 device with `cfg` (`ibv_open_device` on an rxe device).
     pub fn open_roce(cfg: RoceConfig) -> Result<Context, Error> {
         Device::roce(cfg).open()
+    }
+
+    /// Hands everything this context's transport sends and receives to `tap` from now on
+    /// (TCP connections opened later, every RoCEv2 datagram): what the `--pcap` options of
+    /// the tools write. Set once, before connecting; `false` if a tap was already set.
+    pub fn set_tap(&self, tap: Arc<dyn Tap>) -> bool {
+        match &self.shared.driver {
+            Driver::Tcp(t) => t.tap.set(tap),
+            Driver::Roce(r) => r.tap.set(tap),
+        }
     }
 
     /// The device this context was opened on.

@@ -46,7 +46,7 @@
 #![warn(missing_docs)]
 
 // Floors, top-down: the API (device, mr, qp, cm) over the transport drivers (tcp, roce)
-// over what every layer shares (connparams, cq, srq, event, state, leader, net, error); no module imports one above.
+// over what every layer shares (connparams, cq, srq, event, state, leader, net, tap, error); no module imports one above.
 mod cm;
 mod connparams;
 mod cq;
@@ -60,6 +60,7 @@ mod qp;
 mod roce;
 mod srq;
 mod state;
+mod tap;
 mod tcp;
 
 pub use cm::{ConnRequest, Listener};
@@ -77,6 +78,7 @@ pub use roce::cm::RDMA_UDP_QKEY;
 pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_to_ip};
 pub use srq::{Srq, SrqAttr};
 pub use state::{QpCounters, QpState, TransportCounters};
+pub use tap::{Direction, Tap, Tapped};
 /// InfiniBand attributes of RoCE QPs (`ibv_qp_attr` for [`Qp::modify`], whose `state` is
 /// the InfiniBand subset of [`QpState`], comparable with it) and the engine's own counters.
 pub mod ib {

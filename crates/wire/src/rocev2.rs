@@ -798,6 +798,12 @@ impl<'a> RoceV2Packet<'a> {
     /// disagrees with the IP length; `Truncated` when the datagram is cut or
     /// too short for BTH + ICRC.
     pub fn parse(buf: &'a [u8]) -> Result<Self> {
+        Self::parse_on_port(buf, ROCEV2_UDP_PORT)
+    }
+
+    /// [`parse`](Self::parse) of a flow on UDP destination port `port` instead of 4791
+    /// (two contexts sharing a host in tests; a capture's "decode as").
+    pub fn parse_on_port(buf: &'a [u8], port: u16) -> Result<Self> {
         need(Layer::Ip, buf, 1)?;
         let (ip, ip_hdr_len, ip_end) = match buf[0] >> 4 {
             4 => {
@@ -849,7 +855,7 @@ impl<'a> RoceV2Packet<'a> {
                 reason: "UDP length disagrees with the IP length",
             });
         }
-        if udp.dst_port != ROCEV2_UDP_PORT {
+        if udp.dst_port != port {
             return Err(Error::Unknown {
                 layer: Layer::Udp,
                 field: "UDP destination port",

@@ -180,7 +180,7 @@ impl Decoder {
                     sends: self.opts.sends,
                 };
                 if dst_port == roce::ROCEV2_PORT || self.opts.roce_ports.contains(&dst_port) {
-                    self.records.push(roce::decode(&ctx, ip));
+                    self.records.push(roce::decode(&ctx, ip, dst_port));
                 } else if self.opts.all {
                     let mut r = Record::new(ctx.frame, time, ctx.src, ctx.dst, "UDP");
                     r.summary = format!("{} octets", payload.len());

@@ -12,7 +12,8 @@ use super::{Ctx, rpc, summary};
 pub(crate) const ROCEV2_PORT: u16 = rocev2::ROCEV2_UDP_PORT;
 
 /// Decode one RoCEv2 packet; `ip` is the whole IP packet.
-pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
+/// `port`: the UDP destination port, 4791 or one decoded as RoCEv2 (`--roce-port`).
+pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
     let mut r = Record::new(
         ctx.frame,
         ctx.time,
@@ -20,7 +21,7 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8]) -> Record {
         ctx.dst.clone(),
         "RoCEv2",
     );
-    let pkt = match RoceV2Packet::parse(ip) {
+    let pkt = match RoceV2Packet::parse_on_port(ip, port) {
         Ok(p) => p,
         Err(e) => {
             r.summary = "undecodable RoCEv2 packet".into();

@@ -44,6 +44,7 @@ use self::proto::Test;
 pub use self::server::{ServerOpts, serve};
 use self::stats::{Bw, Lat};
 use self::udp::UdpBaseline;
+use crate::pcap_out::PcapTap;
 pub use crate::verbs_util::TransportArg as Transport;
 use crate::verbs_util::{WaitMode, default_roce_ip, local_ip_toward};
 
@@ -325,6 +326,14 @@ pub struct PerfArgs {
     /// softrdma beside the raw baseline (with -a: the whole sweep).
     #[arg(long, value_name = "FILE.svg", conflicts_with = "qps")]
     pub plot: Option<std::path::PathBuf>,
+    /// Write the RDMA traffic of the run (not the raw baseline's, nor the out-of-band
+    /// exchange's) to this pcap file, for `softrdma decode` and tshark; with --loopback, as
+    /// the client saw it. Every octet is kept: use it with -n or a short -D.
+    #[arg(long, value_name = "FILE", conflicts_with = "qps")]
+    pub pcap: Option<std::path::PathBuf>,
+    /// The open `--pcap` file.
+    #[arg(skip)]
+    pub tap: Option<Arc<PcapTap>>,
 }
 
 /// The connection's MPA parameters, as the first test negotiated them.
@@ -690,12 +699,22 @@ fn open(args: &PerfArgs, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
             Device::roce(cfg)
         }
     };
-    dev.open().map_err(|e| match transport {
+    let ctx = dev.open().map_err(|e| match transport {
         Transport::Iwarp => PerfError::Usage(format!("cannot open {}: {e}", dev.name())),
         Transport::Roce => PerfError::Usage(format!(
             "cannot open a RoCE device on {ip} port {port}: {e}"
         )),
-    })
+    })?;
+    tap(args, &ctx)?;
+    Ok(ctx)
+}
+
+/// Taps `ctx` into the `--pcap` file, if any.
+fn tap(args: &PerfArgs, ctx: &Context) -> Result<(), PerfError> {
+    match &args.tap {
+        Some(t) => t.attach(ctx).map_err(PerfError::Usage),
+        None => Ok(()),
+    }
 }
 
 /// Latency warm-up round trips (not counted).
@@ -946,8 +965,13 @@ fn loopback_contexts(args: &PerfArgs) -> Result<(Context, Context), PerfError> {
             [0]
         .port;
     }
+    // One side is captured: the other would write every segment again.
+    let untapped = PerfArgs {
+        tap: None,
+        ..args.clone()
+    };
     Ok((
-        open(args, Ipv4Addr::new(127, 0, 0, 1).into(), port)?,
+        open(&untapped, Ipv4Addr::new(127, 0, 0, 1).into(), port)?,
         open(args, Ipv4Addr::new(127, 0, 0, 2).into(), port)?,
     ))
 }
@@ -1050,8 +1074,25 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     if let Some(t) = args.ib_dev {
         args.transport = t;
     }
-    let args = &args;
     args.check()?;
+    if let Some(path) = &args.pcap {
+        args.tap = Some(PcapTap::create(path).map_err(PerfError::Usage)?);
+    }
+    let r = run_checked(&args);
+    // What was captured is kept whatever the outcome (an interrupted or failed run too).
+    if let Some(t) = &args.tap
+        && !t.finish_and_tell("softrdma perf")
+        && r.is_ok()
+    {
+        return Err(PerfError::Protocol(format!(
+            "--pcap {}: not written",
+            t.path().display()
+        )));
+    }
+    r
+}
+
+fn run_checked(args: &PerfArgs) -> Result<(), PerfError> {
     if args.server {
         return run_server(args);
     }

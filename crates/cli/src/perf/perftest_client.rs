@@ -306,6 +306,7 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
         None => s.local_addr()?.ip().to_canonical(),
     };
     let ctx = open_ctx(local_ip, roce_port)?;
+    super::tap(args, &ctx)?;
 
     // 1. Versions.
     let mut v = [0u8; 16];

@@ -51,6 +51,7 @@ use crate::cq::{CqShared, Progress};
 use crate::event::EventQueue;
 use crate::leader::{Leader, Waiter, WakePipe};
 use crate::state::QpCounters;
+use crate::tap::{Direction, TapSlot, Tapped};
 
 /// Largest datagram the driver reads: PMTU 4096 plus every header.
 const MAX_DATAGRAM: usize = 4096 + 128;
@@ -245,6 +246,8 @@ pub(crate) struct RoceShared {
     /// (`UDP_GRO`).
     gso: bool,
     gro: bool,
+    /// Told what the socket sends and receives (set once).
+    pub(crate) tap: TapSlot,
 }
 
 struct Engine {
@@ -384,6 +387,7 @@ impl RoceShared {
             acks_held: AtomicBool::new(false),
             gso,
             gro,
+            tap: TapSlot::default(),
         });
         let weak = Arc::downgrade(&shared);
         let h = std::thread::Builder::new()
@@ -546,6 +550,7 @@ impl RoceShared {
             };
             match sent {
                 Ok(_) => {
+                    self.tap_sent(buf, &group[i..j]);
                     self.counters.gso_sends.fetch_add(1, Ordering::Relaxed);
                     self.counters
                         .tx_packets
@@ -564,6 +569,23 @@ impl RoceShared {
         }
     }
 
+    /// Tells the tap, if any, that the datagrams `sent` describes in `buf` left.
+    fn tap_sent(&self, buf: &[u8], sent: &[Transmit]) {
+        let Some(tap) = self.tap.get() else { return };
+        for t in sent {
+            let d = buf.get(t.range()).unwrap_or(&[]);
+            tap.tapped(match t.kind {
+                SocketKind::RawIpv4 => Tapped::Ipv4 { packet: d },
+                SocketKind::Udp => Tapped::Udp {
+                    local: self.local,
+                    peer: t.dest,
+                    dir: Direction::Sent,
+                    payload: d,
+                },
+            });
+        }
+    }
+
     /// Sends each datagram of `group` on its own, with as few `sendmmsg` calls as it takes.
     fn send_each(&self, fd: std::os::fd::RawFd, buf: &[u8], group: &[Transmit]) {
         let slices: Vec<[IoSlice<'_>; 1]> = group
@@ -578,6 +600,7 @@ impl RoceShared {
             };
             match sent {
                 Ok(k) if k > 0 => {
+                    self.tap_sent(buf, group.get(done..done + k).unwrap_or(&[]));
                     self.counters
                         .tx_packets
                         .fetch_add(k as u64, Ordering::Relaxed);
@@ -782,10 +805,19 @@ impl RoceShared {
                         let step = if seg == 0 { n.max(1) } else { seg };
                         all.chunks(step).map(move |d| (peer, d))
                     });
+                let tap = self.tap.get();
                 for (peer, dgram) in datagrams {
                     let Some(peer) = peer else {
                         continue;
                     };
+                    if let Some(t) = tap {
+                        t.tapped(Tapped::Udp {
+                            local: self.local,
+                            peer,
+                            dir: Direction::Received,
+                            payload: dgram,
+                        });
+                    }
                     // A drop is counted by the endpoint.
                     let Ok(inc) = ep.handle(peer, dgram, &mut rx.verifier) else {
                         continue;

@@ -36,6 +36,7 @@ use crate::event::{AsyncEvent, EventQueue};
 use crate::leader::{Leader, Waiter};
 use crate::srq::SrqShared;
 use crate::state::{QpCounters, QpState};
+use crate::tap::TapSlot;
 
 pub(crate) mod progress;
 
@@ -55,6 +56,8 @@ pub(crate) struct TcpShared {
     /// Cleared when the progress thread exits.
     pub(crate) alive: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Told what the connections send and receive (set once).
+    pub(crate) tap: TapSlot,
 }
 
 impl TcpShared {
@@ -78,6 +81,7 @@ impl TcpShared {
             next_qp: AtomicU32::new(1),
             alive: AtomicBool::new(true),
             thread: Mutex::new(None),
+            tap: TapSlot::default(),
         });
         let weak: Weak<TcpShared> = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()

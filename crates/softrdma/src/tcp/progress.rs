@@ -45,6 +45,7 @@ use crate::Error;
 use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
 use crate::event::AsyncEvent;
 use crate::state::{QpCounters, QpState};
+use crate::tap::{self, Direction, Tap, Tapped};
 
 /// The waker's token.
 pub(crate) const WAKER: Token = Token(0);
@@ -83,6 +84,8 @@ struct Conn {
     stream: TcpStream,
     local: SocketAddr,
     peer: SocketAddr,
+    /// The context's tap, if any ([`crate::Context::set_tap`]).
+    tap: Option<Arc<dyn Tap>>,
     emss: u32,
     /// MPA startup, framing and the QP's engine.
     iw: IwConn,
@@ -390,7 +393,17 @@ impl Driver {
                 };
                 let conn = IwConn::new(cfg, ctx.keys.clone(), started)
                     .map_err(Error::from)
-                    .and_then(|iw| Ok(Conn::new(&self.registry, token, stream, iw, emss)?));
+                    .and_then(|iw| {
+                        Ok(Conn::new(
+                            ctx,
+                            &self.registry,
+                            token,
+                            stream,
+                            iw,
+                            emss,
+                            true,
+                        )?)
+                    });
                 match conn {
                     Ok(mut c) => {
                         c.reply = Some(reply);
@@ -536,9 +549,15 @@ impl Driver {
                 continue;
             };
             let t = ctx.token();
-            if let Ok(mut c) =
-                Conn::new(&self.registry, t, TcpStream::from_std(std_stream), iw, emss)
-            {
+            if let Ok(mut c) = Conn::new(
+                ctx,
+                &self.registry,
+                t,
+                TcpStream::from_std(std_stream),
+                iw,
+                emss,
+                false,
+            ) {
                 c.listener = Some(shared);
                 // The Request may already be in.
                 c.read(ctx, &mut self.bufs, now);
@@ -581,6 +600,9 @@ impl Driver {
             self.timed.remove(&t);
             let _ = self.registry.deregister(&mut c.stream);
             let _ = c.stream.shutdown(Shutdown::Both);
+            if c.write_side != WriteSide::Closed {
+                c.tap_fin();
+            }
             if let Some(qp) = c.qp.take() {
                 if self.qp_conn.get(&qp.qpn) == Some(&t) {
                     self.qp_conn.remove(&qp.qpn);
@@ -684,20 +706,31 @@ fn fpdu_sizing(f: FpduSize) -> FpduSizing {
 
 impl Conn {
     fn new(
+        ctx: &TcpShared,
         registry: &Registry,
         token: Token,
         mut stream: TcpStream,
         iw: IwConn,
         emss: u32,
+        active: bool,
     ) -> io::Result<Conn> {
         let local = stream.local_addr()?;
         let peer = stream.peer_addr()?;
         registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
+        let tap = ctx.tap.get().cloned();
+        if let Some(t) = &tap {
+            t.tapped(Tapped::TcpOpen {
+                local,
+                peer,
+                active,
+            });
+        }
         Ok(Conn {
             token,
             stream,
             local,
             peer,
+            tap,
             emss,
             iw,
             listener: None,
@@ -750,11 +783,27 @@ impl Conn {
                 },
                 None => {
                     let cap = self.iw.rx_read_limit().min(bufs.rx.len());
-                    (self.stream.read(&mut bufs.rx[..cap]), cap, 0)
+                    let r = self.stream.read(&mut bufs.rx[..cap]);
+                    if let (Some(t), Ok(n @ 1..)) = (&self.tap, &r) {
+                        t.tapped(Tapped::TcpData {
+                            local: self.local,
+                            peer: self.peer,
+                            dir: Direction::Received,
+                            data: &[io::IoSlice::new(&bufs.rx[..*n])],
+                        });
+                    }
+                    (r, cap, 0)
                 }
             };
             match got {
                 Ok(0) => {
+                    if let Some(t) = &self.tap {
+                        t.tapped(Tapped::TcpClose {
+                            local: self.local,
+                            peer: self.peer,
+                            dir: Direction::Received,
+                        });
+                    }
                     self.on_eof();
                     break;
                 }
@@ -790,7 +839,14 @@ impl Conn {
     /// connection then reads the rest of that payload through `rx` and fails the segment).
     fn read_direct(&mut self, w: &RxWindow, rx: &mut [u8]) -> Option<io::Result<usize>> {
         let tail = w.tail.min(rx.len());
-        let Conn { stream, iw, .. } = self;
+        let Conn {
+            stream,
+            iw,
+            tap,
+            local,
+            peer,
+            ..
+        } = self;
         let r = w.target.write_with(w.at, w.len, |mem| {
             let mut iov = [
                 io::IoSliceMut::new(mem),
@@ -798,7 +854,19 @@ impl Conn {
             ];
             let r = stream.read_vectored(&mut iov);
             if let Ok(n) = r {
-                iw.rx_placed(&mem[..n.min(w.len)]);
+                let placed = n.min(w.len);
+                iw.rx_placed(&mem[..placed]);
+                if let (Some(t), 1..) = (tap, n) {
+                    t.tapped(Tapped::TcpData {
+                        local: *local,
+                        peer: *peer,
+                        dir: Direction::Received,
+                        data: &[
+                            io::IoSlice::new(&mem[..placed]),
+                            io::IoSlice::new(&rx[..n - placed]),
+                        ],
+                    });
+                }
             }
             r
         });
@@ -1085,8 +1153,21 @@ impl Conn {
     /// write per [`softrdma_memory::MAX_IOV`] slices); `true` when it is empty afterwards.
     fn flush_tx(&mut self, _ctx: &TcpShared) -> bool {
         loop {
-            let stream = &mut self.stream;
-            match self.tx.write_with(|iov| stream.write_vectored(iov)) {
+            let Conn {
+                stream,
+                tap,
+                local,
+                peer,
+                ..
+            } = self;
+            let r = self.tx.write_with(|iov| {
+                let r = stream.write_vectored(iov);
+                if let (Some(t), Ok(n @ 1..)) = (tap, &r) {
+                    tap::tcp_written(&**t, *local, *peer, iov, *n);
+                }
+                r
+            });
+            match r {
                 Ok(None) => return true,
                 Ok(Some(0)) => {
                     self.lost();
@@ -1105,6 +1186,17 @@ impl Conn {
                     return false;
                 }
             }
+        }
+    }
+
+    /// Tells the tap this side's FIN left.
+    fn tap_fin(&self) {
+        if let Some(t) = &self.tap {
+            t.tapped(Tapped::TcpClose {
+                local: self.local,
+                peer: self.peer,
+                dir: Direction::Sent,
+            });
         }
     }
 
@@ -1182,6 +1274,7 @@ impl Conn {
         }
         if self.write_side == WriteSide::CloseWhenFlushed && self.tx.is_empty() {
             let _ = self.stream.shutdown(Shutdown::Write);
+            self.tap_fin();
             self.write_side = WriteSide::Closed;
         }
         if self.write_side == WriteSide::Closed && (self.eof || self.die_when_flushed) {
