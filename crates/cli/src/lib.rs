@@ -1,5 +1,6 @@
 //! softrdma command-line tools, as a library so tests can drive them.
 
+pub mod counters;
 pub mod decode;
 pub mod nfs;
 pub mod nfsd;

@@ -55,6 +55,7 @@ use softrdma::{
     RecvWr, RoceConfig, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 
+use crate::counters;
 use crate::pcap_out::PcapTap;
 use crate::verbs_util::{OobPath, WaitMode, rtr_rts, wait_some};
 
@@ -181,6 +182,9 @@ pub struct PingpongArgs {
     /// file, for `softrdma decode` and tshark.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+    /// At the end: the QP's counters and the device's.
+    #[arg(long)]
+    pub counters: bool,
     /// After the last completion, keep the QP answering until no datagram arrived for this
     /// many milliseconds (0: exit at once).
     #[arg(long, default_value_t = 200)]
@@ -225,6 +229,8 @@ pub struct Opts {
     pub linger: Duration,
     /// The `--pcap` file the context is tapped into.
     pub tap: Option<Arc<PcapTap>>,
+    /// Print the QP's and the device's counters at the end.
+    pub counters: bool,
 }
 
 impl PingpongArgs {
@@ -276,6 +282,7 @@ impl PingpongArgs {
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             linger: Duration::from_millis(self.linger),
             tap: None,
+            counters: self.counters,
         })
     }
 }
@@ -374,6 +381,15 @@ struct Pp {
 }
 
 impl Pp {
+    /// `--counters`: the QP's and the device's, after the run.
+    fn show_counters(&self, role: &str, out: &mut dyn Write) -> std::io::Result<()> {
+        if self.o.counters {
+            let q = counters::qp(role, self.qp.qp_num(), &self.qp.counters());
+            write!(out, "{q}{}", counters::device(&self.ctx))?;
+        }
+        Ok(())
+    }
+
     fn new(o: &Opts, local: IpAddr) -> Result<Pp, PingpongError> {
         let mut cfg = RoceConfig::new(local);
         cfg.port = o.roce_port;
@@ -777,6 +793,7 @@ pub fn client(
     print_result(out, o, &r)?;
     out.flush()?;
     pp.linger();
+    pp.show_counters("client", out)?;
     Ok(r)
 }
 
@@ -828,6 +845,7 @@ pub fn serve(
     print_result(out, o, &r)?;
     out.flush()?;
     pp.linger();
+    pp.show_counters("server", out)?;
     Ok(r)
 }
 

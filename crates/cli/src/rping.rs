@@ -38,6 +38,7 @@ use softrdma::{
     RoceConfig, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::counters;
 use crate::pcap_out::PcapTap;
 use crate::verbs_util::{TransportArg, WaitMode, default_roce_ip, local_ip_toward, wait_some};
 
@@ -144,6 +145,9 @@ pub struct RpingArgs {
     /// `softrdma decode` and tshark.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+    /// After each connection: the QP's counters and the device's.
+    #[arg(long)]
+    pub counters: bool,
 }
 
 /// Options of one run, independent of the command line.
@@ -165,6 +169,8 @@ pub struct Opts {
     pub timeout: Option<Duration>,
     /// Client: pause between connection and first Send (the siw accept race).
     pub first_send_delay: Duration,
+    /// Print the QP's and the device's counters after each connection.
+    pub counters: bool,
 }
 
 impl Default for Opts {
@@ -178,6 +184,7 @@ impl Default for Opts {
             crc: false,
             timeout: Some(Duration::from_secs(60)),
             first_send_delay: Duration::ZERO,
+            counters: false,
         }
     }
 }
@@ -194,6 +201,7 @@ impl RpingArgs {
             crc: self.crc,
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
             first_send_delay: Duration::from_millis(self.first_send_delay),
+            counters: self.counters,
         }
     }
 }
@@ -493,7 +501,16 @@ pub fn client(
         Ok(())
     })();
     cb.disconnect();
+    show_counters(ctx, &cb, "client", o, out);
     r.map(|()| stats)
+}
+
+/// `--counters`: the connection's QP and the device, once it ended.
+fn show_counters(ctx: &Context, cb: &Cb, role: &str, o: &Opts, out: &mut dyn Write) {
+    if o.counters {
+        let q = counters::qp(role, cb.qp.qp_num(), &cb.qp.counters());
+        let _ = write!(out, "{q}{}", counters::device(ctx));
+    }
 }
 
 /// Serves one rping client from `listener`, until it disconnects.
@@ -597,6 +614,7 @@ pub fn serve_one(
         }
     })();
     cb.disconnect();
+    show_counters(ctx, &cb, "server", o, out);
     r.map(|()| stats)
 }
 

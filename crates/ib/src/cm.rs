@@ -387,6 +387,7 @@ pub enum CmState {
 
 /// What the engine counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CmCounters {
     /// MADs handled.
     pub rx: u64,

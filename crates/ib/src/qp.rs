@@ -182,6 +182,7 @@ pub enum CreateError {
 
 /// Packets dropped by the header pipeline, by reason (IBT-X-18).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HeaderCounters {
     /// BTH:TVer not 0 (C9-36).
     pub bad_tver: u64,

@@ -113,6 +113,7 @@ impl RequesterConfig {
 
 /// Requester counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RequesterCounters {
     /// Request packets sent, retransmissions included.
     pub packets: u64,

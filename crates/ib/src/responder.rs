@@ -90,6 +90,7 @@ pub struct ResponderConfig {
 
 /// Requests dropped without a response, by reason (IBT-X-18).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ResponderCounters {
     /// Not an RC request opcode (responses, other services, unsupported RC operations).
     pub bad_opcode: u64,

@@ -163,6 +163,7 @@ pub enum QpEvent {
 
 /// Per-QP counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct StreamCounters {
     /// ULPDUs handed out by `poll_ulpdu`.
     pub ulpdus_tx: u64,

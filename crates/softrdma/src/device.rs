@@ -17,7 +17,7 @@ use crate::cq::{CompletionChannel, Cq};
 use crate::event::{AsyncEvent, EventQueue};
 use crate::roce::{Ah, RoceConfig, RoceCounters, RoceShared};
 use crate::tap::Tap;
-use crate::tcp::TcpShared;
+use crate::tcp::{IwarpDeviceCounters, TcpShared};
 
 /// Name of the TCP (iWARP) device.
 pub const TCP_DEVICE_NAME: &str = "softrdma_tcp0";
@@ -159,6 +159,16 @@ fn ip_of(a: &nix::sys::socket::SockaddrStorage) -> Option<IpAddr> {
     }
 }
 
+/// A device's counters ([`Context::counters`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum DeviceCounters {
+    /// The iWARP (TCP) device's.
+    Iwarp(IwarpDeviceCounters),
+    /// A RoCEv2 device's.
+    Roce(RoceCounters),
+}
+
 /// The transport driver of a context.
 pub(crate) enum Driver {
     Tcp(Arc<TcpShared>),
@@ -232,6 +242,16 @@ impl Context {
         match &self.shared.driver {
             Driver::Tcp(t) => t.tap.set(tap),
             Driver::Roce(r) => r.tap.set(tap),
+        }
+    }
+
+    /// The device's counters (`rdma statistic`): the iWARP driver's connections and
+    /// octets, or the RoCE socket's datagrams and its connection manager. Per QP:
+    /// [`Qp::counters`](crate::Qp::counters).
+    pub fn counters(&self) -> DeviceCounters {
+        match &self.shared.driver {
+            Driver::Tcp(t) => DeviceCounters::Iwarp(t.stats.snapshot()),
+            Driver::Roce(r) => DeviceCounters::Roce(r.counters()),
         }
     }
 

@@ -69,7 +69,7 @@ pub use connparams::{
     IwarpConnection, ListenParams, QpCap,
 };
 pub use cq::{BusyPoll, CompletionChannel, Cq, DEFAULT_BUSY_POLL};
-pub use device::{Context, Device, Pd, TCP_DEVICE_NAME, Transport};
+pub use device::{Context, Device, DeviceCounters, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, MrAttr, Mw};
@@ -79,6 +79,7 @@ pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_to_ip};
 pub use srq::{Srq, SrqAttr};
 pub use state::{QpCounters, QpState, TransportCounters};
 pub use tap::{Direction, Tap, Tapped};
+pub use tcp::IwarpDeviceCounters;
 /// InfiniBand attributes of RoCE QPs (`ibv_qp_attr` for [`Qp::modify`], whose `state` is
 /// the InfiniBand subset of [`QpState`], comparable with it) and the engine's own counters.
 pub mod ib {

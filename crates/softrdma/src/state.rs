@@ -81,6 +81,7 @@ impl PartialEq<softrdma_ib::QpState> for QpState {
 /// A QP's counters, one type for every transport: the totals a user compares across
 /// transports, and the engine's own detail.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct QpCounters {
     /// Units handed to the network: IB packets of the send queue, or iWARP ULPDUs.
     pub tx_units: u64,
@@ -101,6 +102,7 @@ pub struct QpCounters {
 
 /// The engine counters behind [`QpCounters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum TransportCounters {
     /// Nothing counted yet (an iWARP QP before its connection).
     #[default]

@@ -118,6 +118,8 @@ pub struct Client {
     pub requester: RequesterCounters,
     /// iWARP: the RDMAP counters of every test QP, summed.
     pub stream: softrdma::StreamCounters,
+    /// Every test QP's counters as it ended: the test, its QP number and the counters.
+    pub qps: Vec<(&'static str, u32, softrdma::QpCounters)>,
 }
 
 /// A connected test.
@@ -125,6 +127,7 @@ struct TestQp {
     qp: Qp,
     cq: Cq,
     id: u32,
+    test: Test,
     server: RemoteBuf,
 }
 
@@ -138,6 +141,7 @@ impl Client {
             first_conn: None,
             requester: RequesterCounters::default(),
             stream: Default::default(),
+            qps: Vec::new(),
         }
     }
 
@@ -193,6 +197,7 @@ impl Client {
             qp,
             cq,
             id: reply.id,
+            test: req.test,
             server: reply.buf,
         })
     }
@@ -227,6 +232,7 @@ impl Client {
         let c = t.qp.counters();
         self.requester += c.ib_requester();
         self.stream += c.iwarp();
+        self.qps.push((t.test.name(), t.qp.qp_num(), c));
         let r = self.request(Request {
             id: t.id,
             count: sent,

@@ -301,6 +301,10 @@ pub struct PerfArgs {
     /// Busy-poll completion queues instead of sleeping until a completion arrives.
     #[arg(long)]
     pub busy: bool,
+    /// After the run: every client test QP's counters and the client device's (table and
+    /// JSON).
+    #[arg(long, conflicts_with = "qps")]
+    pub counters: bool,
     /// Blocking waits poll this many microseconds before they sleep (hybrid wait, as
     /// Linux's SO_BUSY_POLL; `Cq::set_busy_poll`). 0: sleep at once. Default: the
     /// library's adaptive poll (up to 50 µs, as long as recent completions took).
@@ -421,6 +425,26 @@ pub struct Report {
     /// Scale rows (`-q`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scale: Vec<scale::ScaleRow>,
+    /// `--counters`: the client's QPs and device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counters: Option<CountersReport>,
+}
+
+/// `--counters`: what the client counted.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CountersReport {
+    /// Each test's QP.
+    pub qps: Vec<QpCountersRow>,
+    /// The client's device (context).
+    pub device: softrdma::DeviceCounters,
+}
+
+/// One test QP's counters.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct QpCountersRow {
+    pub test: &'static str,
+    pub qp_num: u32,
+    pub counters: softrdma::QpCounters,
 }
 
 /// iWARP: what the client's QPs of a run counted, summed over its tests.
@@ -800,12 +824,27 @@ pub fn run_client_with(
         bw: Vec::new(),
         lat: Vec::new(),
         scale: Vec::new(),
+        counters: None,
     };
     let mut client = Client::new(ctx, rdma, o);
     let r = measure(args, &mut client, &base, &mut report, progress);
     client.bye();
     let _ = tcp::bye(raw);
     r?;
+    if args.counters {
+        report.counters = Some(CountersReport {
+            qps: client
+                .qps
+                .iter()
+                .map(|&(test, qp_num, counters)| QpCountersRow {
+                    test,
+                    qp_num,
+                    counters,
+                })
+                .collect(),
+            device: client.context().counters(),
+        });
+    }
     let conn = client.first_conn.as_ref();
     report.mpa = conn.and_then(|c| c.iwarp()).map(|c| MpaInfo {
         rev: c.negotiated.rev,
@@ -1000,6 +1039,7 @@ fn run_scale(args: &PerfArgs) -> Result<Report, PerfError> {
         bw: Vec::new(),
         lat: Vec::new(),
         scale,
+        counters: None,
     })
 }
 
@@ -1261,6 +1301,16 @@ pub fn render_tail(r: &Report) -> String {
         );
     }
     if r.roce.is_some() || r.mpa.is_some() {
+        let _ = writeln!(s, "{RULE}");
+    }
+    if let Some(c) = &r.counters {
+        for q in &c.qps {
+            s.push_str(&crate::counters::qp(q.test, q.qp_num, &q.counters));
+        }
+        s.push_str(&crate::counters::render(
+            &format!("device {} counters:", r.device),
+            &crate::counters::flatten(&c.device),
+        ));
         let _ = writeln!(s, "{RULE}");
     }
     s

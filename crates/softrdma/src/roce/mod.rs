@@ -163,6 +163,7 @@ impl RoceConfig {
 
 /// Datagrams the driver dropped, by reason, and what it moved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RoceCounters {
     /// Datagrams sent.
     pub tx_packets: u64,

@@ -58,6 +58,61 @@ pub(crate) struct TcpShared {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Told what the connections send and receive (set once).
     pub(crate) tap: TapSlot,
+    /// The device's counters ([`IwarpDeviceCounters`]).
+    pub(crate) stats: DeviceStats,
+}
+
+/// What an iWARP context counted over all its connections (a snapshot of
+/// [`Context::counters`](crate::Context::counters)); each QP's own are its
+/// [`QpCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct IwarpDeviceCounters {
+    /// TCP connections this context opened (`connect`).
+    pub connects: u64,
+    /// TCP connections its listeners accepted.
+    pub accepts: u64,
+    /// Connections whose MPA startup completed (Full Operation).
+    pub established: u64,
+    /// Connects the peer rejected (MPA Reply with the Rejected bit).
+    pub rejected: u64,
+    /// MPA startups that failed otherwise (a bad frame, a timeout, a lost stream).
+    pub startup_failures: u64,
+    /// Octets written to the TCP sockets.
+    pub octets_tx: u64,
+    /// Octets read from them.
+    pub octets_rx: u64,
+}
+
+/// The atomics behind [`IwarpDeviceCounters`].
+#[derive(Default)]
+pub(crate) struct DeviceStats {
+    pub(crate) connects: AtomicU64,
+    pub(crate) accepts: AtomicU64,
+    pub(crate) established: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) startup_failures: AtomicU64,
+    pub(crate) octets_tx: AtomicU64,
+    pub(crate) octets_rx: AtomicU64,
+}
+
+impl DeviceStats {
+    pub(crate) fn add(c: &AtomicU64, n: usize) {
+        c.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> IwarpDeviceCounters {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        IwarpDeviceCounters {
+            connects: g(&self.connects),
+            accepts: g(&self.accepts),
+            established: g(&self.established),
+            rejected: g(&self.rejected),
+            startup_failures: g(&self.startup_failures),
+            octets_tx: g(&self.octets_tx),
+            octets_rx: g(&self.octets_rx),
+        }
+    }
 }
 
 impl TcpShared {
@@ -82,6 +137,7 @@ impl TcpShared {
             alive: AtomicBool::new(true),
             thread: Mutex::new(None),
             tap: TapSlot::default(),
+            stats: DeviceStats::default(),
         });
         let weak: Weak<TcpShared> = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()

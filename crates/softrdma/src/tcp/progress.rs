@@ -40,7 +40,9 @@ use softrdma_verbs_types::{
     CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::{Cmd, ListenerShared, PendingRequest, SqItem, TcpQp, TcpShared, prepare_stream};
+use super::{
+    Cmd, DeviceStats, ListenerShared, PendingRequest, SqItem, TcpQp, TcpShared, prepare_stream,
+};
 use crate::Error;
 use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
 use crate::event::AsyncEvent;
@@ -717,6 +719,14 @@ impl Conn {
         let local = stream.local_addr()?;
         let peer = stream.peer_addr()?;
         registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
+        DeviceStats::add(
+            if active {
+                &ctx.stats.connects
+            } else {
+                &ctx.stats.accepts
+            },
+            1,
+        );
         let tap = ctx.tap.get().cloned();
         if let Some(t) = &tap {
             t.tapped(Tapped::TcpOpen {
@@ -808,6 +818,7 @@ impl Conn {
                     break;
                 }
                 Ok(n) => {
+                    DeviceStats::add(&ctx.stats.octets_rx, n);
                     let extra = n.saturating_sub(direct);
                     if extra > 0 {
                         self.on_bytes(ctx, &bufs.rx[..extra], now);
@@ -948,15 +959,20 @@ impl Conn {
                     }
                 },
                 ConnEvent::Established { negotiated, mulpdu } => {
+                    DeviceStats::add(&ctx.stats.established, 1);
                     self.on_established(ctx, negotiated, mulpdu);
                 }
                 ConnEvent::Rejected { private_data, .. } => {
+                    DeviceStats::add(&ctx.stats.rejected, 1);
                     self.fail_connect(Error::Rejected {
                         reason: None,
                         private_data,
                     });
                 }
-                ConnEvent::StartupFailed(e) => self.fail_connect(Error::Startup(e)),
+                ConnEvent::StartupFailed(e) => {
+                    DeviceStats::add(&ctx.stats.startup_failures, 1);
+                    self.fail_connect(Error::Startup(e));
+                }
                 ConnEvent::Qp(ev) => self.qp_events.push(ev),
             }
         }
@@ -1151,7 +1167,7 @@ impl Conn {
 
     /// Writes the transmit queue, payloads straight from registered memory (one vectored
     /// write per [`softrdma_memory::MAX_IOV`] slices); `true` when it is empty afterwards.
-    fn flush_tx(&mut self, _ctx: &TcpShared) -> bool {
+    fn flush_tx(&mut self, ctx: &TcpShared) -> bool {
         loop {
             let Conn {
                 stream,
@@ -1162,8 +1178,11 @@ impl Conn {
             } = self;
             let r = self.tx.write_with(|iov| {
                 let r = stream.write_vectored(iov);
-                if let (Some(t), Ok(n @ 1..)) = (tap, &r) {
-                    tap::tcp_written(&**t, *local, *peer, iov, *n);
+                if let Ok(n) = r {
+                    DeviceStats::add(&ctx.stats.octets_tx, n);
+                    if let (Some(t), 1..) = (tap, n) {
+                        tap::tcp_written(&**t, *local, *peer, iov, n);
+                    }
                 }
                 r
             });
