@@ -1303,6 +1303,24 @@ pub fn render_tail(r: &Report) -> String {
     if r.roce.is_some() || r.mpa.is_some() {
         let _ = writeln!(s, "{RULE}");
     }
+    // A raw UDP baseline that lost datagrams: its figure is over what arrived.
+    for b in &r.bw {
+        for (what, raw) in [
+            ("raw UDP", Some(&b.raw_tcp)),
+            ("raw UDP with GSO", b.raw_udp_gso.as_ref()),
+        ] {
+            if let Some(raw) = raw.filter(|x| x.lost_bytes > 0) {
+                let _ = writeln!(
+                    s,
+                    " {what}, {} octets ({}): {} of {} octets lost; its figure is over what arrived",
+                    b.bytes,
+                    b.test,
+                    raw.lost_bytes,
+                    raw.lost_bytes + raw.bytes
+                );
+            }
+        }
+    }
     if let Some(c) = &r.counters {
         for q in &c.qps {
             s.push_str(&crate::counters::qp(q.test, q.qp_num, &q.counters));

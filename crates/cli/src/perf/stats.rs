@@ -22,13 +22,27 @@ pub struct Bw {
     pub mbyte_s: f64,
     /// Messages per second, millions.
     pub mpps: f64,
+    /// Octets sent that never arrived (a raw UDP baseline that lost datagrams: its
+    /// figures are over what arrived).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Bw {
     /// `iters` messages of `size` octets in `elapsed`.
     pub fn new(iters: u64, size: u32, elapsed: Duration) -> Bw {
+        Bw::of_octets(iters * u64::from(size), size, elapsed)
+    }
+
+    /// `bytes` octets of `size`-octet messages in `elapsed` (the last message may be
+    /// partial: a lossy baseline counts what arrived).
+    pub fn of_octets(bytes: u64, size: u32, elapsed: Duration) -> Bw {
         let seconds = elapsed.as_secs_f64().max(1e-9);
-        let bytes = iters * u64::from(size);
+        let iters = bytes / u64::from(size.max(1));
         Bw {
             iters,
             bytes,
@@ -36,6 +50,7 @@ impl Bw {
             gbit_s: bytes as f64 * 8.0 / seconds / 1e9,
             mbyte_s: bytes as f64 / seconds / MB,
             mpps: iters as f64 / seconds / 1e6,
+            lost_bytes: 0,
         }
     }
 }
