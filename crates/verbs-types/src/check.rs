@@ -469,7 +469,7 @@ mod tests {
             PostError::TooManySge { max: 4 }
         );
         let two_sink = SendWr {
-            sg_list: vec![Sge::new(a, 0, 1); 2],
+            sg_list: [Sge::new(a, 0, 1); 2].into_iter().collect(),
             ..SendWr::read(1, None, Key(1), 0)
         };
         assert_eq!(

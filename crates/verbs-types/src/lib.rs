@@ -13,6 +13,7 @@
 use core::fmt;
 use core::ops::{BitOr, BitOrAssign};
 
+use smallvec::SmallVec;
 use softrdma_memory::{AccessError, Key};
 
 mod check;
@@ -206,6 +207,12 @@ impl fmt::Debug for SendFlags {
     }
 }
 
+/// A work request's scatter/gather list: up to four entries in the request itself (no
+/// allocation per post; every test and tool of this project posts at most four), more on
+/// the heap. Built from anything that yields [`Sge`]s: an array (`[mr.sge(0, 64)]`), an
+/// `Option`, a `Vec`.
+pub type SgList = SmallVec<[Sge; 4]>;
+
 /// A send-queue work request (`ibv_send_wr`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendWr {
@@ -214,7 +221,7 @@ pub struct SendWr {
     /// The operation.
     pub opcode: WrOpcode,
     /// Gather list (Send, Write) or the single sink entry (Read; empty for a zero-length Read).
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// Signaled, solicited, fence, inline.
     pub flags: SendFlags,
     /// Destination of a UD send; `None` on connected QPs.
@@ -223,33 +230,42 @@ pub struct SendWr {
 
 impl SendWr {
     /// A signaled Send of `sg_list`.
-    pub fn send(wr_id: u64, sg_list: Vec<Sge>) -> SendWr {
+    pub fn send(wr_id: u64, sg_list: impl IntoIterator<Item = Sge>) -> SendWr {
         SendWr {
             wr_id,
             opcode: WrOpcode::Send,
-            sg_list,
+            sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
     }
 
     /// A signaled Send with Invalidate of `sg_list`, invalidating the peer's `invalidate_rkey`.
-    pub fn send_with_invalidate(wr_id: u64, sg_list: Vec<Sge>, invalidate_rkey: Key) -> SendWr {
+    pub fn send_with_invalidate(
+        wr_id: u64,
+        sg_list: impl IntoIterator<Item = Sge>,
+        invalidate_rkey: Key,
+    ) -> SendWr {
         SendWr {
             wr_id,
             opcode: WrOpcode::SendWithInvalidate { invalidate_rkey },
-            sg_list,
+            sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
     }
 
     /// A signaled RDMA Write of `sg_list` to `remote_addr` of `rkey`.
-    pub fn write(wr_id: u64, sg_list: Vec<Sge>, rkey: Key, remote_addr: u64) -> SendWr {
+    pub fn write(
+        wr_id: u64,
+        sg_list: impl IntoIterator<Item = Sge>,
+        rkey: Key,
+        remote_addr: u64,
+    ) -> SendWr {
         SendWr {
             wr_id,
             opcode: WrOpcode::RdmaWrite { remote_addr, rkey },
-            sg_list,
+            sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
@@ -267,11 +283,11 @@ impl SendWr {
     }
 
     /// A signaled SEND with immediate data of `sg_list`.
-    pub fn send_with_imm(wr_id: u64, sg_list: Vec<Sge>, imm: u32) -> SendWr {
+    pub fn send_with_imm(wr_id: u64, sg_list: impl IntoIterator<Item = Sge>, imm: u32) -> SendWr {
         SendWr {
             wr_id,
             opcode: WrOpcode::SendWithImm { imm },
-            sg_list,
+            sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
@@ -280,7 +296,7 @@ impl SendWr {
     /// A signaled RDMA WRITE with immediate data of `sg_list` to `remote_addr` of `rkey`.
     pub fn write_with_imm(
         wr_id: u64,
-        sg_list: Vec<Sge>,
+        sg_list: impl IntoIterator<Item = Sge>,
         rkey: Key,
         remote_addr: u64,
         imm: u32,
@@ -292,7 +308,7 @@ impl SendWr {
                 rkey,
                 imm,
             },
-            sg_list,
+            sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
@@ -315,7 +331,7 @@ impl SendWr {
                 compare,
                 swap,
             },
-            sg_list: vec![result],
+            sg_list: std::iter::once(result).collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
@@ -330,7 +346,7 @@ impl SendWr {
                 rkey,
                 add,
             },
-            sg_list: vec![result],
+            sg_list: std::iter::once(result).collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
@@ -355,13 +371,16 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Scatter list; the message may be shorter than its total (RDMAP-60).
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 impl RecvWr {
     /// A receive request over `sg_list`.
-    pub fn new(wr_id: u64, sg_list: Vec<Sge>) -> RecvWr {
-        RecvWr { wr_id, sg_list }
+    pub fn new(wr_id: u64, sg_list: impl IntoIterator<Item = Sge>) -> RecvWr {
+        RecvWr {
+            wr_id,
+            sg_list: sg_list.into_iter().collect(),
+        }
     }
 }
 

@@ -1063,7 +1063,7 @@ fn post_rules_for_rfc7306_operations() {
     let ro = Mr::new(&p.ka, PD, 64, 0x2000, Access::empty());
     let r = Key(1);
     let fa = |sges: Vec<Sge>, to: u64| SendWr {
-        sg_list: sges,
+        sg_list: sges.into(),
         ..SendWr::fetch_add(1, m.sge(0, 8), r, to, 1)
     };
     for wr in [
