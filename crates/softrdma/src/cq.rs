@@ -7,12 +7,16 @@
 //! readable exactly when [`CompletionChannel::try_get_cq_event`] would return a CQ.
 
 use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use event_listener::{Event, EventListener};
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 use softrdma_verbs_types::{WcStatus, WorkCompletion};
@@ -163,6 +167,8 @@ pub(crate) struct CqShared {
     state: Mutex<CqState>,
     /// Wakes [`Cq::wait`] callers on every push.
     cond: Condvar,
+    /// Wakes tasks awaiting the queue ([`Completions`]) on every push.
+    ready: Event,
     channel: Option<Arc<ChannelShared>>,
 }
 
@@ -220,6 +226,7 @@ impl CqShared {
             }
         }
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
         let ch = self.channel.as_ref().filter(|_| fire);
         let channel_waits = ch.is_some_and(|c| c.io_waiters.load(Ordering::Acquire) > 0);
         if channel_waits || self.io_waiters.load(Ordering::Acquire) > 0 {
@@ -274,6 +281,7 @@ impl Cq {
                     overflows: 0,
                 }),
                 cond: Condvar::new(),
+                ready: Event::new(),
                 channel: channel.map(|c| c.shared.clone()),
             }),
         };
@@ -429,6 +437,110 @@ impl Cq {
     }
 }
 
+/// Async forms of [`Cq::poll_one`] and [`Cq::wait`]: futures of any runtime.
+///
+/// A task awaiting a queue never drives the sockets itself: it reads what has already
+/// arrived (as [`Cq::poll`] does) and then sleeps until a completion is pushed, by the
+/// context's background thread (which runs the transport while no thread blocks in
+/// [`Cq::wait`]), a posting thread or a blocked waiter. Every future here is cancel-safe:
+/// a completion is taken from the queue only when the future returns it.
+impl Cq {
+    /// A handle for a task polling this queue by hand (`poll_*` methods, for a `Stream` or
+    /// a future of your own).
+    pub fn completions(&self) -> Completions {
+        Completions {
+            cq: self.clone(),
+            listener: None,
+        }
+    }
+
+    /// The oldest completion, once there is one (async [`Cq::poll_one`]).
+    pub fn next(&self) -> impl Future<Output = WorkCompletion> + Send + '_ {
+        let mut c = self.completions();
+        poll_fn(move |cx| c.poll_next(cx))
+    }
+
+    /// Moves between `min` (at least 1) and `max` completions to the end of `out`, once
+    /// `min` are there (async [`Cq::wait`], without a timeout: wrap it in your runtime's);
+    /// returns how many. Dropped early, what it moved stays in `out`.
+    pub fn wait_async<'a>(
+        &'a self,
+        min: usize,
+        max: usize,
+        out: &'a mut Vec<WorkCompletion>,
+    ) -> impl Future<Output = usize> + Send + 'a {
+        let mut c = self.completions();
+        let (min, mut got) = (min.max(1).min(max), 0);
+        poll_fn(move |cx| {
+            while got < min {
+                got += std::task::ready!(c.poll_batch(cx, max - got, out));
+            }
+            Poll::Ready(got)
+        })
+    }
+}
+
+/// A task's view of a [`Cq`] ([`Cq::completions`]): `poll_*` methods that register the
+/// task's waker when the queue is empty. Cheap; one per task.
+pub struct Completions {
+    cq: Cq,
+    listener: Option<EventListener>,
+}
+
+impl std::fmt::Debug for Completions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completions").field("cq", &self.cq).finish()
+    }
+}
+
+impl Completions {
+    /// The queue.
+    pub fn cq(&self) -> &Cq {
+        &self.cq
+    }
+
+    /// The oldest completion, or `Pending` with the task woken on the next one (the
+    /// signature of `Stream::poll_next` less the `Option`: a queue never ends).
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<WorkCompletion> {
+        self.poll_with(cx, Cq::poll_one)
+    }
+
+    /// Moves up to `max` completions to the end of `out`: `Ready(n)` with `n >= 1` (0 only
+    /// for `max == 0`), or `Pending` with the task woken on the next one.
+    pub fn poll_batch(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Poll<usize> {
+        if max == 0 {
+            return Poll::Ready(0);
+        }
+        self.poll_with(cx, |cq| Some(cq.poll(max, out)).filter(|&n| n > 0))
+    }
+
+    fn poll_with<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut take: impl FnMut(&Cq) -> Option<R>,
+    ) -> Poll<R> {
+        loop {
+            if let Some(r) = take(&self.cq) {
+                self.listener = None;
+                return Poll::Ready(r);
+            }
+            match &mut self.listener {
+                // Listen, then look again: a push between the look and the listen is seen.
+                None => self.listener = Some(self.cq.shared.ready.listen()),
+                Some(l) => {
+                    std::task::ready!(Pin::new(l).poll(cx));
+                    self.listener = None;
+                }
+            }
+        }
+    }
+}
+
 struct ChanState {
     events: VecDeque<Weak<CqShared>>,
     /// The pipe holds one octet (the fd polls readable).
@@ -442,6 +554,8 @@ pub(crate) struct ChannelShared {
     cqs: Mutex<Vec<Weak<CqShared>>>,
     /// Waiters blocked in a driver's [`Progress::block`] for this channel.
     io_waiters: AtomicUsize,
+    /// Wakes tasks awaiting an event ([`CompletionChannel::get_cq_event_async`]).
+    ready: Event,
     /// Read and written only under `state`'s lock.
     reader: io::PipeReader,
     writer: io::PipeWriter,
@@ -476,6 +590,7 @@ impl ChannelShared {
         }
         drop(s);
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
     }
 
     fn take(&self, s: &mut ChanState) -> Option<Cq> {
@@ -524,6 +639,7 @@ impl CompletionChannel {
                 cond: Condvar::new(),
                 cqs: Mutex::new(Vec::new()),
                 io_waiters: AtomicUsize::new(0),
+                ready: Event::new(),
                 reader,
                 writer,
             }),
@@ -575,6 +691,21 @@ impl CompletionChannel {
                     }
                 }
             }
+        }
+    }
+
+    /// The next event, once there is one (async [`get_cq_event`](Self::get_cq_event);
+    /// cancel-safe). The context's background thread runs the transport meanwhile.
+    pub async fn get_cq_event_async(&self) -> Cq {
+        loop {
+            if let Some(cq) = self.try_get_cq_event() {
+                return cq;
+            }
+            let l = self.shared.ready.listen();
+            if let Some(cq) = self.try_get_cq_event() {
+                return cq;
+            }
+            l.await;
         }
     }
 

@@ -67,7 +67,7 @@ pub use connparams::{
     AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, FALLBACK_EMSS, FpduSize,
     IwarpConnection, ListenParams, QpCap,
 };
-pub use cq::{BusyPoll, CompletionChannel, Cq, DEFAULT_BUSY_POLL};
+pub use cq::{BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BUSY_POLL};
 pub use device::{Context, Device, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
 pub use event::AsyncEvent;
