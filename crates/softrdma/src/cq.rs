@@ -730,6 +730,178 @@ impl AsRawFd for CompletionChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use softrdma_verbs_types::WcOpcode;
+    use std::task::Wake;
+
+    /// A waker that counts its wakes (no runtime needed).
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Count {
+        fn wakes(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn wc(id: u64) -> WorkCompletion {
+        WorkCompletion::new(id, WcStatus::Success, WcOpcode::Recv, 8)
+    }
+
+    fn push(cq: &Cq, ids: impl IntoIterator<Item = u64>) {
+        cq.shared.push(&mut ids.into_iter().map(wc).collect());
+    }
+
+    fn poll_once<F: Future>(f: Pin<&mut F>, w: &Arc<Count>) -> Poll<F::Output> {
+        let waker = std::task::Waker::from(w.clone());
+        f.poll(&mut Context::from_waker(&waker))
+    }
+
+    #[test]
+    fn a_completion_pushed_before_the_poll_is_ready_at_once() {
+        let cq = Cq::new(4, None);
+        push(&cq, [7]);
+        let w = Arc::new(Count::default());
+        let f = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(f, &w), Poll::Ready(wc(7)));
+        assert!(cq.is_empty());
+    }
+
+    #[test]
+    fn a_completion_pushed_after_the_poll_wakes_the_task() {
+        let cq = Cq::new(4, None);
+        let w = Arc::new(Count::default());
+        let mut f = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Pending);
+        assert_eq!(w.wakes(), 0);
+        push(&cq, [1]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Ready(wc(1)));
+    }
+
+    #[test]
+    fn a_dropped_future_loses_no_completion() {
+        let cq = Cq::new(4, None);
+        let w = Arc::new(Count::default());
+        {
+            let f = std::pin::pin!(cq.next());
+            assert_eq!(poll_once(f, &w), Poll::Pending);
+        }
+        push(&cq, [3]);
+        // Dropped before its wake: nothing was taken, nobody is woken.
+        assert_eq!((w.wakes(), cq.len()), (0, 1));
+        let f = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(f, &w), Poll::Ready(wc(3)));
+    }
+
+    #[test]
+    fn two_waiters_one_completion_the_other_waits_on() {
+        let cq = Cq::new(4, None);
+        let (wa, wb) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let mut a = std::pin::pin!(cq.next());
+        let mut b = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(a.as_mut(), &wa), Poll::Pending);
+        assert_eq!(poll_once(b.as_mut(), &wb), Poll::Pending);
+        push(&cq, [5]);
+        assert_eq!((wa.wakes(), wb.wakes()), (1, 1));
+        assert_eq!(poll_once(b.as_mut(), &wb), Poll::Ready(wc(5)));
+        // The other finds the queue empty and is woken by the next push.
+        assert_eq!(poll_once(a.as_mut(), &wa), Poll::Pending);
+        push(&cq, [6]);
+        assert_eq!(wa.wakes(), 2);
+        assert_eq!(poll_once(a.as_mut(), &wa), Poll::Ready(wc(6)));
+    }
+
+    #[test]
+    fn wait_async_takes_min_to_max_and_keeps_what_it_moved_when_dropped() {
+        let cq = Cq::new(16, None);
+        let w = Arc::new(Count::default());
+        let mut out = Vec::new();
+        push(&cq, [1, 2, 3]);
+        {
+            let f = std::pin::pin!(cq.wait_async(2, 2, &mut out));
+            assert_eq!(poll_once(f, &w), Poll::Ready(2));
+        }
+        assert_eq!(out, [wc(1), wc(2)]);
+        // Wants 3, finds 1: moves it, waits; dropped, the one moved stays in `out`.
+        {
+            let f = std::pin::pin!(cq.wait_async(3, 8, &mut out));
+            assert_eq!(poll_once(f, &w), Poll::Pending);
+        }
+        assert_eq!(out, [wc(1), wc(2), wc(3)]);
+        assert!(cq.is_empty());
+        let mut c = cq.completions();
+        let waker = std::task::Waker::from(w.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(c.poll_batch(&mut cx, 0, &mut out), Poll::Ready(0));
+        assert_eq!(c.poll_batch(&mut cx, 4, &mut out), Poll::Pending);
+        push(&cq, [4, 5]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(c.poll_batch(&mut cx, 4, &mut out), Poll::Ready(2));
+        assert_eq!(out.len(), 5);
+    }
+
+    #[test]
+    fn an_armed_cq_wakes_a_task_awaiting_its_channel() {
+        let ch = CompletionChannel::new().unwrap();
+        let cq = Cq::new(4, Some(&ch));
+        let w = Arc::new(Count::default());
+        let mut f = std::pin::pin!(ch.get_cq_event_async());
+        assert!(poll_once(f.as_mut(), &w).is_pending());
+        // Not armed: no event, no wake.
+        push(&cq, [1]);
+        assert_eq!(w.wakes(), 0);
+        cq.req_notify(false);
+        push(&cq, [2]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Ready(cq.clone()));
+        assert_eq!(ch.pending(), 0);
+    }
+
+    /// Many tasks on one queue, completions pushed from another thread: each is returned
+    /// exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_tasks_on_one_cq_each_completion_once() {
+        const TASKS: u64 = 16;
+        const EACH: u64 = 50;
+        let cq = Cq::new(1024, None);
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let cq = cq.clone();
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    for _ in 0..EACH {
+                        got.push(cq.next().await.wr_id);
+                    }
+                    got
+                })
+            })
+            .collect();
+        let pusher = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                for i in 0..TASKS * EACH {
+                    push(&cq, [i]);
+                    if i % 7 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        pusher.join().unwrap();
+        all.sort_unstable();
+        assert_eq!(all, (0..TASKS * EACH).collect::<Vec<_>>());
+        assert!(cq.is_empty());
+    }
 
     const US: Duration = Duration::from_micros(1);
 
