@@ -454,6 +454,14 @@ impl Cq {
         }
     }
 
+    /// Resolves once the queue holds a completion, taking none (readiness, as tokio's
+    /// `AsyncFd::readable`: then [`Cq::poll`] in batches). Transport progress as in
+    /// [`Cq::poll`].
+    pub fn ready(&self) -> impl Future<Output = ()> + Send + '_ {
+        let mut c = self.completions();
+        poll_fn(move |cx| c.poll_ready(cx))
+    }
+
     /// The oldest completion, once there is one (async [`Cq::poll_one`]).
     pub fn next(&self) -> impl Future<Output = WorkCompletion> + Send + '_ {
         let mut c = self.completions();
@@ -497,6 +505,15 @@ impl Completions {
     /// The queue.
     pub fn cq(&self) -> &Cq {
         &self.cq
+    }
+
+    /// `Ready` when the queue holds a completion (none taken), or `Pending` with the task
+    /// woken on the next one.
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll_with(cx, |cq| {
+            cq.drive();
+            cq.shared.has_entries().then_some(())
+        })
     }
 
     /// The oldest completion, or `Pending` with the task woken on the next one (the
@@ -785,6 +802,18 @@ mod tests {
     }
 
     #[test]
+    fn ready_waits_for_a_completion_and_takes_none() {
+        let cq = Cq::new(4, None);
+        let w = Arc::new(Count::default());
+        let mut f = std::pin::pin!(cq.ready());
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Pending);
+        push(&cq, [9]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Ready(()));
+        assert_eq!(cq.poll_one(), Some(wc(9)));
+    }
+
+    #[test]
     fn a_dropped_future_loses_no_completion() {
         let cq = Cq::new(4, None);
         let w = Arc::new(Count::default());
@@ -887,7 +916,7 @@ mod tests {
             std::thread::spawn(move || {
                 for i in 0..TASKS * EACH {
                     push(&cq, [i]);
-                    if i % 7 == 0 {
+                    if i.is_multiple_of(7) {
                         std::thread::yield_now();
                     }
                 }
