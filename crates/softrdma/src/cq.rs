@@ -153,6 +153,9 @@ pub(crate) trait Progress: Send + Sync {
     ) -> bool;
     /// A completion was queued for a waiter that may be blocked in [`Progress::block`].
     fn wake(&self);
+    /// A task awaits completions: the background thread, if it stands down after a
+    /// caller drove, looks again now rather than after [`STAND_DOWN`].
+    fn nudge(&self);
 }
 
 pub(crate) struct CqShared {
@@ -548,7 +551,12 @@ impl Completions {
             }
             match &mut self.listener {
                 // Listen, then look again: a push between the look and the listen is seen.
-                None => self.listener = Some(self.cq.shared.ready.listen()),
+                None => {
+                    self.listener = Some(self.cq.shared.ready.listen());
+                    for d in self.cq.shared.drivers() {
+                        d.nudge();
+                    }
+                }
                 Some(l) => {
                     std::task::ready!(Pin::new(l).poll(cx));
                     self.listener = None;
@@ -630,7 +638,8 @@ impl ChannelShared {
 /// A completion channel (`ibv_comp_channel`): where armed CQs report. Wait with
 /// [`get_cq_event`](CompletionChannel::get_cq_event), or poll its file descriptor
 /// ([`AsFd`]) for readability with `epoll`/`mio`/`poll(2)` and then call
-/// [`try_get_cq_event`](CompletionChannel::try_get_cq_event). Cheap to clone.
+/// [`try_get_cq_event`](CompletionChannel::try_get_cq_event). The fd stays the same and open
+/// while any clone lives (what tokio's `AsyncFd::register` asks of it). Cheap to clone.
 #[derive(Clone)]
 pub struct CompletionChannel {
     pub(crate) shared: Arc<ChannelShared>,
@@ -721,6 +730,9 @@ impl CompletionChannel {
             let l = self.shared.ready.listen();
             if let Some(cq) = self.try_get_cq_event() {
                 return cq;
+            }
+            for d in self.shared.drivers() {
+                d.nudge();
             }
             l.await;
         }

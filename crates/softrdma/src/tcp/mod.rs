@@ -167,6 +167,10 @@ impl Progress for TcpShared {
         )
     }
 
+    fn nudge(&self) {
+        self.leader.unpark_background();
+    }
+
     fn wake(&self) {
         if !self.leader.is_holder() {
             let _ = self.waker.wake();
