@@ -15,8 +15,8 @@
 //! Qp::disconnect                        rdma_disconnect
 //! ```
 //!
-//! Async: every call that waits has a future beside it, for any runtime (the crate depends
-//! on none): [`Cq::next`], [`Cq::wait_async`], [`Cq::completions`] (`poll_*` methods),
+//! Async: each call that waits for the network has a future beside it, for any runtime
+//! (the crate depends on none): [`Cq::next`], [`Cq::wait_async`], [`Cq::completions`] (`poll_*` methods),
 //! [`CompletionChannel::get_cq_event_async`] (or its fd under tokio's `AsyncFd`),
 //! [`Context::next_async_event`], [`Listener::accept_async`], [`ConnRequest::accept_async`],
 //! [`Qp::connect_async`]. They are cancel-safe; `docs/async.md` says how they make progress.
