@@ -17,7 +17,6 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use softrdma_iwarp::startup::{MAX_IRD_ORD, PeerParams, Startup};
@@ -29,7 +28,10 @@ use crate::qp::{Inner, Qp};
 use crate::roce::RoceShared;
 use crate::roce::cm::{RoceListener, RoceRequest};
 use crate::state::QpState;
-use crate::tcp::{Cmd, ListenerShared, PendingRequest, TcpShared, check_private_data, wait_reply};
+use crate::tcp::{
+    Abandon, Cmd, ListenerShared, PendingRequest, TcpQp, TcpShared, check_private_data,
+    reply_async, wait_reply,
+};
 
 /// A connection request a listener received. iWARP: the TCP connection is up and a valid
 /// MPA Request arrived; RoCE: a valid request of the connection exchange arrived. Answer
@@ -113,6 +115,39 @@ impl ConnRequest {
         }
     }
 
+    /// [`accept`](Self::accept) as a future of any runtime: it resolves when the QP is in
+    /// [`QpState::Rts`] (iWARP: the MPA Reply went out; RoCE: the RTU arrived, within the
+    /// CM's timers). Dropped before that, the connection is abandoned (iWARP: closed;
+    /// RoCE: the QP goes to Error).
+    pub async fn accept_async(
+        self,
+        qp: &Qp,
+        params: AcceptParams,
+    ) -> Result<ConnectionInfo, Error> {
+        match self.inner {
+            Req::Tcp(mut r) => {
+                let (q, rx) = r.accept_start(qp, params)?;
+                let tcp = r.tcp.clone();
+                let mut guard = Abandon(&tcp, Some(q));
+                let res = reply_async(rx).await;
+                let q = guard.1.take();
+                if res.is_err()
+                    && let Some(q) = q
+                {
+                    q.transition(QpState::Connecting, QpState::Init);
+                }
+                res
+            }
+            Req::Roce { drv, mut req } => {
+                let q = match (&qp.inner, qp.ctx.roce()) {
+                    (Inner::Roce(q), Ok(d)) if Arc::ptr_eq(d, &drv) => q,
+                    _ => return Err(Error::InvalidArgument("QP of another context")),
+                };
+                req.accept_async(q, &params).await
+            }
+        }
+    }
+
     /// Rejects (`rdma_reject`) with `private_data` (iWARP: an MPA Reply with R=1, then the
     /// TCP connection is closed).
     pub fn reject(self, private_data: &[u8]) -> Result<(), Error> {
@@ -132,6 +167,22 @@ struct TcpRequest {
 
 impl TcpRequest {
     fn accept(mut self, qp: &Qp, params: AcceptParams) -> Result<ConnectionInfo, Error> {
+        let (q, rx) = self.accept_start(qp, params)?;
+        let r = wait_reply(rx, Duration::ZERO);
+        if r.is_err() {
+            q.transition(QpState::Connecting, QpState::Init);
+        }
+        r
+    }
+
+    /// Hands the QP and the answer to the progress thread, whose reply comes on the
+    /// channel returned.
+    #[allow(clippy::type_complexity)]
+    fn accept_start(
+        &mut self,
+        qp: &Qp,
+        params: AcceptParams,
+    ) -> Result<(Arc<TcpQp>, oneshot::Receiver<Result<ConnectionInfo, Error>>), Error> {
         self.answered = true;
         check_private_data(self.req.params.rev, params.private_data.len())?;
         if params.ird > MAX_IRD_ORD || params.ord > MAX_IRD_ORD {
@@ -148,24 +199,22 @@ impl TcpRequest {
             });
             return Err(Error::InvalidState(qp.state()));
         }
-        let (reply, rx) = sync_channel(1);
-        let r = self
-            .tcp
-            .command(Cmd::Accept {
-                token: self.req.token,
-                qp: q.clone(),
-                private_data: params.private_data,
-                ird: params.ird,
-                ord: params.ord,
-                fpdu: params.fpdu,
-                early_fpdus: self.req.early_fpdus,
-                reply,
-            })
-            .and_then(|()| wait_reply(rx, Duration::ZERO));
-        if r.is_err() {
+        let (reply, rx) = oneshot::channel();
+        let r = self.tcp.command(Cmd::Accept {
+            token: self.req.token,
+            qp: q.clone(),
+            private_data: params.private_data,
+            ird: params.ird,
+            ord: params.ord,
+            fpdu: params.fpdu,
+            early_fpdus: self.req.early_fpdus,
+            reply,
+        });
+        if let Err(e) = r {
             q.transition(QpState::Connecting, QpState::Init);
+            return Err(e);
         }
-        r
+        Ok((q, rx))
     }
 
     fn reject(mut self, private_data: &[u8]) -> Result<(), Error> {
@@ -283,6 +332,23 @@ impl Listener {
     /// Blocks for the next connection request (`rdma_get_request`).
     pub fn accept(&self) -> Result<ConnRequest, Error> {
         self.accept_until(None)
+    }
+
+    /// The next connection request, as a future of any runtime (async
+    /// [`accept`](Self::accept); cancel-safe: a request stays queued until returned).
+    pub async fn accept_async(&self) -> Result<ConnRequest, Error> {
+        match &self.inner {
+            Lis::Tcp { shared, .. } => {
+                let req = shared.wait_async().await?;
+                Ok(self.wrap(req))
+            }
+            Lis::Roce { drv, listener } => Ok(ConnRequest {
+                inner: Req::Roce {
+                    drv: drv.clone(),
+                    req: listener.accept_async().await,
+                },
+            }),
+        }
     }
 
     /// Blocks at most `timeout` for the next connection request.

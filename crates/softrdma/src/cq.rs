@@ -7,12 +7,16 @@
 //! readable exactly when [`CompletionChannel::try_get_cq_event`] would return a CQ.
 
 use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use event_listener::{Event, EventListener};
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 use softrdma_verbs_types::{WcStatus, WorkCompletion};
@@ -149,6 +153,9 @@ pub(crate) trait Progress: Send + Sync {
     ) -> bool;
     /// A completion was queued for a waiter that may be blocked in [`Progress::block`].
     fn wake(&self);
+    /// A task awaits completions: the background thread, if it stands down after a
+    /// caller drove, looks again now rather than after [`STAND_DOWN`].
+    fn nudge(&self);
 }
 
 pub(crate) struct CqShared {
@@ -163,6 +170,8 @@ pub(crate) struct CqShared {
     state: Mutex<CqState>,
     /// Wakes [`Cq::wait`] callers on every push.
     cond: Condvar,
+    /// Wakes tasks awaiting the queue ([`Completions`]) on every push.
+    ready: Event,
     channel: Option<Arc<ChannelShared>>,
 }
 
@@ -220,6 +229,7 @@ impl CqShared {
             }
         }
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
         let ch = self.channel.as_ref().filter(|_| fire);
         let channel_waits = ch.is_some_and(|c| c.io_waiters.load(Ordering::Acquire) > 0);
         if channel_waits || self.io_waiters.load(Ordering::Acquire) > 0 {
@@ -274,6 +284,7 @@ impl Cq {
                     overflows: 0,
                 }),
                 cond: Condvar::new(),
+                ready: Event::new(),
                 channel: channel.map(|c| c.shared.clone()),
             }),
         };
@@ -429,6 +440,132 @@ impl Cq {
     }
 }
 
+/// Async forms of [`Cq::poll_one`] and [`Cq::wait`]: futures of any runtime.
+///
+/// A task awaiting a queue never drives the sockets itself: it reads what has already
+/// arrived (as [`Cq::poll`] does) and then sleeps until a completion is pushed, by the
+/// context's background thread (which runs the transport while no thread blocks in
+/// [`Cq::wait`]), a posting thread or a blocked waiter. Every future here is cancel-safe:
+/// a completion is taken from the queue only when the future returns it.
+impl Cq {
+    /// A handle for a task polling this queue by hand (`poll_*` methods, for a `Stream` or
+    /// a future of your own).
+    pub fn completions(&self) -> Completions {
+        Completions {
+            cq: self.clone(),
+            listener: None,
+        }
+    }
+
+    /// Resolves once the queue holds a completion, taking none (readiness, as tokio's
+    /// `AsyncFd::readable`: then [`Cq::poll`] in batches). Transport progress as in
+    /// [`Cq::poll`].
+    pub fn ready(&self) -> impl Future<Output = ()> + Send + '_ {
+        let mut c = self.completions();
+        poll_fn(move |cx| c.poll_ready(cx))
+    }
+
+    /// The oldest completion, once there is one (async [`Cq::poll_one`]).
+    pub fn next(&self) -> impl Future<Output = WorkCompletion> + Send + '_ {
+        let mut c = self.completions();
+        poll_fn(move |cx| c.poll_next(cx))
+    }
+
+    /// Moves between `min` (at least 1) and `max` completions to the end of `out`, once
+    /// `min` are there (async [`Cq::wait`], without a timeout: wrap it in your runtime's);
+    /// returns how many. Dropped early, what it moved stays in `out`.
+    pub fn wait_async<'a>(
+        &'a self,
+        min: usize,
+        max: usize,
+        out: &'a mut Vec<WorkCompletion>,
+    ) -> impl Future<Output = usize> + Send + 'a {
+        let mut c = self.completions();
+        let (min, mut got) = (min.max(1).min(max), 0);
+        poll_fn(move |cx| {
+            while got < min {
+                got += std::task::ready!(c.poll_batch(cx, max - got, out));
+            }
+            Poll::Ready(got)
+        })
+    }
+}
+
+/// A task's view of a [`Cq`] ([`Cq::completions`]): `poll_*` methods that register the
+/// task's waker when the queue is empty. Cheap; one per task.
+pub struct Completions {
+    cq: Cq,
+    listener: Option<EventListener>,
+}
+
+impl std::fmt::Debug for Completions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completions").field("cq", &self.cq).finish()
+    }
+}
+
+impl Completions {
+    /// The queue.
+    pub fn cq(&self) -> &Cq {
+        &self.cq
+    }
+
+    /// `Ready` when the queue holds a completion (none taken), or `Pending` with the task
+    /// woken on the next one.
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll_with(cx, |cq| {
+            cq.drive();
+            cq.shared.has_entries().then_some(())
+        })
+    }
+
+    /// The oldest completion, or `Pending` with the task woken on the next one (the
+    /// signature of `Stream::poll_next` less the `Option`: a queue never ends).
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<WorkCompletion> {
+        self.poll_with(cx, Cq::poll_one)
+    }
+
+    /// Moves up to `max` completions to the end of `out`: `Ready(n)` with `n >= 1` (0 only
+    /// for `max == 0`), or `Pending` with the task woken on the next one.
+    pub fn poll_batch(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Poll<usize> {
+        if max == 0 {
+            return Poll::Ready(0);
+        }
+        self.poll_with(cx, |cq| Some(cq.poll(max, out)).filter(|&n| n > 0))
+    }
+
+    fn poll_with<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut take: impl FnMut(&Cq) -> Option<R>,
+    ) -> Poll<R> {
+        loop {
+            if let Some(r) = take(&self.cq) {
+                self.listener = None;
+                return Poll::Ready(r);
+            }
+            match &mut self.listener {
+                // Listen, then look again: a push between the look and the listen is seen.
+                None => {
+                    self.listener = Some(self.cq.shared.ready.listen());
+                    for d in self.cq.shared.drivers() {
+                        d.nudge();
+                    }
+                }
+                Some(l) => {
+                    std::task::ready!(Pin::new(l).poll(cx));
+                    self.listener = None;
+                }
+            }
+        }
+    }
+}
+
 struct ChanState {
     events: VecDeque<Weak<CqShared>>,
     /// The pipe holds one octet (the fd polls readable).
@@ -442,6 +579,8 @@ pub(crate) struct ChannelShared {
     cqs: Mutex<Vec<Weak<CqShared>>>,
     /// Waiters blocked in a driver's [`Progress::block`] for this channel.
     io_waiters: AtomicUsize,
+    /// Wakes tasks awaiting an event ([`CompletionChannel::get_cq_event_async`]).
+    ready: Event,
     /// Read and written only under `state`'s lock.
     reader: io::PipeReader,
     writer: io::PipeWriter,
@@ -476,6 +615,7 @@ impl ChannelShared {
         }
         drop(s);
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
     }
 
     fn take(&self, s: &mut ChanState) -> Option<Cq> {
@@ -498,7 +638,8 @@ impl ChannelShared {
 /// A completion channel (`ibv_comp_channel`): where armed CQs report. Wait with
 /// [`get_cq_event`](CompletionChannel::get_cq_event), or poll its file descriptor
 /// ([`AsFd`]) for readability with `epoll`/`mio`/`poll(2)` and then call
-/// [`try_get_cq_event`](CompletionChannel::try_get_cq_event). Cheap to clone.
+/// [`try_get_cq_event`](CompletionChannel::try_get_cq_event). The fd stays the same and open
+/// while any clone lives (what tokio's `AsyncFd::register` asks of it). Cheap to clone.
 #[derive(Clone)]
 pub struct CompletionChannel {
     pub(crate) shared: Arc<ChannelShared>,
@@ -524,6 +665,7 @@ impl CompletionChannel {
                 cond: Condvar::new(),
                 cqs: Mutex::new(Vec::new()),
                 io_waiters: AtomicUsize::new(0),
+                ready: Event::new(),
                 reader,
                 writer,
             }),
@@ -578,6 +720,24 @@ impl CompletionChannel {
         }
     }
 
+    /// The next event, once there is one (async [`get_cq_event`](Self::get_cq_event);
+    /// cancel-safe). The context's background thread runs the transport meanwhile.
+    pub async fn get_cq_event_async(&self) -> Cq {
+        loop {
+            if let Some(cq) = self.try_get_cq_event() {
+                return cq;
+            }
+            let l = self.shared.ready.listen();
+            if let Some(cq) = self.try_get_cq_event() {
+                return cq;
+            }
+            for d in self.shared.drivers() {
+                d.nudge();
+            }
+            l.await;
+        }
+    }
+
     /// Events waiting.
     pub fn pending(&self) -> usize {
         self.shared.state.lock().events.len()
@@ -599,6 +759,190 @@ impl AsRawFd for CompletionChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use softrdma_verbs_types::WcOpcode;
+    use std::task::Wake;
+
+    /// A waker that counts its wakes (no runtime needed).
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Count {
+        fn wakes(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn wc(id: u64) -> WorkCompletion {
+        WorkCompletion::new(id, WcStatus::Success, WcOpcode::Recv, 8)
+    }
+
+    fn push(cq: &Cq, ids: impl IntoIterator<Item = u64>) {
+        cq.shared.push(&mut ids.into_iter().map(wc).collect());
+    }
+
+    fn poll_once<F: Future>(f: Pin<&mut F>, w: &Arc<Count>) -> Poll<F::Output> {
+        let waker = std::task::Waker::from(w.clone());
+        f.poll(&mut Context::from_waker(&waker))
+    }
+
+    #[test]
+    fn a_completion_pushed_before_the_poll_is_ready_at_once() {
+        let cq = Cq::new(4, None);
+        push(&cq, [7]);
+        let w = Arc::new(Count::default());
+        let f = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(f, &w), Poll::Ready(wc(7)));
+        assert!(cq.is_empty());
+    }
+
+    #[test]
+    fn a_completion_pushed_after_the_poll_wakes_the_task() {
+        let cq = Cq::new(4, None);
+        let w = Arc::new(Count::default());
+        let mut f = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Pending);
+        assert_eq!(w.wakes(), 0);
+        push(&cq, [1]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Ready(wc(1)));
+    }
+
+    #[test]
+    fn ready_waits_for_a_completion_and_takes_none() {
+        let cq = Cq::new(4, None);
+        let w = Arc::new(Count::default());
+        let mut f = std::pin::pin!(cq.ready());
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Pending);
+        push(&cq, [9]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Ready(()));
+        assert_eq!(cq.poll_one(), Some(wc(9)));
+    }
+
+    #[test]
+    fn a_dropped_future_loses_no_completion() {
+        let cq = Cq::new(4, None);
+        let w = Arc::new(Count::default());
+        {
+            let f = std::pin::pin!(cq.next());
+            assert_eq!(poll_once(f, &w), Poll::Pending);
+        }
+        push(&cq, [3]);
+        // Dropped before its wake: nothing was taken, nobody is woken.
+        assert_eq!((w.wakes(), cq.len()), (0, 1));
+        let f = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(f, &w), Poll::Ready(wc(3)));
+    }
+
+    #[test]
+    fn two_waiters_one_completion_the_other_waits_on() {
+        let cq = Cq::new(4, None);
+        let (wa, wb) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let mut a = std::pin::pin!(cq.next());
+        let mut b = std::pin::pin!(cq.next());
+        assert_eq!(poll_once(a.as_mut(), &wa), Poll::Pending);
+        assert_eq!(poll_once(b.as_mut(), &wb), Poll::Pending);
+        push(&cq, [5]);
+        assert_eq!((wa.wakes(), wb.wakes()), (1, 1));
+        assert_eq!(poll_once(b.as_mut(), &wb), Poll::Ready(wc(5)));
+        // The other finds the queue empty and is woken by the next push.
+        assert_eq!(poll_once(a.as_mut(), &wa), Poll::Pending);
+        push(&cq, [6]);
+        assert_eq!(wa.wakes(), 2);
+        assert_eq!(poll_once(a.as_mut(), &wa), Poll::Ready(wc(6)));
+    }
+
+    #[test]
+    fn wait_async_takes_min_to_max_and_keeps_what_it_moved_when_dropped() {
+        let cq = Cq::new(16, None);
+        let w = Arc::new(Count::default());
+        let mut out = Vec::new();
+        push(&cq, [1, 2, 3]);
+        {
+            let f = std::pin::pin!(cq.wait_async(2, 2, &mut out));
+            assert_eq!(poll_once(f, &w), Poll::Ready(2));
+        }
+        assert_eq!(out, [wc(1), wc(2)]);
+        // Wants 3, finds 1: moves it, waits; dropped, the one moved stays in `out`.
+        {
+            let f = std::pin::pin!(cq.wait_async(3, 8, &mut out));
+            assert_eq!(poll_once(f, &w), Poll::Pending);
+        }
+        assert_eq!(out, [wc(1), wc(2), wc(3)]);
+        assert!(cq.is_empty());
+        let mut c = cq.completions();
+        let waker = std::task::Waker::from(w.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(c.poll_batch(&mut cx, 0, &mut out), Poll::Ready(0));
+        assert_eq!(c.poll_batch(&mut cx, 4, &mut out), Poll::Pending);
+        push(&cq, [4, 5]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(c.poll_batch(&mut cx, 4, &mut out), Poll::Ready(2));
+        assert_eq!(out.len(), 5);
+    }
+
+    #[test]
+    fn an_armed_cq_wakes_a_task_awaiting_its_channel() {
+        let ch = CompletionChannel::new().unwrap();
+        let cq = Cq::new(4, Some(&ch));
+        let w = Arc::new(Count::default());
+        let mut f = std::pin::pin!(ch.get_cq_event_async());
+        assert!(poll_once(f.as_mut(), &w).is_pending());
+        // Not armed: no event, no wake.
+        push(&cq, [1]);
+        assert_eq!(w.wakes(), 0);
+        cq.req_notify(false);
+        push(&cq, [2]);
+        assert_eq!(w.wakes(), 1);
+        assert_eq!(poll_once(f.as_mut(), &w), Poll::Ready(cq.clone()));
+        assert_eq!(ch.pending(), 0);
+    }
+
+    /// Many tasks on one queue, completions pushed from another thread: each is returned
+    /// exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_tasks_on_one_cq_each_completion_once() {
+        const TASKS: u64 = 16;
+        const EACH: u64 = 50;
+        let cq = Cq::new(1024, None);
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let cq = cq.clone();
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    for _ in 0..EACH {
+                        got.push(cq.next().await.wr_id);
+                    }
+                    got
+                })
+            })
+            .collect();
+        let pusher = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                for i in 0..TASKS * EACH {
+                    push(&cq, [i]);
+                    if i.is_multiple_of(7) {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        pusher.join().unwrap();
+        all.sort_unstable();
+        assert_eq!(all, (0..TASKS * EACH).collect::<Vec<_>>());
+        assert!(cq.is_empty());
+    }
 
     const US: Duration = Duration::from_micros(1);
 

@@ -300,6 +300,13 @@ impl Context {
         self.shared.events.pop_timeout(timeout)
     }
 
+    /// The next asynchronous event, once there is one (async
+    /// [`get_async_event`](Self::get_async_event); cancel-safe): connections established and
+    /// disconnected, Terminates, errors.
+    pub async fn next_async_event(&self) -> AsyncEvent {
+        self.shared.events.pop_async().await
+    }
+
     /// The GID of a RoCE context (`ibv_query_gid`): the IPv4-mapped or IPv6 address it
     /// listens on.
     pub fn roce_gid(&self) -> Result<[u8; 16], Error> {

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use event_listener::Event;
 use parking_lot::{Condvar, Mutex};
 use softrdma_iwarp::rdmap::QpEvent;
 
@@ -39,6 +40,8 @@ pub enum AsyncEvent {
 pub(crate) struct EventQueue {
     q: Mutex<VecDeque<AsyncEvent>>,
     cond: Condvar,
+    /// Wakes tasks awaiting an event.
+    ready: Event,
 }
 
 impl EventQueue {
@@ -50,10 +53,25 @@ impl EventQueue {
         q.push_back(ev);
         drop(q);
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
     }
 
     pub(crate) fn try_pop(&self) -> Option<AsyncEvent> {
         self.q.lock().pop_front()
+    }
+
+    /// The next event, once there is one (cancel-safe).
+    pub(crate) async fn pop_async(&self) -> AsyncEvent {
+        loop {
+            if let Some(ev) = self.try_pop() {
+                return ev;
+            }
+            let l = self.ready.listen();
+            if let Some(ev) = self.try_pop() {
+                return ev;
+            }
+            l.await;
+        }
     }
 
     pub(crate) fn pop_timeout(&self, timeout: Duration) -> Option<AsyncEvent> {

@@ -15,6 +15,12 @@
 //! Qp::disconnect                        rdma_disconnect
 //! ```
 //!
+//! Async: each call that waits for the network has a future beside it, for any runtime
+//! (the crate depends on none): [`Cq::next`], [`Cq::wait_async`], [`Cq::completions`] (`poll_*` methods),
+//! [`CompletionChannel::get_cq_event_async`] (or its fd under tokio's `AsyncFd`),
+//! [`Context::next_async_event`], [`Listener::accept_async`], [`ConnRequest::accept_async`],
+//! [`Qp::connect_async`]. They are cancel-safe; `docs/async.md` says how they make progress.
+//!
 //! Work requests and completions are the engine's types ([`SendWr`], [`RecvWr`], [`Sge`],
 //! [`WorkCompletion`], ...), re-exported here.
 //!
@@ -68,7 +74,7 @@ pub use connparams::{
     AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, FALLBACK_EMSS, FpduSize,
     IwarpConnection, ListenParams, QpCap,
 };
-pub use cq::{BusyPoll, CompletionChannel, Cq, DEFAULT_BUSY_POLL};
+pub use cq::{BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BUSY_POLL};
 pub use device::{Context, Device, DeviceCounters, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
 pub use event::AsyncEvent;

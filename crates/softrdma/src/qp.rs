@@ -339,6 +339,42 @@ impl Qp {
         r
     }
 
+    /// [`connect`](Self::connect) as a future of any runtime: nothing blocks (iWARP: the
+    /// context's progress thread makes the TCP connection too, within `params.timeout`;
+    /// RoCE: the CM's timers bound the wait). Dropped before it resolves, the attempt is
+    /// abandoned (iWARP: the QP goes back to `Init`, or is disconnected if it got there;
+    /// RoCE: a reply that comes later is refused).
+    pub async fn connect_async(
+        &self,
+        addr: SocketAddr,
+        params: ConnectParams,
+    ) -> Result<ConnectionInfo, Error> {
+        let q = match &self.inner {
+            Inner::Tcp(q) => q,
+            Inner::Roce(q) => {
+                return crate::roce::cm::connect_async(self.ctx.roce()?, q, addr, &params).await;
+            }
+        };
+        if !q.transition(QpState::Init, QpState::Connecting) {
+            return Err(Error::InvalidState(self.state()));
+        }
+        let tcp = self.ctx.tcp()?;
+        let rx = match tcp.dial(q, addr, &params) {
+            Ok(rx) => rx,
+            Err(e) => {
+                q.transition(QpState::Connecting, QpState::Init);
+                return Err(e);
+            }
+        };
+        let mut guard = crate::tcp::Abandon(tcp, Some(q.clone()));
+        let r = crate::tcp::reply_async(rx).await;
+        guard.1 = None;
+        if r.is_err() {
+            q.transition(QpState::Connecting, QpState::Init);
+        }
+        r
+    }
+
     /// Orderly close (`rdma_disconnect`): every outstanding request is flushed
     /// (`WorkRequestFlushed`), a Terminate already queued still goes out, then the TCP
     /// connection is closed; the peer's requests are flushed when it sees the close.

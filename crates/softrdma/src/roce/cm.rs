@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use event_listener::Event;
 use parking_lot::{Condvar, Mutex};
 use softrdma_ib::cm::{
     Cm, CmConfig, CmEvent, CmService, CommId, GSI_QKEY, GSI_QPN, RepParams, ReqInfo, ReqParams,
@@ -90,17 +91,33 @@ fn ca_guid(ip: IpAddr) -> u64 {
     u64::from_be_bytes([o[0], o[1], o[2], 0xFF, 0xFE, o[3], o[4], o[5]])
 }
 
-/// What a thread waiting on a connection is told.
+/// What a thread or task waiting on a connection is told.
 #[derive(Default)]
-struct Slot {
+pub(crate) struct Slot {
     ev: Mutex<Option<CmEvent>>,
     cond: Condvar,
+    ready: Event,
 }
 
 impl Slot {
     fn put(&self, ev: CmEvent) {
         *self.ev.lock() = Some(ev);
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
+    }
+
+    /// The event, once there is one (cancel-safe).
+    async fn wait_async(&self) -> CmEvent {
+        loop {
+            if let Some(ev) = self.ev.lock().take() {
+                return ev;
+            }
+            let l = self.ready.listen();
+            if let Some(ev) = self.ev.lock().take() {
+                return ev;
+            }
+            l.await;
+        }
     }
 
     fn wait(&self, deadline: Instant) -> Option<CmEvent> {
@@ -141,6 +158,8 @@ enum PendingKind {
 pub(crate) struct ListenQueue {
     q: Mutex<VecDeque<Pending>>,
     cond: Condvar,
+    /// Wakes tasks awaiting a request.
+    ready: Event,
     backlog: usize,
 }
 
@@ -366,6 +385,7 @@ impl RoceShared {
         });
         drop(q);
         l.cond.notify_all();
+        l.ready.notify(usize::MAX);
     }
 
     /// Registers a waiter for `id` and what the CM did, then sends it.
@@ -604,6 +624,16 @@ fn info(
     }
 }
 
+/// A connection request sent, waiting for its answer.
+pub(crate) struct Dial {
+    id: CommId,
+    slot: Arc<Slot>,
+    peer: SocketAddr,
+    pmtu: u8,
+    /// RC, UC: the PSN we expect; UD: `None`.
+    rq_psn: Option<u32>,
+}
+
 /// Active side (`rdma_connect`): REQ (RC, UC) or SIDR_REQ (UD) to the listener at `addr`.
 pub(crate) fn connect(
     drv: &RoceShared,
@@ -611,12 +641,54 @@ pub(crate) fn connect(
     addr: impl ToSocketAddrs,
     params: &ConnectParams,
 ) -> Result<ConnectionInfo, Error> {
+    let deadline = Instant::now() + params.timeout;
+    let d = connect_start(drv, q, addr, params)?;
+    let ev = d.slot.wait(deadline);
+    connect_finish(drv, q, &d, params, ev)
+}
+
+/// [`connect`] for a task: the CM's own timers bound the wait; dropped early, the attempt
+/// is abandoned (a reply that comes later is refused).
+pub(crate) async fn connect_async(
+    drv: &RoceShared,
+    q: &RoceQpShared,
+    addr: SocketAddr,
+    params: &ConnectParams,
+) -> Result<ConnectionInfo, Error> {
+    let d = connect_start(drv, q, addr, params)?;
+    let mut forget = Forget(drv, Some(d.id), None);
+    let ev = d.slot.wait_async().await;
+    forget.1 = None;
+    connect_finish(drv, q, &d, params, Some(ev))
+}
+
+/// Forgets a connection attempt whose waiter is dropped (and stops the QP brought up for
+/// it, if any).
+struct Forget<'a>(&'a RoceShared, Option<CommId>, Option<&'a RoceQpShared>);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.1 {
+            self.0.forget(id);
+            if let Some(q) = self.2 {
+                let _ = self.0.modify(q, &QpAttr::state(IbQpState::Error));
+            }
+        }
+    }
+}
+
+/// Sends the REQ or SIDR_REQ.
+fn connect_start(
+    drv: &RoceShared,
+    q: &RoceQpShared,
+    addr: impl ToSocketAddrs,
+    params: &ConnectParams,
+) -> Result<Dial, Error> {
     let dst = addr
         .to_socket_addrs()?
         .find(|a| a.is_ipv4() == drv.local.is_ipv4())
         .ok_or(Error::InvalidArgument("no address of the context's family"))?;
     let pmtu = mtu_code(params.roce_pmtu)?;
-    let deadline = Instant::now() + params.timeout;
     // An ephemeral source port for the CMA header (and the flow label).
     let sport = 32768 + (random_u32() % 28232) as u16;
     let hdr = CmaHeader {
@@ -646,7 +718,59 @@ pub(crate) fn connect(
             let id = g.cm.sidr_request(Instant::now(), dst.ip(), sid, &pd)?;
             Ok((id, ()))
         })?;
-        return match slot.wait(deadline) {
+        return Ok(Dial {
+            id,
+            slot,
+            peer,
+            pmtu,
+            rq_psn: None,
+        });
+    }
+    if !matches!(q.state(), IbQpState::Reset | IbQpState::Init) {
+        return Err(Error::InvalidState(crate::state::QpState::from(q.state())));
+    }
+    // Each side names the PSN it expects; the other sends from it.
+    let rq_psn = random_u32() & 0xFF_FFFF;
+    let req = ReqParams {
+        peer: dst.ip(),
+        service_id: service_id(PortSpace::Tcp, dst.port()),
+        qpn: q.qpn,
+        service: if qp_type == QpType::Rc {
+            CmService::Rc
+        } else {
+            CmService::Uc
+        },
+        starting_psn: rq_psn,
+        responder_resources: clamp_u8(params.ird),
+        initiator_depth: clamp_u8(params.ord),
+        retry_count: 7,
+        rnr_retry_count: 7,
+        path_mtu: pmtu,
+        srq: q.has_srq(),
+        flow_label: (u32::from(sport) * 31 + u32::from(dst.port())) & 0xF_FFFF,
+        private_data: pd,
+    };
+    let (id, (), slot) = drv.cm_call(|g| Ok((g.cm.connect(Instant::now(), &req)?, ())))?;
+    Ok(Dial {
+        id,
+        slot,
+        peer,
+        pmtu,
+        rq_psn: Some(rq_psn),
+    })
+}
+
+/// The answer to [`connect_start`] (`None`: none in time): the QP up and the RTU sent.
+fn connect_finish(
+    drv: &RoceShared,
+    q: &RoceQpShared,
+    d: &Dial,
+    params: &ConnectParams,
+    ev: Option<CmEvent>,
+) -> Result<ConnectionInfo, Error> {
+    let (id, peer, pmtu) = (d.id, d.peer, d.pmtu);
+    let Some(rq_psn) = d.rq_psn else {
+        return match ev {
             Some(CmEvent::SidrReply {
                 status: sidr_status::OK,
                 qpn,
@@ -675,33 +799,8 @@ pub(crate) fn connect(
                 Err(Error::Timeout)
             }
         };
-    }
-    if !matches!(q.state(), IbQpState::Reset | IbQpState::Init) {
-        return Err(Error::InvalidState(crate::state::QpState::from(q.state())));
-    }
-    // Each side names the PSN it expects; the other sends from it.
-    let rq_psn = random_u32() & 0xFF_FFFF;
-    let req = ReqParams {
-        peer: dst.ip(),
-        service_id: service_id(PortSpace::Tcp, dst.port()),
-        qpn: q.qpn,
-        service: if qp_type == QpType::Rc {
-            CmService::Rc
-        } else {
-            CmService::Uc
-        },
-        starting_psn: rq_psn,
-        responder_resources: clamp_u8(params.ird),
-        initiator_depth: clamp_u8(params.ord),
-        retry_count: 7,
-        rnr_retry_count: 7,
-        path_mtu: pmtu,
-        srq: q.has_srq(),
-        flow_label: (u32::from(sport) * 31 + u32::from(dst.port())) & 0xF_FFFF,
-        private_data: pd,
     };
-    let (id, (), slot) = drv.cm_call(|g| Ok((g.cm.connect(Instant::now(), &req)?, ())))?;
-    let rep = match slot.wait(deadline) {
+    let rep = match ev {
         Some(CmEvent::Reply { rep, .. }) => rep,
         Some(CmEvent::Rejected {
             reason,
@@ -782,6 +881,7 @@ impl RoceListener {
         let queue = Arc::new(ListenQueue {
             q: Mutex::new(VecDeque::new()),
             cond: Condvar::new(),
+            ready: Event::new(),
             backlog: backlog.max(1) as usize,
         });
         let mut g = drv.gsi.lock();
@@ -811,6 +911,30 @@ impl RoceListener {
             port,
             local_addr: SocketAddr::new(drv.local.ip(), port),
         })
+    }
+
+    /// The next request, if one is queued.
+    pub(crate) fn try_accept(&self) -> Option<RoceRequest> {
+        let p = self.queue.q.lock().pop_front()?;
+        Some(RoceRequest {
+            drv: self.drv.clone(),
+            p,
+            answered: false,
+        })
+    }
+
+    /// The next request, once there is one (cancel-safe).
+    pub(crate) async fn accept_async(&self) -> RoceRequest {
+        loop {
+            if let Some(r) = self.try_accept() {
+                return r;
+            }
+            let l = self.queue.ready.listen();
+            if let Some(r) = self.try_accept() {
+                return r;
+            }
+            l.await;
+        }
     }
 
     /// The next request; `None` deadline: wait forever.
@@ -857,6 +981,23 @@ impl Drop for RoceListener {
     }
 }
 
+/// What [`RoceRequest::accept_start`] did.
+enum Answer {
+    /// UD: answered.
+    Done(ConnectionInfo),
+    /// RC, UC: the REP is out; the RTU is awaited.
+    Wait(AcceptWait),
+}
+
+struct AcceptWait {
+    id: CommId,
+    slot: Arc<Slot>,
+    peer_qpn: u32,
+    pmtu: u32,
+    ird: u16,
+    ord: u16,
+}
+
 /// A connection request a RoCE listener received.
 pub(crate) struct RoceRequest {
     drv: Arc<RoceShared>,
@@ -894,6 +1035,74 @@ impl RoceRequest {
         q: &RoceQpShared,
         params: &AcceptParams,
     ) -> Result<ConnectionInfo, Error> {
+        let deadline = Instant::now() + params.timeout;
+        match self.accept_start(q, params)? {
+            Answer::Done(info) => Ok(info),
+            Answer::Wait(w) => {
+                let ev = w.slot.wait(deadline);
+                self.accept_finish(q, &w, ev)
+            }
+        }
+    }
+
+    /// [`accept`](Self::accept) for a task: the CM's timers bound the wait for the RTU;
+    /// dropped early, the connection is abandoned and the QP goes to Error.
+    pub(crate) async fn accept_async(
+        &mut self,
+        q: &RoceQpShared,
+        params: &AcceptParams,
+    ) -> Result<ConnectionInfo, Error> {
+        match self.accept_start(q, params)? {
+            Answer::Done(info) => Ok(info),
+            Answer::Wait(w) => {
+                let mut forget = Forget(&self.drv, Some(w.id), Some(q));
+                let ev = w.slot.wait_async().await;
+                forget.1 = None;
+                drop(forget);
+                self.accept_finish(q, &w, Some(ev))
+            }
+        }
+    }
+
+    /// The RTU (or what came instead: `None`, nothing in time) for the REP sent.
+    fn accept_finish(
+        &self,
+        q: &RoceQpShared,
+        w: &AcceptWait,
+        ev: Option<CmEvent>,
+    ) -> Result<ConnectionInfo, Error> {
+        let drv = &self.drv;
+        match ev {
+            Some(CmEvent::Established { .. }) => Ok(info(
+                drv,
+                self.p.peer_addr,
+                (w.peer_qpn, w.pmtu, 0),
+                w.ird,
+                w.ord,
+                self.p.private_data.clone(),
+            )),
+            other => {
+                if other.is_none() {
+                    drv.forget(w.id);
+                }
+                let _ = drv.modify(q, &QpAttr::state(IbQpState::Error));
+                Err(match other {
+                    Some(CmEvent::Rejected {
+                        reason,
+                        private_data,
+                        ..
+                    }) => Error::Rejected {
+                        reason: Some(reason),
+                        private_data,
+                    },
+                    _ => Error::Timeout,
+                })
+            }
+        }
+    }
+
+    /// Checks, brings the QP up and answers: SIDR_REP (done) or REP (then the RTU).
+    fn accept_start(&mut self, q: &RoceQpShared, params: &AcceptParams) -> Result<Answer, Error> {
         let drv = self.drv.clone();
         let id = self.p.id;
         let req = match &self.p.kind {
@@ -920,14 +1129,14 @@ impl RoceRequest {
                 );
                 drv.gsi_pump(now);
                 r.map_err(cm_error)?;
-                return Ok(info(
+                return Ok(Answer::Done(info(
                     &drv,
                     self.p.peer_addr,
                     (0, 0, 0),
                     0,
                     0,
                     self.p.private_data.clone(),
-                ));
+                )));
             }
             PendingKind::Conn(r) => r.clone(),
         };
@@ -977,38 +1186,18 @@ impl RoceRequest {
         drv.bind_qp(id, q.qpn);
         q.awaiting_rtu
             .store(true, std::sync::atomic::Ordering::Release);
-        let deadline = Instant::now() + params.timeout;
         let (_, (), slot) = drv.cm_call(|g| {
             g.cm.accept(Instant::now(), id, &rep)?;
             Ok((id, ()))
         })?;
-        match slot.wait(deadline) {
-            Some(CmEvent::Established { .. }) => Ok(info(
-                &drv,
-                self.p.peer_addr,
-                (req.qpn, a.pmtu, 0),
-                a.ird,
-                a.ord,
-                self.p.private_data.clone(),
-            )),
-            other => {
-                if other.is_none() {
-                    drv.forget(id);
-                }
-                let _ = drv.modify(q, &QpAttr::state(IbQpState::Error));
-                Err(match other {
-                    Some(CmEvent::Rejected {
-                        reason,
-                        private_data,
-                        ..
-                    }) => Error::Rejected {
-                        reason: Some(reason),
-                        private_data,
-                    },
-                    _ => Error::Timeout,
-                })
-            }
-        }
+        Ok(Answer::Wait(AcceptWait {
+            id,
+            slot,
+            peer_qpn: req.qpn,
+            pmtu: a.pmtu,
+            ird: a.ird,
+            ord: a.ord,
+        }))
     }
 
     /// `rdma_reject`: REJ (consumer reject) or SIDR_REP (reject) with `private_data`.

@@ -901,6 +901,10 @@ impl Progress for RoceShared {
         )
     }
 
+    fn nudge(&self) {
+        self.leader.unpark_background();
+    }
+
     fn wake(&self) {
         if !self.leader.is_holder() {
             self.wake_pipe.signal();

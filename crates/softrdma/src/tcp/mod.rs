@@ -11,10 +11,11 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use event_listener::Event;
 use mio::Token;
 use mio::net::TcpListener;
 use parking_lot::{Condvar, Mutex};
@@ -226,6 +227,10 @@ impl Progress for TcpShared {
         )
     }
 
+    fn nudge(&self) {
+        self.leader.unpark_background();
+    }
+
     fn wake(&self) {
         if !self.leader.is_holder() {
             let _ = self.waker.wake();
@@ -280,14 +285,20 @@ pub(crate) fn check_private_data(rev: u8, len: usize) -> Result<(), Error> {
 /// TCP settings of every connection: no Nagle delay; the EMSS for the MULPDU.
 pub(crate) fn prepare_stream(stream: &TcpStream) -> Result<u32, Error> {
     stream.set_nodelay(true)?;
-    let emss = socket2::SockRef::from(stream)
-        .tcp_mss()
+    stream.set_nonblocking(true)?;
+    Ok(emss(socket2::SockRef::from(stream)))
+}
+
+/// The connected socket's EMSS (the fallback if the system does not say).
+pub(crate) fn emss(sock: socket2::SockRef<'_>) -> u32 {
+    sock.tcp_mss()
         .ok()
         .filter(|&m| m > 0)
-        .unwrap_or(FALLBACK_EMSS);
-    stream.set_nonblocking(true)?;
-    Ok(emss)
+        .unwrap_or(FALLBACK_EMSS)
 }
+
+/// Where the progress thread answers a `connect` or an `accept`: a blocked caller or a task.
+pub(crate) type Reply = oneshot::Sender<Result<ConnectionInfo, Error>>;
 
 pub(crate) struct PendingRequest {
     pub(crate) token: mio::Token,
@@ -302,6 +313,8 @@ pub(crate) struct ListenerShared {
     pub(crate) params: ListenParams,
     queue: Mutex<VecDeque<PendingRequest>>,
     cond: Condvar,
+    /// Wakes tasks awaiting a request.
+    ready: Event,
     closed: AtomicBool,
 }
 
@@ -309,6 +322,7 @@ impl ListenerShared {
     pub(crate) fn push(&self, req: PendingRequest) {
         self.queue.lock().push_back(req);
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
     }
 
     pub(crate) fn drain(&self) -> Vec<PendingRequest> {
@@ -318,6 +332,7 @@ impl ListenerShared {
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.cond.notify_all();
+        self.ready.notify(usize::MAX);
     }
 
     pub(crate) fn new(params: ListenParams) -> ListenerShared {
@@ -325,12 +340,32 @@ impl ListenerShared {
             params,
             queue: Mutex::new(VecDeque::new()),
             cond: Condvar::new(),
+            ready: Event::new(),
             closed: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn try_pop(&self) -> Option<PendingRequest> {
         self.queue.lock().pop_front()
+    }
+
+    /// The next request, once there is one (cancel-safe); an error once closed.
+    pub(crate) async fn wait_async(&self) -> Result<PendingRequest, Error> {
+        let look = || match self.try_pop() {
+            Some(r) => Some(Ok(r)),
+            None if self.closed.load(Ordering::Acquire) => Some(Err(Error::ContextClosed)),
+            None => None,
+        };
+        loop {
+            if let Some(r) = look() {
+                return r;
+            }
+            let l = self.ready.listen();
+            if let Some(r) = look() {
+                return r;
+            }
+            l.await;
+        }
     }
 
     /// The next request; `None` deadline: wait forever.
@@ -371,7 +406,17 @@ pub(crate) enum Cmd {
         started: Instant,
         emss: u32,
         fpdu: FpduSize,
-        reply: SyncSender<Result<ConnectionInfo, Error>>,
+        reply: Reply,
+    },
+    /// [`Cmd::Connect`] with the TCP connect made by the progress thread (a task's
+    /// `connect`: nothing blocks); `startup.timeout` covers both.
+    Dial {
+        qp: Arc<TcpQp>,
+        addr: SocketAddr,
+        startup: StartupConfig,
+        started: Instant,
+        fpdu: FpduSize,
+        reply: Reply,
     },
     Accept {
         token: Token,
@@ -381,7 +426,7 @@ pub(crate) enum Cmd {
         ord: u16,
         fpdu: FpduSize,
         early_fpdus: bool,
-        reply: SyncSender<Result<ConnectionInfo, Error>>,
+        reply: Reply,
     },
     Reject {
         token: Token,
@@ -587,23 +632,11 @@ impl TcpShared {
         params: &ConnectParams,
     ) -> Result<ConnectionInfo, Error> {
         let start = Instant::now();
-        let cfg = StartupConfig {
-            rev: params.rev,
-            crc: params.crc,
-            markers: params.markers,
-            ird: params.ird,
-            ord: params.ord,
-            p2p: params.p2p.then_some(RtrSet::only(Rtr::ZeroLengthWrite)),
-            private_data: params.private_data.clone(),
-            timeout: params.timeout,
-            allow_early_fpdus: true,
-        };
-        // Refuse a bad configuration before touching the network.
-        Startup::initiator(cfg.clone(), start)?;
+        let cfg = startup_config(params)?;
         let stream = crate::net::connect(addr, params.timeout)?;
         let emss = prepare_stream(&stream)?;
         let remaining = params.timeout.saturating_sub(start.elapsed());
-        let (reply, rx) = sync_channel(1);
+        let (reply, rx) = oneshot::channel();
         self.command(Cmd::Connect {
             qp: qp.clone(),
             stream: mio::net::TcpStream::from_std(stream),
@@ -618,16 +651,70 @@ impl TcpShared {
         })?;
         wait_reply(rx, params.timeout)
     }
+
+    /// [`connect`](Self::connect) for a task: the progress thread makes the TCP connection
+    /// too; the answer comes on the returned channel.
+    pub(crate) fn dial(
+        &self,
+        qp: &Arc<TcpQp>,
+        addr: SocketAddr,
+        params: &ConnectParams,
+    ) -> Result<oneshot::Receiver<Result<ConnectionInfo, Error>>, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.command(Cmd::Dial {
+            qp: qp.clone(),
+            addr,
+            startup: startup_config(params)?,
+            started: Instant::now(),
+            fpdu: params.fpdu,
+            reply,
+        })?;
+        Ok(rx)
+    }
+}
+
+/// The initiator's MPA settings, checked before anything touches the network.
+fn startup_config(params: &ConnectParams) -> Result<StartupConfig, Error> {
+    let cfg = StartupConfig {
+        rev: params.rev,
+        crc: params.crc,
+        markers: params.markers,
+        ird: params.ird,
+        ord: params.ord,
+        p2p: params.p2p.then_some(RtrSet::only(Rtr::ZeroLengthWrite)),
+        private_data: params.private_data.clone(),
+        timeout: params.timeout,
+        allow_early_fpdus: true,
+    };
+    Startup::initiator(cfg.clone(), Instant::now())?;
+    Ok(cfg)
+}
+
+/// Closes the connection of an iWARP `connect` or `accept` whose task stopped waiting
+/// (`None` once the answer was seen).
+pub(crate) struct Abandon<'a>(pub(crate) &'a TcpShared, pub(crate) Option<Arc<TcpQp>>);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if let Some(q) = self.1.take() {
+            let _ = self.0.command(Cmd::Disconnect(q));
+        }
+    }
 }
 
 /// Waits for the progress thread's answer to a blocking command.
 pub(crate) fn wait_reply<T>(
-    rx: std::sync::mpsc::Receiver<Result<T, Error>>,
+    rx: oneshot::Receiver<Result<T, Error>>,
     timeout: Duration,
 ) -> Result<T, Error> {
     match rx.recv_timeout(timeout + REPLY_GRACE) {
         Ok(r) => r,
-        Err(RecvTimeoutError::Timeout) => Err(Error::Timeout),
-        Err(RecvTimeoutError::Disconnected) => Err(Error::ContextClosed),
+        Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
+        Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::ContextClosed),
     }
+}
+
+/// The progress thread's answer, awaited by a task.
+pub(crate) async fn reply_async<T>(rx: oneshot::Receiver<Result<T, Error>>) -> Result<T, Error> {
+    rx.await.unwrap_or(Err(Error::ContextClosed))
 }

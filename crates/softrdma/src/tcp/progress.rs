@@ -23,7 +23,6 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -34,14 +33,15 @@ use softrdma_iwarp::connection::{
     FpduSizing, RxWindow,
 };
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
-use softrdma_iwarp::startup::{Negotiated, Role};
+use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
 use softrdma_memory::{PdId, QpId, TxBuf, TxSink};
 use softrdma_verbs_types::{
     CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::{
-    Cmd, DeviceStats, ListenerShared, PendingRequest, SqItem, TcpQp, TcpShared, prepare_stream,
+    Cmd, DeviceStats, ListenerShared, PendingRequest, Reply, SqItem, TcpQp, TcpShared, emss,
+    prepare_stream,
 };
 use crate::Error;
 use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
@@ -94,7 +94,7 @@ struct Conn {
     /// Responder before the ULP's decision.
     listener: Option<Arc<ListenerShared>>,
     /// The blocked `connect` or `accept`.
-    reply: Option<SyncSender<Result<ConnectionInfo, Error>>>,
+    reply: Option<Reply>,
     qp: Option<Arc<TcpQp>>,
     /// The connection's `Established` event was handled: the QP is connected.
     established: bool,
@@ -127,9 +127,32 @@ struct Conn {
     recvs: VecDeque<CheckedRecv>,
 }
 
+/// A TCP connect the thread makes for a task ([`Cmd::Dial`]): connected once writable.
+struct Dialing {
+    stream: TcpStream,
+    qp: Arc<TcpQp>,
+    startup: StartupConfig,
+    started: Instant,
+    fpdu: FpduSize,
+    reply: Reply,
+}
+
+impl Dialing {
+    fn deadline(&self) -> Instant {
+        self.started + self.startup.timeout
+    }
+
+    /// The attempt ended before MPA: the QP goes back to `Init`.
+    fn fail(self, e: Error) {
+        self.qp.transition(QpState::Connecting, QpState::Init);
+        let _ = self.reply.send(Err(e));
+    }
+}
+
 pub(crate) struct Driver {
     registry: Registry,
     conns: HashMap<Token, Conn>,
+    dialing: HashMap<Token, Dialing>,
     listeners: HashMap<Token, Listening>,
     qp_conn: HashMap<u32, Token>,
     bufs: Bufs,
@@ -165,6 +188,7 @@ impl Driver {
         Driver {
             registry,
             conns: HashMap::default(),
+            dialing: HashMap::default(),
             listeners: HashMap::default(),
             qp_conn: HashMap::default(),
             touched: Vec::new(),
@@ -209,6 +233,8 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
         }
         if d.listeners.contains_key(&t) {
             d.accept_all(ctx, t, now);
+        } else if d.dialing.contains_key(&t) {
+            d.dialed(ctx, t, now);
         } else {
             let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
             d.conn_event(ctx, t, readable, now);
@@ -330,6 +356,7 @@ impl Driver {
         self.timed
             .iter()
             .filter_map(|t| self.conns.get(t)?.iw.poll_timeout())
+            .chain(self.dialing.values().map(Dialing::deadline))
             .min()
             .map(|d| d.saturating_duration_since(now))
     }
@@ -386,38 +413,45 @@ impl Driver {
                 fpdu,
                 reply,
             } => {
-                let token = ctx.token();
-                let cfg = ConnectionConfig {
-                    rx_direct_min: rx_direct_min(),
-                    fpdu: fpdu_sizing(fpdu),
-                    srq: qp.srq.is_some(),
-                    ..ConnectionConfig::new(Role::Initiator, startup, qp_config(&qp), emss)
+                let d = Dialing {
+                    stream,
+                    qp,
+                    startup,
+                    started,
+                    fpdu,
+                    reply,
                 };
-                let conn = IwConn::new(cfg, ctx.keys.clone(), started)
-                    .map_err(Error::from)
-                    .and_then(|iw| {
-                        Ok(Conn::new(
-                            ctx,
-                            &self.registry,
-                            token,
+                self.start_initiator(ctx, ctx.token(), d, emss);
+            }
+            Cmd::Dial {
+                qp,
+                addr,
+                startup,
+                started,
+                fpdu,
+                reply,
+            } => {
+                let token = ctx.token();
+                let dialed = TcpStream::connect(addr).and_then(|mut stream| {
+                    self.registry
+                        .register(&mut stream, token, Interest::WRITABLE)?;
+                    Ok(stream)
+                });
+                match dialed {
+                    Ok(stream) => {
+                        let d = Dialing {
                             stream,
-                            iw,
-                            emss,
-                            true,
-                        )?)
-                    });
-                match conn {
-                    Ok(mut c) => {
-                        c.reply = Some(reply);
-                        self.qp_conn.insert(qp.qpn, token);
-                        c.qp = Some(qp);
-                        c.service(ctx, &mut self.bufs);
-                        self.conns.insert(token, c);
-                        self.touched.push(token);
+                            qp,
+                            startup,
+                            started,
+                            fpdu,
+                            reply,
+                        };
+                        self.dialing.insert(token, d);
                     }
                     Err(e) => {
                         qp.transition(QpState::Connecting, QpState::Init);
-                        let _ = reply.send(Err(e));
+                        let _ = reply.send(Err(e.into()));
                     }
                 }
             }
@@ -476,6 +510,9 @@ impl Driver {
                 }
             }
             Cmd::Disconnect(qp) => {
+                if self.abort_dial(&qp) {
+                    return;
+                }
                 if let Some(c) = self
                     .qp_conn
                     .get(&qp.qpn)
@@ -488,6 +525,7 @@ impl Driver {
                 }
             }
             Cmd::Destroy(qp) => {
+                self.abort_dial(&qp);
                 if let Some(c) = self
                     .qp_conn
                     .remove(&qp.qpn)
@@ -508,6 +546,99 @@ impl Driver {
                 sub.rq.clear();
             }
         }
+    }
+
+    /// The TCP connection of `d` (made without blocking, or by the caller): MPA as
+    /// initiator.
+    fn start_initiator(&mut self, ctx: &TcpShared, token: Token, d: Dialing, emss: u32) {
+        let Dialing {
+            stream,
+            qp,
+            startup,
+            started,
+            fpdu,
+            reply,
+        } = d;
+        let cfg = ConnectionConfig {
+            rx_direct_min: rx_direct_min(),
+            fpdu: fpdu_sizing(fpdu),
+            srq: qp.srq.is_some(),
+            ..ConnectionConfig::new(Role::Initiator, startup, qp_config(&qp), emss)
+        };
+        let conn = IwConn::new(cfg, ctx.keys.clone(), started)
+            .map_err(Error::from)
+            .and_then(|iw| {
+                Ok(Conn::new(
+                    ctx,
+                    &self.registry,
+                    token,
+                    stream,
+                    iw,
+                    emss,
+                    true,
+                )?)
+            });
+        match conn {
+            Ok(mut c) => {
+                c.reply = Some(reply);
+                self.qp_conn.insert(qp.qpn, token);
+                c.qp = Some(qp);
+                c.service(ctx, &mut self.bufs);
+                self.conns.insert(token, c);
+                self.touched.push(token);
+            }
+            Err(e) => {
+                qp.transition(QpState::Connecting, QpState::Init);
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    /// An event on a socket being connected: on to MPA once connected, or the error.
+    fn dialed(&mut self, ctx: &TcpShared, token: Token, now: Instant) {
+        let Some(d) = self.dialing.get(&token) else {
+            return;
+        };
+        // Connected: a peer address and no pending error (as after `connect(2)` polls
+        // writable).
+        let outcome = match d.stream.take_error() {
+            Ok(Some(e)) | Err(e) => Err(e),
+            Ok(None) => match d.stream.peer_addr() {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                Err(e) => Err(e),
+            },
+        };
+        let Some(mut d) = self.dialing.remove(&token) else {
+            return;
+        };
+        let _ = self.registry.deregister(&mut d.stream);
+        match outcome.and_then(|()| d.stream.set_nodelay(true)) {
+            Ok(()) => {
+                let emss = emss(socket2::SockRef::from(&d.stream));
+                d.startup.timeout = d.deadline().saturating_duration_since(now);
+                d.started = now;
+                self.start_initiator(ctx, token, d, emss);
+            }
+            Err(e) => d.fail(e.into()),
+        }
+    }
+
+    /// Ends the TCP connect of `qp` if one is under way (disconnect or destroy); `true` if
+    /// there was one.
+    fn abort_dial(&mut self, qp: &Arc<TcpQp>) -> bool {
+        let Some(t) = self
+            .dialing
+            .iter()
+            .find_map(|(t, d)| Arc::ptr_eq(&d.qp, qp).then_some(*t))
+        else {
+            return false;
+        };
+        if let Some(mut d) = self.dialing.remove(&t) {
+            let _ = self.registry.deregister(&mut d.stream);
+            d.fail(Error::InvalidState(QpState::Closed));
+        }
+        true
     }
 
     /// QPs with new work requests.
@@ -577,6 +708,17 @@ impl Driver {
     }
 
     fn timeouts(&mut self, ctx: &TcpShared, now: Instant) {
+        let late: Vec<Token> = self
+            .dialing
+            .iter()
+            .filter_map(|(t, d)| (d.deadline() <= now).then_some(*t))
+            .collect();
+        for t in late {
+            if let Some(mut d) = self.dialing.remove(&t) {
+                let _ = self.registry.deregister(&mut d.stream);
+                d.fail(Error::Timeout);
+            }
+        }
         self.settle();
         for t in &self.timed {
             let Some(c) = self.conns.get_mut(t) else {
