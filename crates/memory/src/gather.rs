@@ -7,6 +7,8 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::AccessError;
 use crate::buffer::BufferReadGuard;
 use crate::table::Target;
@@ -241,8 +243,9 @@ impl TxBuf {
             let front = self.pieces.range(..take);
             // Buffers, each locked once, in address order (placement locks one buffer at a
             // time and never a buffer under the table lock), then their tables.
-            let mut buffers: Vec<&Arc<crate::Buffer>> = Vec::new();
-            let mut tables = Vec::new();
+            // On the stack for the usual few buffers and slices: a post allocates nothing.
+            let mut buffers: SmallVec<[&Arc<crate::Buffer>; 4]> = SmallVec::new();
+            let mut tables: SmallVec<[_; 4]> = SmallVec::new();
             for p in front.clone() {
                 if let Piece::Mem { src, .. } = p {
                     buffers.push(src.buffer_arc());
@@ -253,9 +256,10 @@ impl TxBuf {
             buffers.dedup_by_key(|b| Arc::as_ptr(b));
             tables.sort_by_key(|t| Arc::as_ptr(t));
             tables.dedup_by_key(|t| Arc::as_ptr(t));
-            let guards: Vec<BufferReadGuard<'_>> = buffers.iter().map(|b| b.read()).collect();
-            let table_guards: Vec<_> = tables.iter().map(|t| t.read()).collect();
-            let mut slices = Vec::with_capacity(iovs);
+            let guards: SmallVec<[BufferReadGuard<'_>; 4]> =
+                buffers.iter().map(|b| b.read()).collect();
+            let table_guards: SmallVec<[_; 4]> = tables.iter().map(|t| t.read()).collect();
+            let mut slices: SmallVec<[IoSlice<'_>; 32]> = SmallVec::with_capacity(iovs);
             for (i, p) in front.enumerate() {
                 let skip = if i == 0 { self.head } else { 0 };
                 let s: &[u8] = match p {

@@ -21,6 +21,7 @@
 //! process may open one ([`RawTx`]), with the per-QP UDP source port rxe uses (flow-label
 //! hash of the QP pair); otherwise through the UDP socket, from its port.
 
+use std::cell::RefCell;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
@@ -589,7 +590,7 @@ impl RoceShared {
 
     /// Sends each datagram of `group` on its own, with as few `sendmmsg` calls as it takes.
     fn send_each(&self, fd: std::os::fd::RawFd, buf: &[u8], group: &[Transmit]) {
-        let slices: Vec<[IoSlice<'_>; 1]> = group
+        let slices: SmallVec<[[IoSlice<'_>; 1]; SEND_BATCH]> = group
             .iter()
             .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))])
             .collect();
@@ -620,9 +621,15 @@ impl RoceShared {
 /// A socket address of one family, as `sendmmsg` takes it.
 trait FamilyAddr: SockaddrLike + Copy + Sized {
     fn of(a: SocketAddr) -> Self;
+    /// This thread's `sendmmsg` headers for this family, for at least `n` messages.
+    fn with_headers<R>(n: usize, f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R;
 }
 
 impl FamilyAddr for SockaddrIn {
+    fn with_headers<R>(n: usize, f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
+        with_cached_headers(&HDRS_V4, n, f)
+    }
+
     fn of(a: SocketAddr) -> Self {
         match a {
             SocketAddr::V4(v4) => v4.into(),
@@ -640,6 +647,10 @@ impl FamilyAddr for SockaddrIn {
 }
 
 impl FamilyAddr for SockaddrIn6 {
+    fn with_headers<R>(n: usize, f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
+        with_cached_headers(&HDRS_V6, n, f)
+    }
+
     fn of(a: SocketAddr) -> Self {
         match a {
             SocketAddr::V6(v6) => v6.into(),
@@ -671,9 +682,45 @@ fn send_group<S: FamilyAddr>(
     slices: &[[IoSlice<'_>; 1]],
     group: &[Transmit],
 ) -> nix::Result<usize> {
-    let addrs: Vec<Option<S>> = group.iter().map(|t| Some(S::of(t.socket_addr()))).collect();
-    let mut hdrs = MultiHeaders::<S>::preallocate(slices.len(), None);
-    sendmmsg(fd, &mut hdrs, slices.iter(), &addrs, [], MsgFlags::empty()).map(|r| r.count())
+    let addrs: SmallVec<[Option<S>; SEND_BATCH]> =
+        group.iter().map(|t| Some(S::of(t.socket_addr()))).collect();
+    S::with_headers(slices.len(), |hdrs| {
+        sendmmsg(fd, hdrs, slices.iter(), &addrs, [], MsgFlags::empty()).map(|r| r.count())
+    })
+}
+
+/// Cached `sendmmsg` headers and how many messages they hold.
+type HdrCache<S> = RefCell<Option<(MultiHeaders<S>, usize)>>;
+
+thread_local! {
+    /// `sendmmsg` headers of this thread, kept between calls (a send allocates nothing).
+    static HDRS_V4: HdrCache<SockaddrIn> = const { RefCell::new(None) };
+    static HDRS_V6: HdrCache<SockaddrIn6> = const { RefCell::new(None) };
+}
+
+/// This thread's headers for at least `n` messages (at least a batch), to `f`.
+fn with_cached_headers<S: SockaddrLike + Copy, R>(
+    cache: &'static std::thread::LocalKey<HdrCache<S>>,
+    n: usize,
+    f: impl FnOnce(&mut MultiHeaders<S>) -> R,
+) -> R {
+    cache.with(|c| match c.try_borrow_mut() {
+        Ok(mut slot) => {
+            let (hdrs, cap) = match slot.take() {
+                Some((h, cap)) if cap >= n => (h, cap),
+                _ => {
+                    let cap = n.max(SEND_BATCH);
+                    (MultiHeaders::<S>::preallocate(cap, None), cap)
+                }
+            };
+            let mut hdrs = hdrs;
+            let r = f(&mut hdrs);
+            *slot = Some((hdrs, cap));
+            r
+        }
+        // Re-entered (cannot happen: `f` only sends): headers of its own.
+        Err(_) => f(&mut MultiHeaders::<S>::preallocate(n, None)),
+    })
 }
 
 /// Receive buffers of one thread (the receive thread's own, or a polling caller's).

@@ -160,6 +160,8 @@ pub(crate) struct Driver {
     /// what the sets below record, so a turn costs what it handled, not the number of
     /// connections.
     touched: Vec<Token>,
+    /// The other half of [`TcpShared::ready`] (see [`Driver::ready`]).
+    ready_spare: Vec<Arc<TcpQp>>,
     /// Connections whose read budget ran out.
     more_rx: HashSet<Token>,
     /// Connections with a timer.
@@ -192,6 +194,7 @@ impl Driver {
             listeners: HashMap::default(),
             qp_conn: HashMap::default(),
             touched: Vec::new(),
+            ready_spare: Vec::new(),
             more_rx: HashSet::default(),
             timed: HashSet::default(),
             dead: Vec::new(),
@@ -643,11 +646,15 @@ impl Driver {
 
     /// QPs with new work requests.
     fn ready(&mut self, ctx: &TcpShared, _now: Instant) {
-        let ready = std::mem::take(&mut *ctx.ready.lock());
-        for qp in ready {
+        // Swapped with a list kept for the purpose, so neither side's capacity is lost
+        // (a post that schedules its QP then allocates nothing).
+        let mut ready = std::mem::take(&mut self.ready_spare);
+        std::mem::swap(&mut ready, &mut *ctx.ready.lock());
+        for qp in ready.drain(..) {
             // Before the connection is up too: receives go in at once.
             self.post(ctx, &qp);
         }
+        self.ready_spare = ready;
     }
 
     fn accept_all(&mut self, ctx: &TcpShared, token: Token, now: Instant) {
@@ -771,7 +778,10 @@ fn touch<'a>(
     t: Token,
 ) -> Option<&'a mut Conn> {
     let c = conns.get_mut(&t)?;
-    touched.push(t);
+    // A connection posted to again and again between two turns is noted once.
+    if touched.last() != Some(&t) {
+        touched.push(t);
+    }
     Some(c)
 }
 
@@ -963,6 +973,13 @@ impl Conn {
                     DeviceStats::add(&ctx.stats.octets_rx, n);
                     let extra = n.saturating_sub(direct);
                     if extra > 0 {
+                        // Receives posted while the read was under way go in before the
+                        // octets are handled: one posted before the peer sent its Send
+                        // (which the read may have just returned) must find it, and the
+                        // look before the read can have missed it.
+                        if !self.discard_rx {
+                            self.submit_to_engine(ctx);
+                        }
                         self.on_bytes(ctx, &bufs.rx[..extra], now);
                     }
                     budget = budget.saturating_sub(n);
