@@ -434,7 +434,7 @@ fn decode_json_agrees_with_tshark() {
                 .find(|r| r["frame"] == *fr)
                 .expect("we decode the frame tshark calls malformed");
             assert!(
-                r["summary"].as_str().unwrap().contains("RPC REPLY"),
+                r["summary"].as_str().unwrap().contains(" Reply (Call In "),
                 "{name}: frame {fr}"
             );
         }

@@ -1,4 +1,5 @@
-//! Following one TCP connection: MPA startup, then FPDUs carrying DDP/RDMAP.
+//! Following one TCP connection: MPA startup, then FPDUs carrying DDP/RDMAP; or ONC RPC
+//! records.
 //!
 //! A hole the capture never fills (see [`super::tcp`]) loses the FPDU it cuts; deframing
 //! resumes at the first later segment that starts with a plausible FPDU, as tshark does,
@@ -6,6 +7,7 @@
 
 use std::collections::VecDeque;
 
+use softrdma_rpc::record::RecordDecoder;
 use softrdma_wire::mpa;
 use softrdma_wire::rdmap;
 
@@ -23,6 +25,8 @@ enum Mode {
     Unknown,
     /// Plain TCP payload (not MPA): skipped.
     Stream,
+    /// ONC RPC records (RFC 5531 §11): portmap, MOUNT, NFS over TCP.
+    OncRpc,
     /// MPA startup frame expected next.
     Startup,
     /// Startup frame done; waiting for the peer's frame to learn CRC/markers.
@@ -51,6 +55,8 @@ struct Direction {
     /// The endpoints, as records show them.
     src: String,
     dst: String,
+    /// Reassembles ONC RPC records, in [`Mode::OncRpc`].
+    records: Option<RecordDecoder>,
     /// Looking for an FPDU after a hole: the segment starts (stream offsets) to try.
     resync: Option<VecDeque<u64>>,
     gaps: Vec<Gap>,
@@ -88,6 +94,7 @@ impl Default for Direction {
             ulpdu: Vec::new(),
             src: String::new(),
             dst: String::new(),
+            records: None,
             resync: None,
             gaps: Vec::new(),
             more_gaps: 0,
@@ -144,8 +151,9 @@ impl Direction {
         self.fpdu_pos = self.fpdu_pos.wrapping_add(advance as u32);
         match self.mode {
             Mode::Unknown | Mode::Stream | Mode::Stopped => return,
-            // The startup frame cut: there is no telling what was negotiated.
-            Mode::Startup => self.mode = Mode::Stopped,
+            // The startup frame cut: there is no telling what was negotiated; record marks
+            // have no pattern to find again.
+            Mode::Startup | Mode::OncRpc => self.mode = Mode::Stopped,
             Mode::AwaitNegotiation | Mode::Fpdu { .. } => {
                 self.resync = Some(VecDeque::new());
             }
@@ -264,6 +272,7 @@ impl Connection {
                     self.resync(dir, markers)
                 }
                 Mode::Fpdu { markers } => self.fpdu(sends, dir, markers, out),
+                Mode::OncRpc => self.rpc_records(dir, out),
                 Mode::Stream | Mode::Stopped => {
                     let d = &mut self.dirs[dir];
                     let n = d.buf.len();
@@ -291,9 +300,53 @@ impl Connection {
             }
             d.mode = Mode::Startup;
         } else {
-            d.mode = Mode::Stream;
+            match rpc::is_record_stream(&d.buf) {
+                None => return false,
+                Some(true) => {
+                    d.mode = Mode::OncRpc;
+                    d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
+                }
+                Some(false) => d.mode = Mode::Stream,
+            }
         }
         true
+    }
+
+    /// Whole ONC RPC records; the decoder keeps a record's start until its end is in.
+    fn rpc_records(&mut self, dir: usize, out: &mut Vec<Record>) -> bool {
+        let d = &mut self.dirs[dir];
+        let Some(dec) = d.records.as_mut() else {
+            return false;
+        };
+        let mut input = &d.buf[..];
+        let mut whole = Vec::new();
+        let mut failed = None;
+        while !input.is_empty() {
+            match dec.decode(&mut input) {
+                Ok(Some(rec)) => whole.push((d.buf.len() - input.len(), rec)),
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let n = d.buf.len();
+        let (base, progressed) = (d.buf_off, !whole.is_empty() || failed.is_some());
+        for (end, rec) in whole {
+            let mut r = d.record(base + end as u64, "RPC");
+            rpc::decode_record(&mut r, &rec);
+            out.push(r);
+        }
+        if let Some(e) = failed {
+            let mut r = d.record(base + n as u64, "RPC");
+            r.summary = "ONC RPC record refused; rest of this half connection not decoded".into();
+            r.error(e);
+            out.push(r);
+            d.mode = Mode::Stopped;
+        }
+        d.consume(n);
+        progressed && d.mode != Mode::Stopped
     }
 
     fn startup_frame(&mut self, dir: usize, out: &mut Vec<Record>) -> bool {
@@ -492,7 +545,7 @@ impl Connection {
                     Some((frame, at)) => {
                         format!("FPDUs resynchronised at frame {frame} (stream offset {at})")
                     }
-                    None => "no FPDU found after it".into(),
+                    None => "not resynchronised".into(),
                 };
                 v.push(format!(
                     "{} → {}: TCP gap: {} octets not captured at stream offset {} (after frame {}); \

@@ -35,6 +35,17 @@ pub struct Record {
     /// A Send-family segment's payload, whole, when [`super::Options::sends`] asks for it.
     #[serde(skip)]
     pub send: Option<SendSegment>,
+    /// The ONC RPC message carried, to pair replies with calls.
+    #[serde(skip)]
+    pub rpc: Option<RpcMessage>,
+}
+
+/// An ONC RPC call or reply (or an RPC-over-RDMA header whose message is in a chunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcMessage {
+    pub xid: u32,
+    /// A call's program, version and procedure; `None` for a reply (or a message not seen).
+    pub call: Option<(u32, u32, u32)>,
 }
 
 /// One segment of an RDMA Send, Send with Solicited Event or Send with Invalidate message.
@@ -61,6 +72,7 @@ impl Record {
             checks: Vec::new(),
             errors: Vec::new(),
             send: None,
+            rpc: None,
         }
     }
 
