@@ -11,6 +11,7 @@
 //! (the `reemit` check), so a decode is also a round-trip test of the codecs.
 
 pub mod capture;
+mod fields;
 mod iwarp;
 pub mod net;
 pub mod record;
