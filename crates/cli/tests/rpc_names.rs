@@ -1,6 +1,7 @@
 //! Issue 13, done-when 2: the ONC RPC calls and replies of every capture, named as tshark
 //! names them (`NFS V3 GETATTR Call`, `MOUNT V3 MNT Reply (Call In 18)`, `Portmap V2 GETPORT
-//! Call`, `NFS V4 COMPOUND Call`), compared with tshark's dissection of the same files.
+//! Call`, `NFS V4 COMPOUND Call … (SEQUENCE PUTFH GETATTR)`), compared with tshark's
+//! dissection of the same files.
 //!
 //! tshark 4.0 behaviour on these captures, checked rather than skipped:
 //! * a call whose arguments travel in a read chunk (an NFS WRITE) is shown at the frame that
@@ -29,6 +30,8 @@ struct Msg {
     vers: u32,
     proc: String,
     call_in: Option<u64>,
+    /// An NFSv4 COMPOUND's operations.
+    ops: Vec<String>,
 }
 
 /// The value of attribute `name` on a PDML line.
@@ -79,6 +82,7 @@ fn tshark_rpc(file: &Path, extra: &[&str]) -> Vec<Msg> {
                     "rpc.programversion" => m.vers = show.parse().unwrap(),
                     "rpc.procedure" => m.proc = shown_name(showname),
                     "rpc.repframe" => m.call_in = Some(show.parse().unwrap()),
+                    "nfs.opcode" => m.ops.push(shown_name(showname)),
                     _ => {}
                 }
             }
@@ -90,7 +94,7 @@ fn tshark_rpc(file: &Path, extra: &[&str]) -> Vec<Msg> {
 /// Every capture's RPC calls and replies carry tshark's program and procedure names.
 #[test]
 fn rpc_procedure_names_agree_with_tshark() {
-    let (mut compared, mut unpaired, mut files) = (0, 0, 0);
+    let (mut compared, mut unpaired, mut files, mut compounds) = (0, 0, 0, 0);
     for path in common::captures() {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         // As in tshark_crosscheck.rs: tshark's RPC-over-RDMA heuristic misfires on perftest
@@ -106,7 +110,7 @@ fn rpc_procedure_names_agree_with_tshark() {
         // Ours: every message with an xid (RDMA_NOMSG ones too), by xid and direction.
         let mut by_xid: BTreeMap<(u32, bool), (u64, String)> = BTreeMap::new();
         for r in &ours.records {
-            let Some(m) = r.rpc else { continue };
+            let Some(m) = &r.rpc else { continue };
             let dup = by_xid.insert((m.xid, m.call.is_none()), (r.frame, r.summary.clone()));
             assert!(dup.is_none(), "{name}: xid {:#x} twice", m.xid);
         }
@@ -119,6 +123,15 @@ fn rpc_procedure_names_agree_with_tshark() {
             let (frame, summary) = by_xid
                 .get(&(t.xid, t.reply))
                 .unwrap_or_else(|| panic!("{name}: tshark's {t:?} is not ours"));
+            // An NFSv4 COMPOUND's operations, as tshark lists them.
+            if !t.ops.is_empty() {
+                let want = format!("({})", t.ops.join(" "));
+                assert!(
+                    summary.ends_with(&want),
+                    "{name}: frame {frame}: {summary} lacks {want}"
+                );
+                compounds += 1;
+            }
             if !t.reply {
                 let want = format!("{} V{} {} Call xid {:#010x}", t.prog, t.vers, t.proc, t.xid);
                 assert!(
@@ -176,8 +189,10 @@ fn rpc_procedure_names_agree_with_tshark() {
         }
     }
     eprintln!(
-        "{files} captures: {compared} RPC messages named as tshark names them, {unpaired} replies tshark leaves unpaired"
+        "{files} captures: {compared} RPC messages named as tshark names them, {unpaired} replies \
+         tshark leaves unpaired, {compounds} NFSv4 COMPOUNDs with tshark's operations"
     );
+    assert!(compounds > 50, "{compounds}");
     assert_eq!(files, 3, "the three NFS captures carry RPC");
     assert!(compared > 150, "{compared}");
 }

@@ -177,6 +177,93 @@ pub fn procedure_name(prog: u32, vers: u32, proc: u32) -> Option<&'static str> {
         .filter(|n| !n.is_empty())
 }
 
+/// NFSv4 operations, from 3 (RFC 7530 §16, RFC 8881 §18, RFC 7862 §15, RFC 8276 §8).
+const NFS4_OPS: &[&str] = &[
+    "ACCESS",
+    "CLOSE",
+    "COMMIT",
+    "CREATE",
+    "DELEGPURGE",
+    "DELEGRETURN",
+    "GETATTR",
+    "GETFH",
+    "LINK",
+    "LOCK",
+    "LOCKT",
+    "LOCKU",
+    "LOOKUP",
+    "LOOKUPP",
+    "NVERIFY",
+    "OPEN",
+    "OPENATTR",
+    "OPEN_CONFIRM",
+    "OPEN_DOWNGRADE",
+    "PUTFH",
+    "PUTPUBFH",
+    "PUTROOTFH",
+    "READ",
+    "READDIR",
+    "READLINK",
+    "REMOVE",
+    "RENAME",
+    "RENEW",
+    "RESTOREFH",
+    "SAVEFH",
+    "SECINFO",
+    "SETATTR",
+    "SETCLIENTID",
+    "SETCLIENTID_CONFIRM",
+    "VERIFY",
+    "WRITE",
+    "RELEASE_LOCKOWNER",
+    "BACKCHANNEL_CTL",
+    "BIND_CONN_TO_SESSION",
+    "EXCHANGE_ID",
+    "CREATE_SESSION",
+    "DESTROY_SESSION",
+    "FREE_STATEID",
+    "GET_DIR_DELEGATION",
+    "GETDEVICEINFO",
+    "GETDEVICELIST",
+    "LAYOUTCOMMIT",
+    "LAYOUTGET",
+    "LAYOUTRETURN",
+    "SECINFO_NO_NAME",
+    "SEQUENCE",
+    "SET_SSV",
+    "TEST_STATEID",
+    "WANT_DELEGATION",
+    "DESTROY_CLIENTID",
+    "RECLAIM_COMPLETE",
+    "ALLOCATE",
+    "COPY",
+    "COPY_NOTIFY",
+    "DEALLOCATE",
+    "IO_ADVISE",
+    "LAYOUTERROR",
+    "LAYOUTSTATS",
+    "OFFLOAD_CANCEL",
+    "OFFLOAD_STATUS",
+    "READ_PLUS",
+    "SEEK",
+    "WRITE_SAME",
+    "CLONE",
+    "GETXATTR",
+    "SETXATTR",
+    "LISTXATTRS",
+    "REMOVEXATTR",
+];
+
+/// The name of NFSv4 operation `op` in a COMPOUND, e.g. `SEQUENCE`, `PUTFH`, `GETATTR`.
+pub fn nfs4_op_name(op: u32) -> Option<&'static str> {
+    if op == 10_044 {
+        return Some("ILLEGAL");
+    }
+    NFS4_OPS
+        .get(usize::try_from(op.checked_sub(3)?).ok()?)
+        .copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +287,10 @@ mod tests {
         assert_eq!(name(1, 1, 0), None);
         assert_eq!(program_name(PMAP_PROGRAM), Some("Portmap"));
         assert_eq!(program_name(1), None);
+        assert_eq!(nfs4_op_name(3), Some("ACCESS"));
+        assert_eq!(nfs4_op_name(53), Some("SEQUENCE"));
+        assert_eq!(nfs4_op_name(58), Some("RECLAIM_COMPLETE"));
+        assert_eq!(nfs4_op_name(75), Some("REMOVEXATTR"));
+        assert_eq!((nfs4_op_name(2), nfs4_op_name(76)), (None, None));
     }
 }

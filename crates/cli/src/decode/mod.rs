@@ -14,6 +14,7 @@ pub mod capture;
 mod fields;
 mod iwarp;
 pub mod net;
+pub mod nfs4;
 pub mod record;
 mod roce;
 mod rpc;

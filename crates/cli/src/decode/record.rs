@@ -43,11 +43,13 @@ pub struct Record {
 }
 
 /// An ONC RPC call or reply (or an RPC-over-RDMA header whose message is in a chunk).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RpcMessage {
     pub xid: u32,
     /// A call's program, version and procedure; `None` for a reply (or a message not seen).
     pub call: Option<(u32, u32, u32)>,
+    /// An NFSv4 COMPOUND call's operations.
+    pub compound: Option<super::nfs4::Compound>,
 }
 
 /// One segment of an RDMA Send, Send with Solicited Event or Send with Invalidate message.

@@ -13,6 +13,7 @@ use softrdma_nfs::names::{procedure_name, program_name};
 use softrdma_rpc::record::{LAST_FRAGMENT, MARK_LEN};
 use softrdma_wire::{onc_rpc, rpcrdma};
 
+use super::nfs4;
 use super::record::{Record, RpcMessage};
 
 /// The largest ONC RPC record taken from a TCP stream: an NFS READ or WRITE of 1 MiB (Linux's
@@ -43,10 +44,18 @@ pub(crate) fn decode_into(r: &mut Record, payload: &[u8]) {
     r.rpc = Some(RpcMessage {
         xid: hdr.rdma_xid,
         call: None,
+        compound: None,
     });
     if let Some((m, mlen)) = rpc {
-        r.summary.push_str(&format!(" | {}", rpc_summary(&m)));
-        message_layer(r, &m, &payload[hlen..], mlen);
+        // Where reduced data items were (RFC 8166 §3.4.5): offsets in the RPC message.
+        let reduced: Vec<u32> = hdr
+            .body
+            .chunks()
+            .map(|c| c.read_list.iter().map(|s| s.position).collect())
+            .unwrap_or_default();
+        message_layer(r, &m, &payload[hlen..], mlen, &reduced);
+        r.summary.push_str(" | ");
+        r.summary.push_str(&rpc_summary(&m, r.rpc.as_ref()));
     }
 }
 
@@ -54,8 +63,8 @@ pub(crate) fn decode_into(r: &mut Record, payload: &[u8]) {
 pub(crate) fn decode_record(r: &mut Record, rec: &[u8]) {
     match onc_rpc::Repr::parse(rec) {
         Ok((m, mlen)) => {
-            r.summary = rpc_summary(&m);
-            message_layer(r, &m, rec, mlen);
+            message_layer(r, &m, rec, mlen, &[]);
+            r.summary = rpc_summary(&m, r.rpc.as_ref());
         }
         Err(e) => {
             r.summary = "undecodable ONC RPC record".into();
@@ -64,13 +73,25 @@ pub(crate) fn decode_record(r: &mut Record, rec: &[u8]) {
     }
 }
 
-fn message_layer(r: &mut Record, m: &onc_rpc::Repr<'_>, wire: &[u8], len: usize) {
+/// The message's layer and what pairs it; `reduced`: offsets in `wire` of data items that
+/// travel in read chunks.
+fn message_layer(r: &mut Record, m: &onc_rpc::Repr<'_>, wire: &[u8], len: usize, reduced: &[u32]) {
+    let call = match &m.body {
+        onc_rpc::MsgBody::Call(c) => Some((c.prog, c.vers, c.proc)),
+        onc_rpc::MsgBody::Reply(_) => None,
+    };
+    let compound = match call {
+        Some((softrdma_nfs::proto::NFS_PROGRAM, 4, 1)) => wire.get(len..).and_then(|args| {
+            nfs4::compound_ops(args, |at| {
+                u32::try_from(len + at).is_ok_and(|p| reduced.contains(&p))
+            })
+        }),
+        _ => None,
+    };
     r.rpc = Some(RpcMessage {
         xid: m.xid,
-        call: match &m.body {
-            onc_rpc::MsgBody::Call(c) => Some((c.prog, c.vers, c.proc)),
-            onc_rpc::MsgBody::Reply(_) => None,
-        },
+        call,
+        compound,
     });
     r.layer("rpc", m);
     r.reemit(wire, |b| m.emit(b), len);
@@ -139,10 +160,14 @@ fn label(prog: u32, vers: u32, proc: u32) -> String {
     format!("{prog_name} V{vers} {proc_name}")
 }
 
-fn rpc_summary(m: &onc_rpc::Repr<'_>) -> String {
+fn rpc_summary(m: &onc_rpc::Repr<'_>, msg: Option<&RpcMessage>) -> String {
     match &m.body {
         onc_rpc::MsgBody::Call(c) => {
-            format!("{} Call xid {:#010x}", label(c.prog, c.vers, c.proc), m.xid)
+            let mut s = format!("{} Call xid {:#010x}", label(c.prog, c.vers, c.proc), m.xid);
+            if let Some(ops) = msg.and_then(|m| m.compound.as_ref()) {
+                s.push_str(&format!(" {ops}"));
+            }
+            s
         }
         onc_rpc::MsgBody::Reply(onc_rpc::ReplyBody::Accepted(a)) => {
             format!(
@@ -171,23 +196,29 @@ pub(crate) fn name_replies(records: &mut [Record]) {
     fn host(a: &str) -> &str {
         a.rsplit_once(':').map_or(a, |(h, _)| h)
     }
-    // (xid, from, to) of each call -> (label, frame).
-    let mut calls: HashMap<(u32, String, String), (String, u64)> = HashMap::new();
+    // (xid, from, to) of each call -> (label, frame, its COMPOUND's operations).
+    let mut calls: HashMap<(u32, String, String), (String, u64, String)> = HashMap::new();
     for r in records.iter_mut() {
-        let Some(m) = r.rpc else { continue };
+        let Some(m) = &r.rpc else { continue };
         if let Some((prog, vers, proc)) = m.call {
             let k = (m.xid, host(&r.src).to_string(), host(&r.dst).to_string());
-            calls.insert(k, (label(prog, vers, proc), r.frame));
+            let ops = m
+                .compound
+                .as_ref()
+                .map(|c| format!(" {c}"))
+                .unwrap_or_default();
+            calls.insert(k, (label(prog, vers, proc), r.frame, ops));
             continue;
         }
         let k = (m.xid, host(&r.dst).to_string(), host(&r.src).to_string());
-        if let Some((name, frame)) = calls.get(&k) {
+        if let Some((name, frame, ops)) = calls.get(&k) {
             let named = format!("{name} Reply (Call In {frame})");
             r.summary = if r.summary.contains(UNNAMED_REPLY) {
-                r.summary.replacen(UNNAMED_REPLY, &named, 1)
+                // The reply's own part ends the summary: its operations follow it.
+                format!("{}{ops}", r.summary.replacen(UNNAMED_REPLY, &named, 1))
             } else {
                 // RDMA_NOMSG: the reply itself travelled in a chunk.
-                format!("{} | {named}", r.summary)
+                format!("{} | {named}{ops}", r.summary)
             };
         }
     }
