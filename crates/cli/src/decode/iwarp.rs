@@ -630,3 +630,184 @@ fn decode_ulpdu(r: &mut Record, u: &[u8], keep_send: bool) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(frame: u64) -> Ctx {
+        Ctx {
+            frame,
+            time: 0.0,
+            src: "a".into(),
+            dst: "b".into(),
+            sends: false,
+        }
+    }
+
+    /// An untagged Send's ULPDU (RFC 5041 §4.4, RFC 5040 §4): MSN `msn`, `len` octets.
+    fn send(msn: u32, len: usize) -> Vec<u8> {
+        let mut u = vec![0x41, 0x43, 0, 0, 0, 0];
+        u.extend(0u32.to_be_bytes()); // QN
+        u.extend(msn.to_be_bytes());
+        u.extend(0u32.to_be_bytes()); // MO
+        u.extend(std::iter::repeat_n(0x5a, len));
+        u
+    }
+
+    /// A connection after the MPA startup (`markers`, `crc` both ways): the initiator's
+    /// stream of `fpdus`, one segment each, with the segments `lost` never delivered; the
+    /// records decoded and the stream errors.
+    fn follow(
+        fpdus: &[Vec<u8>],
+        markers: bool,
+        crc: bool,
+        lost: &[usize],
+    ) -> (Vec<Record>, Vec<String>) {
+        let mut c = Connection::default();
+        let mut out = Vec::new();
+        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
+            let f = mpa::FrameRepr {
+                kind,
+                m: markers,
+                c: crc,
+                r: false,
+                res: 0,
+                rev: 1,
+                private_data: &[],
+            };
+            let mut b = vec![0; f.buffer_len()];
+            f.emit(&mut b).unwrap();
+            c.segment(&ctx(1 + dir as u64), dir, 1000, false, &b, &mut out);
+        }
+        let mut seq = 1000 + mpa::FRAME_HEADER_LEN as u32;
+        let mut pos = 0u32;
+        for (i, u) in fpdus.iter().enumerate() {
+            let mut b = vec![0; 2 * u.len() + 64];
+            let n = mpa::encode_fpdu(&[u], pos, markers, crc, &mut b).unwrap();
+            if !lost.contains(&i) {
+                c.segment(&ctx(10 + i as u64), 0, seq, false, &b[..n], &mut out);
+            }
+            seq = seq.wrapping_add(n as u32);
+            pos = pos.wrapping_add(n as u32);
+        }
+        c.finish(false, &mut out);
+        out.retain(|r| r.proto == "iWARP");
+        (out, c.finish_errors())
+    }
+
+    fn msns(records: &[Record]) -> Vec<u64> {
+        records
+            .iter()
+            .map(|r| {
+                assert!(r.errors.is_empty(), "{:?}", r.errors);
+                r.layers["ddp"]["Untagged"]["msn"].as_u64().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn resynchronises_after_a_hole_with_markers_and_crc() {
+        // Sizes that put Markers (every 512 octets of the stream) inside FPDUs and between.
+        let fpdus: Vec<Vec<u8>> = (1..=8).map(|m| send(m, 100 + 97 * m as usize)).collect();
+        for (markers, crc) in [(false, false), (true, false), (false, true), (true, true)] {
+            let (r, e) = follow(&fpdus, markers, crc, &[]);
+            assert_eq!(msns(&r), [1, 2, 3, 4, 5, 6, 7, 8]);
+            assert!(e.is_empty());
+            let (r, e) = follow(&fpdus, markers, crc, &[2, 3]);
+            assert_eq!(msns(&r), [1, 2, 5, 6, 7, 8], "markers {markers} crc {crc}");
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(e[0].contains("resynchronised at frame 14"), "{}", e[0]);
+        }
+    }
+
+    #[test]
+    fn false_fpdus_after_a_hole_are_passed_over() {
+        // After the hole, a segment whose first octets make a whole FPDU that parses, but
+        // followed by octets that are no FPDU: not where deframing resumes (no CRC).
+        let fake = {
+            let mut b = vec![0; 64];
+            let n = mpa::encode_fpdu(&[&send(99, 2)], 0, false, false, &mut b).unwrap();
+            b.truncate(n);
+            b.extend([0xff; 7]);
+            b
+        };
+        let mut c = Connection::default();
+        let mut out = Vec::new();
+        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
+            let f = mpa::FrameRepr {
+                kind,
+                m: false,
+                c: false,
+                r: false,
+                res: 0,
+                rev: 1,
+                private_data: &[],
+            };
+            let mut b = vec![0; f.buffer_len()];
+            f.emit(&mut b).unwrap();
+            c.segment(&ctx(1), dir, 0, false, &b, &mut out);
+        }
+        let real = |m| {
+            let mut b = vec![0; 128];
+            let n = mpa::encode_fpdu(&[&send(m, 10)], 0, false, false, &mut b).unwrap();
+            b.truncate(n);
+            b
+        };
+        let start = mpa::FRAME_HEADER_LEN as u32;
+        // Octets start..start+100 lost; then the fake, then two real FPDUs.
+        let mut seq = start + 100;
+        for (i, seg) in [fake, real(7), real(8)].iter().enumerate() {
+            c.segment(&ctx(20 + i as u64), 0, seq, false, seg, &mut out);
+            seq += seg.len() as u32;
+        }
+        c.finish(false, &mut out);
+        out.retain(|r| r.proto == "iWARP");
+        assert_eq!(msns(&out), [7, 8]);
+        let e = c.finish_errors();
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].contains("100 octets not captured") && e[0].contains("at frame 21"),
+            "{}",
+            e[0]
+        );
+        // The fake FPDU (2 + 20 + 2 + 4 octets) and the 7 after it: dropped, not decoded.
+        assert!(e[0].contains("35 octets around it not decoded"), "{}", e[0]);
+    }
+
+    #[test]
+    fn a_bad_crc_is_no_place_to_resume() {
+        let fpdus: Vec<Vec<u8>> = (1..=4).map(|m| send(m, 40)).collect();
+        let mut c = Connection::default();
+        let mut out = Vec::new();
+        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
+            let f = mpa::FrameRepr {
+                kind,
+                m: false,
+                c: true,
+                r: false,
+                res: 0,
+                rev: 1,
+                private_data: &[],
+            };
+            let mut b = vec![0; f.buffer_len()];
+            f.emit(&mut b).unwrap();
+            c.segment(&ctx(1), dir, 0, false, &b, &mut out);
+        }
+        let mut seq = mpa::FRAME_HEADER_LEN as u32;
+        for (i, u) in fpdus.iter().enumerate() {
+            let mut b = vec![0; 128];
+            let n = mpa::encode_fpdu(&[u], 0, false, true, &mut b).unwrap();
+            if i == 2 {
+                b[n - 1] ^= 1; // the FPDU after the hole: its CRC does not check
+            }
+            if i != 1 {
+                c.segment(&ctx(10 + i as u64), 0, seq, false, &b[..n], &mut out);
+            }
+            seq += n as u32;
+        }
+        c.finish(false, &mut out);
+        out.retain(|r| r.proto == "iWARP");
+        assert_eq!(msns(&out), [1, 4]);
+    }
+}
