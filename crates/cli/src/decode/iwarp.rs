@@ -159,7 +159,7 @@ impl Direction {
             }
         }
         let gap = Gap {
-            at: start - lost,
+            at: start.saturating_sub(lost),
             lost,
             after_frame,
             dropped,
@@ -223,11 +223,11 @@ impl Connection {
                 self.dirs[dir].hole(start, range.lost_before);
             }
             let d = &mut self.dirs[dir];
-            d.ranges.push_back(range);
             if matches!(d.mode, Mode::Stream | Mode::Stopped) {
                 // Keep nothing of streams we do not decode.
                 d.buf_off += bytes.len() as u64;
             } else {
+                d.ranges.push_back(range);
                 if let Some(starts) = &mut d.resync {
                     // Bounded: one per segment held, and segments are dropped once tried.
                     starts.push_back(start);
