@@ -1,7 +1,7 @@
 #![no_main]
 //! `softrdma decode` on hostile capture files: pcap/pcapng parsing, link and IP
 //! slicing, TCP reassembly, MPA stream following, RoCEv2 and RPC-over-RDMA
-//! decoding must never panic, whatever the bytes.
+//! decoding, and `-v`'s rendering of what was decoded, must never panic, whatever the bytes.
 //!
 //! Input: a pcap image. To reach the protocol decoders quickly the first
 //! octet chooses between the input as-is and the input appended as one
@@ -9,7 +9,13 @@
 //! 4792 as RoCEv2, bits 4-7 stop after that many frames (0: all).
 
 use libfuzzer_sys::fuzz_target;
-use softrdma_cli::decode::{Options, decode_bytes};
+use softrdma_cli::decode::{Options, Output, decode_bytes};
+
+fn render(out: Result<Output, softrdma_cli::decode::CaptureError>) {
+    for r in out.iter().flat_map(|o| &o.records) {
+        let _ = r.verbose();
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
@@ -22,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
         max_frames: Some(u64::from(mode >> 4)).filter(|&n| n > 0),
     };
     if mode & 1 == 0 {
-        let _ = decode_bytes(rest, &opts);
+        render(decode_bytes(rest, &opts));
         return;
     }
     // pcap header (LE, v2.4, snaplen 65535, Ethernet) + frames cut from `rest`
@@ -45,5 +51,5 @@ fuzz_target!(|data: &[u8]| {
         img.extend_from_slice(frame);
         r = next;
     }
-    let _ = decode_bytes(&img, &opts);
+    render(decode_bytes(&img, &opts));
 });

@@ -208,9 +208,11 @@ fn counters(s: &softrdma_nfs::server::NfsStats) -> String {
         .enumerate()
         .filter(|(_, c)| c.load(Relaxed) > 0)
         .map(|(p, c)| {
-            let name = softrdma_nfs::proto::procedure_name(NFS_PROGRAM, NFS_V3, p as u32)
+            let name = u32::try_from(p)
+                .ok()
+                .and_then(|p| softrdma_nfs::names::procedure_name(NFS_PROGRAM, NFS_V3, p))
                 .unwrap_or_default();
-            format!("{} {}", name.trim_start_matches("NFS3 "), c.load(Relaxed))
+            format!("{name} {}", c.load(Relaxed))
         })
         .collect();
     format!(

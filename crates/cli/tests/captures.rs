@@ -215,7 +215,7 @@ fn rpc_over_rdma_decodes_on_both_transports() {
         );
         assert!(
             rpc.iter()
-                .any(|r| r.summary.contains("RPC CALL") && r.summary.contains("prog 100003")),
+                .any(|r| r.summary.contains(" | NFS V") && r.summary.contains(" Call xid ")),
             "{name}"
         );
         assert_eq!(
@@ -236,11 +236,11 @@ fn rpc_over_rdma_decodes_on_both_transports() {
         // an earlier frame; RDMA_NOMSG replies too.
         let named: Vec<_> = rpc
             .iter()
-            .filter(|r| r.summary.contains(" reply, call in "))
+            .filter(|r| r.summary.contains(" Reply (Call In "))
             .collect();
         assert_eq!(named.len(), replies, "{name}");
         for r in &named {
-            let call: u64 = r.summary.rsplit("call in ").next().unwrap()[..]
+            let call: u64 = r.summary.rsplit("Call In ").next().unwrap()[..]
                 .split(')')
                 .next()
                 .unwrap()
@@ -250,7 +250,9 @@ fn rpc_over_rdma_decodes_on_both_transports() {
         }
         if name.starts_with("nfs3") {
             assert!(
-                named.iter().any(|r| r.summary.contains("(NFS3 READ reply")),
+                named
+                    .iter()
+                    .any(|r| r.summary.contains("NFS V3 READ Reply (Call In ")),
                 "{name}"
             );
         }
@@ -469,11 +471,49 @@ fn debug_formatting(line: &str) -> Option<&str> {
     None
 }
 
+/// A `-v` field line's serde or Debug look: `null`, `[]`, `{}`, a quoted string, or a Rust
+/// variant name as the value (`opcode: RdmaReadRequest`, `kind: Request`).
+fn serde_look(line: &str) -> Option<&str> {
+    let value = line.trim_start().split_once(": ").map_or("", |(_, v)| v);
+    let variant = value.len() > 1
+        && value.as_bytes()[0].is_ascii_uppercase()
+        && value.bytes().all(|b| b.is_ascii_alphanumeric())
+        && value.bytes().any(|b| b.is_ascii_lowercase());
+    let bad = ["null", "[]", "{}", "\""]
+        .into_iter()
+        .find(|b| line.contains(b));
+    bad.or(variant.then_some(value))
+}
+
+/// The protocols in the order their headers sit on the wire (IP, UDP, the IB transport,
+/// a MAD inside it, the ICRC last; MPA, DDP, RDMAP; RPC-over-RDMA, then the RPC inside).
+const WIRE_ORDER: &[&str] = &[
+    "ip",
+    "udp",
+    "iwarp_mpa",
+    "mpa_rev2",
+    "iwarp_ddp",
+    "iwarp_rdma",
+    "infiniband",
+    "mad",
+    "rpcordma",
+    "rpc",
+    "icrc",
+];
+
 /// The decoder's lines (summaries, stream errors, the cut) over every capture carry no
 /// `Debug` formatting: names and codes as words (`ACK credit unlimited (code 31)`,
-/// `DDP tagged buffer: invalid STag`).
+/// `DDP tagged buffer: invalid STag`). Nor does `-v`, whose layers come in wire order.
 #[test]
 fn summaries_carry_no_debug_formatting() {
+    assert_eq!(serde_look("      verf: None"), Some("None"));
+    assert_eq!(
+        serde_look("      opcode: RdmaReadRequest"),
+        Some("RdmaReadRequest")
+    );
+    assert_eq!(serde_look("      reply_chunk: null"), Some("null"));
+    assert_eq!(serde_look("      opcode: rdma read request"), None);
+    assert_eq!(serde_look("      iwarp_ddp.stag: 0x6d617b00"), None);
     assert_eq!(
         debug_formatting("ACK credit CreditCode(31)"),
         Some("CreditCode")
@@ -502,6 +542,36 @@ fn summaries_carry_no_debug_formatting() {
             .chain(cut)
         {
             assert_eq!(debug_formatting(&line), None, "{f:?}: {line}");
+        }
+        for r in &out.records {
+            let v = r.verbose();
+            let mut layers = Vec::new();
+            for line in v.lines().skip(1) {
+                assert_eq!(
+                    debug_formatting(line),
+                    None,
+                    "{f:?}: frame {}: {line}",
+                    r.frame
+                );
+                assert_eq!(serde_look(line), None, "{f:?}: frame {}: {line}", r.frame);
+                let indent = line.len() - line.trim_start().len();
+                if indent == 4 && !line.trim_start().starts_with("check ") {
+                    let name = line.split_whitespace().next().unwrap();
+                    layers.push(
+                        WIRE_ORDER
+                            .iter()
+                            .position(|l| *l == name)
+                            .unwrap_or_else(|| {
+                                panic!("{f:?}: frame {}: layer {name} of unknown place", r.frame)
+                            }),
+                    );
+                }
+            }
+            assert!(
+                layers.windows(2).all(|w| w[0] < w[1]),
+                "{f:?}: frame {}: layers out of wire order:\n{v}",
+                r.frame
+            );
         }
     }
 }

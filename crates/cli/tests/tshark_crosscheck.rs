@@ -434,7 +434,7 @@ fn decode_json_agrees_with_tshark() {
                 .find(|r| r["frame"] == *fr)
                 .expect("we decode the frame tshark calls malformed");
             assert!(
-                r["summary"].as_str().unwrap().contains("RPC REPLY"),
+                r["summary"].as_str().unwrap().contains(" Reply (Call In "),
                 "{name}: frame {fr}"
             );
         }
@@ -485,4 +485,206 @@ fn rpcordma_heuristic_false_positives() {
         seen > 50,
         "expected tshark's heuristic to misfire on perftest traffic; saw {seen} frames"
     );
+}
+
+/// One message of `softrdma decode -v`: its frame and its `(layer, field, value)` lines.
+type Verbose = (u64, Vec<(String, String, String)>);
+
+/// `softrdma decode -v`, message by message.
+fn verbose(path: &Path) -> Vec<Verbose> {
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["decode", "-v"])
+        .arg(path)
+        .output()
+        .expect("run softrdma");
+    assert!(out.status.success());
+    let mut v: Vec<Verbose> = Vec::new();
+    let mut layer = String::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let indent = line.len() - line.trim_start().len();
+        let text = line.trim_start();
+        if indent < 4 || (indent == 6 && text.starts_with(|c: char| c.is_ascii_digit())) {
+            // A summary line: "{frame:6} {time} ...".
+            if let Some(f) = text.split_whitespace().next().and_then(|f| f.parse().ok()) {
+                v.push((f, Vec::new()));
+            }
+        } else if indent == 4 {
+            layer = text
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+        } else if let (Some((name, value)), Some(m)) = (text.split_once(": "), v.last_mut()) {
+            m.1.push((layer.clone(), name.to_string(), value.to_string()));
+        }
+    }
+    v
+}
+
+/// Every field `-v` names after tshark is one of tshark's (`tshark -G fields`), and its value
+/// is written in tshark's base for it: STag and TO in hex, PSN and MSN in decimal, the RPC
+/// xid as `0x… (…)`.
+#[test]
+fn verbose_field_names_and_bases_are_tsharks() {
+    let out = Command::new("tshark")
+        .args(["-G", "fields"])
+        .output()
+        .expect("tshark is needed for this test");
+    let mut types: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let c: Vec<&str> = line.split('\t').collect();
+        if c.len() > 5 && c[0] == "F" {
+            types.insert(c[2].into(), (c[3].into(), c[5].into()));
+        }
+    }
+    let hex = |s: &str| {
+        s.strip_prefix("0x")
+            .is_some_and(|h| u64::from_str_radix(h, 16).is_ok())
+    };
+    let dec = |s: &str| s.parse::<u64>().is_ok();
+    let (mut checked, mut names) = (0, BTreeSet::new());
+    for path in common::captures() {
+        for (frame, fields) in verbose(&path) {
+            for (_, name, value) in fields {
+                if !name.contains('.') {
+                    continue; // a field tshark does not have
+                }
+                let (ty, base) = types
+                    .get(&name)
+                    .unwrap_or_else(|| panic!("{path:?}: frame {frame}: {name} is not tshark's"));
+                let (a, b) = value.split_once(" (").unwrap_or((&value, ""));
+                let b = b.strip_suffix(')').unwrap_or(b);
+                let ok = match (ty.as_str(), base.as_str()) {
+                    ("FT_BOOLEAN", _) => value == "true" || value == "false",
+                    ("FT_BYTES", _) => value
+                        .trim_end_matches('…')
+                        .bytes()
+                        .all(|c| c.is_ascii_hexdigit()),
+                    ("FT_IPv4", _) => value.parse::<std::net::Ipv4Addr>().is_ok(),
+                    ("FT_STRING", _) => true,
+                    (_, "BASE_HEX") => hex(&value),
+                    (_, "BASE_DEC" | "BASE_PT_UDP") => dec(&value),
+                    (_, "BASE_HEX_DEC") => hex(a) && dec(b),
+                    (_, "BASE_DEC_HEX") => dec(a) && hex(b),
+                    other => panic!("{name}: {other:?} not expected"),
+                };
+                assert!(
+                    ok,
+                    "{path:?}: frame {frame}: {name}: {value} is not {ty} {base}"
+                );
+                checked += 1;
+                names.insert(name);
+            }
+        }
+    }
+    eprintln!(
+        "{checked} -v values of {} tshark fields in tshark's base",
+        names.len()
+    );
+    for n in [
+        "iwarp_ddp.stag",
+        "iwarp_ddp.tagged_offset",
+        "infiniband.bth.psn",
+        "rpc.xid",
+    ] {
+        assert!(names.contains(n), "{n} never shown");
+    }
+}
+
+/// `tshark -T pdml`: per frame, each field's name and offset, in tshark's order (fields it
+/// computes rather than reads, of size 0, left out).
+fn pdml_positions(path: &Path, extra: &[&str]) -> BTreeMap<u64, Vec<(String, u64)>> {
+    let out = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(path)
+        .args(["-T", "pdml"])
+        .args(extra)
+        .output()
+        .expect("tshark is needed for this test");
+    assert!(out.status.success());
+    let attr = |line: &str, a: &str| -> Option<String> {
+        let i = line.find(&format!(" {a}=\""))? + a.len() + 3;
+        line[i..].split('"').next().map(str::to_string)
+    };
+    let mut m: BTreeMap<u64, Vec<(String, u64)>> = BTreeMap::new();
+    let mut frame = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = attr(line, "name") else {
+            continue;
+        };
+        if name == "frame.number" {
+            frame = attr(line, "show").unwrap().parse().unwrap();
+            continue;
+        }
+        let size: u64 = attr(line, "size").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let pos: Option<u64> = attr(line, "pos").and_then(|s| s.parse().ok());
+        if let (true, Some(pos)) = (size > 0, pos) {
+            m.entry(frame).or_default().push((name, pos));
+        }
+    }
+    m
+}
+
+/// `-v` shows each layer's fields in wire order: within a layer, the fields tshark also
+/// shows come in the order of their offsets in tshark's dissection of the same frame.
+#[test]
+fn verbose_fields_in_wire_order() {
+    let mut compared = 0;
+    for name in [
+        "siw-rping.pcap",
+        "siw-crc-rping.pcap",
+        "siw-ib_read_bw.pcap",
+        "siw-mpa1-ucmatose.pcap",
+        "rxe-rping.pcap",
+        "rxe-ib_atomic_bw-cmp_swap.pcap",
+        "rxe-write_imm.pcap",
+        "rxe-rnr_nak.pcap",
+        "rxe-send_inv.pcap",
+        "nfs3-rdma-siw.pcap",
+        "nfs42-rdma-rxe.pcap",
+    ] {
+        let path = common::captures_dir().join(name);
+        let extra: &[&str] = if name.starts_with("nfs") {
+            &[]
+        } else {
+            &["--disable-protocol", "rpcordma"]
+        };
+        let pos = pdml_positions(&path, extra);
+        let ours = verbose(&path);
+        let mut per_frame: BTreeMap<u64, usize> = BTreeMap::new();
+        for (f, _) in &ours {
+            *per_frame.entry(*f).or_default() += 1;
+        }
+        for (frame, fields) in &ours {
+            // Where a frame holds one message, tshark's offsets are that message's.
+            let (Some(1), Some(theirs)) = (per_frame.get(frame), pos.get(frame)) else {
+                continue;
+            };
+            let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+            let mut last: Option<(&str, &str, u64)> = None;
+            for (layer, field, _) in fields {
+                // The k-th occurrence of a name is tshark's k-th (chunk lists repeat them).
+                let k = seen.entry(field).or_default();
+                let at = theirs
+                    .iter()
+                    .filter(|(n, _)| n == field)
+                    .nth(*k)
+                    .map(|(_, p)| *p);
+                *k += 1;
+                let Some(at) = at else { continue };
+                if let Some((l, prev, p)) = last
+                    && l == layer
+                {
+                    assert!(
+                        p <= at,
+                        "{name}: frame {frame}: {prev} (offset {p}) shown before {field} (offset {at})"
+                    );
+                    compared += 1;
+                }
+                last = Some((layer, field, at));
+            }
+        }
+    }
+    eprintln!("{compared} pairs of -v fields in tshark's wire order");
+    assert!(compared > 2000, "{compared}");
 }

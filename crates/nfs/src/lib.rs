@@ -2,6 +2,7 @@
 //! the NFS Upper-Layer Binding of RFC 8267 (READ and WRITE data DDP-eligible).
 
 pub mod client;
+pub mod names;
 pub mod proto;
 pub mod server;
 

@@ -1,13 +1,22 @@
-//! Following one TCP connection: MPA startup, then FPDUs carrying DDP/RDMAP.
+//! Following one TCP connection: MPA startup, then FPDUs carrying DDP/RDMAP; or ONC RPC
+//! records.
+//!
+//! A hole the capture never fills (see [`super::tcp`]) loses the FPDU it cuts; deframing
+//! resumes at the first later segment that starts with a plausible FPDU, as tshark does,
+//! and the hole is reported once as a stream error.
 
 use std::collections::VecDeque;
 
+use softrdma_rpc::record::RecordDecoder;
 use softrdma_wire::mpa;
 use softrdma_wire::rdmap;
 
 use super::record::Record;
 use super::tcp::{Delivered, HalfStream};
 use super::{Ctx, rpc};
+
+/// Holes reported one by one per direction; more are counted.
+const MAX_GAP_REPORTS: usize = 16;
 
 /// What one direction of the connection carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +25,8 @@ enum Mode {
     Unknown,
     /// Plain TCP payload (not MPA): skipped.
     Stream,
+    /// ONC RPC records (RFC 5531 §11): portmap, MOUNT, NFS over TCP.
+    OncRpc,
     /// MPA startup frame expected next.
     Startup,
     /// Startup frame done; waiting for the peer's frame to learn CRC/markers.
@@ -41,6 +52,33 @@ struct Direction {
     /// The ULPDU scratch buffer, allocated when the stream turns out to be MPA
     /// (largest ULPDU: 65535 octets).
     ulpdu: Vec<u8>,
+    /// The endpoints, as records show them.
+    src: String,
+    dst: String,
+    /// Reassembles ONC RPC records, in [`Mode::OncRpc`].
+    records: Option<RecordDecoder>,
+    /// Looking for an FPDU after a hole: the segment starts (stream offsets) to try.
+    resync: Option<VecDeque<u64>>,
+    gaps: Vec<Gap>,
+    /// Holes beyond [`MAX_GAP_REPORTS`].
+    more_gaps: u64,
+    /// The capture has ended: nothing more will arrive.
+    ended: bool,
+}
+
+/// One hole the capture never filled, for the stream error.
+#[derive(Debug)]
+struct Gap {
+    /// Stream offset of the first octet lost, and how many.
+    at: u64,
+    lost: u64,
+    /// The last frame delivered before it (0: none).
+    after_frame: u64,
+    /// Octets received around it but not decoded: an FPDU cut by it, and what came before
+    /// the FPDU deframing resumed at.
+    dropped: u64,
+    /// The frame and stream offset where deframing resumed.
+    resumed: Option<(u64, u64)>,
 }
 
 impl Default for Direction {
@@ -54,6 +92,13 @@ impl Default for Direction {
             fpdu_pos: 0,
             frame: None,
             ulpdu: Vec::new(),
+            src: String::new(),
+            dst: String::new(),
+            records: None,
+            resync: None,
+            gaps: Vec::new(),
+            more_gaps: 0,
+            ended: false,
         }
     }
 }
@@ -76,16 +121,65 @@ pub(crate) struct Connection {
 }
 
 impl Direction {
-    fn frame_of(&mut self, end: u64) -> u64 {
-        // The frame that delivered stream octet `end - 1`.
+    /// The frame (and its time) that delivered stream octet `end - 1`.
+    fn frame_of(&mut self, end: u64) -> (u64, f64) {
         while let Some(d) = self.ranges.front() {
             if d.end < end {
                 self.ranges.pop_front();
             } else {
-                return d.frame;
+                return (d.frame, d.time);
             }
         }
-        0
+        (0, 0.0)
+    }
+
+    /// A record of a message whose last octet is stream octet `end - 1`.
+    fn record(&mut self, end: u64, proto: &'static str) -> Record {
+        let (frame, time) = self.frame_of(end);
+        Record::new(frame, time, self.src.clone(), self.dst.clone(), proto)
+    }
+
+    /// The capture lost `lost` octets just before stream offset `start`: drop what was
+    /// buffered (an FPDU the hole cuts), and look for an FPDU after it.
+    fn hole(&mut self, start: u64, lost: u64) {
+        let dropped = self.buf.len() as u64;
+        let after_frame = self.ranges.back().map_or(0, |d| d.frame);
+        let advance = start.saturating_sub(self.buf_off);
+        self.buf.clear();
+        self.buf_off = start;
+        // fpdu_pos follows the stream across the hole: Markers sit at fixed offsets.
+        self.fpdu_pos = self.fpdu_pos.wrapping_add(advance as u32);
+        match self.mode {
+            Mode::Unknown | Mode::Stream | Mode::Stopped => return,
+            // The startup frame cut: there is no telling what was negotiated; record marks
+            // have no pattern to find again.
+            Mode::Startup | Mode::OncRpc => self.mode = Mode::Stopped,
+            Mode::AwaitNegotiation | Mode::Fpdu { .. } => {
+                self.resync = Some(VecDeque::new());
+            }
+        }
+        let gap = Gap {
+            at: start.saturating_sub(lost),
+            lost,
+            after_frame,
+            dropped,
+            resumed: None,
+        };
+        if self.gaps.len() < MAX_GAP_REPORTS {
+            self.gaps.push(gap);
+        } else {
+            self.more_gaps += 1;
+        }
+    }
+
+    /// Skip `n` octets that cannot be decoded while resynchronising.
+    fn drop_unsynced(&mut self, n: usize) {
+        if self.more_gaps == 0
+            && let Some(g) = self.gaps.last_mut()
+        {
+            g.dropped += n as u64;
+        }
+        self.consume(n);
     }
 
     fn consume(&mut self, n: usize) {
@@ -105,28 +199,67 @@ impl Connection {
         out: &mut Vec<Record>,
     ) {
         let d = &mut self.dirs[dir];
-        for (range, bytes) in d.half.segment(ctx.frame, seq, syn, payload) {
-            d.ranges.push_back(range);
+        if d.src.is_empty() {
+            d.src.clone_from(&ctx.src);
+            d.dst.clone_from(&ctx.dst);
+        }
+        let chunks = d.half.segment(ctx.frame, ctx.time, seq, syn, payload);
+        self.deliver(ctx.sends, dir, chunks, out);
+    }
+
+    /// Hand newly in-order octets to the follower of direction `dir`.
+    fn deliver(
+        &mut self,
+        sends: bool,
+        dir: usize,
+        chunks: Vec<(Delivered, Vec<u8>)>,
+        out: &mut Vec<Record>,
+    ) {
+        for (range, bytes) in chunks {
+            let start = range.end - bytes.len() as u64;
+            if range.lost_before > 0 {
+                // Decode what is whole before the hole first.
+                self.process(sends, dir, out);
+                self.dirs[dir].hole(start, range.lost_before);
+            }
+            let d = &mut self.dirs[dir];
             if matches!(d.mode, Mode::Stream | Mode::Stopped) {
                 // Keep nothing of streams we do not decode.
                 d.buf_off += bytes.len() as u64;
             } else {
+                d.ranges.push_back(range);
+                if let Some(starts) = &mut d.resync {
+                    // Bounded: one per segment held, and segments are dropped once tried.
+                    starts.push_back(start);
+                }
                 d.buf.extend_from_slice(&bytes);
             }
         }
-        self.process(ctx, dir, out);
+        self.process(sends, dir, out);
         // A Reply can release FPDUs held in the other direction.
         if self.negotiated.is_some() && self.dirs[1 - dir].mode == Mode::AwaitNegotiation {
-            self.process(ctx, 1 - dir, out);
+            self.process(sends, 1 - dir, out);
         }
     }
 
-    fn process(&mut self, ctx: &Ctx, dir: usize, out: &mut Vec<Record>) {
+    /// The capture has ended: give up the holes still open, and decode what lies behind them.
+    pub(crate) fn finish(&mut self, sends: bool, out: &mut Vec<Record>) {
+        for dir in 0..2 {
+            while self.dirs[dir].half.has_gap() {
+                let chunks = self.dirs[dir].half.skip_gap();
+                self.deliver(sends, dir, chunks, out);
+            }
+            self.dirs[dir].ended = true;
+            self.process(sends, dir, out);
+        }
+    }
+
+    fn process(&mut self, sends: bool, dir: usize, out: &mut Vec<Record>) {
         loop {
             let mode = self.dirs[dir].mode;
             let progressed = match mode {
                 Mode::Unknown => self.classify(dir),
-                Mode::Startup => self.startup_frame(ctx, dir, out),
+                Mode::Startup => self.startup_frame(dir, out),
                 Mode::AwaitNegotiation => match self.negotiated {
                     Some(n) => {
                         let markers = if dir == n.initiator { n.rep_m } else { n.req_m };
@@ -135,7 +268,11 @@ impl Connection {
                     }
                     None => false,
                 },
-                Mode::Fpdu { markers } => self.fpdu(ctx, dir, markers, out),
+                Mode::Fpdu { markers } if self.dirs[dir].resync.is_some() => {
+                    self.resync(dir, markers)
+                }
+                Mode::Fpdu { markers } => self.fpdu(sends, dir, markers, out),
+                Mode::OncRpc => self.rpc_records(dir, out),
                 Mode::Stream | Mode::Stopped => {
                     let d = &mut self.dirs[dir];
                     let n = d.buf.len();
@@ -163,12 +300,56 @@ impl Connection {
             }
             d.mode = Mode::Startup;
         } else {
-            d.mode = Mode::Stream;
+            match rpc::is_record_stream(&d.buf) {
+                None => return false,
+                Some(true) => {
+                    d.mode = Mode::OncRpc;
+                    d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
+                }
+                Some(false) => d.mode = Mode::Stream,
+            }
         }
         true
     }
 
-    fn startup_frame(&mut self, ctx: &Ctx, dir: usize, out: &mut Vec<Record>) -> bool {
+    /// Whole ONC RPC records; the decoder keeps a record's start until its end is in.
+    fn rpc_records(&mut self, dir: usize, out: &mut Vec<Record>) -> bool {
+        let d = &mut self.dirs[dir];
+        let Some(dec) = d.records.as_mut() else {
+            return false;
+        };
+        let mut input = &d.buf[..];
+        let mut whole = Vec::new();
+        let mut failed = None;
+        while !input.is_empty() {
+            match dec.decode(&mut input) {
+                Ok(Some(rec)) => whole.push((d.buf.len() - input.len(), rec)),
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let n = d.buf.len();
+        let (base, progressed) = (d.buf_off, !whole.is_empty() || failed.is_some());
+        for (end, rec) in whole {
+            let mut r = d.record(base + end as u64, "RPC");
+            rpc::decode_record(&mut r, &rec);
+            out.push(r);
+        }
+        if let Some(e) = failed {
+            let mut r = d.record(base + n as u64, "RPC");
+            r.summary = "ONC RPC record refused; rest of this half connection not decoded".into();
+            r.error(e);
+            out.push(r);
+            d.mode = Mode::Stopped;
+        }
+        d.consume(n);
+        progressed && d.mode != Mode::Stopped
+    }
+
+    fn startup_frame(&mut self, dir: usize, out: &mut Vec<Record>) -> bool {
         let d = &mut self.dirs[dir];
         // frame_len knows the length once the 20-octet header is in; the
         // Private Data may still be on its way (a startup frame split across
@@ -177,7 +358,7 @@ impl Connection {
             Ok(Some(n)) if n <= d.buf.len() => n,
             Ok(_) => return false,
             Err(e) => {
-                let mut r = record(ctx, d, "MPA", d.buf.len());
+                let mut r = d.record(d.buf_off + d.buf.len() as u64, "MPA");
                 r.summary = "malformed MPA startup frame".into();
                 r.error(e);
                 out.push(r);
@@ -185,9 +366,7 @@ impl Connection {
                 return true;
             }
         };
-        let end = d.buf_off + len as u64;
-        let frame = d.frame_of(end);
-        let mut r = Record::new(frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), "MPA");
+        let mut r = d.record(d.buf_off + len as u64, "MPA");
         let bytes = d.buf[..len].to_vec();
         match mpa::FrameRepr::parse(&bytes) {
             Ok(f) => {
@@ -230,7 +409,7 @@ impl Connection {
         true
     }
 
-    fn fpdu(&mut self, ctx: &Ctx, dir: usize, markers: bool, out: &mut Vec<Record>) -> bool {
+    fn fpdu(&mut self, sends: bool, dir: usize, markers: bool, out: &mut Vec<Record>) -> bool {
         let crc_on = self.negotiated.is_some_and(|n| n.crc);
         let d = &mut self.dirs[dir];
         if d.buf.is_empty() {
@@ -242,9 +421,7 @@ impl Connection {
         let progressed = match res {
             Ok(None) => false,
             Ok(Some(info)) => {
-                let end = d.buf_off + info.consumed as u64;
-                let frame = d.frame_of(end);
-                let mut r = Record::new(frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), "iWARP");
+                let mut r = d.record(d.buf_off + info.consumed as u64, "iWARP");
                 let u = &ulpdu[..usize::from(info.ulpdu_len)];
                 r.layer("mpa", info);
                 if crc_on {
@@ -291,14 +468,14 @@ impl Connection {
                     Some(same),
                     if same { "" } else { "FPDU re-encode differs" },
                 );
-                decode_ulpdu(&mut r, u, ctx.sends);
+                decode_ulpdu(&mut r, u, sends);
                 out.push(r);
                 d.fpdu_pos = d.fpdu_pos.wrapping_add(info.consumed as u32);
                 d.consume(info.consumed);
                 true
             }
             Err(e) => {
-                let mut r = record(ctx, d, "iWARP", d.buf.len());
+                let mut r = d.record(d.buf_off + d.buf.len() as u64, "iWARP");
                 r.summary = "FPDU framing error; rest of this half connection not decoded".into();
                 r.error(e);
                 out.push(r);
@@ -310,15 +487,76 @@ impl Connection {
         progressed
     }
 
-    /// Problems visible only at the end of the capture.
+    /// Look for the FPDU to resume at after a hole: the first segment start whose octets
+    /// are a plausible FPDU (see [`plausible`]). Octets before it are dropped.
+    fn resync(&mut self, dir: usize, markers: bool) -> bool {
+        let crc = self.negotiated.is_some_and(|n| n.crc);
+        let d = &mut self.dirs[dir];
+        let mut scratch = std::mem::take(&mut d.ulpdu);
+        scratch.resize(usize::from(u16::MAX) + 1, 0);
+        let found = loop {
+            let buf_off = d.buf_off;
+            let next = match d.resync.as_mut() {
+                None => break false,
+                Some(starts) => {
+                    while starts.front().is_some_and(|&s| s < buf_off) {
+                        starts.pop_front();
+                    }
+                    starts.front().copied()
+                }
+            };
+            let Some(s) = next else {
+                // No segment starts in what is buffered: none of it can be decoded.
+                let n = d.buf.len();
+                d.drop_unsynced(n);
+                break false;
+            };
+            let before = usize::try_from(s - d.buf_off).map_or(d.buf.len(), |n| n.min(d.buf.len()));
+            d.drop_unsynced(before);
+            match plausible(&d.buf, d.fpdu_pos, markers, crc, d.ended, &mut scratch) {
+                Some(true) => {
+                    let (frame, _) = d.frame_of(s + 1);
+                    if d.more_gaps == 0
+                        && let Some(g) = d.gaps.last_mut()
+                    {
+                        g.resumed = Some((frame, s));
+                    }
+                    d.resync = None;
+                    break true;
+                }
+                Some(false) => {
+                    if let Some(starts) = d.resync.as_mut() {
+                        starts.pop_front();
+                    }
+                }
+                None => break false, // more octets needed
+            }
+        };
+        d.ulpdu = scratch;
+        found
+    }
+
+    /// Problems visible only at the end of the capture: the holes, one line each.
     pub(crate) fn finish_errors(&self) -> Vec<String> {
         let mut v = Vec::new();
-        for (i, d) in self.dirs.iter().enumerate() {
-            let mpa = !matches!(d.mode, Mode::Unknown | Mode::Stream);
-            if mpa && d.half.stranded_octets() > 0 {
+        for d in &self.dirs {
+            for g in &d.gaps {
+                let resumed = match g.resumed {
+                    Some((frame, at)) => {
+                        format!("FPDUs resynchronised at frame {frame} (stream offset {at})")
+                    }
+                    None => "not resynchronised".into(),
+                };
                 v.push(format!(
-                    "direction {i}: {} octets behind a TCP gap that the capture never fills",
-                    d.half.stranded_octets()
+                    "{} → {}: TCP gap: {} octets not captured at stream offset {} (after frame {}); \
+                     {} octets around it not decoded; {resumed}",
+                    d.src, d.dst, g.lost, g.at, g.after_frame, g.dropped
+                ));
+            }
+            if d.more_gaps > 0 {
+                v.push(format!(
+                    "{} → {}: {} more TCP gaps",
+                    d.src, d.dst, d.more_gaps
                 ));
             }
         }
@@ -326,9 +564,39 @@ impl Connection {
     }
 }
 
-fn record(ctx: &Ctx, d: &mut Direction, proto: &'static str, upto: usize) -> Record {
-    let frame = d.frame_of(d.buf_off + upto as u64);
-    Record::new(frame, ctx.time, ctx.src.clone(), ctx.dst.clone(), proto)
+/// Does `buf` start with an FPDU to resume deframing at? RFC 5044 §4 has no sync pattern
+/// (Markers aside), so as tshark: a ULPDU_Length that fits, a DDP/RDMAP header that parses
+/// (versions, opcode), and the CRC when negotiated; without a CRC the FPDU after it must
+/// parse too, or end the capture's stream exactly. `None`: more octets needed.
+fn plausible(
+    buf: &[u8],
+    pos: u32,
+    markers: bool,
+    crc: bool,
+    ended: bool,
+    scratch: &mut [u8],
+) -> Option<bool> {
+    let fpdu_at = |at: usize, scratch: &mut [u8]| -> Option<Option<usize>> {
+        let pos = pos.wrapping_add(at as u32);
+        match mpa::decode_fpdu_with(&buf[at..], pos, markers, scratch, crc) {
+            Err(_) => Some(None),
+            Ok(None) => None,
+            Ok(Some(info)) => {
+                let u = &scratch[..usize::from(info.ulpdu_len)];
+                let ok = rdmap::Segment::parse(u).is_ok() && (!crc || info.crc_ok());
+                Some(ok.then_some(info.consumed))
+            }
+        }
+    };
+    let verdict = match fpdu_at(0, scratch) {
+        None => None,
+        Some(None) => Some(false),
+        Some(Some(_)) if crc => Some(true),
+        Some(Some(n)) if n == buf.len() => ended.then_some(true),
+        Some(Some(n)) => fpdu_at(n, scratch).map(|next| next.is_some()),
+    };
+    // At the end of the capture nothing more comes: a candidate still waiting is not one.
+    verdict.or(ended.then_some(false))
 }
 
 /// DDP + RDMAP, and RPC-over-RDMA inside a Send; `keep_send`: [`super::Options::sends`].
@@ -360,5 +628,186 @@ fn decode_ulpdu(r: &mut Record, u: &[u8], keep_send: bool) {
             r.summary = "undecodable DDP/RDMAP segment".into();
             r.error(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(frame: u64) -> Ctx {
+        Ctx {
+            frame,
+            time: 0.0,
+            src: "a".into(),
+            dst: "b".into(),
+            sends: false,
+        }
+    }
+
+    /// An untagged Send's ULPDU (RFC 5041 §4.4, RFC 5040 §4): MSN `msn`, `len` octets.
+    fn send(msn: u32, len: usize) -> Vec<u8> {
+        let mut u = vec![0x41, 0x43, 0, 0, 0, 0];
+        u.extend(0u32.to_be_bytes()); // QN
+        u.extend(msn.to_be_bytes());
+        u.extend(0u32.to_be_bytes()); // MO
+        u.extend(std::iter::repeat_n(0x5a, len));
+        u
+    }
+
+    /// A connection after the MPA startup (`markers`, `crc` both ways): the initiator's
+    /// stream of `fpdus`, one segment each, with the segments `lost` never delivered; the
+    /// records decoded and the stream errors.
+    fn follow(
+        fpdus: &[Vec<u8>],
+        markers: bool,
+        crc: bool,
+        lost: &[usize],
+    ) -> (Vec<Record>, Vec<String>) {
+        let mut c = Connection::default();
+        let mut out = Vec::new();
+        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
+            let f = mpa::FrameRepr {
+                kind,
+                m: markers,
+                c: crc,
+                r: false,
+                res: 0,
+                rev: 1,
+                private_data: &[],
+            };
+            let mut b = vec![0; f.buffer_len()];
+            f.emit(&mut b).unwrap();
+            c.segment(&ctx(1 + dir as u64), dir, 1000, false, &b, &mut out);
+        }
+        let mut seq = 1000 + mpa::FRAME_HEADER_LEN as u32;
+        let mut pos = 0u32;
+        for (i, u) in fpdus.iter().enumerate() {
+            let mut b = vec![0; 2 * u.len() + 64];
+            let n = mpa::encode_fpdu(&[u], pos, markers, crc, &mut b).unwrap();
+            if !lost.contains(&i) {
+                c.segment(&ctx(10 + i as u64), 0, seq, false, &b[..n], &mut out);
+            }
+            seq = seq.wrapping_add(n as u32);
+            pos = pos.wrapping_add(n as u32);
+        }
+        c.finish(false, &mut out);
+        out.retain(|r| r.proto == "iWARP");
+        (out, c.finish_errors())
+    }
+
+    fn msns(records: &[Record]) -> Vec<u64> {
+        records
+            .iter()
+            .map(|r| {
+                assert!(r.errors.is_empty(), "{:?}", r.errors);
+                r.layers["ddp"]["Untagged"]["msn"].as_u64().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn resynchronises_after_a_hole_with_markers_and_crc() {
+        // Sizes that put Markers (every 512 octets of the stream) inside FPDUs and between.
+        let fpdus: Vec<Vec<u8>> = (1..=8).map(|m| send(m, 100 + 97 * m as usize)).collect();
+        for (markers, crc) in [(false, false), (true, false), (false, true), (true, true)] {
+            let (r, e) = follow(&fpdus, markers, crc, &[]);
+            assert_eq!(msns(&r), [1, 2, 3, 4, 5, 6, 7, 8]);
+            assert!(e.is_empty());
+            let (r, e) = follow(&fpdus, markers, crc, &[2, 3]);
+            assert_eq!(msns(&r), [1, 2, 5, 6, 7, 8], "markers {markers} crc {crc}");
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(e[0].contains("resynchronised at frame 14"), "{}", e[0]);
+        }
+    }
+
+    #[test]
+    fn false_fpdus_after_a_hole_are_passed_over() {
+        // After the hole, a segment whose first octets make a whole FPDU that parses, but
+        // followed by octets that are no FPDU: not where deframing resumes (no CRC).
+        let fake = {
+            let mut b = vec![0; 64];
+            let n = mpa::encode_fpdu(&[&send(99, 2)], 0, false, false, &mut b).unwrap();
+            b.truncate(n);
+            b.extend([0xff; 7]);
+            b
+        };
+        let mut c = Connection::default();
+        let mut out = Vec::new();
+        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
+            let f = mpa::FrameRepr {
+                kind,
+                m: false,
+                c: false,
+                r: false,
+                res: 0,
+                rev: 1,
+                private_data: &[],
+            };
+            let mut b = vec![0; f.buffer_len()];
+            f.emit(&mut b).unwrap();
+            c.segment(&ctx(1), dir, 0, false, &b, &mut out);
+        }
+        let real = |m| {
+            let mut b = vec![0; 128];
+            let n = mpa::encode_fpdu(&[&send(m, 10)], 0, false, false, &mut b).unwrap();
+            b.truncate(n);
+            b
+        };
+        let start = mpa::FRAME_HEADER_LEN as u32;
+        // Octets start..start+100 lost; then the fake, then two real FPDUs.
+        let mut seq = start + 100;
+        for (i, seg) in [fake, real(7), real(8)].iter().enumerate() {
+            c.segment(&ctx(20 + i as u64), 0, seq, false, seg, &mut out);
+            seq += seg.len() as u32;
+        }
+        c.finish(false, &mut out);
+        out.retain(|r| r.proto == "iWARP");
+        assert_eq!(msns(&out), [7, 8]);
+        let e = c.finish_errors();
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].contains("100 octets not captured") && e[0].contains("at frame 21"),
+            "{}",
+            e[0]
+        );
+        // The fake FPDU (2 + 20 + 2 + 4 octets) and the 7 after it: dropped, not decoded.
+        assert!(e[0].contains("35 octets around it not decoded"), "{}", e[0]);
+    }
+
+    #[test]
+    fn a_bad_crc_is_no_place_to_resume() {
+        let fpdus: Vec<Vec<u8>> = (1..=4).map(|m| send(m, 40)).collect();
+        let mut c = Connection::default();
+        let mut out = Vec::new();
+        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
+            let f = mpa::FrameRepr {
+                kind,
+                m: false,
+                c: true,
+                r: false,
+                res: 0,
+                rev: 1,
+                private_data: &[],
+            };
+            let mut b = vec![0; f.buffer_len()];
+            f.emit(&mut b).unwrap();
+            c.segment(&ctx(1), dir, 0, false, &b, &mut out);
+        }
+        let mut seq = mpa::FRAME_HEADER_LEN as u32;
+        for (i, u) in fpdus.iter().enumerate() {
+            let mut b = vec![0; 128];
+            let n = mpa::encode_fpdu(&[u], 0, false, true, &mut b).unwrap();
+            if i == 2 {
+                b[n - 1] ^= 1; // the FPDU after the hole: its CRC does not check
+            }
+            if i != 1 {
+                c.segment(&ctx(10 + i as u64), 0, seq, false, &b[..n], &mut out);
+            }
+            seq += n as u32;
+        }
+        c.finish(false, &mut out);
+        out.retain(|r| r.proto == "iWARP");
+        assert_eq!(msns(&out), [1, 4]);
     }
 }

@@ -11,8 +11,10 @@
 //! (the `reemit` check), so a decode is also a round-trip test of the codecs.
 
 pub mod capture;
+mod fields;
 mod iwarp;
 pub mod net;
+pub mod nfs4;
 pub mod record;
 mod roce;
 mod rpc;
@@ -47,7 +49,8 @@ pub struct Options {
 pub struct Output {
     pub frames: u64,
     pub records: Vec<Record>,
-    /// Problems not tied to one message (e.g. a TCP gap never filled inside an MPA stream).
+    /// Problems not tied to one message (e.g. a TCP gap never filled inside an MPA stream,
+    /// with where deframing resumed after it).
     pub stream_errors: Vec<String>,
     /// Where the capture stopped before its end (a file cut short); everything before it was
     /// decoded.
@@ -242,14 +245,10 @@ impl Decoder {
         let mut keys: Vec<_> = self.conns.keys().copied().collect();
         keys.sort();
         for k in keys {
-            if let Some(c) = self.conns.get(&k) {
-                for e in c.finish_errors() {
-                    self.stream_errors.push(format!(
-                        "{} ↔ {}: {e}",
-                        endpoint(k.0.0, k.0.1),
-                        endpoint(k.1.0, k.1.1)
-                    ));
-                }
+            if let Some(c) = self.conns.get_mut(&k) {
+                c.finish(self.opts.sends, &mut self.records);
+                // Each names its direction.
+                self.stream_errors.extend(c.finish_errors());
             }
         }
         self.records.sort_by_key(|r| r.frame);

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::fields;
+
 /// The outcome of one verification (CRC, ICRC, re-emit round trip, ...).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Check {
@@ -35,6 +37,19 @@ pub struct Record {
     /// A Send-family segment's payload, whole, when [`super::Options::sends`] asks for it.
     #[serde(skip)]
     pub send: Option<SendSegment>,
+    /// The ONC RPC message carried, to pair replies with calls.
+    #[serde(skip)]
+    pub rpc: Option<RpcMessage>,
+}
+
+/// An ONC RPC call or reply (or an RPC-over-RDMA header whose message is in a chunk).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcMessage {
+    pub xid: u32,
+    /// A call's program, version and procedure; `None` for a reply (or a message not seen).
+    pub call: Option<(u32, u32, u32)>,
+    /// An NFSv4 COMPOUND call's operations.
+    pub compound: Option<super::nfs4::Compound>,
 }
 
 /// One segment of an RDMA Send, Send with Solicited Event or Send with Invalidate message.
@@ -61,6 +76,7 @@ impl Record {
             checks: Vec::new(),
             errors: Vec::new(),
             send: None,
+            rpc: None,
         }
     }
 
@@ -136,12 +152,20 @@ impl Record {
         s
     }
 
-    /// The summary line followed by every field, indented per layer.
+    /// The summary line followed by every field, indented per layer: layers and fields in
+    /// wire order, named and based as tshark names and shows them (see [`super::fields`]).
     pub fn verbose(&self) -> String {
         let mut s = self.line();
         for (name, v) in &self.layers {
-            let _ = write!(s, "\n    {name}");
-            tree(&mut s, v, 3);
+            let _ = write!(s, "\n    {}", fields::layer_name(name));
+            match struct_variant(v) {
+                // A layer that is one enum variant: DDP's buffer model, the IP version.
+                Some((k, inner)) => {
+                    let _ = write!(s, " ({})", fields::words(k));
+                    tree(&mut s, name, inner, 3);
+                }
+                None => tree(&mut s, name, v, 3),
+            }
         }
         for c in &self.checks {
             let verdict = match c.ok {
@@ -221,47 +245,97 @@ fn bracket(d: &str) -> String {
     }
 }
 
-fn tree(s: &mut String, v: &Value, depth: usize) {
-    let pad = "  ".repeat(depth);
+/// `{"Variant": {fields}}`: serde's form of an enum's struct variant.
+fn struct_variant(v: &Value) -> Option<(&str, &Value)> {
+    let m = v.as_object()?;
+    let (k, inner) = m.iter().next()?;
+    (m.len() == 1 && fields::is_variant(k) && inner.is_object()).then_some((k.as_str(), inner))
+}
+
+/// A unit variant or a chain of newtype variants ending in one (`{"Ddp": {"TaggedBuffer":
+/// "InvalidStag"}}`), as words.
+fn variant_words(v: &Value) -> Option<String> {
     match v {
-        Value::Object(m) => {
-            for (k, v) in m {
-                match v {
-                    Value::Object(_) => {
-                        let _ = write!(s, "\n{pad}{k}");
-                        tree(s, v, depth + 1);
-                    }
-                    Value::Array(a) if a.iter().any(|x| x.is_object() || x.is_array()) => {
-                        let _ = write!(s, "\n{pad}{k} [{}]", a.len());
-                        for (i, x) in a.iter().enumerate() {
-                            let _ = write!(s, "\n{pad}  [{i}]");
-                            tree(s, x, depth + 2);
-                        }
-                    }
-                    _ => {
-                        let _ = write!(s, "\n{pad}{k}: {}", scalar(v));
-                    }
+        Value::String(x) if fields::is_variant(x) => Some(fields::words(x)),
+        Value::Object(m) if m.len() == 1 => {
+            let (k, inner) = m.iter().next()?;
+            if !fields::is_variant(k) {
+                return None;
+            }
+            let rest = variant_words(inner).or_else(|| match inner {
+                Value::Number(_) | Value::String(_) => Some(inner.to_string()),
+                _ => None,
+            })?;
+            Some(format!("{} {}", fields::words(k), rest.trim_matches('"')))
+        }
+        _ => None,
+    }
+}
+
+/// The fields of object `v` at `path`, one a line, at `depth`.
+fn tree(s: &mut String, path: &str, v: &Value, depth: usize) {
+    let pad = "  ".repeat(depth);
+    let Some(m) = v.as_object() else {
+        let _ = write!(s, "\n{pad}{}", scalar(v, fields::Base::Dec));
+        return;
+    };
+    let mut keys: Vec<(&String, &Value)> = m.iter().collect();
+    keys.sort_by_key(|(k, _)| fields::rank(&format!("{path}.{k}")));
+    for (k, x) in keys {
+        let p = format!("{path}.{k}");
+        let (name, base) = fields::field(&p, k);
+        match x {
+            // An absent optional header or field: nothing on the wire.
+            Value::Null => {}
+            Value::Object(_) => {
+                if let Some(w) = variant_words(x) {
+                    let _ = write!(s, "\n{pad}{name}: {w}");
+                } else if let Some((variant, inner)) = struct_variant(x) {
+                    let _ = write!(s, "\n{pad}{name}: {}", fields::words(variant));
+                    tree(s, &p, inner, depth + 1);
+                } else {
+                    let _ = write!(s, "\n{pad}{name}");
+                    tree(s, &p, x, depth + 1);
                 }
             }
-        }
-        other => {
-            let _ = write!(s, " {}", scalar(other));
+            Value::Array(a) => list(s, &p, &name, base, a, depth),
+            _ => {
+                let _ = write!(s, "\n{pad}{name}: {}", scalar(x, base));
+            }
         }
     }
 }
 
-fn scalar(v: &Value) -> String {
-    match v {
-        Value::String(x) => x.clone(),
-        Value::Array(a)
-            if a.iter().all(|x| x.as_u64().is_some_and(|n| n < 256)) && !a.is_empty() =>
-        {
-            // A byte string: print it as hex.
-            a.iter()
-                .filter_map(Value::as_u64)
-                .map(|b| format!("{b:02x}"))
-                .collect()
+/// A list: its scalars on one line, or one entry (object or list) after another.
+fn list(s: &mut String, path: &str, name: &str, base: fields::Base, a: &[Value], depth: usize) {
+    let pad = "  ".repeat(depth);
+    if a.is_empty() {
+        let _ = write!(s, "\n{pad}{name}: (none)");
+    } else if a.iter().all(|x| !x.is_object() && !x.is_array()) {
+        let items: Vec<String> = a.iter().map(|x| scalar(x, base)).collect();
+        let _ = write!(s, "\n{pad}{name}: {}", items.join(", "));
+    } else {
+        let _ = write!(s, "\n{pad}{name} [{}]", a.len());
+        for (i, x) in a.iter().enumerate() {
+            match x {
+                Value::Array(inner) => list(s, path, &format!("[{i}]"), base, inner, depth + 1),
+                _ => {
+                    let _ = write!(s, "\n{pad}  [{i}]");
+                    tree(s, path, x, depth + 2);
+                }
+            }
         }
+    }
+}
+
+fn scalar(v: &Value, base: fields::Base) -> String {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .map_or_else(|| n.to_string(), |n| fields::number(n, base)),
+        Value::String(x) if fields::is_variant(x) => fields::words(x),
+        Value::String(x) if x.is_empty() => "(none)".into(),
+        Value::String(x) => x.clone(),
         other => other.to_string(),
     }
 }

@@ -63,10 +63,6 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
             m.insert("syndrome_code".into(), u8::from(a.syndrome).into());
         }
     }
-    r.layer(
-        "icrc",
-        serde_json::json!({ "field": pkt.icrc, "computed": pkt.computed_icrc }),
-    );
     // Whole-packet re-emit: IP + UDP + transport + ICRC, byte for byte.
     let csum = if pkt.udp.checksum == 0 {
         UdpChecksum::Zero
@@ -101,6 +97,11 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
             rpc::decode_into(&mut r, ib.payload);
         }
     }
+    // Last, as on the wire: the ICRC trails the packet.
+    r.layer(
+        "icrc",
+        serde_json::json!({ "field": pkt.icrc, "computed": pkt.computed_icrc }),
+    );
     r
 }
 
