@@ -70,7 +70,9 @@ fn bad_sizes_counts_and_options_are_refused_up_front() {
         (&["-s", "64"], &["--loopback", "--server", "HOST"]),
         // perftest's flags outside what perf measures, or contradicting each other.
         (&["--loopback", "-c", "UD"], &["--connection", "UD", "RC"]),
-        (&["--loopback", "-b"], &["-b", "bidirectional"]),
+        (&["127.0.0.1", "-b"], &["-b", "--loopback"]),
+        (&["--loopback", "-b", "--lat"], &["-b", "--lat"]),
+        (&["--loopback", "-b", "-q", "4"], &["-b", "-q"]),
         (
             &["--loopback", "-d", "mlx5_0"],
             &["--ib-dev", "mlx5_0", "softrdma_tcp0"],

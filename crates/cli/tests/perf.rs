@@ -334,3 +334,32 @@ fn iwarp_counters_show_payload_placed_straight_from_the_socket() {
     let table = perf::render(&r);
     assert!(table.contains("straight from the socket"), "{table}");
 }
+
+/// perftest's -b on loopback: both sides run each bandwidth test toward the other at once;
+/// every row holds both directions' messages, and so does its raw baseline (two streams).
+#[test]
+fn bidirectional_bandwidth_runs_both_ways() {
+    for t in ["iwarp", "roce"] {
+        let r = perf::run_loopback(&args(&[
+            "--loopback",
+            "-b",
+            "--bw",
+            "-n",
+            "50",
+            "-s",
+            "8192",
+            "--transport",
+            t,
+        ]))
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert!(r.bidirectional);
+        assert_eq!(r.bw.len(), 3, "{t}: Write, Read, Send");
+        for row in &r.bw {
+            assert_eq!(row.rdma.iters, 2 * 50, "{t}: {}", row.test);
+            assert_eq!(row.rdma.bytes, 2 * 50 * 8192, "{t}: {}", row.test);
+            assert_eq!(row.raw_tcp.bytes + row.raw_tcp.lost_bytes, 2 * 50 * 8192);
+        }
+        let text = perf::render(&r);
+        assert!(text.contains("bidirectional"), "{text}");
+    }
+}

@@ -267,7 +267,9 @@ pub struct PerfArgs {
     /// perftest's --report_gbits: the table always shows Gb/s (and MB/s); accepted.
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
-    /// perftest's -b (bidirectional bandwidth): refused, not measured yet.
+    /// Bidirectional bandwidth (perftest's -b), with --loopback: each side runs the test
+    /// toward the other at once; the figures are the sum of both directions, beside two raw
+    /// streams the same way.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// Also write the report as JSON into --out_json_file (as perftest's --out_json).
@@ -428,6 +430,9 @@ pub struct Report {
     /// `--counters`: the client's QPs and device.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counters: Option<CountersReport>,
+    /// `-b`: bandwidth rows are both directions at once, summed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub bidirectional: bool,
 }
 
 /// `--counters`: what the client counted.
@@ -590,10 +595,21 @@ impl PerfArgs {
                 "--perftest: --server serves perftest clients over rdma_cm (-R); RoCE with HOST is the client of a perftest server (its TCP exchange)".into(),
             ));
         }
-        if self.bidirectional {
+        if self.bidirectional && !self.loopback {
             return Err(PerfError::Usage(
-                "-b (bidirectional bandwidth) is not measured: run a second perf the other way"
+                "-b (bidirectional bandwidth) needs --loopback: a softrdma perf server does not \
+                 send on its own (run a second perf the other way)"
                     .into(),
+            ));
+        }
+        if self.bidirectional && !self.qps.is_empty() {
+            return Err(PerfError::Usage(
+                "-b and -q: the scale test is one way".into(),
+            ));
+        }
+        if self.bidirectional && self.lat {
+            return Err(PerfError::Usage(
+                "-b measures bandwidth (as perftest's): drop --lat".into(),
             ));
         }
         if self.once && !self.server {
@@ -800,6 +816,26 @@ pub fn run_client_with(
     mode: &'static str,
     progress: Progress<'_>,
 ) -> Result<Report, PerfError> {
+    run_client_both(args, ctx, rdma, raw, None, mode, progress)
+}
+
+/// The client of `-b`'s other direction: its context and the servers it measures against.
+struct Reverse {
+    ctx: Context,
+    rdma: SocketAddr,
+    raw: SocketAddr,
+}
+
+/// [`run_client_with`], with `-b`'s second client running the same tests the other way.
+fn run_client_both(
+    args: &PerfArgs,
+    ctx: Context,
+    rdma: SocketAddr,
+    raw: SocketAddr,
+    reverse: Option<Reverse>,
+    mode: &'static str,
+    progress: Progress<'_>,
+) -> Result<Report, PerfError> {
     let roce = ctx.transport() == softrdma::Transport::Roce;
     let o = args.client_opts()?;
     let local = ctx.roce_local_addr().ok();
@@ -825,11 +861,35 @@ pub fn run_client_with(
         lat: Vec::new(),
         scale: Vec::new(),
         counters: None,
+        bidirectional: reverse.is_some(),
     };
     let mut client = Client::new(ctx, rdma, o);
-    let r = measure(args, &mut client, &base, &mut report, progress);
+    // -b: the other side's client, toward our context's server.
+    let mut rev = reverse.map(|r| {
+        let base = match r.ctx.roce_local_addr() {
+            Ok(a) => Baseline::Udp(UdpBaseline {
+                server: r.raw,
+                local: a.ip(),
+                mtu: o.pmtu,
+            }),
+            Err(_) => Baseline::Tcp(r.raw),
+        };
+        (Client::new(r.ctx, r.rdma, o), base, r.raw)
+    });
+    let r = measure(
+        args,
+        &mut client,
+        &base,
+        rev.as_mut().map(|(c, b, _)| (c, &*b)),
+        &mut report,
+        progress,
+    );
     client.bye();
     let _ = tcp::bye(raw);
+    if let Some((c, _, raw)) = &mut rev {
+        c.bye();
+        let _ = tcp::bye(*raw);
+    }
     r?;
     if args.counters {
         report.counters = Some(CountersReport {
@@ -893,16 +953,30 @@ fn measure(
     args: &PerfArgs,
     c: &mut Client,
     base: &Baseline,
+    mut rev: Option<(&mut Client, &Baseline)>,
     report: &mut Report,
     progress: Progress<'_>,
 ) -> Result<(), PerfError> {
     if !args.lat {
         let limit = args.limit(5000);
         for size in args.sizes(65536) {
-            let raw = base.bw(size, limit)?;
-            let gso = base.bw_gso(size, limit)?;
+            let raw = both_ways(rev.as_ref().map(|r| r.1), |b| b.bw(size, limit), base)?;
+            let gso = match rev.as_ref().map(|r| r.1) {
+                None => base.bw_gso(size, limit)?,
+                Some(other) => {
+                    let (a, b) = at_once(|| base.bw_gso(size, limit), || other.bw_gso(size, limit));
+                    a?.zip(b?).map(|(a, b)| a.plus(&b))
+                }
+            };
             for (test, _) in args.ops() {
-                let rdma = c.bw(test, size, limit)?;
+                let rdma = match rev.as_mut() {
+                    None => c.bw(test, size, limit)?,
+                    Some((other, _)) => {
+                        let (a, b) =
+                            at_once(|| c.bw(test, size, limit), || other.bw(test, size, limit));
+                        a?.plus(&b?)
+                    }
+                };
                 report.bw.push(BwRow {
                     test,
                     bytes: size,
@@ -950,6 +1024,31 @@ fn measure(
     Ok(())
 }
 
+/// `f` on `base`, and with `-b` on `other` at the same time, summed.
+fn both_ways(
+    other: Option<&Baseline>,
+    f: impl Fn(&Baseline) -> Result<Bw, PerfError> + Sync,
+    base: &Baseline,
+) -> Result<Bw, PerfError> {
+    match other {
+        None => f(base),
+        Some(o) => {
+            let (a, b) = at_once(|| f(base), || f(o));
+            Ok(a?.plus(&b?))
+        }
+    }
+}
+
+/// Runs `a` here and `b` on another thread at once.
+fn at_once<A: Send, B: Send>(a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
+    std::thread::scope(|s| {
+        let h = s.spawn(b);
+        let ra = a();
+        let rb = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (ra, rb)
+    })
+}
+
 /// Runs `--loopback`: a server (RDMA and raw) on threads of this process and the client,
 /// over 127.0.0.1 (RoCE: the client on 127.0.0.2, UDP `--roce-port` or any free one).
 pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
@@ -967,18 +1066,67 @@ pub fn run_loopback_with(args: &PerfArgs, progress: Progress<'_>) -> Result<Repo
     let raw_listener = TcpListener::bind("127.0.0.1:0")?;
     let raw_addr = raw_listener.local_addr()?;
     let sopts = args.server_opts(false)?;
+    // -b: servers on the client's side too (RoCE: at its address), for the other direction.
+    let back_ip = match args.transport {
+        Transport::Iwarp => "127.0.0.1",
+        Transport::Roce => "127.0.0.2",
+    };
+    let back = if args.bidirectional {
+        let l = Listener::bind_with(&client_ctx, (back_ip, 0), args.listen_params())?;
+        let raw = TcpListener::bind((back_ip, 0))?;
+        Some((l, raw))
+    } else {
+        None
+    };
+    let reverse = match &back {
+        Some((l, raw)) => Some(Reverse {
+            ctx: server_ctx.clone(),
+            rdma: l.local_addr(),
+            raw: raw.local_addr()?,
+        }),
+        None => None,
+    };
+    let back_raw = reverse.as_ref().map(|r| r.raw);
     let quit = AtomicBool::new(false);
     std::thread::scope(|s| {
         let rdma_server = s.spawn(|| serve(&server_ctx, &listener, sopts, true, Some(&quit)));
         let raw_server = s.spawn(move || raw::serve(raw_listener, true));
-        let report = run_client_with(args, client_ctx, rdma_addr, raw_addr, "loopback", progress);
+        let back_servers = back.map(|(l, raw)| {
+            let (cctx, quit) = (&client_ctx, &quit);
+            (
+                s.spawn(move || serve(cctx, &l, sopts, true, Some(quit))),
+                s.spawn(move || raw::serve(raw, true)),
+            )
+        });
+        let report = run_client_both(
+            args,
+            client_ctx.clone(),
+            rdma_addr,
+            raw_addr,
+            reverse,
+            "loopback",
+            progress,
+        );
         // A client that failed before its Bye leaves the servers waiting.
         quit.store(true, Ordering::Release);
         if report.is_err() {
             let _ = tcp::bye(raw_addr);
         }
+        if report.is_err()
+            && let Some(raw) = back_raw
+        {
+            let _ = tcp::bye(raw);
+        }
         let r1 = rdma_server.join();
         let r2 = raw_server.join();
+        if let Some((a, b)) = back_servers {
+            for r in [a.join(), b.join().map(|r| r.map_err(PerfError::from))] {
+                match r {
+                    Ok(r) => r?,
+                    Err(_) => return Err(PerfError::Protocol("a server thread panicked".into())),
+                }
+            }
+        }
         let report = report?;
         match r1 {
             Ok(r) => r?,
@@ -1040,6 +1188,7 @@ fn run_scale(args: &PerfArgs) -> Result<Report, PerfError> {
         lat: Vec::new(),
         scale,
         counters: None,
+        bidirectional: false,
     })
 }
 
@@ -1369,6 +1518,12 @@ pub fn render_body(r: &Report) -> String {
         s,
         " MB = 2^20 octets, Gb = 10^9 bits, ratio = softrdma / {base}"
     );
+    if r.bidirectional {
+        let _ = writeln!(
+            s,
+            " bidirectional (-b): each side runs the test toward the other at once, figures summed; {base} likewise"
+        );
+    }
     if !r.bw.is_empty() {
         let gso = r.bw.iter().any(|b| b.raw_udp_gso.is_some());
         let _ = writeln!(s, "{RULE}");

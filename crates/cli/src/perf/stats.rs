@@ -55,6 +55,24 @@ impl Bw {
     }
 }
 
+impl Bw {
+    /// Two measurements taken at the same time (`-b`'s two directions): their octets and
+    /// messages over the longer of their times.
+    pub fn plus(&self, o: &Bw) -> Bw {
+        let seconds = self.seconds.max(o.seconds).max(1e-9);
+        let (bytes, iters) = (self.bytes + o.bytes, self.iters + o.iters);
+        Bw {
+            iters,
+            bytes,
+            seconds,
+            gbit_s: bytes as f64 * 8.0 / seconds / 1e9,
+            mbyte_s: bytes as f64 / seconds / MB,
+            mpps: iters as f64 / seconds / 1e6,
+            lost_bytes: self.lost_bytes + o.lost_bytes,
+        }
+    }
+}
+
 /// A latency distribution, microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Lat {
