@@ -564,6 +564,14 @@ impl PerfArgs {
         }
     }
 
+    /// Rows the table will have (bandwidth and latency), for the progress bar.
+    fn expected_rows(&self) -> u64 {
+        let ops = self.ops().len();
+        let bw = if self.lat { 0 } else { self.sizes(65536).len() * ops };
+        let lat = if self.bw { 0 } else { self.sizes(64).len() * ops };
+        (bw + lat) as u64
+    }
+
     fn sizes(&self, default: u32) -> Vec<u32> {
         if self.all {
             (1..=23).map(|i| 1u32 << i).collect()
@@ -1024,6 +1032,22 @@ fn measure(
     Ok(())
 }
 
+/// A bar on standard error for `rows` rows: rows done, time so far; hidden when standard
+/// error is not a terminal.
+fn progress_bar(rows: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(rows),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template(" {spinner} {pos}/{len} rows  {elapsed}  {wide_bar}")
+    {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
 /// `f` on `base`, and with `-b` on `other` at the same time, summed.
 fn both_ways(
     other: Option<&Baseline>,
@@ -1288,26 +1312,33 @@ fn run_checked(args: &PerfArgs) -> Result<(), PerfError> {
     // Ctrl-C: the row in progress finishes, then the rows done are reported (a second one
     // exits at once).
     let stop = interrupt_flag();
-    // The table streams: each row is printed as it completes.
+    // The table streams: each row is printed as it completes; on a terminal a bar on
+    // standard error shows the rows done and the time (indicatif draws nothing elsewhere).
     let mut shown = 0;
     let stream = !args.json;
+    let bar = progress_bar(args.expected_rows());
     let mut progress = |r: &Report| {
         if stream {
             let body = render_body(r);
             let lines: Vec<&str> = body.lines().collect();
             // The body's last line is its closing rule, printed at the end.
             let upto = lines.len().saturating_sub(1);
-            let mut out = std::io::stdout().lock();
-            for l in lines.iter().take(upto).skip(shown) {
-                let _ = writeln!(out, "{l}");
-            }
-            let _ = out.flush();
+            bar.suspend(|| {
+                let mut out = std::io::stdout().lock();
+                for l in lines.iter().take(upto).skip(shown) {
+                    let _ = writeln!(out, "{l}");
+                }
+                let _ = out.flush();
+            });
             shown = shown.max(upto);
         }
+        bar.set_position((r.bw.len() + r.lat.len()) as u64);
         !stop.load(Ordering::Acquire)
     };
     let report = if args.loopback {
-        run_loopback_with(args, &mut progress)?
+        let r = run_loopback_with(args, &mut progress);
+        bar.finish_and_clear();
+        r?
     } else {
         let host = args.host.as_deref().unwrap_or_default();
         if args.perftest {
@@ -1316,6 +1347,7 @@ fn run_checked(args: &PerfArgs) -> Result<(), PerfError> {
             } else {
                 perftest_client(args, host)?
             };
+            bar.finish_and_clear();
             print!("{}", r.render());
             return Ok(());
         }
@@ -1328,7 +1360,9 @@ fn run_checked(args: &PerfArgs) -> Result<(), PerfError> {
             (Transport::Roce, Err(e)) => return Err(e),
         };
         let ctx = open(args, ip, args.roce_port())?;
-        run_client_with(args, ctx, rdma, raw, "client", &mut progress)?
+        let r = run_client_with(args, ctx, rdma, raw, "client", &mut progress);
+        bar.finish_and_clear();
+        r?
     };
     if let Some(path) = &args.plot {
         plot::plot(&report, path)?;
