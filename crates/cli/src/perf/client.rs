@@ -34,7 +34,7 @@ use softrdma::{
 use super::proto::{
     CLIENT_SEED, EndReport, RemoteBuf, Reply, Request, SERVER_SEED, Test, fill, first_mismatch,
 };
-use super::stats::Bw;
+use super::stats::{Bw, Peak};
 use super::{Limit, PerfError};
 use crate::verbs_util::{WaitMode, spin_until, wait_some};
 
@@ -313,6 +313,10 @@ impl Client {
             Limit::Duration(d) => Some(start + d),
             Limit::Iters(_) => None,
         };
+        // Peak over stretches of twice the requests in flight (and at least 1/20 of a
+        // counted run).
+        let window = (2 * tx_depth).max(if total == u64::MAX { 0 } else { total / 20 });
+        let mut peak = Peak::new(size, window, start);
         let run = (|| -> Result<Duration, PerfError> {
             loop {
                 if !stopping {
@@ -345,6 +349,7 @@ impl Client {
                         retired = retired.max(wc.wr_id + 1);
                     }
                 }
+                peak.mark(Instant::now(), retired);
             }
         })();
         let report = self.end(t, posted);
@@ -355,7 +360,10 @@ impl Client {
             Test::SendBw => received(&report, posted, size)?,
             _ => {}
         }
-        Ok(Bw::new(posted, size, elapsed))
+        Ok(Bw {
+            peak_gbit_s: peak.gbit_s(),
+            ..Bw::new(posted, size, elapsed)
+        })
     }
 
     /// Latency samples of `test` (nanoseconds per round trip; one Read for Read).

@@ -567,8 +567,16 @@ impl PerfArgs {
     /// Rows the table will have (bandwidth and latency), for the progress bar.
     fn expected_rows(&self) -> u64 {
         let ops = self.ops().len();
-        let bw = if self.lat { 0 } else { self.sizes(65536).len() * ops };
-        let lat = if self.bw { 0 } else { self.sizes(64).len() * ops };
+        let bw = if self.lat {
+            0
+        } else {
+            self.sizes(65536).len() * ops
+        };
+        let lat = if self.bw {
+            0
+        } else {
+            self.sizes(64).len() * ops
+        };
         (bw + lat) as u64
     }
 
@@ -1039,9 +1047,9 @@ fn progress_bar(rows: u64) -> indicatif::ProgressBar {
         Some(rows),
         indicatif::ProgressDrawTarget::stderr(),
     );
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template(" {spinner} {pos}/{len} rows  {elapsed}  {wide_bar}")
-    {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        " {spinner} {pos}/{len} rows  {elapsed}  {wide_bar}",
+    ) {
         bar.set_style(style);
     }
     bar.enable_steady_tick(Duration::from_millis(200));
@@ -1563,10 +1571,11 @@ pub fn render_body(r: &Report) -> String {
         let _ = writeln!(s, "{RULE}");
         let _ = write!(
             s,
-            " {:<14} {:>8} {:>12} {:>16} {:>18} {:>14} | {:>14} {:>7}",
+            " {:<14} {:>8} {:>12} {:>13} {:>16} {:>18} {:>14} | {:>14} {:>7}",
             "test",
             "#bytes",
             "#iterations",
+            "BW peak[Gb/s]",
             "BW average[Gb/s]",
             "BW average[MB/sec]",
             "MsgRate[Mpps]",
@@ -1581,10 +1590,13 @@ pub fn render_body(r: &Report) -> String {
         for b in &r.bw {
             let _ = write!(
                 s,
-                " {:<14} {:>8} {:>12} {:>16.2} {:>18.2} {:>14.6} | {:>14.2} {:>7.2}",
+                " {:<14} {:>8} {:>12} {:>13} {:>16.2} {:>18.2} {:>14.6} | {:>14.2} {:>7.2}",
                 b.test.name(),
                 b.bytes,
                 b.rdma.iters,
+                b.rdma
+                    .peak_gbit_s
+                    .map_or_else(|| "-".to_owned(), |p| format!("{p:.2}")),
                 b.rdma.gbit_s,
                 b.rdma.mbyte_s,
                 b.rdma.mpps,
@@ -1637,19 +1649,21 @@ pub fn render_body(r: &Report) -> String {
         let _ = writeln!(s, "{RULE}");
         let _ = writeln!(
             s,
-            " latency in usec; Send and Write: half round trip (as ib_send_lat, ib_write_lat), Read: round trip (as ib_read_lat)"
+            " latency in usec, perftest's columns; Send and Write: half round trip (as ib_send_lat, ib_write_lat), Read: round trip (as ib_read_lat)"
         );
         let _ = writeln!(
             s,
-            " {:<14} {:>7} {:>11} {:>9} {:>13} {:>9} {:>9} {:>9} | {:>13} {:>9} {:>7}",
+            " {:<14} {:>7} {:>11} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} | {:>13} {:>9} {:>7}",
             "test",
             "#bytes",
             "#iterations",
             "t_min",
+            "t_max",
             "t_typical",
             "t_avg",
-            "t_max",
+            "t_stdev",
             "99%",
+            "99.9%",
             "raw t_typical",
             "raw t_avg",
             "ratio"
@@ -1657,15 +1671,17 @@ pub fn render_body(r: &Report) -> String {
         for l in &r.lat {
             let _ = writeln!(
                 s,
-                " {:<14} {:>7} {:>11} {:>9.2} {:>13.2} {:>9.2} {:>9.2} {:>9.2} | {:>13.2} {:>9.2} {:>7.2}",
+                " {:<14} {:>7} {:>11} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} | {:>13.2} {:>9.2} {:>7.2}",
                 l.test.name(),
                 l.bytes,
                 l.rdma.iters,
                 l.rdma.t_min,
+                l.rdma.t_max,
                 l.rdma.t_typical,
                 l.rdma.t_avg,
-                l.rdma.t_max,
+                l.rdma.t_stdev,
                 l.rdma.t_p99,
+                l.rdma.t_p999,
                 l.raw_tcp.t_typical,
                 l.raw_tcp.t_avg,
                 l.ratio

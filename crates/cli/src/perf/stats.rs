@@ -26,6 +26,58 @@ pub struct Bw {
     /// figures are over what arrived).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lost_bytes: u64,
+    /// perftest's BW peak, Gb/s: the best rate over any stretch of the run that retired at
+    /// least a window of messages ([`Peak`]); RDMA rows only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_gbit_s: Option<f64>,
+}
+
+/// Tracks the best bandwidth over any stretch of a run that retired at least `window`
+/// messages (perftest's "BW peak"; a stretch shorter than the requests in flight would only
+/// measure how completions bunch up).
+#[derive(Debug)]
+pub struct Peak {
+    window: u64,
+    size: u64,
+    /// (time, messages retired by then), oldest first; only what a later stretch can start at.
+    marks: std::collections::VecDeque<(std::time::Instant, u64)>,
+    best: f64,
+}
+
+impl Peak {
+    /// For `size`-octet messages, over stretches of at least `window` messages.
+    pub fn new(size: u32, window: u64, start: std::time::Instant) -> Peak {
+        let mut marks = std::collections::VecDeque::new();
+        marks.push_back((start, 0));
+        Peak {
+            window: window.max(1),
+            size: u64::from(size),
+            marks,
+            best: 0.0,
+        }
+    }
+
+    /// `retired` messages were done at `at`.
+    pub fn mark(&mut self, at: std::time::Instant, retired: u64) {
+        // The latest start that still leaves a full window gives this end its best rate.
+        while self.marks.len() > 1 && retired - self.marks[1].1 >= self.window {
+            self.marks.pop_front();
+        }
+        if let Some(&(t0, r0)) = self.marks.front()
+            && retired - r0 >= self.window
+        {
+            let dt = at.duration_since(t0).as_secs_f64().max(1e-9);
+            self.best = self
+                .best
+                .max(((retired - r0) * self.size) as f64 * 8.0 / dt / 1e9);
+        }
+        self.marks.push_back((at, retired));
+    }
+
+    /// The best rate seen, Gb/s (`None` when no stretch was long enough).
+    pub fn gbit_s(&self) -> Option<f64> {
+        (self.best > 0.0).then_some(self.best)
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -51,6 +103,7 @@ impl Bw {
             mbyte_s: bytes as f64 / seconds / MB,
             mpps: iters as f64 / seconds / 1e6,
             lost_bytes: 0,
+            peak_gbit_s: None,
         }
     }
 }
@@ -69,6 +122,8 @@ impl Bw {
             mbyte_s: bytes as f64 / seconds / MB,
             mpps: iters as f64 / seconds / 1e6,
             lost_bytes: self.lost_bytes + o.lost_bytes,
+            // Both directions at their best at once is an upper bound, not a measurement.
+            peak_gbit_s: self.peak_gbit_s.zip(o.peak_gbit_s).map(|(a, b)| a + b),
         }
     }
 }
@@ -148,5 +203,34 @@ mod tests {
         assert_eq!(l.t_p99, 495.0);
         assert!((l.t_avg - 250.25).abs() < 1e-9);
         assert!(Lat::from_nanos(&mut [], 1.0).is_none());
+    }
+}
+
+#[cfg(test)]
+mod peak_tests {
+    use super::Peak;
+    use std::time::{Duration, Instant};
+
+    /// 1000-octet messages: 10 per ms for 50 ms, then 40 per ms for 5 ms, then 10 per ms
+    /// again. Over stretches of 100 messages the best is the fast one: 40 × 8000 bits/ms.
+    #[test]
+    fn peak_is_the_fastest_stretch_of_a_full_window() {
+        let t0 = Instant::now();
+        let mut p = Peak::new(1000, 100, t0);
+        let (mut t, mut r) = (Duration::ZERO, 0u64);
+        for (ms, per_ms) in [(50, 10), (5, 40), (50, 10)] {
+            for _ in 0..ms {
+                t += Duration::from_millis(1);
+                r += per_ms;
+                p.mark(t0 + t, r);
+            }
+        }
+        let fast = 40.0 * 8000.0 / 1e-3 / 1e9;
+        let got = p.gbit_s().unwrap();
+        assert!((got - fast).abs() < 1e-9, "{got} vs {fast}");
+        // A run shorter than the window has no peak.
+        let mut short = Peak::new(1000, 100, t0);
+        short.mark(t0 + Duration::from_millis(1), 99);
+        assert_eq!(short.gbit_s(), None);
     }
 }
