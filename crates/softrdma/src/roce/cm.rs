@@ -303,12 +303,18 @@ impl RoceShared {
                     s.put(ev);
                 }
                 if let Some(qp_num) = qpn {
+                    tracing::info!(qp = %format_args!("{qp_num:#08x}"), "RoCE connection established");
                     self.events.post(AsyncEvent::Established { qp_num });
                 }
             }
             CmEvent::Rejected { id, .. }
             | CmEvent::TimedOut { id }
             | CmEvent::Disconnected { id, .. } => {
+                let ev_kind = match &ev {
+                    CmEvent::Rejected { .. } => "rejected",
+                    CmEvent::TimedOut { .. } => "timed out",
+                    _ => "disconnected",
+                };
                 let (slot, qpn) = {
                     let mut g = self.gsi.lock();
                     let qpn = g.qp_of.remove(&id);
@@ -322,6 +328,7 @@ impl RoceShared {
                     s.put(ev);
                 }
                 if let Some(qp_num) = qpn {
+                    tracing::info!(qp = %format_args!("{qp_num:#08x}"), how = ev_kind, "RoCE connection ended");
                     // The connection is gone: its QP stops (IBA 12.9.7), outstanding
                     // requests flush.
                     let q = self.qps.read().get(&qp_num).cloned();

@@ -759,6 +759,7 @@ impl Driver {
                     self.qp_conn.remove(&qp.qpn);
                 }
                 if c.established {
+                    tracing::info!(qp = qp.qpn, local = %c.local, peer = %c.peer, "iWARP connection closed");
                     if !qp.state().is_dead() {
                         qp.set_state(QpState::Error);
                     }
@@ -1161,6 +1162,15 @@ impl Conn {
         };
         *qp.conn.lock() = Some(info.clone());
         qp.set_state(QpState::Rts);
+        tracing::info!(
+            qp = qp.qpn,
+            local = %self.local,
+            peer = %self.peer,
+            ird = info.ird,
+            ord = info.ord,
+            mulpdu,
+            "iWARP connection established"
+        );
         ctx.post_event(AsyncEvent::Established { qp_num: qp.qpn });
         self.submit_to_engine(ctx);
         if let Some(r) = self.reply.take() {
@@ -1170,6 +1180,7 @@ impl Conn {
 
     /// The startup ended without a data path: report, free the QP, close.
     fn fail_connect(&mut self, e: Error) {
+        tracing::info!(local = %self.local, peer = %self.peer, error = %e, "iWARP connection setup failed");
         if let Some(qp) = &self.qp {
             // The QP goes back to Init with the receives it had.
             if !self.early_rq.is_empty() {
@@ -1380,6 +1391,7 @@ impl Conn {
 
     /// The connection failed under us (write error).
     fn lost(&mut self) {
+        tracing::info!(local = %self.local, peer = %self.peer, "iWARP connection lost (write failed)");
         // Sends not written never left (RDMAP-80): flushed, not completed.
         self.iw.transmit_failed();
         self.tx.clear();
