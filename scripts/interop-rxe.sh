@@ -9,6 +9,8 @@
 #   {rc,uc}_pingpong-s<size>-guest-server   guest ibv_*_pingpong server  vs  softrdma pingpong client
 #   {rc,uc}_pingpong-s<size>-host-server    softrdma pingpong server     vs  guest ibv_*_pingpong client
 #   ud_pingpong-s<size>-{guest,host}-server the same for UD (sizes 1..1024: rxe's port MTU)
+#   rc_pingpong-s4096-own-pcap              our client's own --pcap capture decodes strictly and
+#                                           holds what the bridge saw; --counters add up
 #   ib_{write,read,atomic}_bw-guest-server  guest ib_*_bw (TCP OOB, no -R)  vs  softrdma perf client
 #   rping-{c,s}-S<size>                     the IB CM on QP1 (librdmacm's rping, sizes 26 64 4096 65535,
 #                                           -C 10 -V): softrdma rping -c vs guest rping -s, and the
@@ -345,6 +347,28 @@ check_lossy_connects_guest() {  # and our server accepted every connection and c
 have_pingpong() { "$BIN" pingpong --help >/dev/null 2>&1; }
 have_perf_roce() { "$BIN" perf --help 2>&1 | grep -q -- '--transport'; }
 
+# Our pingpong client's own capture (--pcap) against the guest's ibv_rc_pingpong: it decodes
+# strictly (every ICRC, the headers we synthesise over the IPv4 Identification the ICRC was
+# computed with included), holds every RoCEv2 message the bridge saw, and --counters counts
+# COUNT round trips of 4096 octets at PMTU 1024 (4 request packets each).
+own_capture_case() {
+  have_pingpong || return 0
+  run_case "rc_pingpong-s4096-own-pcap" check_own_capture --guest-first --wait-port "$OOB_PORT" \
+    --timeout "$PP_TIMEOUT" --guest "$(guest_pp rc 4096)" \
+    --host "$(host_pp rc 4096 "--counters --pcap $OUT/rc_pingpong-s4096-own-pcap.own.pcap $GUEST_ROCE")"
+}
+check_own_capture() {
+  check_pp "$1" || return 1
+  local own=${1%.log}.own.pcap bridge=${1%.log}.pcap a b
+  "$BIN" decode --strict "$own" >"${1%.log}.own.decode" 2>&1 ||
+    { echo "decode --strict of our own capture $own failed"; return 1; }
+  a=$(grep -c ' RoCEv2 ' "${1%.log}.own.decode" || true)
+  b=$("$BIN" decode "$bridge" 2>/dev/null | grep -c ' RoCEv2 ' || true)
+  [ "$a" -gt 0 ] && [ "$a" = "$b" ] || { echo "our capture has $a RoCEv2 messages, the bridge's $b"; return 1; }
+  section "$1" host | grep -qE "^  requester.packets +$((4 * COUNT))\$" ||
+    { echo "requester.packets is not $((4 * COUNT))"; return 1; }
+}
+
 pp_cases() {  # PREFIX TIMEOUT
   local p=$1 to=$2 t s sizes
   for t in rc uc ud; do
@@ -462,6 +486,7 @@ if start_vm; then
     selfcheck
   else
     pp_cases "" "$PP_TIMEOUT"
+    own_capture_case
     [ "$PERFTEST" = 1 ] && perftest_cases
     [ "$CM" = 1 ] && cm_cases
     [ "$CM" = 1 ] && [ "$LOSSY" = 1 ] && lossy_cm_cases

@@ -9,6 +9,8 @@
 #   rping-s-S<size>        guest rping -c     vs  softrdma rping -s (-C 10 -S size -V)
 #   ib_{write,read,send}_bw  guest ib_*_bw -R  vs  softrdma perf --server --perftest
 #   ib_{write,read}_bw-R-guest-server  guest ib_*_bw -R server  vs  softrdma perf --perftest -R
+#   rping-c-S1000-own-pcap our client's own --pcap capture decodes strictly, holds the
+#                          messages the bridge saw, and its --counters match the exchange
 #   crc-...                the rping cases again against siw built with SIW_MPA_CRC=1
 #
 # Each case's bridge capture is decoded with `softrdma decode --strict`. Prints PASS/FAIL per
@@ -193,6 +195,20 @@ start_vm() {  # BUILD-DIR
   say "booting the VM (BUILD=$1)"
   "$INTEROP" --start --build "$1" ${MTU:+--mtu "$MTU"} >/dev/null || { say "VM boot failed"; return 1; }
 }
+# Our client's own capture (--pcap) of the same connection: it decodes strictly and holds the
+# messages the bridge saw; its counters match the exchange (3 ULPDUs sent and 4 received per
+# ping, MPA startup not counted).
+check_own_capture() {
+  check_softrdma_client "$1" || return 1
+  local own=${1%.log}.own.pcap bridge=${1%.log}.pcap a b
+  "$BIN" decode --strict "$own" >"${1%.log}.own.decode" 2>&1 ||
+    { echo "decode --strict of our own capture $own failed"; return 1; }
+  a=$(tail -1 "${1%.log}.own.decode" | sed -n 's/.* \([0-9]*\) messages.*/\1/p')
+  b=$("$BIN" decode "$bridge" 2>/dev/null | tail -1 | sed -n 's/.* \([0-9]*\) messages.*/\1/p')
+  [ -n "$a" ] && [ "$a" = "$b" ] || { echo "our capture has $a messages, the bridge's $b"; return 1; }
+  grep -qE "^  tx_units +$((3 * COUNT))\$" "$1" || { echo "QP tx_units is not $((3 * COUNT))"; return 1; }
+  grep -qE "^  rx_units +$((4 * COUNT))\$" "$1" || { echo "QP rx_units is not $((4 * COUNT))"; return 1; }
+}
 trap '"$INTEROP" --stop >/dev/null 2>&1' EXIT
 
 # siw as Debian builds it: CRC only if the peer asks.
@@ -202,6 +218,9 @@ if start_vm "$STATE/build"; then
   run_case "rping-c-S4096-crc-asked" check_crc_client --guest-first --wait-port 7174 --timeout 120 \
     --guest "rping -s -a $GUEST_SIW -C $COUNT -S 4096 -V -v" \
     --host "$BIN rping -c -a $GUEST_SIW -C $COUNT -S 4096 -V -v -d --crc"
+  run_case "rping-c-S1000-own-pcap" check_own_capture --guest-first --wait-port 7174 --timeout 120 \
+    --guest "rping -s -a $GUEST_SIW -C $COUNT -S 1000 -V -v" \
+    --host "$BIN rping -c -a $GUEST_SIW -C $COUNT -S 1000 -V -v -d --counters --pcap $OUT/rping-c-S1000-own-pcap.own.pcap"
   [ "$PERFTEST" = 1 ] && perftest_cases
 else
   record "boot (default siw)" 0 "the VM did not boot"
