@@ -885,8 +885,13 @@ fn hand_over(
             true
         }
         Err(e) => {
-            // RFC 5044 §8: report to DDP; nothing more is delivered (MPA-90).
-            engine.handle_llp_error(e);
+            // RFC 5044 §8: report to DDP; nothing more is delivered (MPA-90). Before the
+            // first valid FPDU the connection closes without a Terminate.
+            if startup.state() == StartupState::AwaitingFirstFpdu {
+                engine.handle_llp_error_before_first_fpdu(e);
+            } else {
+                engine.handle_llp_error(e);
+            }
             false
         }
     }

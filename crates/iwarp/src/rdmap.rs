@@ -811,6 +811,19 @@ impl RdmapEngine {
         }
     }
 
+    /// An LLP error before the connection's first valid FPDU (a Responder waiting for it,
+    /// MPA-73): RFC 5044 §8 lets the receiver close without a Terminate, and its Terminate
+    /// could not leave anyway (the Responder sends nothing before that FPDU). The stream
+    /// ends in Error at once, every request flushed; the connection then closes.
+    pub fn handle_llp_error_before_first_fpdu(&mut self, e: LlpError) {
+        tracing::debug!(qp = self.cfg.qp.0, error = %e, "LLP error before the first FPDU");
+        self.events.push_back(QpEvent::LlpError(e));
+        if self.state == StreamState::Rts {
+            self.state = StreamState::Error;
+            self.abort(None, None);
+        }
+    }
+
     /// ULP graceful close (RFC 5040 §6.2): every uncompleted request is flushed and nothing
     /// more is sent or accepted, except a Terminate already queued, which still goes out
     /// (RDMAP-94).

@@ -1174,3 +1174,50 @@ fn gather_source_revoked_before_write_flushes_the_send() {
     assert_eq!((wc.wr_id, wc.status), (7, WcStatus::WorkRequestFlushed));
     assert_eq!(i.conn.state(), ConnState::Dead);
 }
+
+/// RFC 5044 §8 (MPA-90) and issue 14: a Responder waiting for the Initiator's first FPDU
+/// (MPA-73) that gets one failing framing — a bad CRC when CRC was negotiated, or an
+/// ULPDU_Length beyond any this connection takes — may leave the Terminate out, but must
+/// close the connection; it must not sit there open.
+#[test]
+fn a_first_fpdu_that_fails_framing_closes_the_connection() {
+    let now = Instant::now();
+    for crc in [true, false] {
+        let k = Knobs {
+            crc_i: crc,
+            crc_r: crc,
+            ..Knobs::default()
+        };
+        let mut i = side(Role::Initiator, &k, 10, 8192, now);
+        let mut r = side(Role::Responder, &k, 20, 8192, now);
+        let qp = r.conn.config().qp;
+        r.conn
+            .set_data_path(qp, FpduSizing::PathMss, false, false)
+            .unwrap();
+        let mut out = Vec::new();
+        i.conn.poll_transmit(&mut out);
+        r.conn.handle_input(now, &out);
+        events(&mut r);
+        let mut reply = Vec::new();
+        r.conn.poll_transmit(&mut reply);
+        i.conn.handle_input(now, &reply);
+        events(&mut i);
+        assert!(i.established);
+        i.conn
+            .engine_mut()
+            .post_send(SendWr::send(4, vec![Sge::new(i.key, IOVA, 100)]))
+            .unwrap();
+        let mut fpdu = Vec::new();
+        i.conn.poll_transmit(&mut fpdu);
+        if crc {
+            fpdu[30] ^= 0x40; // inside the ULPDU: the CRC no longer matches
+        } else {
+            fpdu[0] = 0xff; // ULPDU_Length 0xff.. : beyond the largest FPDU
+        }
+        r.conn.handle_input(now, &fpdu);
+        events(&mut r);
+        let mut t = Vec::new();
+        r.conn.poll_transmit(&mut t);
+        assert_eq!(r.conn.state(), ConnState::Dead, "crc {crc}");
+    }
+}
