@@ -772,6 +772,9 @@ pub fn client(
         )));
     };
     let _ = sock.set_nodelay(true);
+    // And the exchange itself: a server that answers half never holds us.
+    let _ = sock.set_read_timeout(o.timeout);
+    let _ = sock.set_write_timeout(o.timeout);
     let local = match o.bind {
         Some(b) => b,
         None => sock.local_addr()?.ip().to_canonical(),
@@ -813,6 +816,9 @@ pub fn serve(
         .accept()
         .map_err(|e| PingpongError::Exchange(format!("accept() failed: {e}")))?;
     let _ = sock.set_nodelay(true);
+    // A client that sends half its message and waits must not hold the server forever.
+    let _ = sock.set_read_timeout(o.timeout);
+    let _ = sock.set_write_timeout(o.timeout);
     let local = match o.bind {
         Some(b) => b,
         None => sock.local_addr()?.ip().to_canonical(),

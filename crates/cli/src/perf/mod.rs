@@ -303,6 +303,11 @@ pub struct PerfArgs {
     /// Busy-poll completion queues instead of sleeping until a completion arrives.
     #[arg(long)]
     pub busy: bool,
+    /// --server: the largest message buffer a client may ask for, octets (its requests above
+    /// it are rejected with the reason). Default 1 GiB, -s's own limit.
+    #[arg(long, value_name = "OCTETS", default_value_t = 1 << 30,
+          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    pub max_buffer: u64,
     /// After the run: every client test QP's counters and the client device's (table and
     /// JSON).
     #[arg(long, conflicts_with = "qps")]
@@ -531,6 +536,7 @@ impl PerfArgs {
             log,
             wait: self.wait(),
             busy_poll: self.busy_poll(),
+            max_buffer: self.max_buffer,
         })
     }
 

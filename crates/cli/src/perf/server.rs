@@ -40,6 +40,9 @@ pub struct ServerOpts {
     pub wait: WaitMode,
     /// How blocking waits poll before they sleep.
     pub busy_poll: BusyPoll,
+    /// The largest buffer a client may ask for, octets (each test registers its size twice,
+    /// Send bandwidth once per receive credit at most `rx_depth` × size worth of posts).
+    pub max_buffer: u64,
 }
 
 /// How the listening thread tells a test thread its test is over.
@@ -95,6 +98,19 @@ pub fn serve(
                 let _ = req.reject(b"softrdma perf: unknown request");
                 continue;
             };
+            // A client says how much memory its test takes: never more than the cap.
+            if !matches!(r.test, Test::Bye | Test::End) && u64::from(r.size) > o.max_buffer {
+                eprintln!(
+                    "softrdma perf: {peer}: {} octets asked, above --max-buffer {}: rejected",
+                    r.size, o.max_buffer
+                );
+                let why = format!(
+                    "softrdma perf: {} octets is above the server's --max-buffer {}",
+                    r.size, o.max_buffer
+                );
+                let _ = req.reject(why.as_bytes());
+                continue;
+            }
             match r.test {
                 Test::Bye => {
                     let _ = req.reject(b"bye");

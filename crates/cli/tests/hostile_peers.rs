@@ -1,0 +1,181 @@
+//! Issue 14's findings against the tools' servers: a peer that connects and then idles, a
+//! request for a huge buffer, an out-of-band message sent half. None may stop the server
+//! for others or make it allocate what it was asked without a limit.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use softrdma::{ConnectParams, Context, Error, QpInitAttr};
+use softrdma_cli::perf::proto::{Request, Test};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+/// Safety net: a hung server fails the test instead of hanging it.
+const SAFETY: Duration = Duration::from_secs(60);
+
+/// Kills `child` unless told to stand down first.
+fn watchdog(pid: u32) -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(SAFETY).is_err() {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    });
+    tx
+}
+
+/// A free port whose successor is free too (the raw baseline's).
+fn free_ports() -> u16 {
+    loop {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// `perf --server` on free ports, once it says it serves.
+fn perf_server(extra: &[&str]) -> (Child, String) {
+    let port = free_ports().to_string();
+    let mut server = Command::new(BIN)
+        .args(["perf", "--server", "-B", "127.0.0.1", "-p", &port])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("serving on") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the server exited");
+    }
+    std::thread::spawn(move || for _ in err.lines() {});
+    (server, port)
+}
+
+fn client_run(port: &str) -> std::process::Output {
+    Command::new(BIN)
+        .args([
+            "perf",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-n",
+            "20",
+            "-s",
+            "4096",
+            "--op",
+            "write",
+        ])
+        .args(["--connect-timeout", "10"])
+        .output()
+        .unwrap()
+}
+
+/// A peer that completes MPA startup with a valid test request and then sends nothing
+/// holds one connection, not the server: a client after it runs its tests.
+#[test]
+fn an_idle_peer_does_not_stop_the_perf_server() {
+    let (mut server, port) = perf_server(&[]);
+    let dog = watchdog(server.id());
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16, None);
+    let idle = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
+    let req = Request {
+        size: 4096,
+        ..Request::new(Test::WriteBw)
+    };
+    idle.connect(
+        format!("127.0.0.1:{port}"),
+        ConnectParams {
+            private_data: req.emit(),
+            ..ConnectParams::default()
+        },
+    )
+    .unwrap();
+    let out = client_run(&port);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(idle);
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = dog.send(());
+}
+
+/// A request for a buffer above the server's `--max-buffer` is refused with the reason in
+/// the reject (nothing allocated), and the server goes on serving.
+#[test]
+fn a_request_above_the_buffer_cap_is_refused() {
+    let (mut server, port) = perf_server(&["--max-buffer", "1048576"]);
+    let dog = watchdog(server.id());
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16, None);
+    for (test, size) in [(Test::WriteBw, u32::MAX), (Test::SendBw, 2 << 20)] {
+        let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
+        let req = Request {
+            size,
+            rx_depth: 64,
+            ..Request::new(test)
+        };
+        let r = qp.connect(
+            format!("127.0.0.1:{port}"),
+            ConnectParams {
+                private_data: req.emit(),
+                ..ConnectParams::default()
+            },
+        );
+        match r {
+            Err(Error::Rejected { private_data, .. }) => {
+                let why = String::from_utf8_lossy(&private_data);
+                assert!(why.contains("1048576"), "{why}");
+            }
+            other => panic!("{size} octets: {other:?}"),
+        }
+    }
+    let out = client_run(&port);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = dog.send(());
+}
+
+/// The pingpong server reads the client's address message with a deadline (`--timeout`):
+/// a client that sends half of it and waits makes the server give up with an error naming
+/// the exchange, not wait forever.
+#[test]
+fn a_half_sent_exchange_message_times_out() {
+    let mut server = Command::new(BIN)
+        .args(["pingpong", "--rc", "-p", "0", "--timeout", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dog = watchdog(server.id());
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let port = loop {
+        let l = lines.next().expect("server output").unwrap();
+        if let Some(a) = l.strip_prefix("listening on ") {
+            break a.rsplit(':').next().unwrap().to_string();
+        }
+    };
+    let mut s = TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    s.write_all(b"0000:000011:").unwrap();
+    let out = server.wait_with_output().unwrap();
+    let _ = dog.send(());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("remote address"), "{err}");
+    drop(s);
+}
