@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use softrdma::{ConnectParams, Context, Error, QpInitAttr};
+use softrdma::{ConnectParams, Context, Device, Error, QpInitAttr, RoceConfig};
 use softrdma_cli::perf::proto::{Request, Test};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
@@ -56,48 +56,37 @@ fn perf_server(extra: &[&str]) -> (Child, String) {
     (server, port)
 }
 
-fn client_run(port: &str) -> std::process::Output {
+fn client_run(args: &[&str]) -> std::process::Output {
     Command::new(BIN)
+        .arg("perf")
+        .args(args)
         .args([
-            "perf",
-            "127.0.0.1",
-            "-p",
-            port,
             "-n",
             "20",
             "-s",
             "4096",
             "--op",
             "write",
+            "--connect-timeout",
+            "10",
         ])
-        .args(["--connect-timeout", "10"])
         .output()
         .unwrap()
 }
 
-/// A peer that completes MPA startup with a valid test request and then sends nothing
-/// holds one connection, not the server: a client after it runs its tests.
+/// Peers that complete connection setup with a valid test request and then send nothing
+/// hold their connections, not the server: a client runs its tests meanwhile (iWARP, a few
+/// idle peers from its own address); one address gets at most 16 tests at once, the 17th
+/// refused as busy, and a client from another address is still served (RoCE, where a
+/// context has an address of its own).
 #[test]
-fn an_idle_peer_does_not_stop_the_perf_server() {
+fn idle_peers_do_not_stop_the_perf_server() {
+    // iWARP.
     let (mut server, port) = perf_server(&[]);
     let dog = watchdog(server.id());
     let ctx = Context::open().unwrap();
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(16, None);
-    let idle = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
-    let req = Request {
-        size: 4096,
-        ..Request::new(Test::WriteBw)
-    };
-    idle.connect(
-        format!("127.0.0.1:{port}"),
-        ConnectParams {
-            private_data: req.emit(),
-            ..ConnectParams::default()
-        },
-    )
-    .unwrap();
-    let out = client_run(&port);
+    let idle = idle_tests(&ctx, &format!("127.0.0.1:{port}"), 4);
+    let out = client_run(&["127.0.0.1", "-p", &port]);
     assert!(
         out.status.success(),
         "{}",
@@ -107,6 +96,73 @@ fn an_idle_peer_does_not_stop_the_perf_server() {
     let _ = server.kill();
     let _ = server.wait();
     let _ = dog.send(());
+
+    // RoCE: three contexts on one UDP port, 127.0.0.1 (server), .3 (client), .4 (idle).
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let roce_port = udp.local_addr().unwrap().port().to_string();
+    drop(udp);
+    let (mut server, port) = perf_server(&["--transport", "roce", "--roce-port", &roce_port]);
+    let dog = watchdog(server.id());
+    let mut cfg = RoceConfig::new("127.0.0.4".parse().unwrap());
+    cfg.port = roce_port.parse().unwrap();
+    let ctx = Device::roce(cfg).open().unwrap();
+    let target = format!("127.0.0.1:{port}");
+    let idle = idle_tests(&ctx, &target, 16);
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4, None);
+    let one_more = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
+    match one_more.connect(target.as_str(), idle_request()) {
+        Err(Error::Rejected { private_data, .. }) => {
+            let why = String::from_utf8_lossy(&private_data);
+            assert!(why.contains("busy"), "{why}");
+        }
+        other => panic!("the 17th test of one address: {other:?}"),
+    }
+    let out = client_run(&[
+        "--transport",
+        "roce",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-B",
+        "127.0.0.3",
+        "--roce-port",
+        &roce_port,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(idle);
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = dog.send(());
+}
+
+/// A valid Write bandwidth request, whose client then never writes.
+fn idle_request() -> ConnectParams {
+    let req = Request {
+        size: 4096,
+        ..Request::new(Test::WriteBw)
+    };
+    ConnectParams {
+        private_data: req.emit(),
+        ..ConnectParams::default()
+    }
+}
+
+/// `n` connected QPs of `ctx` that never do anything.
+fn idle_tests(ctx: &Context, target: &str, n: usize) -> Vec<softrdma::Qp> {
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64, None);
+    (0..n)
+        .map(|_| {
+            let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
+            qp.connect(target, idle_request()).unwrap();
+            qp
+        })
+        .collect()
 }
 
 /// A request for a buffer above the server's `--max-buffer` is refused with the reason in
@@ -140,7 +196,7 @@ fn a_request_above_the_buffer_cap_is_refused() {
             other => panic!("{size} octets: {other:?}"),
         }
     }
-    let out = client_run(&port);
+    let out = client_run(&["127.0.0.1", "-p", &port]);
     assert!(
         out.status.success(),
         "{}",

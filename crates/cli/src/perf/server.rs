@@ -5,6 +5,7 @@
 //! `Bye` ends a session.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::ScopedJoinHandle;
@@ -26,6 +27,9 @@ const POLL: Duration = Duration::from_millis(50);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Test threads kept for their `End` before finished ones are forgotten.
 const KEEP: usize = 64;
+/// Tests one client address may run at once (a perf client runs one at a time; perftest-style
+/// parallel runs or several clients behind one address stay well below it).
+const PER_PEER: usize = 16;
 
 /// What the server does.
 #[derive(Clone, Copy, Debug)]
@@ -54,11 +58,12 @@ struct Ctl {
 }
 
 /// The running tests, by id.
-type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>)>;
+/// Running tests by id: their control, their thread, the client's address.
+type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>, IpAddr)>;
 
 /// Ends every running test.
 fn stop_all(tests: &mut Tests<'_>) {
-    for (_, (ctl, h)) in tests.drain() {
+    for (_, (ctl, h, _)) in tests.drain() {
         ctl.ended.store(true, Ordering::Release);
         h.thread().unpark();
         let _ = h.join();
@@ -124,7 +129,7 @@ pub fn serve(
                 }
                 Test::End => {
                     let report = match tests.remove(&r.id) {
-                        Some((ctl, h)) => {
+                        Some((ctl, h, _)) => {
                             ctl.sent.store(r.count, Ordering::Release);
                             ctl.ended.store(true, Ordering::Release);
                             h.thread().unpark();
@@ -144,9 +149,21 @@ pub fn serve(
                     if o.log {
                         eprintln!("softrdma perf: {peer}: {test} {} octets", r.size);
                     }
-                    if tests.len() >= KEEP {
-                        // Clients that never sent their End.
-                        tests.retain(|_, (_, h)| !h.is_finished());
+                    // Tests whose client left without its End.
+                    tests.retain(|_, (_, h, _)| !h.is_finished());
+                    // One client (address) holds at most PER_PEER tests at once and all
+                    // together at most KEEP: a peer that connects and idles cannot take the
+                    // server from the others.
+                    let mine = tests.values().filter(|t| t.2 == peer.ip()).count();
+                    if mine >= PER_PEER || tests.len() >= KEEP {
+                        let why = format!(
+                            "softrdma perf: busy ({mine} tests of {} running, {} in all; at most {PER_PEER} per client and {KEEP} in all)",
+                            peer.ip(),
+                            tests.len()
+                        );
+                        eprintln!("softrdma perf: {peer}: {why}");
+                        let _ = req.reject(why.as_bytes());
+                        continue;
                     }
                     next_id = next_id.wrapping_add(1);
                     let id = next_id;
@@ -162,7 +179,7 @@ pub fn serve(
                         }
                         report
                     });
-                    tests.insert(id, (ctl, h));
+                    tests.insert(id, (ctl, h, peer.ip()));
                 }
             }
         }
