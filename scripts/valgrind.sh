@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run the memory crate's tests and the loopback integration tests — iWARP (loopback), RoCE
 # (roce_loopback), both transports through the one verbs surface (both_transports,
-# one_surface) — under valgrind memcheck (issue 3, Done-when 6; issue 8, Done-when 5).
+# one_surface), the async API (async_api, async_pingpong: tokio's fd registration) and the
+# allocation count (no_alloc: a counting global allocator) — under valgrind memcheck (issue 3,
+# Done-when 6; issue 8, Done-when 5; issue 13).
 # Exits non-zero on any memcheck error.
 #   scripts/valgrind.sh            # 64 MiB test skipped (it takes ~150 s under valgrind)
 #   scripts/valgrind.sh --all      # include it
@@ -24,9 +26,15 @@ loop=$(bin -p softrdma --test loopback)
 roce=$(bin -p softrdma --test roce_loopback)
 both=$(bin -p softrdma --test both_transports)
 one=$(bin -p softrdma --test one_surface)
+asy=$(bin -p softrdma --test async_api)
+app=$(bin -p softrdma --test async_pingpong)
+noa=$(bin -p softrdma --test no_alloc)
 valgrind --tool=memcheck --error-exitcode=1 "$mem" --test-threads=1
 valgrind --tool=memcheck --error-exitcode=1 "$loop" "${skip[@]}"
 valgrind --tool=memcheck --error-exitcode=1 "$roce" "${roce_skip[@]}"
 valgrind --tool=memcheck --error-exitcode=1 "$both"
 valgrind --tool=memcheck --error-exitcode=1 "$one"
-echo "valgrind: memory, loopback, roce_loopback, both_transports and one_surface tests clean"
+valgrind --tool=memcheck --error-exitcode=1 "$asy"
+valgrind --tool=memcheck --error-exitcode=1 "$app"
+valgrind --tool=memcheck --error-exitcode=1 "$noa"
+echo "valgrind: memory, loopback, roce_loopback, both_transports, one_surface, async and no_alloc tests clean"
