@@ -181,11 +181,15 @@ fn mixed_ops_clean_network() {
 #[test]
 #[ignore]
 fn mixed_ops_20_percent_loss_many_seeds() {
-    let n: u64 = std::env::var("SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
-    for seed in 100..100 + n {
+    // Any range: SEEDS seeds from SEED_BASE (default 20 from 100).
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, base) = (env("SEEDS", 20), env("SEED_BASE", 100));
+    for seed in base..base + n {
         run(mixed(0.20), seed);
     }
 }
