@@ -220,11 +220,9 @@ pub struct Requester {
     cwnd: u32,
     ssthresh: u32,
     cwnd_acc: u32,
-    /// Send the packet at `una` twice (the next time it goes out, after a retry).
-    dup_head: bool,
-    /// ... even a READ/ATOMIC request (whose duplicate has the responses generated twice):
-    /// only after an ACK timeout, where the path has shown it loses the retries themselves.
-    dup_read: bool,
+    /// Extra copies of the packet at `una` to send the next time it goes out (after a
+    /// retry; see `retry_copies`).
+    dup_head: u8,
     /// UC/UD send queue error (SQE): requests are flushed until resumed.
     sqe: bool,
     timer: Option<Instant>,
@@ -248,8 +246,7 @@ impl Requester {
             cwnd: cfg.window.clamp(MIN_CWND, INITIAL_CWND),
             ssthresh: cfg.window,
             cwnd_acc: 0,
-            dup_head: false,
-            dup_read: false,
+            dup_head: 0,
             sqe: false,
             cfg,
             keys,
@@ -461,7 +458,7 @@ impl Requester {
             self.on_loss(true);
             tracing::debug!(qpn = self.cfg.qpn, una = self.una, "local ACK timeout");
             self.retry(WcStatus::RetryExceeded);
-            self.dup_read = true;
+            self.dup_head = self.retry_copies(true);
         }
     }
 
@@ -487,8 +484,25 @@ impl Requester {
         }
         self.retry_left -= 1;
         self.go_back(self.una);
-        self.dup_head = true;
-        self.dup_read = false;
+        self.dup_head = self.retry_copies(false);
+    }
+
+    /// Extra copies of the oldest unacknowledged packet a retry sends. Each retry is one of
+    /// the `retry_cnt` a request may use without forward progress, and the whole queue
+    /// waits on that one packet: at 20 % loss one copy and its answer fail a round 36 % of
+    /// the time, and eight rounds in a row came once in ~3,500 retried requests, which a
+    /// 10,000-request run meets. k copies (the responder executes one and answers each
+    /// duplicate again: 9.7.5.1.5, IBT-X-13) fail a round about 0.36^k of the time: one
+    /// extra on the first retry, two from the second on. A READ/ATOMIC duplicate has every
+    /// response generated again, so it gets its extra copy only after an ACK timeout
+    /// (`timeout`) or once retries run back to back.
+    fn retry_copies(&self, timeout: bool) -> u8 {
+        let used = self.cfg.retry_cnt.saturating_sub(self.retry_left);
+        let head_read = self.sq.front().is_some_and(|w| w.op.is_read_or_atomic());
+        if head_read && !timeout && used < 2 {
+            return 0;
+        }
+        used.clamp(1, 2)
     }
 
     /// Responses show that some were lost. Once per go-back: the responses to packets sent
@@ -619,22 +633,10 @@ impl Requester {
             self.counters.retransmitted += 1;
         }
         let dest = self.sq[self.tx_idx].ud;
-        // A retry sends the packet at `una` twice. Each retry is one of the `retry_cnt` the
-        // request may use without forward progress, and the whole queue waits on that one
-        // packet: at 20 % loss one copy and its answer fail a round 36 % of the time, eight
-        // rounds in a row once in ~3,500 retried requests, which a long run meets. Two copies
-        // (the responder executes one and answers the duplicate again: 9.7.5.1.5, IBT-X-13)
-        // fail a round ~13 % of the time, eight in a row ~3,000 times more rarely, for one
-        // extra packet per retry. A READ/ATOMIC request is sent twice only after a timeout:
-        // its duplicate has every response generated again.
-        if self.dup_head && rc && psn == self.una {
-            let read = self.sq[self.tx_idx].op.is_read_or_atomic();
-            let dup = !read || self.dup_read;
-            self.dup_head = false;
-            self.dup_read = false;
-            if dup {
-                return Some(Tx { len, dest });
-            }
+        // A retry sends the packet at `una` more than once (`retry_copies`).
+        if self.dup_head > 0 && rc && psn == self.una {
+            self.dup_head -= 1;
+            return Some(Tx { len, dest });
         }
         if last {
             if self.sq[self.tx_idx].op.is_read_or_atomic() {
@@ -954,8 +956,7 @@ impl Requester {
                         }
                         self.retry_left -= 1;
                         self.go_back(self.una);
-                        self.dup_head = true;
-                        self.dup_read = false;
+                        self.dup_head = self.retry_copies(false);
                     }
                     Syndrome::Nak(code) => {
                         tracing::warn!(qpn = self.cfg.qpn, psn, code = %code, "NAK: request failed");
