@@ -1,10 +1,10 @@
 //! `--counters` (issue 13): per-QP and per-device counters from `rping`, `pingpong` and
 //! `perf`, checked against what the run must have sent and received.
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::thread::JoinHandle;
+use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 
@@ -35,26 +35,6 @@ fn blocks(out: &str) -> HashMap<String, HashMap<String, u64>> {
     m
 }
 
-/// Starts a server tool and waits for the line that names its port; its further standard
-/// output is collected by a thread, joined when the server is done.
-fn spawn_server(args: &[&str], ready: &str) -> (std::process::Child, String, JoinHandle<String>) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let port = loop {
-        let l = lines.next().expect("server output").unwrap();
-        if let Some(a) = l.strip_prefix(ready) {
-            break a.rsplit(':').next().unwrap().to_string();
-        }
-    };
-    let rest = std::thread::spawn(move || lines.map(|l| l.unwrap() + "\n").collect::<String>());
-    (child, port, rest)
-}
-
 fn output(c: Command) -> String {
     let mut c = c;
     let o = c.output().unwrap();
@@ -70,7 +50,7 @@ fn output(c: Command) -> String {
 #[test]
 fn rping_counters_count_every_message_both_sides() {
     let (pings, size) = (5u64, 1000u64);
-    let (mut server, port, rest) = spawn_server(
+    let (mut server, port, rest) = common::spawn_server(
         &[
             "rping",
             "-s",
@@ -147,7 +127,7 @@ fn pingpong_counters_count_packets() {
         "--counters",
     ];
     let (mut server, port, _rest) =
-        spawn_server(&[&common[..], &["-p", "0"]].concat(), "listening on ");
+        common::spawn_server(&[&common[..], &["-p", "0"]].concat(), "listening on ");
     let mut c = Command::new(BIN);
     c.args(common).args(["-p", &port, "--bind", cip, sip]);
     let cout = output(c);

@@ -2,6 +2,8 @@
 //! request for a huge buffer, an out-of-band message sent half. None may stop the server
 //! for others or make it allocate what it was asked without a limit.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -26,20 +28,9 @@ fn watchdog(pid: u32) -> mpsc::Sender<()> {
     tx
 }
 
-/// A free port whose successor is free too (the raw baseline's).
-fn free_ports() -> u16 {
-    loop {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
-}
-
 /// `perf --server` on free ports, once it says it serves.
 fn perf_server(extra: &[&str]) -> (Child, String) {
-    let port = free_ports().to_string();
+    let port = common::free_ports().to_string();
     let mut server = Command::new(BIN)
         .args(["perf", "--server", "-B", "127.0.0.1", "-p", &port])
         .args(extra)
@@ -212,26 +203,18 @@ fn a_request_above_the_buffer_cap_is_refused() {
 /// the exchange, not wait forever.
 #[test]
 fn a_half_sent_exchange_message_times_out() {
-    let mut server = Command::new(BIN)
-        .args(["pingpong", "--rc", "-p", "0", "--timeout", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut server, port, _rest) = common::spawn_server(
+        &["pingpong", "--rc", "-p", "0", "--timeout", "2"],
+        "listening on ",
+    );
     let dog = watchdog(server.id());
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let port = loop {
-        let l = lines.next().expect("server output").unwrap();
-        if let Some(a) = l.strip_prefix("listening on ") {
-            break a.rsplit(':').next().unwrap().to_string();
-        }
-    };
     let mut s = TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
     s.write_all(b"0000:000011:").unwrap();
-    let out = server.wait_with_output().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut err).unwrap();
+    let status = server.wait().unwrap();
     let _ = dog.send(());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    assert!(!status.success(), "{err}");
     assert!(err.contains("remote address"), "{err}");
     drop(s);
 }

@@ -5,9 +5,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -206,20 +206,20 @@ fn sides_agree(server: &[Value], client: &[Value], min: usize) {
 #[test]
 fn rping_server_and_client_captures_agree() {
     let (spcap, cpcap) = (tmp("rping-s.pcap"), tmp("rping-c.pcap"));
-    let mut server = Command::new(BIN)
-        .args(["rping", "-s", "-d", "-a", "127.0.0.1", "-p", "0", "--pcap"])
-        .arg(&spcap)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let port = loop {
-        let l = lines.next().expect("server output").unwrap();
-        if let Some(a) = l.strip_prefix("rdma_listen on ") {
-            break a.rsplit(':').next().unwrap().to_string();
-        }
-    };
+    let (server, port, _rest) = common::spawn_server(
+        &[
+            "rping",
+            "-s",
+            "-d",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "--pcap",
+            spcap.to_str().unwrap(),
+        ],
+        "rdma_listen on ",
+    );
     let (_, cerr) = run(&[
         "rping",
         "-c",
@@ -259,23 +259,27 @@ fn rping_server_and_client_captures_agree() {
 fn pingpong_server_and_client_captures_agree() {
     let (sip, cip) = ("127.0.77.1", "127.0.77.2");
     let (spcap, cpcap) = (tmp("pp-s.pcap"), tmp("pp-c.pcap"));
-    let mut server = Command::new(BIN)
-        .args([
-            "pingpong", "--rc", "-n", "5", "-s", "3000", "-g", "1", "-p", "0",
-        ])
-        .args(["--linger", "20", "--timeout", "30", "--pcap"])
-        .arg(&spcap)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let port = loop {
-        let l = lines.next().expect("server output").unwrap();
-        if let Some(a) = l.strip_prefix("listening on ") {
-            break a.rsplit(':').next().unwrap().to_string();
-        }
-    };
+    let (server, port, _rest) = common::spawn_server(
+        &[
+            "pingpong",
+            "--rc",
+            "-n",
+            "5",
+            "-s",
+            "3000",
+            "-g",
+            "1",
+            "-p",
+            "0",
+            "--linger",
+            "20",
+            "--timeout",
+            "30",
+            "--pcap",
+            spcap.to_str().unwrap(),
+        ],
+        "listening on ",
+    );
     run(&[
         "pingpong",
         "--rc",

@@ -211,15 +211,6 @@ fn every_op_both_wait_modes_both_transports() {
 
 /// A free TCP port on 127.0.0.1 (and the one after it, for the raw server), as far as one
 /// can tell without keeping them.
-fn free_ports() -> u16 {
-    loop {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
-}
 
 /// `--server --once` and a client of HOST in two processes, over each transport: the
 /// client's session ends the server, which exits 0.
@@ -228,7 +219,7 @@ fn server_and_client_processes() {
     let bin = env!("CARGO_BIN_EXE_softrdma");
     let cases: [(&str, &[&str]); 2] = [("iwarp", &[]), ("roce", &["--roce-port", "24791"])];
     for (transport, roce) in cases {
-        let port = free_ports().to_string();
+        let port = common::free_ports().to_string();
         let mut server = Command::new(bin)
             .args(["perf", "--transport", transport, "--server", "--once"])
             .args(["-B", "127.0.0.1", "-p", &port])

@@ -655,17 +655,16 @@ mod tests {
         u
     }
 
-    /// A connection after the MPA startup (`markers`, `crc` both ways): the initiator's
-    /// stream of `fpdus`, one segment each, with the segments `lost` never delivered; the
-    /// records decoded and the stream errors.
-    fn follow(
-        fpdus: &[Vec<u8>],
+    /// A stream whose MPA Request and Reply (rev 1, `markers`, `crc`) start at `seq`, the
+    /// Request in frame 1, the Reply in frame 1 (`same_frame`) or 2.
+    fn started(
         markers: bool,
         crc: bool,
-        lost: &[usize],
-    ) -> (Vec<Record>, Vec<String>) {
+        seq: u32,
+        same_frame: bool,
+        out: &mut Vec<Record>,
+    ) -> Connection {
         let mut c = Connection::default();
-        let mut out = Vec::new();
         for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
             let f = mpa::FrameRepr {
                 kind,
@@ -678,8 +677,23 @@ mod tests {
             };
             let mut b = vec![0; f.buffer_len()];
             f.emit(&mut b).unwrap();
-            c.segment(&ctx(1 + dir as u64), dir, 1000, false, &b, &mut out);
+            let frame = if same_frame { 1 } else { 1 + dir as u64 };
+            c.segment(&ctx(frame), dir, seq, false, &b, out);
         }
+        c
+    }
+
+    /// A connection after the MPA startup (`markers`, `crc` both ways): the initiator's
+    /// stream of `fpdus`, one segment each, with the segments `lost` never delivered; the
+    /// records decoded and the stream errors.
+    fn follow(
+        fpdus: &[Vec<u8>],
+        markers: bool,
+        crc: bool,
+        lost: &[usize],
+    ) -> (Vec<Record>, Vec<String>) {
+        let mut out = Vec::new();
+        let mut c = started(markers, crc, 1000, false, &mut out);
         let mut seq = 1000 + mpa::FRAME_HEADER_LEN as u32;
         let mut pos = 0u32;
         for (i, u) in fpdus.iter().enumerate() {
@@ -732,22 +746,8 @@ mod tests {
             b.extend([0xff; 7]);
             b
         };
-        let mut c = Connection::default();
         let mut out = Vec::new();
-        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
-            let f = mpa::FrameRepr {
-                kind,
-                m: false,
-                c: false,
-                r: false,
-                res: 0,
-                rev: 1,
-                private_data: &[],
-            };
-            let mut b = vec![0; f.buffer_len()];
-            f.emit(&mut b).unwrap();
-            c.segment(&ctx(1), dir, 0, false, &b, &mut out);
-        }
+        let mut c = started(false, false, 0, true, &mut out);
         let real = |m| {
             let mut b = vec![0; 128];
             let n = mpa::encode_fpdu(&[&send(m, 10)], 0, false, false, &mut b).unwrap();
@@ -778,22 +778,8 @@ mod tests {
     #[test]
     fn a_bad_crc_is_no_place_to_resume() {
         let fpdus: Vec<Vec<u8>> = (1..=4).map(|m| send(m, 40)).collect();
-        let mut c = Connection::default();
         let mut out = Vec::new();
-        for (dir, kind) in [(0, mpa::FrameKind::Request), (1, mpa::FrameKind::Reply)] {
-            let f = mpa::FrameRepr {
-                kind,
-                m: false,
-                c: true,
-                r: false,
-                res: 0,
-                rev: 1,
-                private_data: &[],
-            };
-            let mut b = vec![0; f.buffer_len()];
-            f.emit(&mut b).unwrap();
-            c.segment(&ctx(1), dir, 0, false, &b, &mut out);
-        }
+        let mut c = started(false, true, 0, true, &mut out);
         let mut seq = mpa::FRAME_HEADER_LEN as u32;
         for (i, u) in fpdus.iter().enumerate() {
             let mut b = vec![0; 128];

@@ -93,8 +93,12 @@ impl Bw {
     /// `bytes` octets of `size`-octet messages in `elapsed` (the last message may be
     /// partial: a lossy baseline counts what arrived).
     pub fn of_octets(bytes: u64, size: u32, elapsed: Duration) -> Bw {
-        let seconds = elapsed.as_secs_f64().max(1e-9);
-        let iters = bytes / u64::from(size.max(1));
+        Bw::rated(bytes / u64::from(size.max(1)), bytes, elapsed.as_secs_f64())
+    }
+
+    /// `iters` messages, `bytes` octets in `seconds`: the rates.
+    fn rated(iters: u64, bytes: u64, seconds: f64) -> Bw {
+        let seconds = seconds.max(1e-9);
         Bw {
             iters,
             bytes,
@@ -112,18 +116,15 @@ impl Bw {
     /// Two measurements taken at the same time (`-b`'s two directions): their octets and
     /// messages over the longer of their times.
     pub fn plus(&self, o: &Bw) -> Bw {
-        let seconds = self.seconds.max(o.seconds).max(1e-9);
-        let (bytes, iters) = (self.bytes + o.bytes, self.iters + o.iters);
         Bw {
-            iters,
-            bytes,
-            seconds,
-            gbit_s: bytes as f64 * 8.0 / seconds / 1e9,
-            mbyte_s: bytes as f64 / seconds / MB,
-            mpps: iters as f64 / seconds / 1e6,
             lost_bytes: self.lost_bytes + o.lost_bytes,
             // Both directions at their best at once is an upper bound, not a measurement.
             peak_gbit_s: self.peak_gbit_s.zip(o.peak_gbit_s).map(|(a, b)| a + b),
+            ..Bw::rated(
+                self.iters + o.iters,
+                self.bytes + o.bytes,
+                self.seconds.max(o.seconds),
+            )
         }
     }
 }

@@ -98,3 +98,39 @@ pub fn softrdma_json(args: &[&str]) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Starts `softrdma ARGS` as a server and waits for the standard-output line that starts
+/// with `ready` and names its port (`... on ADDR:PORT`); the rest of its standard output is
+/// read by a thread and returned when joined (the server exited).
+pub fn spawn_server(
+    args: &[&str],
+    ready: &str,
+) -> (std::process::Child, String, std::thread::JoinHandle<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let port = loop {
+        let l = lines.next().expect("server output").unwrap();
+        if let Some(a) = l.strip_prefix(ready) {
+            break a.rsplit(':').next().unwrap().to_string();
+        }
+    };
+    let rest = std::thread::spawn(move || lines.map(|l| l.unwrap() + "\n").collect::<String>());
+    (child, port, rest)
+}
+
+/// A free TCP port on 127.0.0.1 whose successor is free too (perf's raw baseline port).
+pub fn free_ports() -> u16 {
+    loop {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+}
