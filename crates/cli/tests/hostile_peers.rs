@@ -218,3 +218,125 @@ fn a_half_sent_exchange_message_times_out() {
     assert!(err.contains("remote address"), "{err}");
     drop(s);
 }
+
+/// Issue 14: a peer killed (SIGKILL) in the middle of a stream of RDMA Writes. The QP goes
+/// to Error with every outstanding request completed (flushed or failed, none lost), and a
+/// new connection to a new peer works. iWARP: the kernel resets or closes the TCP
+/// connection; RoCE: nothing more is heard, the ACK timer runs out of retries.
+#[test]
+fn a_peer_killed_mid_write_fails_the_qp_and_a_new_connection_works() {
+    use softrdma::{Access, QpState, SendWr, WcStatus};
+    use softrdma_cli::perf::proto::Reply;
+    for transport in ["iwarp", "roce"] {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let roce_port = udp.local_addr().unwrap().port();
+        drop(udp);
+        let rp = roce_port.to_string();
+        let extra: Vec<&str> = match transport {
+            "roce" => vec!["--transport", "roce", "--roce-port", &rp],
+            _ => vec![],
+        };
+        let ctx = match transport {
+            "roce" => {
+                let mut cfg = RoceConfig::new("127.0.0.4".parse().unwrap());
+                cfg.port = roce_port;
+                Device::roce(cfg).open().unwrap()
+            }
+            _ => Context::open().unwrap(),
+        };
+        let pd = ctx.alloc_pd();
+        let mr = pd.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+        let cq = ctx.create_cq(4096, None);
+        // Connects a QP to a fresh server for a Write test of 1 MiB; the server's buffer.
+        let start = |cq: &softrdma::Cq| {
+            let (server, port) = perf_server(&extra);
+            let qp = pd
+                .create_qp(QpInitAttr {
+                    cap: softrdma::QpCap {
+                        max_send_wr: 1024,
+                        ..softrdma::QpCap::default()
+                    },
+                    ..QpInitAttr::new(cq, cq)
+                })
+                .unwrap();
+            let req = Request {
+                size: 1 << 20,
+                ..Request::new(Test::WriteBw)
+            };
+            let conn = qp
+                .connect(
+                    format!("127.0.0.1:{port}"),
+                    ConnectParams {
+                        private_data: req.emit(),
+                        ..ConnectParams::default()
+                    },
+                )
+                .unwrap();
+            let reply = Reply::parse(&conn.peer_private_data).expect("a perf reply");
+            (server, qp, reply)
+        };
+        let (mut server, qp, reply) = start(&cq);
+        let dog = watchdog(server.id());
+        let write = |qp: &softrdma::Qp, id: u64| {
+            qp.post_send(SendWr::write(
+                id,
+                [mr.sge(0, 1 << 20)],
+                softrdma::Key(reply.buf.rkey),
+                reply.buf.addr,
+            ))
+        };
+        // A first Write completes: the connection carries data.
+        write(&qp, 0).unwrap();
+        let mut wcs = Vec::new();
+        cq.wait(1, 1, SAFETY, &mut wcs).unwrap();
+        assert_eq!(wcs[0].status, WcStatus::Success, "{transport}");
+        // Writes in flight, then the peer dies.
+        let posted = 256u64;
+        for id in 1..=posted {
+            write(&qp, id).unwrap();
+        }
+        server.kill().unwrap();
+        let _ = server.wait();
+        let _ = dog.send(());
+        let mut done = 0;
+        let mut failed = 0;
+        while done < posted as usize {
+            wcs.clear();
+            cq.wait(1, 256, SAFETY, &mut wcs)
+                .unwrap_or_else(|e| panic!("{transport}: {done} of {posted} completed: {e}"));
+            done += wcs.len();
+            failed += wcs.iter().filter(|w| w.status != WcStatus::Success).count();
+        }
+        assert!(
+            failed > 0,
+            "{transport}: the peer died under {posted} Writes"
+        );
+        assert_eq!(qp.state(), QpState::Error, "{transport}");
+        // Posting to the dead QP completes at once as flushed (or is refused), never hangs.
+        if write(&qp, 999).is_ok() {
+            wcs.clear();
+            cq.wait(1, 1, SAFETY, &mut wcs).unwrap();
+            assert_eq!(wcs[0].status, WcStatus::WorkRequestFlushed, "{transport}");
+        }
+        // A new connection to a new peer, on the same context and CQ.
+        let (mut server, qp2, reply2) = start(&cq);
+        let dog = watchdog(server.id());
+        qp2.post_send(SendWr::write(
+            7,
+            [mr.sge(0, 4096)],
+            softrdma::Key(reply2.buf.rkey),
+            reply2.buf.addr,
+        ))
+        .unwrap();
+        wcs.clear();
+        cq.wait(1, 1, SAFETY, &mut wcs).unwrap();
+        assert_eq!(
+            (wcs[0].wr_id, wcs[0].status),
+            (7, WcStatus::Success),
+            "{transport}"
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+        let _ = dog.send(());
+    }
+}

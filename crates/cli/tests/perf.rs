@@ -209,9 +209,6 @@ fn every_op_both_wait_modes_both_transports() {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (and the one after it, for the raw server), as far as one
-/// can tell without keeping them.
-
 /// `--server --once` and a client of HOST in two processes, over each transport: the
 /// client's session ends the server, which exits 0.
 #[test]
