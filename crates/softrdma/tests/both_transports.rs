@@ -541,3 +541,58 @@ fn several_waiters_and_a_channel_on_one_context() {
         }
     });
 }
+
+/// Issue 14: connection requests nobody accepts yet wait up to the listener's `backlog`;
+/// past it a request is refused at once (iWARP: an MPA Reply with the Rejected bit, private
+/// data "busy"; RoCE: a REJ, "backlog full"), so a peer cannot make a listener hold
+/// connections without a limit; those that waited are accepted and work.
+#[test]
+fn requests_past_the_backlog_are_refused() {
+    both(|t| {
+        let (sdev, cdev) = devices(t);
+        let mut server = Side::new(&sdev, 4096);
+        let mut client = Side::new(&cdev, 4096);
+        let backlog = 3;
+        for _ in 0..backlog + 2 {
+            server.add_qp(None);
+            client.add_qp(None);
+        }
+        let listener = Listener::bind_with(
+            &server.ctx,
+            "127.0.0.1:0",
+            ListenParams {
+                backlog,
+                ..ListenParams::default()
+            },
+        )
+        .unwrap();
+        let addr = listener.local_addr();
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            for (i, qp) in client.qps.iter().enumerate() {
+                let tx = tx.clone();
+                s.spawn(move || {
+                    let r = qp.connect(addr, ConnectParams::default());
+                    tx.send((i, r)).unwrap();
+                });
+            }
+            // Two of the five are refused while three wait, unanswered.
+            let mut refused = 0;
+            while refused < 2 {
+                let (i, r) = rx.recv_timeout(TIMEOUT).expect("two refusals");
+                match r {
+                    Err(Error::Rejected { .. }) => refused += 1,
+                    other => panic!("{t:?}: connect {i} before any accept: {other:?}"),
+                }
+            }
+            for qp in server.qps.iter().take(backlog as usize) {
+                let req = listener.accept_timeout(TIMEOUT).unwrap();
+                req.accept(qp, AcceptParams::default()).unwrap();
+            }
+            for _ in 0..backlog {
+                let (i, r) = rx.recv_timeout(TIMEOUT).unwrap();
+                assert!(r.is_ok(), "{t:?}: connect {i}: {r:?}");
+            }
+        });
+    });
+}

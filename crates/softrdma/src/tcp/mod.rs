@@ -319,10 +319,19 @@ pub(crate) struct ListenerShared {
 }
 
 impl ListenerShared {
-    pub(crate) fn push(&self, req: PendingRequest) {
-        self.queue.lock().push_back(req);
+    /// Queues a connection request for `accept`; `false` (nothing queued) when `backlog`
+    /// requests already wait: a peer cannot make us hold connections without a limit.
+    pub(crate) fn push(&self, req: PendingRequest) -> bool {
+        {
+            let mut q = self.queue.lock();
+            if q.len() >= self.params.backlog.max(1) as usize {
+                return false;
+            }
+            q.push_back(req);
+        }
         self.cond.notify_all();
         self.ready.notify(usize::MAX);
+        true
     }
 
     pub(crate) fn drain(&self) -> Vec<PendingRequest> {

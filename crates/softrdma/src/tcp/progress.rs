@@ -1104,20 +1104,25 @@ impl Conn {
                 ConnEvent::ConnectRequest {
                     private_data,
                     params,
-                } => match &self.listener {
-                    Some(l) => l.push(PendingRequest {
-                        token: self.token,
-                        local_addr: self.local,
-                        peer_addr: self.peer,
-                        private_data,
-                        params,
-                        early_fpdus: l.params.early_fpdus,
-                    }),
-                    None => {
-                        let _ = self.iw.reject(&[]);
+                } => {
+                    let queued = self.listener.as_ref().is_some_and(|l| {
+                        l.push(PendingRequest {
+                            token: self.token,
+                            local_addr: self.local,
+                            peer_addr: self.peer,
+                            private_data,
+                            params,
+                            early_fpdus: l.params.early_fpdus,
+                        })
+                    });
+                    if !queued {
+                        // No listener any more, or `backlog` requests already wait: an MPA
+                        // Reply with the Rejected bit (RFC 5044 §7.1.3), then the close.
+                        tracing::info!(local = %self.local, peer = %self.peer, "MPA request rejected: listener gone or backlog full");
+                        let _ = self.iw.reject(b"busy");
                         self.write_side = WriteSide::CloseWhenFlushed;
                     }
-                },
+                }
                 ConnEvent::Established { negotiated, mulpdu } => {
                     DeviceStats::add(&ctx.stats.established, 1);
                     self.on_established(ctx, negotiated, mulpdu);
