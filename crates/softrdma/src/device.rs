@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use softrdma_memory::{KeyTable, PdId};
@@ -37,11 +37,36 @@ enum Kind {
     Roce(RoceConfig),
 }
 
+/// What one context may hold at once (`ibv_query_device`'s `max_qp`, `max_mr`,
+/// `max_mr_size`), so that neither a peer nor a runaway application makes it allocate
+/// without a limit; reaching one is [`Error::ResourceLimit`] and changes nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Queue pairs.
+    pub max_qp: u32,
+    /// Memory regions.
+    pub max_mr: u32,
+    /// Octets registered in all regions together (memory the peers may reach).
+    pub max_mr_bytes: u64,
+}
+
+impl Default for DeviceLimits {
+    /// 16,384 QPs, 65,536 regions, 64 GiB registered.
+    fn default() -> Self {
+        DeviceLimits {
+            max_qp: 16_384,
+            max_mr: 65_536,
+            max_mr_bytes: 64 << 30,
+        }
+    }
+}
+
 /// A device (`ibv_device`): a transport driver that contexts are opened on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Device {
     name: String,
     kind: Kind,
+    limits: DeviceLimits,
 }
 
 impl Device {
@@ -80,6 +105,7 @@ impl Device {
                 out.push(Device {
                     name,
                     kind: Kind::Roce(RoceConfig::new(ip)),
+                    limits: DeviceLimits::default(),
                 });
             }
         }
@@ -91,6 +117,7 @@ impl Device {
         Device {
             name: TCP_DEVICE_NAME.to_owned(),
             kind: Kind::Tcp,
+            limits: DeviceLimits::default(),
         }
     }
 
@@ -99,7 +126,19 @@ impl Device {
         Device {
             name: format!("softrdma_roce_{}", cfg.addr),
             kind: Kind::Roce(cfg),
+            limits: DeviceLimits::default(),
         }
+    }
+
+    /// The same device, its contexts held to `limits`.
+    pub fn with_limits(mut self, limits: DeviceLimits) -> Device {
+        self.limits = limits;
+        self
+    }
+
+    /// What its contexts may hold.
+    pub fn limits(&self) -> DeviceLimits {
+        self.limits
     }
 
     /// The first listed RoCEv2 device on `ip`, or one made for it.
@@ -145,6 +184,7 @@ impl Device {
                 keys,
                 events,
                 next_pd: AtomicU32::new(1),
+                held: Held::default(),
                 driver,
             }),
         })
@@ -180,7 +220,82 @@ pub(crate) struct CtxShared {
     pub(crate) keys: Arc<KeyTable>,
     pub(crate) events: Arc<EventQueue>,
     next_pd: AtomicU32,
+    /// What the context holds, against the device's limits.
+    pub(crate) held: Held,
     pub(crate) driver: Driver,
+}
+
+/// Counts of what a context holds ([`DeviceLimits`]).
+#[derive(Default)]
+pub(crate) struct Held {
+    qps: AtomicU64,
+    mrs: AtomicU64,
+    mr_bytes: AtomicU64,
+}
+
+/// One unit of a limited resource, given back when dropped.
+pub(crate) struct Claim {
+    ctx: Arc<CtxShared>,
+    what: Resource,
+    n: u64,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Resource {
+    Qp,
+    Mr,
+}
+
+impl CtxShared {
+    /// Takes a QP or an MR of `bytes` octets from the limits, or says which one is reached.
+    pub(crate) fn claim(self: &Arc<Self>, what: Resource, bytes: u64) -> Result<Claim, Error> {
+        let l = self.device.limits;
+        let take = |c: &AtomicU64, n: u64, max: u64, name: &'static str| {
+            c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                v.checked_add(n).filter(|&t| t <= max)
+            })
+            .map(|_| ())
+            .map_err(|_| Error::ResourceLimit {
+                what: name,
+                limit: max,
+            })
+        };
+        match what {
+            Resource::Qp => take(&self.held.qps, 1, u64::from(l.max_qp), "QPs")?,
+            Resource::Mr => {
+                take(&self.held.mrs, 1, u64::from(l.max_mr), "memory regions")?;
+                if let Err(e) = take(
+                    &self.held.mr_bytes,
+                    bytes,
+                    l.max_mr_bytes,
+                    "registered octets",
+                ) {
+                    self.held.mrs.fetch_sub(1, Ordering::AcqRel);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Claim {
+            ctx: self.clone(),
+            what,
+            n: bytes,
+        })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let h = &self.ctx.held;
+        match self.what {
+            Resource::Qp => {
+                h.qps.fetch_sub(1, Ordering::AcqRel);
+            }
+            Resource::Mr => {
+                h.mrs.fetch_sub(1, Ordering::AcqRel);
+                h.mr_bytes.fetch_sub(self.n, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 impl Drop for CtxShared {

@@ -77,4 +77,12 @@ pub enum Error {
     /// The context's progress thread is gone.
     #[error("the device context was closed")]
     ContextClosed,
+    /// A limit of the device ([`crate::DeviceLimits`]) is reached; nothing was created.
+    #[error("{what}: the device's limit of {limit} is reached")]
+    ResourceLimit {
+        /// What ran out.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
 }

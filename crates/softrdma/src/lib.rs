@@ -75,7 +75,7 @@ pub use connparams::{
     IwarpConnection, ListenParams, QpCap,
 };
 pub use cq::{BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BUSY_POLL};
-pub use device::{Context, Device, DeviceCounters, Pd, TCP_DEVICE_NAME, Transport};
+pub use device::{Context, Device, DeviceCounters, DeviceLimits, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, MrAttr, Mw};

@@ -16,7 +16,7 @@ use softrdma_memory::{
 use softrdma_verbs_types::Sge;
 
 use crate::Error;
-use crate::device::{CtxShared, Pd};
+use crate::device::{Claim, CtxShared, Pd, Resource};
 use crate::qp::Qp;
 
 /// How to register a region: the part of the buffer, its virtual address and flags.
@@ -49,6 +49,8 @@ impl MrAttr {
 /// keys then fails (RDMAP-120).
 pub struct Mr {
     ctx: Arc<CtxShared>,
+    /// Its place under the device's region and octet limits.
+    _claim: Claim,
     pd: PdId,
     key: Key,
     buf: Arc<Buffer>,
@@ -87,6 +89,7 @@ impl Pd {
         let len = end
             .checked_sub(start)
             .ok_or(Error::InvalidArgument("MR range ends before it starts"))?;
+        let claim = self.ctx.claim(Resource::Mr, len as u64)?;
         let key = self.ctx.keys.reg_mr_with(
             self.id,
             buf.clone(),
@@ -97,6 +100,7 @@ impl Pd {
             attr.flags,
         )?;
         Ok(Mr {
+            _claim: claim,
             ctx: self.ctx.clone(),
             pd: self.id,
             key,

@@ -20,7 +20,7 @@ use softrdma_verbs_types::{RecvWr, SendWr};
 use crate::Error;
 use crate::connparams::{ConnectParams, ConnectionInfo, QpCap};
 use crate::cq::Cq;
-use crate::device::{CtxShared, Driver, Pd};
+use crate::device::{Claim, CtxShared, Driver, Pd, Resource};
 use crate::roce::RoceQpShared;
 use crate::srq::{Srq, SrqAttr};
 use crate::state::{QpCounters, QpState};
@@ -72,6 +72,8 @@ pub(crate) enum Inner {
 pub struct Qp {
     pub(crate) ctx: Arc<CtxShared>,
     pub(crate) inner: Inner,
+    /// Its place under the device's QP limit.
+    _claim: Claim,
     pd: PdId,
     qp_type: QpType,
     cap: QpCap,
@@ -103,6 +105,7 @@ impl Pd {
         {
             return Err(Error::Mem(MemError::WrongPd));
         }
+        let claim = self.ctx.claim(Resource::Qp, 0)?;
         let inner = match &self.ctx.driver {
             Driver::Tcp(t) => {
                 if attr.qp_type != QpType::Rc {
@@ -149,6 +152,7 @@ impl Pd {
             }
         };
         Ok(Qp {
+            _claim: claim,
             ctx: self.ctx.clone(),
             inner,
             pd: self.id,

@@ -596,3 +596,81 @@ fn requests_past_the_backlog_are_refused() {
         });
     });
 }
+
+/// Issue 14: a context holds at most its device's QPs, regions and registered octets
+/// (`DeviceLimits`); past a limit creation fails with `Error::ResourceLimit` naming it and
+/// nothing else changes: what exists keeps working, and what is dropped is given back.
+#[test]
+fn device_limits_refuse_and_give_back() {
+    both(|t| {
+        let (sdev, cdev) = devices(t);
+        let limits = DeviceLimits {
+            max_qp: 2,
+            max_mr: 3,
+            max_mr_bytes: 3 * 4096,
+        };
+        let mut server = Side::new(&sdev, 4096);
+        let mut client = Side::new(&cdev.with_limits(limits), 4096); // one region held
+        server.add_qp(None);
+        client.add_qp(None);
+        let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+        let addr = listener.local_addr();
+        std::thread::scope(|s| {
+            let sqp = &server.qps[0];
+            s.spawn(move || {
+                let req = listener.accept_timeout(TIMEOUT).unwrap();
+                req.accept(sqp, AcceptParams::default()).unwrap();
+            });
+            client.qps[0]
+                .connect(addr, ConnectParams::default())
+                .unwrap();
+        });
+        let limit = |r: Result<_, Error>, what: &str, n: u64| match r {
+            Err(Error::ResourceLimit { what: w, limit }) => {
+                assert_eq!((w, limit), (what, n), "{t:?}");
+            }
+            Err(e) => panic!("{t:?}: {what}: {e}"),
+            Ok(_) => panic!("{t:?}: {what}: created past the limit"),
+        };
+        // QPs: one connected, one more, then the limit; one dropped gives its place back.
+        let cq = &client.cq;
+        let second = client.pd.create_qp(QpInitAttr::new(cq, cq)).unwrap();
+        limit(
+            client.pd.create_qp(QpInitAttr::new(cq, cq)).map(|_| ()),
+            "QPs",
+            2,
+        );
+        drop(second);
+        let again = client.pd.create_qp(QpInitAttr::new(cq, cq)).unwrap();
+        // Regions: the side's own, then 4 KiB, then 8 KiB is past the octets and a fourth
+        // region past the count.
+        let a = client.pd.alloc_mr(4096, ACCESS).unwrap();
+        limit(
+            client.pd.alloc_mr(8192, ACCESS).map(|_| ()),
+            "registered octets",
+            3 * 4096,
+        );
+        let b = client.pd.alloc_mr(4096, ACCESS).unwrap();
+        limit(
+            client.pd.alloc_mr(1, ACCESS).map(|_| ()),
+            "memory regions",
+            3,
+        );
+        drop((a, b));
+        let c = client.pd.alloc_mr(8192, ACCESS).unwrap();
+        // The connection made before any of this still moves data.
+        client.mr.copy_in(0, &pattern(100, 7)).unwrap();
+        client.qps[0]
+            .post_send(SendWr::write(
+                1,
+                [client.mr.sge(0, 100)],
+                server.mr.rkey(),
+                server.mr.addr(0),
+            ))
+            .unwrap();
+        let wc = client.wait(1);
+        assert_eq!(wc[0].status, WcStatus::Success, "{t:?}");
+        assert_eq!(server.mr.to_vec()[..100], pattern(100, 7)[..]);
+        drop((again, c));
+    });
+}
