@@ -1180,7 +1180,7 @@ fn gather_source_revoked_before_write_flushes_the_send() {
 /// ULPDU_Length beyond any this connection takes — may leave the Terminate out, but must
 /// close the connection; it must not sit there open.
 #[test]
-fn a_first_fpdu_that_fails_framing_closes_the_connection() {
+fn mpa_90_a_first_fpdu_that_fails_framing_closes_the_connection() {
     let now = Instant::now();
     for crc in [true, false] {
         let k = Knobs {
