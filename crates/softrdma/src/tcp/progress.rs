@@ -933,6 +933,9 @@ impl Conn {
             // follows it into `rx`; or a read into `rx`. Receives posted before the octets
             // are read go into the engine first: a Send's payload finds its buffer (a user
             // may post, then tell the peer out of band).
+            // Receives posted so far (a later post bumps it, under the lock the submission
+            // drains).
+            let posted = self.rq_posted();
             let window = if self.discard_rx {
                 None
             } else {
@@ -978,7 +981,7 @@ impl Conn {
                         // octets are handled: one posted before the peer sent its Send
                         // (which the read may have just returned) must find it, and the
                         // look before the read can have missed it.
-                        if !self.discard_rx {
+                        if !self.discard_rx && self.rq_posted() != posted {
                             self.submit_to_engine(ctx);
                         }
                         self.on_bytes(ctx, &bufs.rx[..extra], now);
@@ -1003,6 +1006,13 @@ impl Conn {
             }
         }
         self.events(ctx);
+    }
+
+    /// How many receives the QP's user has posted (0 without a QP yet).
+    fn rq_posted(&self) -> u64 {
+        self.qp
+            .as_ref()
+            .map_or(0, |q| q.rq_posted.load(Ordering::Acquire))
     }
 
     /// One read straight into the memory of a direct-placement window, the octets after it
