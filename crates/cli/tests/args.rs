@@ -70,7 +70,8 @@ fn bad_sizes_counts_and_options_are_refused_up_front() {
         (&["-s", "64"], &["--loopback", "--server", "HOST"]),
         // perftest's flags outside what perf measures, or contradicting each other.
         (&["--loopback", "-c", "UD"], &["--connection", "UD", "RC"]),
-        (&["127.0.0.1", "-b"], &["-b", "--loopback"]),
+        (&["--server", "-b"], &["-b", "HOST", "--loopback"]),
+        (&["--server", "-q", "4"], &["-q", "HOST", "--loopback"]),
         (&["--loopback", "-b", "--lat"], &["-b", "--lat"]),
         (&["--loopback", "-b", "-q", "4"], &["-b", "-q"]),
         (

@@ -32,7 +32,8 @@ use softrdma::{
 };
 
 use super::proto::{
-    CLIENT_SEED, EndReport, RemoteBuf, Reply, Request, SERVER_SEED, Test, fill, first_mismatch,
+    CLIENT_SEED, EndReport, RemoteBuf, Reply, Request, Reverse, SERVER_SEED, Test, fill,
+    first_mismatch,
 };
 use super::stats::{Bw, Peak};
 use super::{Limit, PerfError};
@@ -181,7 +182,7 @@ impl Client {
         prepost(&qp)?;
         let conn = qp
             .connect(self.server, self.params(&req))
-            .map_err(|e| PerfError::from(e).at(format!("connecting to {}", self.server)))?;
+            .map_err(|e| PerfError::connecting(e).at(format!("connecting to {}", self.server)))?;
         let reply = Reply::parse(&conn.peer_private_data).ok_or_else(|| {
             PerfError::Protocol("the server's accept is not a softrdma perf reply".into())
         })?;
@@ -204,6 +205,17 @@ impl Client {
 
     /// A request the server answers with a rejection (`End`, `Bye`): its private data.
     fn request(&self, req: Request) -> Result<Vec<u8>, PerfError> {
+        self.ask(req.emit(), req.test, self.o.connect_timeout)
+    }
+
+    /// Sends `private_data` (a `test` request) in a connection request the server rejects,
+    /// waiting up to `timeout` for the rejection: its private data.
+    pub(super) fn ask(
+        &self,
+        private_data: Vec<u8>,
+        test: Test,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, PerfError> {
         let pd = self.ctx.alloc_pd();
         let cq = self.ctx.create_cq(4, None);
         let qp = pd.create_qp(QpInitAttr {
@@ -216,13 +228,48 @@ impl Client {
             },
             ..QpInitAttr::new(&cq, &cq)
         })?;
-        match qp.connect(self.server, self.params(&req)) {
+        let params = ConnectParams {
+            private_data,
+            timeout,
+            ..self.params(&Request::new(test))
+        };
+        match qp.connect(self.server, params) {
             Err(Error::Rejected { private_data, .. }) => Ok(private_data),
             Err(e) => Err(PerfError::from(e).at(format!("connecting to {}", self.server))),
             Ok(_) => Err(PerfError::Protocol(format!(
-                "the server accepted a {} request",
-                req.test
+                "the server accepted a {test} request"
             ))),
+        }
+    }
+
+    /// `-b`: asks the server to run `r` toward us; the id its `End` names.
+    pub(super) fn reverse_start(&self, r: &Reverse) -> Result<u32, PerfError> {
+        let answer = self.ask(r.emit(), Test::Reverse, self.o.connect_timeout)?;
+        Reply::parse(&answer).map(|a| a.id).ok_or_else(|| {
+            PerfError::Protocol(format!(
+                "the server at {} refused -b: {}",
+                self.server,
+                String::from_utf8_lossy(&answer)
+            ))
+        })
+    }
+
+    /// `-b`: ends the server's measurement `id` (it is answered once the measurement is
+    /// over, within `timeout`): what it measured.
+    pub(super) fn reverse_end(&self, id: u32, timeout: Duration) -> Result<Option<Bw>, PerfError> {
+        let req = Request {
+            id,
+            ..Request::new(Test::End)
+        };
+        let answer = self.ask(req.emit(), Test::End, timeout)?;
+        let report = EndReport::parse(&answer).ok_or_else(|| {
+            PerfError::Protocol("the server's answer to End is not a report".into())
+        })?;
+        match report.error {
+            Some(e) => Err(PerfError::Protocol(format!(
+                "the server's measurement toward us (-b): {e}"
+            ))),
+            None => Ok(report.bw),
         }
     }
 

@@ -31,7 +31,7 @@ use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use softrdma::{
     BusyPoll, Context, DEFAULT_BUSY_POLL, Device, FpduSize, ListenParams, Listener, MemError,
@@ -40,7 +40,7 @@ use softrdma::{
 
 pub use self::client::{Client, ClientOpts};
 pub use self::perftest_client::{PerftestResult, PerftestTest, perftest_client};
-use self::proto::Test;
+use self::proto::{Measure, Reverse, Test};
 pub use self::server::{ServerOpts, serve};
 use self::stats::{Bw, Lat};
 use self::udp::UdpBaseline;
@@ -267,9 +267,10 @@ pub struct PerfArgs {
     /// perftest's --report_gbits: the table always shows Gb/s (and MB/s); accepted.
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
-    /// Bidirectional bandwidth (perftest's -b), with --loopback: each side runs the test
-    /// toward the other at once; the figures are the sum of both directions, beside two raw
-    /// streams the same way.
+    /// Bidirectional bandwidth (perftest's -b): each side runs the test toward the other at
+    /// once (against a server: it connects back to this client's own listeners, on ports
+    /// the system picks); the figures are the sum of both directions, beside two raw streams
+    /// the same way.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// Also write the report as JSON into --out_json_file (as perftest's --out_json).
@@ -326,11 +327,12 @@ pub struct PerfArgs {
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// With --loopback: the scale test instead of the others — this many connected RC QPs
-    /// between two contexts (a list runs each: -q 1,16,256,1024), one Write per QP per round
-    /// (-s, default 4096), -n rounds or -D seconds (default 1 s); aggregate bandwidth,
-    /// operations per second and RSS per connection.
-    #[arg(short = 'q', long = "qp", value_delimiter = ',', requires = "loopback",
+    /// The scale test instead of the others — this many connected RC QPs (a list runs each:
+    /// -q 1,16,256,1024) between two contexts with --loopback, or to the server on HOST (at
+    /// most 4096 there); one Write per QP per round (-s, default 4096), -n rounds or -D
+    /// seconds (default 1 s); aggregate bandwidth, operations per second and RSS per
+    /// connection.
+    #[arg(short = 'q', long = "qp", value_delimiter = ',',
           value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub qps: Vec<u32>,
     /// Draw the run into this SVG file: bandwidth and latency against message size,
@@ -342,6 +344,10 @@ pub struct PerfArgs {
     /// the client saw it. Every octet is kept: use it with -n or a short -D.
     #[arg(long, value_name = "FILE", conflicts_with = "qps")]
     pub pcap: Option<std::path::PathBuf>,
+    /// A row of a `-q` list run by its parent process against a server: no `Bye` (the
+    /// parent's ends the session).
+    #[arg(long, hide = true)]
+    pub scale_child: bool,
     /// The open `--pcap` file.
     #[arg(skip)]
     pub tap: Option<Arc<PcapTap>>,
@@ -617,11 +623,14 @@ impl PerfArgs {
                 "--perftest: --server serves perftest clients over rdma_cm (-R); RoCE with HOST is the client of a perftest server (its TCP exchange)".into(),
             ));
         }
-        if self.bidirectional && !self.loopback {
+        if self.bidirectional && (self.server || self.perftest) {
             return Err(PerfError::Usage(
-                "-b (bidirectional bandwidth) needs --loopback: a softrdma perf server does not \
-                 send on its own (run a second perf the other way)"
-                    .into(),
+                "-b is the client's: give HOST or --loopback (not --server or --perftest)".into(),
+            ));
+        }
+        if !self.qps.is_empty() && (self.server || self.perftest) {
+            return Err(PerfError::Usage(
+                "-q is the client's: give HOST or --loopback (not --server or --perftest)".into(),
             ));
         }
         if self.bidirectional && !self.qps.is_empty() {
@@ -710,6 +719,22 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 impl PerfError {
+    /// A failed connect: a rejection whose private data is the server's reason in words
+    /// (a softrdma perf server's: busy, a size above its cap) says it.
+    pub fn connecting(e: softrdma::Error) -> PerfError {
+        // RoCE's REJ pads its private data with zeros to 148 octets.
+        if let softrdma::Error::Rejected { private_data, .. } = &e
+            && let Ok(text) = std::str::from_utf8(private_data)
+            && let text = text.trim_end_matches('\0')
+            && !text.is_empty()
+            && !text.contains(|c: char| c.is_control())
+        {
+            let text = text.strip_prefix("softrdma perf: ").unwrap_or(text);
+            return PerfError::Protocol(format!("rejected by the server: {text}"));
+        }
+        PerfError::Verbs(e)
+    }
+
     /// This error, said to have happened while doing `what`.
     pub fn at(self, what: impl Into<String>) -> PerfError {
         PerfError::At {
@@ -814,6 +839,70 @@ impl Baseline {
     }
 }
 
+/// The raw baseline beside `ctx`'s RDMA: UDP from its RoCE address (path MTU `mtu`), or TCP.
+fn baseline(ctx: &Context, raw: SocketAddr, mtu: u32) -> Baseline {
+    match ctx.roce_local_addr() {
+        Ok(a) => Baseline::Udp(UdpBaseline {
+            server: raw,
+            local: a.ip(),
+            mtu,
+        }),
+        Err(_) => Baseline::Tcp(raw),
+    }
+}
+
+/// `-b`: where the other direction runs.
+enum Other<'a> {
+    /// One way only.
+    One,
+    /// A second client in this process, toward our servers (--loopback).
+    Local(&'a mut Client, &'a Baseline),
+    /// The server, asked by [`Reverse`] requests, toward our listeners.
+    Remote(Back),
+}
+
+/// `-b` against a server: our listeners and the window the server's side uses.
+#[derive(Clone, Copy)]
+struct Back {
+    rdma_port: u16,
+    raw_port: u16,
+    tx_depth: u32,
+    rx_depth: u32,
+}
+
+impl Back {
+    /// Has the server run `what` toward us while `here` runs; both figures summed (`None`:
+    /// a side without GSO).
+    fn beside(
+        &self,
+        c: &mut Client,
+        what: Measure,
+        size: u32,
+        limit: Limit,
+        connect_timeout: Duration,
+        here: impl FnOnce(&mut Client) -> Result<Option<Bw>, PerfError>,
+    ) -> Result<Option<Bw>, PerfError> {
+        let id = c.reverse_start(&Reverse {
+            what,
+            size,
+            limit,
+            tx_depth: self.tx_depth,
+            rx_depth: self.rx_depth,
+            rdma_port: self.rdma_port,
+            raw_port: self.raw_port,
+        })?;
+        let t0 = Instant::now();
+        let mine = here(c);
+        // The server's side started a round trip later and may be slower: its answer is
+        // given time in proportion to ours.
+        let theirs = c.reverse_end(id, connect_timeout + 2 * t0.elapsed() + REVERSE_SLACK);
+        Ok(mine?.zip(theirs?).map(|(a, b)| a.plus(&b)))
+    }
+}
+
+/// What the server's side of a `-b` measurement may take beyond twice ours.
+const REVERSE_SLACK: Duration = Duration::from_secs(30);
+
 /// Told the report so far each time a row completes; `false` stops the run there (its
 /// report then holds the rows done).
 pub type Progress<'a> = &'a mut dyn FnMut(&Report) -> bool;
@@ -838,37 +927,37 @@ pub fn run_client_with(
     mode: &'static str,
     progress: Progress<'_>,
 ) -> Result<Report, PerfError> {
-    run_client_both(args, ctx, rdma, raw, None, mode, progress)
+    run_client_both(args, ctx, rdma, raw, OtherWay::One, mode, progress)
 }
 
-/// The client of `-b`'s other direction: its context and the servers it measures against.
-struct Reverse {
-    ctx: Context,
-    rdma: SocketAddr,
-    raw: SocketAddr,
+/// `-b`'s other direction, as [`run_client_both`] is told of it.
+enum OtherWay {
+    /// None.
+    One,
+    /// A second client on `ctx`, toward the servers at `rdma` and `raw` (--loopback).
+    Local {
+        ctx: Context,
+        rdma: SocketAddr,
+        raw: SocketAddr,
+    },
+    /// The server, toward our listeners.
+    Remote(Back),
 }
 
-/// [`run_client_with`], with `-b`'s second client running the same tests the other way.
+/// [`run_client_with`], with `-b`'s other direction running the same tests the other way.
 fn run_client_both(
     args: &PerfArgs,
     ctx: Context,
     rdma: SocketAddr,
     raw: SocketAddr,
-    reverse: Option<Reverse>,
+    other: OtherWay,
     mode: &'static str,
     progress: Progress<'_>,
 ) -> Result<Report, PerfError> {
     let roce = ctx.transport() == softrdma::Transport::Roce;
     let o = args.client_opts()?;
     let local = ctx.roce_local_addr().ok();
-    let base = match local {
-        Some(a) => Baseline::Udp(UdpBaseline {
-            server: raw,
-            local: a.ip(),
-            mtu: o.pmtu,
-        }),
-        None => Baseline::Tcp(raw),
-    };
+    let base = baseline(&ctx, raw, o.pmtu);
     let mut report = Report {
         transport: if roce { "roce" } else { "iwarp" },
         mode,
@@ -883,29 +972,24 @@ fn run_client_both(
         lat: Vec::new(),
         scale: Vec::new(),
         counters: None,
-        bidirectional: reverse.is_some(),
+        bidirectional: !matches!(other, OtherWay::One),
     };
     let mut client = Client::new(ctx, rdma, o);
-    // -b: the other side's client, toward our context's server.
-    let mut rev = reverse.map(|r| {
-        let base = match r.ctx.roce_local_addr() {
-            Ok(a) => Baseline::Udp(UdpBaseline {
-                server: r.raw,
-                local: a.ip(),
-                mtu: o.pmtu,
-            }),
-            Err(_) => Baseline::Tcp(r.raw),
-        };
-        (Client::new(r.ctx, r.rdma, o), base, r.raw)
-    });
-    let r = measure(
-        args,
-        &mut client,
-        &base,
-        rev.as_mut().map(|(c, b, _)| (c, &*b)),
-        &mut report,
-        progress,
-    );
+    // -b over loopback: the other side's client, toward our context's server.
+    let (mut rev, back) = match other {
+        OtherWay::Local { ctx, rdma, raw } => {
+            let base = baseline(&ctx, raw, o.pmtu);
+            (Some((Client::new(ctx, rdma, o), base, raw)), None)
+        }
+        OtherWay::Remote(back) => (None, Some(back)),
+        OtherWay::One => (None, None),
+    };
+    let way = match (back, rev.as_mut()) {
+        (Some(back), _) => Other::Remote(back),
+        (None, Some((c, b, _))) => Other::Local(c, b),
+        (None, None) => Other::One,
+    };
+    let r = measure(args, &mut client, &base, way, &mut report, progress);
     client.bye();
     let _ = tcp::bye(raw);
     if let Some((c, _, raw)) = &mut rev {
@@ -975,29 +1059,53 @@ fn measure(
     args: &PerfArgs,
     c: &mut Client,
     base: &Baseline,
-    mut rev: Option<(&mut Client, &Baseline)>,
+    mut rev: Other<'_>,
     report: &mut Report,
     progress: Progress<'_>,
 ) -> Result<(), PerfError> {
     if !args.lat {
         let limit = args.limit(5000);
+        let ct = Duration::from_secs_f64(args.connect_timeout);
+        let missing = || PerfError::Protocol("the raw baseline measured nothing".into());
         for size in args.sizes(65536) {
-            let raw = both_ways(rev.as_ref().map(|r| r.1), |b| b.bw(size, limit), base)?;
-            let gso = match rev.as_ref().map(|r| r.1) {
-                None => base.bw_gso(size, limit)?,
-                Some(other) => {
+            let raw = match &mut rev {
+                Other::One => base.bw(size, limit)?,
+                Other::Local(_, other) => {
+                    let (a, b) = at_once(|| base.bw(size, limit), || other.bw(size, limit));
+                    a?.plus(&b?)
+                }
+                Other::Remote(back) => back
+                    .beside(c, Measure::Raw, size, limit, ct, |_| {
+                        base.bw(size, limit).map(Some)
+                    })?
+                    .ok_or_else(missing)?,
+            };
+            let gso = match &mut rev {
+                Other::One => base.bw_gso(size, limit)?,
+                Other::Local(_, other) => {
                     let (a, b) = at_once(|| base.bw_gso(size, limit), || other.bw_gso(size, limit));
                     a?.zip(b?).map(|(a, b)| a.plus(&b))
                 }
+                Other::Remote(_) if matches!(base, Baseline::Tcp(_)) => None,
+                Other::Remote(back) => back.beside(c, Measure::RawGso, size, limit, ct, |_| {
+                    base.bw_gso(size, limit)
+                })?,
             };
             for (test, _) in args.ops() {
-                let rdma = match rev.as_mut() {
-                    None => c.bw(test, size, limit)?,
-                    Some((other, _)) => {
+                let rdma = match &mut rev {
+                    Other::One => c.bw(test, size, limit)?,
+                    Other::Local(other, _) => {
                         let (a, b) =
                             at_once(|| c.bw(test, size, limit), || other.bw(test, size, limit));
                         a?.plus(&b?)
                     }
+                    Other::Remote(back) => back
+                        .beside(c, Measure::Rdma(test), size, limit, ct, |c| {
+                            c.bw(test, size, limit).map(Some)
+                        })?
+                        .ok_or_else(|| {
+                            PerfError::Protocol("the server's side of -b measured nothing".into())
+                        })?,
                 };
                 report.bw.push(BwRow {
                     test,
@@ -1062,21 +1170,6 @@ fn progress_bar(rows: u64) -> indicatif::ProgressBar {
     bar
 }
 
-/// `f` on `base`, and with `-b` on `other` at the same time, summed.
-fn both_ways(
-    other: Option<&Baseline>,
-    f: impl Fn(&Baseline) -> Result<Bw, PerfError> + Sync,
-    base: &Baseline,
-) -> Result<Bw, PerfError> {
-    match other {
-        None => f(base),
-        Some(o) => {
-            let (a, b) = at_once(|| f(base), || f(o));
-            Ok(a?.plus(&b?))
-        }
-    }
-}
-
 /// Runs `a` here and `b` on another thread at once.
 fn at_once<A: Send, B: Send>(a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
     std::thread::scope(|s| {
@@ -1096,7 +1189,7 @@ pub fn run_loopback(args: &PerfArgs) -> Result<Report, PerfError> {
 /// [`run_loopback`], telling `progress` of each row.
 pub fn run_loopback_with(args: &PerfArgs, progress: Progress<'_>) -> Result<Report, PerfError> {
     if !args.qps.is_empty() {
-        return run_scale(args);
+        return run_scale(args, None);
     }
     let (server_ctx, client_ctx) = loopback_contexts(args)?;
     let listener = Listener::bind_with(&server_ctx, "127.0.0.1:0", args.listen_params())?;
@@ -1117,14 +1210,17 @@ pub fn run_loopback_with(args: &PerfArgs, progress: Progress<'_>) -> Result<Repo
         None
     };
     let reverse = match &back {
-        Some((l, raw)) => Some(Reverse {
+        Some((l, raw)) => OtherWay::Local {
             ctx: server_ctx.clone(),
             rdma: l.local_addr(),
             raw: raw.local_addr()?,
-        }),
-        None => None,
+        },
+        None => OtherWay::One,
     };
-    let back_raw = reverse.as_ref().map(|r| r.raw);
+    let back_raw = match &reverse {
+        OtherWay::Local { raw, .. } => Some(*raw),
+        _ => None,
+    };
     let quit = AtomicBool::new(false);
     std::thread::scope(|s| {
         let rdma_server = s.spawn(|| serve(&server_ctx, &listener, sopts, true, Some(&quit)));
@@ -1178,6 +1274,69 @@ pub fn run_loopback_with(args: &PerfArgs, progress: Progress<'_>) -> Result<Repo
     })
 }
 
+/// `-b` against a server: our own RDMA and raw servers on `ctx` (ports the system picks,
+/// which the server is told), and the client beside them.
+fn run_remote_both(
+    args: &PerfArgs,
+    ctx: Context,
+    rdma: SocketAddr,
+    raw: SocketAddr,
+    progress: Progress<'_>,
+) -> Result<Report, PerfError> {
+    let ip: IpAddr = match ctx.roce_local_addr() {
+        Ok(a) => a.ip(),
+        Err(_) => Ipv4Addr::UNSPECIFIED.into(),
+    };
+    let listener = Listener::bind_with(&ctx, (ip, 0), args.listen_params())
+        .map_err(|e| PerfError::from(e).at(format!("listening on {ip} for -b")))?;
+    let raw_listener = TcpListener::bind((ip, 0))
+        .map_err(|e| PerfError::from(e).at(format!("listening on {ip} for -b's raw baseline")))?;
+    let raw_here = raw_listener.local_addr()?;
+    let raw_bye = match raw_here.ip().is_unspecified() {
+        true => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), raw_here.port()),
+        false => raw_here,
+    };
+    let back = Back {
+        rdma_port: listener.local_addr().port(),
+        raw_port: raw_here.port(),
+        tx_depth: args.tx_depth.clamp(1, 16383),
+        rx_depth: args.rx_depth.clamp(4, 1 << 16),
+    };
+    let sopts = args.server_opts(false)?;
+    let quit = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let rdma_server = s.spawn(|| serve(&ctx, &listener, sopts, false, Some(&quit)));
+        let raw_server = s.spawn(move || raw::serve(raw_listener, true));
+        let report = run_client_both(
+            args,
+            ctx.clone(),
+            rdma,
+            raw,
+            OtherWay::Remote(back),
+            "client",
+            progress,
+        );
+        quit.store(true, Ordering::Release);
+        let _ = tcp::bye(raw_bye);
+        let r1 = rdma_server.join();
+        let r2 = raw_server.join();
+        let report = report?;
+        match r1 {
+            Ok(r) => r?,
+            Err(_) => return Err(PerfError::Protocol("the -b server thread panicked".into())),
+        }
+        match r2 {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(PerfError::Protocol(
+                    "the -b raw server thread panicked".into(),
+                ));
+            }
+        }
+        Ok(report)
+    })
+}
+
 /// The server's and the client's context of a loopback run: iWARP, or RoCE on 127.0.0.1
 /// and 127.0.0.2 sharing `--roce-port` or any free one.
 fn loopback_contexts(args: &PerfArgs) -> Result<(Context, Context), PerfError> {
@@ -1201,22 +1360,34 @@ fn loopback_contexts(args: &PerfArgs) -> Result<(Context, Context), PerfError> {
     ))
 }
 
-/// Runs `--loopback -q`: the scale rows.
-fn run_scale(args: &PerfArgs) -> Result<Report, PerfError> {
-    let scale = scale::run(args)?;
+/// Runs `-q`: the scale rows, over loopback or (`server`: our context, the server's
+/// address) against a server.
+fn run_scale(
+    args: &PerfArgs,
+    server: Option<(Option<&Context>, SocketAddr)>,
+) -> Result<Report, PerfError> {
+    let scale = scale::run(args, server)?;
+    let ctx = server.and_then(|s| s.0);
     Ok(Report {
         transport: match args.transport {
             Transport::Iwarp => "iwarp",
             Transport::Roce => "roce",
         },
-        mode: "loopback",
-        server: "127.0.0.1".into(),
-        device: match args.transport {
-            Transport::Iwarp => Device::tcp(),
-            Transport::Roce => Device::roce(RoceConfig::new(Ipv4Addr::LOCALHOST.into())),
-        }
-        .name()
-        .to_owned(),
+        mode: if server.is_some() {
+            "client"
+        } else {
+            "loopback"
+        },
+        server: server.map_or_else(|| "127.0.0.1".into(), |(_, a)| a.to_string()),
+        device: match ctx {
+            Some(ctx) => ctx.device().name().to_owned(),
+            None => match args.transport {
+                Transport::Iwarp => Device::tcp(),
+                Transport::Roce => Device::roce(RoceConfig::new(Ipv4Addr::LOCALHOST.into())),
+            }
+            .name()
+            .to_owned(),
+        },
         mpa: None,
         roce: None,
         iwarp: None,
@@ -1373,8 +1544,31 @@ fn run_checked(args: &PerfArgs) -> Result<(), PerfError> {
             (Transport::Roce, Ok(None)) => local_ip_toward(rdma)?,
             (Transport::Roce, Err(e)) => return Err(e),
         };
-        let ctx = open(args, ip, args.roce_port())?;
-        let r = run_client_with(args, ctx, rdma, raw, "client", &mut progress);
+        let r = if !args.qps.is_empty() {
+            // A list's rows run in child processes, each with a context on our address:
+            // ours opens only for a single row, or after them for the Bye.
+            let (r, ctx) = if args.qps.len() == 1 {
+                let ctx = open(args, ip, args.roce_port())?;
+                (run_scale(args, Some((Some(&ctx), rdma))), Some(ctx))
+            } else {
+                (run_scale(args, Some((None, rdma))), None)
+            };
+            if !args.scale_child {
+                let ctx = match ctx {
+                    Some(c) => c,
+                    None => open(args, ip, args.roce_port())?,
+                };
+                Client::new(ctx, rdma, args.client_opts()?).bye();
+                let _ = tcp::bye(raw);
+            }
+            r
+        } else if args.bidirectional {
+            let ctx = open(args, ip, args.roce_port())?;
+            run_remote_both(args, ctx, rdma, raw, &mut progress)
+        } else {
+            let ctx = open(args, ip, args.roce_port())?;
+            run_client_with(args, ctx, rdma, raw, "client", &mut progress)
+        };
         bar.finish_and_clear();
         r?
     };

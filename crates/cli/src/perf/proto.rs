@@ -6,6 +6,15 @@
 //! down, with an [`EndReport`] (what it received and whether every octet was right) as the
 //! rejection's private data. `Bye` ends the session.
 //!
+//! `-b` against a server: the client serves on its own side too and asks the server with a
+//! [`Reverse`] request (rejected at once with the test's id) to run one measurement toward
+//! it — an RDMA test or a raw baseline — while it runs its own; its `End` is answered when
+//! the server's measurement finished, with the figures in the [`EndReport`].
+//!
+//! `-q N` against a server: N connections of `ScaleQp` requests, the first opening a
+//! session (one region of N slots at the server), the others naming it by id; `End` checks
+//! every slot.
+//!
 //! The raw baselines open a plain TCP connection to the raw server and start with a
 //! 16-octet header; a raw UDP test then names the client's UDP socket, and the server
 //! answers with the port of its own.
@@ -13,11 +22,15 @@
 //! All integers little-endian unless said otherwise.
 
 use std::fmt;
+use std::time::Duration;
+
+use super::Limit;
+use super::stats::Bw;
 
 /// First octets of every request and reply ("softrdma perf").
 pub const MAGIC: [u8; 4] = *b"SRPF";
 /// Layout version of these messages.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 /// One test of the RDMA side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -34,6 +47,10 @@ pub enum Test {
     ReadLat,
     /// Send latency (ping-pong).
     SendLat,
+    /// `-b`: run a measurement toward the client ([`Reverse`]).
+    Reverse,
+    /// `-q`: one QP of a scale session (`count`: the session's QPs; `id`: 0 opens one).
+    ScaleQp,
     /// End of the test `id` (the server rejects it with its [`EndReport`]).
     End,
     /// End of the client's session (the server rejects it and may exit).
@@ -49,6 +66,8 @@ impl Test {
             Test::WriteLat => 4,
             Test::ReadLat => 5,
             Test::SendLat => 6,
+            Test::Reverse => 7,
+            Test::ScaleQp => 8,
             Test::End => 0xfe,
             Test::Bye => 0xff,
         }
@@ -62,6 +81,8 @@ impl Test {
             4 => Test::WriteLat,
             5 => Test::ReadLat,
             6 => Test::SendLat,
+            7 => Test::Reverse,
+            8 => Test::ScaleQp,
             0xfe => Test::End,
             0xff => Test::Bye,
             _ => return None,
@@ -77,6 +98,8 @@ impl Test {
             Test::WriteLat => "RDMA_Write Lat",
             Test::ReadLat => "RDMA_Read Lat",
             Test::SendLat => "Send Lat",
+            Test::Reverse => "reverse",
+            Test::ScaleQp => "scale",
             Test::End => "end",
             Test::Bye => "bye",
         }
@@ -163,10 +186,11 @@ pub struct Request {
 pub const REQUEST_LEN: usize = 44;
 /// Octets of an encoded [`Reply`].
 pub const REPLY_LEN: usize = 28;
-/// Octets of an [`EndReport`] before its message.
+/// Octets of an [`EndReport`] before its figures and message.
 pub const END_LEN: usize = 24;
-/// Longest message an [`EndReport`] carries (it must fit RoCE's 196 octets of private data).
-pub const END_MSG_MAX: usize = 160;
+/// Longest private data of a rejection (RoCE's REJ carries 148 octets): an [`EndReport`]
+/// with its message cut to fit.
+pub const REJECT_MAX: usize = 148;
 
 impl Request {
     /// A request of `test` with every other field zero.
@@ -241,26 +265,41 @@ impl Reply {
 }
 
 /// What the server saw of a test, in the rejection of the client's `End`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EndReport {
     /// Messages received (Send tests).
     pub recvs: u64,
     /// Octets received (Send tests).
     pub recv_bytes: u64,
+    /// A [`Reverse`] test: what the server measured toward the client (`None` for a raw
+    /// UDP baseline with GSO where the server's kernel has none).
+    pub bw: Option<Bw>,
     /// Why the test failed at the server (a completion in error, an octet that is not what
     /// the client sent); `None`: every octet the server holds is right.
     pub error: Option<String>,
 }
 
+/// Octets of the figures an [`EndReport`] with `bw` carries after [`END_LEN`].
+const END_BW_LEN: usize = 40;
+
 impl EndReport {
-    /// The private data.
+    /// The private data: at most [`REJECT_MAX`] octets (the message is cut to fit).
     pub fn emit(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(END_LEN);
+        let mut v = Vec::with_capacity(REJECT_MAX);
         header(&mut v, u8::from(self.error.is_some()));
+        v[6] = u8::from(self.bw.is_some());
         v.extend_from_slice(&self.recvs.to_le_bytes());
         v.extend_from_slice(&self.recv_bytes.to_le_bytes());
+        if let Some(b) = &self.bw {
+            let nanos = (b.seconds * 1e9).round() as u64;
+            for x in [b.iters, b.bytes, nanos, b.lost_bytes] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            let peak = b.peak_gbit_s.map_or(0, f64::to_bits);
+            v.extend_from_slice(&peak.to_le_bytes());
+        }
         if let Some(e) = &self.error {
-            let mut n = e.len().min(END_MSG_MAX);
+            let mut n = e.len().min(REJECT_MAX - v.len());
             while !e.is_char_boundary(n) {
                 n -= 1;
             }
@@ -274,10 +313,127 @@ impl EndReport {
         if !ours(b, END_LEN) {
             return None;
         }
+        let mut at = END_LEN;
+        let bw = if b[6] & 1 != 0 {
+            let f = b.get(END_LEN..END_LEN + END_BW_LEN)?;
+            at += END_BW_LEN;
+            let peak = le64(&f[32..40]);
+            let bw = Bw::from_parts(
+                le64(&f[0..8]),
+                le64(&f[8..16]),
+                le64(&f[16..24]) as f64 / 1e9,
+                le64(&f[24..32]),
+                (peak != 0).then(|| f64::from_bits(peak)),
+            );
+            Some(bw)
+        } else {
+            None
+        };
         Some(EndReport {
             recvs: le64(&b[8..16]),
             recv_bytes: le64(&b[16..24]),
-            error: (b[5] != 0).then(|| String::from_utf8_lossy(&b[END_LEN..]).into_owned()),
+            bw,
+            // RoCE's REJ pads its private data with zeros.
+            error: (b[5] != 0).then(|| {
+                String::from_utf8_lossy(&b[at..])
+                    .trim_end_matches('\0')
+                    .to_owned()
+            }),
+        })
+    }
+}
+
+/// What a [`Reverse`] request asks the server to measure toward the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// An RDMA bandwidth test (Write, Read or Send).
+    Rdma(Test),
+    /// The raw baseline's bandwidth (TCP for iWARP, UDP for RoCE).
+    Raw,
+    /// RoCE: the raw UDP baseline with GSO.
+    RawGso,
+}
+
+/// `-b` against a server: run `what` toward the client (at the request's source address)
+/// for `limit`, with the client's window; the client serves its RDMA tests at `rdma_port`
+/// and its raw baselines at `raw_port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reverse {
+    /// The measurement.
+    pub what: Measure,
+    /// Message size.
+    pub size: u32,
+    /// How long.
+    pub limit: Limit,
+    /// Requests the server keeps outstanding.
+    pub tx_depth: u32,
+    /// Send bandwidth: receives the client keeps posted.
+    pub rx_depth: u32,
+    /// The client's connection manager port.
+    pub rdma_port: u16,
+    /// The client's raw baseline server port.
+    pub raw_port: u16,
+}
+
+/// The longest test a [`Reverse`] request may ask for: a server does not run one forever
+/// for a client that left.
+pub const REVERSE_MAX: Duration = Duration::from_secs(3600);
+
+impl Reverse {
+    /// The private data ([`REQUEST_LEN`] octets, as every request's).
+    pub fn emit(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(REQUEST_LEN);
+        header(&mut v, Test::Reverse.code());
+        v.extend_from_slice(&self.size.to_le_bytes());
+        v.extend_from_slice(&self.rx_depth.to_le_bytes());
+        v.extend_from_slice(&self.tx_depth.to_le_bytes());
+        v.push(match self.what {
+            Measure::Rdma(t) => t.code(),
+            Measure::Raw => 0x10,
+            Measure::RawGso => 0x12,
+        });
+        let (kind, n) = match self.limit {
+            Limit::Iters(n) => (0, n),
+            Limit::Duration(d) => (1, u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+        };
+        v.push(kind);
+        v.extend_from_slice(&self.rdma_port.to_le_bytes());
+        v.extend_from_slice(&n.to_le_bytes());
+        v.extend_from_slice(&self.raw_port.to_le_bytes());
+        v.resize(REQUEST_LEN, 0);
+        v
+    }
+
+    /// Parses private data; `None` if it is not a valid `Reverse` request (a bandwidth test
+    /// or a raw baseline, at least one iteration, at most [`REVERSE_MAX`]).
+    pub fn parse(b: &[u8]) -> Option<Reverse> {
+        if !ours(b, REQUEST_LEN) || Test::from_code(b[5])? != Test::Reverse {
+            return None;
+        }
+        let what = match b[20] {
+            0x10 => Measure::Raw,
+            0x12 => Measure::RawGso,
+            c => match Test::from_code(c)? {
+                t @ (Test::WriteBw | Test::ReadBw | Test::SendBw) => Measure::Rdma(t),
+                _ => return None,
+            },
+        };
+        let n = le64(&b[24..32]);
+        let limit = match b[21] {
+            0 if n > 0 => Limit::Iters(n),
+            1 if n > 0 && n <= REVERSE_MAX.as_micros() as u64 => {
+                Limit::Duration(Duration::from_micros(n))
+            }
+            _ => return None,
+        };
+        Some(Reverse {
+            what,
+            size: le32(&b[8..12]),
+            rx_depth: le32(&b[12..16]),
+            tx_depth: le32(&b[16..20]),
+            limit,
+            rdma_port: u16::from_le_bytes([b[22], b[23]]),
+            raw_port: u16::from_le_bytes([b[32], b[33]]),
         })
     }
 }
@@ -399,6 +555,7 @@ mod tests {
         let e = EndReport {
             recvs: 3,
             recv_bytes: 300,
+            bw: None,
             error: None,
         };
         assert_eq!(EndReport::parse(&e.emit()), Some(e));
@@ -407,11 +564,25 @@ mod tests {
             ..EndReport::default()
         };
         let b = long.emit();
-        assert!(b.len() <= END_LEN + END_MSG_MAX);
+        assert!(b.len() <= REJECT_MAX);
         assert_eq!(
             EndReport::parse(&b).unwrap().error.unwrap(),
-            "é".repeat(END_MSG_MAX / 2)
+            "é".repeat((REJECT_MAX - END_LEN) / 2)
         );
+        // A reverse test's figures, and an error beside them, still within a REJ.
+        let bw = Bw::from_parts(1000, 65_536_000, 0.5, 4096, Some(2.5));
+        let both = EndReport {
+            bw: Some(bw),
+            error: Some("x".repeat(300)),
+            ..EndReport::default()
+        };
+        let b = both.emit();
+        assert_eq!(b.len(), REJECT_MAX);
+        let back = EndReport::parse(&b).unwrap();
+        assert_eq!(back.bw, Some(bw));
+        assert_eq!(back.error.unwrap().len(), REJECT_MAX - END_LEN - END_BW_LEN);
+        // Cut inside the figures: not a report.
+        assert_eq!(EndReport::parse(&b[..END_LEN + 8]), None);
         for t in [
             RawTest::TcpBw,
             RawTest::TcpLat,
@@ -423,6 +594,49 @@ mod tests {
             let h = raw_header(t, 64);
             assert_eq!(parse_raw_header(&h), Some((t, 64)));
         }
+    }
+
+    #[test]
+    fn reverse_round_trip_and_refusals() {
+        let r = Reverse {
+            what: Measure::Rdma(Test::ReadBw),
+            size: 65536,
+            limit: Limit::Duration(Duration::from_millis(1500)),
+            tx_depth: 128,
+            rx_depth: 512,
+            rdma_port: 40001,
+            raw_port: 40002,
+        };
+        let b = r.emit();
+        assert_eq!(b.len(), REQUEST_LEN);
+        assert_eq!(Reverse::parse(&b), Some(r));
+        assert_eq!(Request::parse(&b).map(|q| q.test), Some(Test::Reverse));
+        for what in [Measure::Raw, Measure::RawGso] {
+            let r = Reverse {
+                what,
+                limit: Limit::Iters(7),
+                ..r
+            };
+            assert_eq!(Reverse::parse(&r.emit()), Some(r));
+        }
+        // A latency test, no iterations, a duration past the cap, another request: refused.
+        let lat = Reverse {
+            what: Measure::Rdma(Test::WriteLat),
+            ..r
+        };
+        assert_eq!(Reverse::parse(&lat.emit()), None);
+        let none = Reverse {
+            limit: Limit::Iters(0),
+            ..r
+        };
+        assert_eq!(Reverse::parse(&none.emit()), None);
+        let long = Reverse {
+            limit: Limit::Duration(REVERSE_MAX + Duration::from_secs(1)),
+            ..r
+        };
+        assert_eq!(Reverse::parse(&long.emit()), None);
+        assert_eq!(Reverse::parse(&Request::new(Test::WriteBw).emit()), None);
+        assert_eq!(Reverse::parse(&b[..REQUEST_LEN - 1]), None);
     }
 
     #[test]

@@ -7,18 +7,24 @@
 //!
 //! Both ends live in this process, so the memory figure of a connection counts both of its
 //! QPs (and their sockets' user-space state); per QP is half of it.
+//!
+//! `perf HOST -q N` runs the same rounds against a `softrdma perf --server`: the first
+//! connection's request opens a session there (one region of N slots), the others join it,
+//! and `End` has the server check every slot ([`ScaleSession`]). The memory figure is then
+//! this process's QP alone.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    AcceptParams, ConnectParams, Context, Cq, Listener, Mr, Pd, Qp, QpCap, QpInitAttr, SendFlags,
-    SendWr, WorkCompletion,
+    AcceptParams, ConnRequest, ConnectParams, Context, Cq, Key, Listener, Mr, Pd, Qp, QpCap,
+    QpInitAttr, SendFlags, SendWr, WorkCompletion,
 };
 
-use super::client::{REMOTE, SAFETY, check};
-use super::proto::{fill, first_mismatch};
+use super::client::{Client, REMOTE, SAFETY, check};
+use super::proto::{EndReport, RemoteBuf, Reply, Request, Test, fill, first_mismatch};
+use super::server::{SCALE_MAX_QPS, ServerOpts};
 use super::stats::Bw;
 use super::{Limit, PerfArgs, PerfError};
 use crate::verbs_util::{WaitMode, wait_some};
@@ -43,8 +49,16 @@ pub struct ScaleRow {
     pub idle_bytes_per_connection: u64,
     /// RSS after the rounds, per connection, octets.
     pub active_bytes_per_connection: u64,
+    /// QPs of a connection in this process: 2 over loopback (both ends), 1 against a
+    /// server.
+    #[serde(default = "two")]
+    pub ends_here: u32,
     /// Aggregate bandwidth / the one-QP row's (1.0 for the first row).
     pub vs_first: f64,
+}
+
+fn two() -> u32 {
+    2
 }
 
 /// Resident set size of this process, octets (`/proc/self/statm`).
@@ -68,8 +82,14 @@ fn raise_nofile() {
     }
 }
 
-/// Runs the scale rows `args.qps` asks for.
-pub fn run(args: &PerfArgs) -> Result<Vec<ScaleRow>, PerfError> {
+/// Runs the scale rows `args.qps` asks for: over loopback, or (`server`: the context and the
+/// server's address) against a server.
+/// A list runs each count in a child process (which opens a context of its own: `ctx` is
+/// needed for a single row only).
+pub fn run(
+    args: &PerfArgs,
+    server: Option<(Option<&Context>, SocketAddr)>,
+) -> Result<Vec<ScaleRow>, PerfError> {
     raise_nofile();
     let size = args.size.unwrap_or(4096);
     let limit = match (args.duration, args.iters) {
@@ -84,8 +104,9 @@ pub fn run(args: &PerfArgs) -> Result<Vec<ScaleRow>, PerfError> {
     for &n in &args.qps {
         // Each N of a list in a process of its own: a later row would reuse what the
         // allocator kept of an earlier one and its memory figure would be too small.
-        let mut row = match args.qps.len() {
-            1 => one(args, n, size, limit)?,
+        let mut row = match (args.qps.len(), server) {
+            (1, None) => one(args, n, size, limit)?,
+            (1, Some((Some(ctx), addr))) => remote(args, ctx, addr, n, size, limit)?,
             _ => in_child(args, n)?,
         };
         row.vs_first = rows.first().map_or(1.0, |f| row.bw.gbit_s / f.bw.gbit_s);
@@ -94,12 +115,30 @@ pub fn run(args: &PerfArgs) -> Result<Vec<ScaleRow>, PerfError> {
     Ok(rows)
 }
 
-/// Row `n` from a child process: this program, `perf --loopback -q N --json` with the
-/// options that shape the row.
+/// Row `n` from a child process: this program, `perf --loopback -q N --json` (or `perf HOST
+/// ...`) with the options that shape the row.
 fn in_child(args: &PerfArgs, n: u32) -> Result<ScaleRow, PerfError> {
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(&exe);
-    cmd.args(["perf", "--loopback", "--json", "-q", &n.to_string()]);
+    cmd.arg("perf");
+    match &args.host {
+        Some(host) => {
+            cmd.args([
+                host.as_str(),
+                "-p",
+                &args.port.to_string(),
+                "-B",
+                &args.bind,
+            ]);
+            cmd.args(["--tcp-port", &args.raw_port().to_string()]);
+            cmd.args(["--connect-timeout", &args.connect_timeout.to_string()]);
+            cmd.arg("--scale-child");
+        }
+        None => {
+            cmd.arg("--loopback");
+        }
+    }
+    cmd.args(["--json", "-q", &n.to_string()]);
     cmd.args(["--transport", &flag(args.transport)]);
     cmd.args(["--raw-tx", &flag(args.raw_tx)]);
     for (name, v) in [
@@ -241,7 +280,12 @@ fn one(args: &PerfArgs, n: u32, size: u32, limit: Limit) -> Result<ScaleRow, Per
     let connect_seconds = t0.elapsed().as_secs_f64();
     let rss_idle = rss();
     let wait = args.wait();
-    let (rounds, elapsed) = rounds(&client, &server, &qps, size, limit, wait)?;
+    let target = RemoteBuf {
+        addr: server.mr.addr(0),
+        rkey: server.mr.rkey().0,
+        len: 0,
+    };
+    let (rounds, elapsed) = rounds(&client, target, &qps, size, limit, wait)?;
     let rss_active = rss();
     for (i, _) in qps.iter().enumerate() {
         let at = i * size as usize;
@@ -263,8 +307,216 @@ fn one(args: &PerfArgs, n: u32, size: u32, limit: Limit) -> Result<ScaleRow, Per
         bw: Bw::new(rounds * u64::from(n), size, elapsed),
         idle_bytes_per_connection: per(rss_idle),
         active_bytes_per_connection: per(rss_active),
+        ends_here: 2,
         vs_first: 1.0,
     })
+}
+
+/// One row against the server at `addr`: N connections into one session there.
+fn remote(
+    args: &PerfArgs,
+    ctx: &Context,
+    addr: SocketAddr,
+    n: u32,
+    size: u32,
+    limit: Limit,
+) -> Result<ScaleRow, PerfError> {
+    let o = args.client_opts()?;
+    let client = Side::new(ctx.clone(), n, size)?;
+    for i in 0..n as usize {
+        let at = i * size as usize;
+        fill(&mut client.mr.write()[at..at + size as usize], seed(i));
+    }
+    let rss0 = rss();
+    let t0 = Instant::now();
+    let mut qps = Vec::with_capacity(n as usize);
+    let mut session: Option<(u32, RemoteBuf)> = None;
+    for _ in 0..n {
+        let qp = client.qp()?;
+        let req = Request {
+            size,
+            count: u64::from(n),
+            id: session.map_or(0, |s| s.0),
+            ..Request::new(Test::ScaleQp)
+        };
+        let conn = qp
+            .connect(
+                addr,
+                ConnectParams {
+                    private_data: req.emit(),
+                    ird: 1,
+                    ord: 1,
+                    roce_pmtu: o.pmtu,
+                    crc: o.crc,
+                    fpdu: o.fpdu,
+                    timeout: o.connect_timeout,
+                    ..ConnectParams::default()
+                },
+            )
+            .map_err(|e| {
+                PerfError::connecting(e)
+                    .at(format!("connecting QP {} of {n} to {addr}", qps.len() + 1))
+            })?;
+        let reply = Reply::parse(&conn.peer_private_data)
+            .filter(|r| u64::from(r.buf.len) >= u64::from(n) * u64::from(size))
+            .ok_or_else(|| {
+                PerfError::Protocol(format!(
+                    "{addr}: the accept of a scale QP is not a softrdma perf reply with {n} slots"
+                ))
+            })?;
+        session = Some((reply.id, reply.buf));
+        qps.push(qp);
+    }
+    let Some((id, target)) = session else {
+        return Err(PerfError::Usage("-q: at least one QP".into()));
+    };
+    let connect_seconds = t0.elapsed().as_secs_f64();
+    let rss_idle = rss();
+    let (rounds, elapsed) = rounds(&client, target, &qps, size, limit, o.wait)?;
+    let rss_active = rss();
+    // The server checks every slot.
+    let end = Request {
+        id,
+        ..Request::new(Test::End)
+    };
+    let answer = Client::new(ctx.clone(), addr, o).ask(end.emit(), Test::End, o.connect_timeout);
+    for qp in &qps {
+        let _ = qp.disconnect();
+    }
+    let report = EndReport::parse(&answer?)
+        .ok_or_else(|| PerfError::Protocol("the server's answer to End is not a report".into()))?;
+    if let Some(e) = report.error {
+        return Err(PerfError::Protocol(format!("the server: {e}")));
+    }
+    let per = |after: u64| after.saturating_sub(rss0) / u64::from(n);
+    Ok(ScaleRow {
+        qps: n,
+        bytes: size,
+        rounds,
+        connect_seconds,
+        bw: Bw::new(rounds * u64::from(n), size, elapsed),
+        idle_bytes_per_connection: per(rss_idle),
+        active_bytes_per_connection: per(rss_active),
+        ends_here: 1,
+        vs_first: 1.0,
+    })
+}
+
+/// The server's end of a remote scale session: one region of N slots and the QPs accepted
+/// into it (nothing completes here: the Writes and Reads are the responder's).
+pub struct ScaleSession {
+    id: u32,
+    n: u32,
+    size: u32,
+    pmtu: u32,
+    fpdu: softrdma::FpduSize,
+    side: Side,
+    qps: Vec<Qp>,
+}
+
+impl ScaleSession {
+    /// Opens session `id` for the request `r` (`count`: its QPs) and accepts `req` into it;
+    /// a request past the limits is rejected with the reason.
+    pub fn open(
+        ctx: &Context,
+        id: u32,
+        r: Request,
+        o: ServerOpts,
+        req: ConnRequest,
+    ) -> Result<ScaleSession, PerfError> {
+        let size = r.size.max(1);
+        let n = match u32::try_from(r.count) {
+            Ok(n) if (1..=SCALE_MAX_QPS).contains(&n) => n,
+            _ => {
+                let why = format!(
+                    "softrdma perf: a scale session has 1 to {SCALE_MAX_QPS} QPs, not {}",
+                    r.count
+                );
+                let _ = req.reject(why.as_bytes());
+                return Err(PerfError::Protocol(why));
+            }
+        };
+        let side = match Side::new(ctx.clone(), n, size) {
+            Ok(side) => side,
+            Err(e) => {
+                let _ = req.reject(format!("softrdma perf: {e}").as_bytes());
+                return Err(e);
+            }
+        };
+        let mut session = ScaleSession {
+            id,
+            n,
+            size,
+            pmtu: o.pmtu,
+            fpdu: o.fpdu,
+            side,
+            qps: Vec::with_capacity(n as usize),
+        };
+        session.accept(req)?;
+        Ok(session)
+    }
+
+    /// Accepts one more QP of the session (rejected once it has all of them).
+    pub fn accept(&mut self, req: ConnRequest) -> Result<(), PerfError> {
+        if self.qps.len() >= self.n as usize {
+            let _ = req.reject(b"softrdma perf: the scale session has all its QPs");
+            return Err(PerfError::Protocol(format!(
+                "a QP past the session's {}",
+                self.n
+            )));
+        }
+        let qp = match self.side.qp() {
+            Ok(qp) => qp,
+            Err(e) => {
+                let _ = req.reject(format!("softrdma perf: {e}").as_bytes());
+                return Err(e);
+            }
+        };
+        let (peer_ird, peer_ord) = req.peer_ird_ord().unwrap_or((1, 1));
+        let reply = Reply {
+            id: self.id,
+            buf: RemoteBuf::of(&self.side.mr, self.n * self.size),
+        };
+        req.accept(
+            &qp,
+            AcceptParams {
+                private_data: reply.emit(),
+                ird: peer_ord.max(1),
+                ord: peer_ird,
+                roce_pmtu: self.pmtu,
+                fpdu: self.fpdu,
+                ..AcceptParams::default()
+            },
+        )?;
+        self.qps.push(qp);
+        Ok(())
+    }
+
+    /// Every QP of the session is gone (its client left without `End`).
+    pub fn is_dead(&self) -> bool {
+        self.qps.iter().all(|qp| qp.state().is_dead())
+    }
+
+    /// `End`: every slot holds what its QP wrote.
+    pub fn end(self) -> EndReport {
+        let mut report = EndReport::default();
+        let mem = self.side.mr.read();
+        for i in 0..self.n as usize {
+            let at = i * self.size as usize;
+            if let Some(k) = first_mismatch(&mem[at..at + self.size as usize], seed(i)) {
+                report.error = Some(format!(
+                    "QP {i} of {}: octet {k} of its slot is not what it wrote",
+                    self.n
+                ));
+                break;
+            }
+        }
+        drop(mem);
+        for qp in &self.qps {
+            let _ = qp.disconnect();
+        }
+        report
+    }
 }
 
 /// QP `i`'s pattern.
@@ -276,15 +528,15 @@ fn seed(i: usize) -> u8 {
 /// Write was placed. The rounds run and the time from the first post to the last Read.
 fn rounds(
     client: &Side,
-    server: &Side,
+    target: RemoteBuf,
     qps: &[Qp],
     size: u32,
     limit: Limit,
     wait: WaitMode,
 ) -> Result<(u64, Duration), PerfError> {
     let n = qps.len();
-    let rkey = server.mr.rkey();
-    let base = server.mr.addr(0);
+    let rkey = Key(target.rkey);
+    let base = target.addr;
     let mut wcs: Vec<WorkCompletion> = Vec::with_capacity(n.min(1024));
     let collect = |want: usize, wcs: &mut Vec<WorkCompletion>| -> Result<(), PerfError> {
         let mut got = 0;

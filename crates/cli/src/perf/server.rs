@@ -2,10 +2,13 @@
 //! [`super::client`] for the tests). The listening thread takes connection requests: a
 //! test's request gets a thread that accepts it and serves the test until the client's
 //! `End` (or until its QP dies); `End` stops that thread and is rejected with its report;
-//! `Bye` ends a session.
+//! `Bye` ends a session. A `Reverse` request (`-b`) gets a thread that measures toward the
+//! client as a client would; a scale session (`-q`) is one region and its QPs, accepted on
+//! the listening thread (nothing completes at the server: the Writes and Reads are the
+//! responder's).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::ScopedJoinHandle;
@@ -16,9 +19,13 @@ use softrdma::{
     QpCap, QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::PerfError;
-use super::client::{INLINE_MAX, REMOTE, check, unsignaled, verify};
-use super::proto::{CLIENT_SEED, EndReport, RemoteBuf, Reply, Request, SERVER_SEED, Test, fill};
+use super::client::{Client, ClientOpts, INLINE_MAX, REMOTE, check, unsignaled, verify};
+use super::proto::{
+    CLIENT_SEED, EndReport, Measure, RemoteBuf, Reply, Request, Reverse, SERVER_SEED, Test, fill,
+};
+use super::scale::ScaleSession;
+use super::stats::Bw;
+use super::{PerfError, baseline};
 use crate::verbs_util::{WaitMode, spin_until, wait_some};
 
 /// How often a test thread looks whether its test was ended.
@@ -27,9 +34,13 @@ const POLL: Duration = Duration::from_millis(50);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Test threads kept for their `End` before finished ones are forgotten.
 const KEEP: usize = 64;
-/// Tests one client address may run at once (a perf client runs one at a time; perftest-style
-/// parallel runs or several clients behind one address stay well below it).
+/// Tests one client address may run at once (a perf client runs one at a time, two with -b;
+/// perftest-style parallel runs or several clients behind one address stay well below it).
 const PER_PEER: usize = 16;
+/// QPs of one scale session (`-q`), at most.
+pub const SCALE_MAX_QPS: u32 = 4096;
+/// How long a `Reverse` measurement may wait to connect to the client.
+const REVERSE_CONNECT: Duration = Duration::from_secs(10);
 
 /// What the server does.
 #[derive(Clone, Copy, Debug)]
@@ -61,6 +72,9 @@ struct Ctl {
 /// Running tests by id: their control, their thread, the client's address.
 type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>, IpAddr)>;
 
+/// Scale sessions by id: the session and the client's address.
+type Sessions = HashMap<u32, (ScaleSession, IpAddr)>;
+
 /// Ends every running test.
 fn stop_all(tests: &mut Tests<'_>) {
     for (_, (ctl, h, _)) in tests.drain() {
@@ -81,6 +95,7 @@ pub fn serve(
 ) -> Result<(), PerfError> {
     std::thread::scope(|s| {
         let mut tests: Tests = HashMap::new();
+        let mut sessions: Sessions = HashMap::new();
         let mut next_id = 0u32;
         loop {
             let req = match listener.accept_timeout(Duration::from_millis(200)) {
@@ -103,15 +118,21 @@ pub fn serve(
                 let _ = req.reject(b"softrdma perf: unknown request");
                 continue;
             };
-            // A client says how much memory its test takes: never more than the cap.
-            if !matches!(r.test, Test::Bye | Test::End) && u64::from(r.size) > o.max_buffer {
+            // A client says how much memory its test takes: never more than the cap (a
+            // scale session: its N slots together).
+            let asked = match r.test {
+                Test::Bye | Test::End => 0,
+                Test::ScaleQp if r.id == 0 => u64::from(r.size.max(1)) * r.count,
+                _ => u64::from(r.size),
+            };
+            if asked > o.max_buffer {
                 eprintln!(
-                    "softrdma perf: {peer}: {} octets asked, above --max-buffer {}: rejected",
-                    r.size, o.max_buffer
+                    "softrdma perf: {peer}: {asked} octets asked, above --max-buffer {}: rejected",
+                    o.max_buffer
                 );
                 let why = format!(
-                    "softrdma perf: {} octets is above the server's --max-buffer {}",
-                    r.size, o.max_buffer
+                    "softrdma perf: {asked} octets is above the server's --max-buffer {}",
+                    o.max_buffer
                 );
                 let _ = req.reject(why.as_bytes());
                 continue;
@@ -128,22 +149,45 @@ pub fn serve(
                     }
                 }
                 Test::End => {
-                    let report = match tests.remove(&r.id) {
+                    if let Some((session, _)) = sessions.remove(&r.id) {
+                        let report = session.end();
+                        let _ = req.reject(&report.emit());
+                        continue;
+                    }
+                    match tests.remove(&r.id) {
                         Some((ctl, h, _)) => {
                             ctl.sent.store(r.count, Ordering::Release);
                             ctl.ended.store(true, Ordering::Release);
                             h.thread().unpark();
-                            h.join().unwrap_or_else(|_| EndReport {
-                                error: Some("the server's test thread panicked".into()),
-                                ..EndReport::default()
-                            })
+                            // A reverse measurement runs to its own end: its answer waits
+                            // for it on a thread of its own, not on the listening one.
+                            s.spawn(move || {
+                                let report = h.join().unwrap_or_else(|_| EndReport {
+                                    error: Some("the server's test thread panicked".into()),
+                                    ..EndReport::default()
+                                });
+                                let _ = req.reject(&report.emit());
+                            });
                         }
-                        None => EndReport {
-                            error: Some(format!("no test {} to end", r.id)),
-                            ..EndReport::default()
-                        },
+                        None => {
+                            let report = EndReport {
+                                error: Some(format!("no test {} to end", r.id)),
+                                ..EndReport::default()
+                            };
+                            let _ = req.reject(&report.emit());
+                        }
+                    }
+                }
+                Test::ScaleQp if r.id != 0 => {
+                    let answer = match sessions.get_mut(&r.id) {
+                        Some((session, ip)) if *ip == peer.ip() => session.accept(req),
+                        _ => req
+                            .reject(format!("softrdma perf: no scale session {}", r.id).as_bytes())
+                            .map_err(PerfError::from),
                     };
-                    let _ = req.reject(&report.emit());
+                    if let Err(e) = answer {
+                        eprintln!("softrdma perf: {peer}: scale session {}: {e}", r.id);
+                    }
                 }
                 test => {
                     if o.log {
@@ -151,22 +195,63 @@ pub fn serve(
                     }
                     // Tests whose client left without its End.
                     tests.retain(|_, (_, h, _)| !h.is_finished());
+                    sessions.retain(|_, (session, _)| !session.is_dead());
                     // One client (address) holds at most PER_PEER tests at once and all
                     // together at most KEEP: a peer that connects and idles cannot take the
                     // server from the others.
-                    let mine = tests.values().filter(|t| t.2 == peer.ip()).count();
-                    if mine >= PER_PEER || tests.len() >= KEEP {
+                    let mine = tests.values().filter(|t| t.2 == peer.ip()).count()
+                        + sessions.values().filter(|t| t.1 == peer.ip()).count();
+                    let all = tests.len() + sessions.len();
+                    if mine >= PER_PEER || all >= KEEP {
                         let why = format!(
-                            "softrdma perf: busy ({mine} tests of {} running, {} in all; at most {PER_PEER} per client and {KEEP} in all)",
+                            "softrdma perf: busy ({mine} tests of {} running, {all} in all; at most {PER_PEER} per client and {KEEP} in all)",
                             peer.ip(),
-                            tests.len()
                         );
                         eprintln!("softrdma perf: {peer}: {why}");
                         let _ = req.reject(why.as_bytes());
                         continue;
                     }
-                    next_id = next_id.wrapping_add(1);
+                    next_id = next_id.wrapping_add(1).max(1);
                     let id = next_id;
+                    if test == Test::ScaleQp {
+                        match ScaleSession::open(ctx, id, r, o, req) {
+                            Ok(session) => {
+                                sessions.insert(id, (session, peer.ip()));
+                            }
+                            Err(e) => eprintln!("softrdma perf: {peer}: scale session: {e}"),
+                        }
+                        continue;
+                    }
+                    if test == Test::Reverse {
+                        let Some(rev) = Reverse::parse(req.private_data()) else {
+                            let _ = req.reject(b"softrdma perf: not a valid -b request");
+                            continue;
+                        };
+                        // Started: the client runs its own side now and ends ours later.
+                        let _ = req.reject(
+                            &Reply {
+                                id,
+                                buf: RemoteBuf::default(),
+                            }
+                            .emit(),
+                        );
+                        let ctl = Arc::new(Ctl::default());
+                        let h = s.spawn(move || {
+                            let mut report = EndReport::default();
+                            match reverse(ctx, peer.ip(), rev, o) {
+                                Ok(bw) => report.bw = bw,
+                                Err(e) => {
+                                    if o.log {
+                                        eprintln!("softrdma perf: {peer}: -b toward it: {e}");
+                                    }
+                                    report.error = Some(e.to_string());
+                                }
+                            }
+                            report
+                        });
+                        tests.insert(id, (ctl, h, peer.ip()));
+                        continue;
+                    }
                     let ctl = Arc::new(Ctl::default());
                     let c = ctl.clone();
                     let h = s.spawn(move || {
@@ -184,6 +269,38 @@ pub fn serve(
             }
         }
     })
+}
+
+/// `-b`: measures `r` toward the client at `peer`, as a client of its servers.
+fn reverse(
+    ctx: &Context,
+    peer: IpAddr,
+    r: Reverse,
+    o: ServerOpts,
+) -> Result<Option<Bw>, PerfError> {
+    match r.what {
+        Measure::Rdma(test) => {
+            let opts = ClientOpts {
+                crc: false,
+                fpdu: o.fpdu,
+                pmtu: o.pmtu,
+                tx_depth: r.tx_depth.clamp(1, 16383),
+                rx_depth: r.rx_depth.clamp(4, 1 << 16),
+                wait: o.wait,
+                busy_poll: o.busy_poll,
+                connect_timeout: REVERSE_CONNECT,
+            };
+            let mut c = Client::new(ctx.clone(), SocketAddr::new(peer, r.rdma_port), opts);
+            c.bw(test, r.size, r.limit).map(Some)
+        }
+        Measure::Raw | Measure::RawGso => {
+            let base = baseline(ctx, SocketAddr::new(peer, r.raw_port), o.pmtu);
+            match r.what {
+                Measure::Raw => base.bw(r.size, r.limit).map(Some),
+                _ => base.bw_gso(r.size, r.limit),
+            }
+        }
+    }
 }
 
 /// The server's end of one test.

@@ -113,6 +113,21 @@ impl Bw {
 }
 
 impl Bw {
+    /// A measurement as its parts came over the wire (`-b`'s other direction).
+    pub fn from_parts(
+        iters: u64,
+        bytes: u64,
+        seconds: f64,
+        lost_bytes: u64,
+        peak_gbit_s: Option<f64>,
+    ) -> Bw {
+        Bw {
+            lost_bytes,
+            peak_gbit_s,
+            ..Bw::rated(iters, bytes, seconds)
+        }
+    }
+
     /// Two measurements taken at the same time (`-b`'s two directions): their octets and
     /// messages over the longer of their times.
     pub fn plus(&self, o: &Bw) -> Bw {
