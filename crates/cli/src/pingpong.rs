@@ -407,7 +407,7 @@ impl Pp {
             Wait::Events => Some(ctx.create_comp_channel()?),
             _ => None,
         };
-        let cq = ctx.create_cq(o.rx_depth as usize + 1, channel.as_ref());
+        let cq = ctx.create_cq(o.rx_depth as usize + 1, channel.as_ref())?;
         let ud = o.qp_type == QpType::Ud;
         let cap = QpCap {
             max_send_wr: 1,

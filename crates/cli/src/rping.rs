@@ -318,7 +318,7 @@ struct Cb {
 impl Cb {
     fn new(ctx: &Context, rdma_len: usize, timeout: Option<Duration>) -> Result<Cb, RpingError> {
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(SQ_DEPTH as usize * 2, None);
+        let cq = ctx.create_cq(SQ_DEPTH as usize * 2, None)?;
         let qp = pd.create_qp(QpInitAttr {
             cap: QpCap {
                 max_send_wr: SQ_DEPTH,

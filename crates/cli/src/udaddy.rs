@@ -69,7 +69,9 @@ struct Node {
 impl Node {
     fn new(ctx: &Context, size: usize, count: u32) -> Result<Node, String> {
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(2 * count as usize + 2, None);
+        let cq = ctx
+            .create_cq(2 * count as usize + 2, None)
+            .map_err(|e| format!("create_cq: {e}"))?;
         let qp = pd
             .create_qp(QpInitAttr::typed(QpType::Ud, &cq, &cq))
             .map_err(|e| format!("create_qp: {e}"))?;

@@ -100,7 +100,7 @@ fn idle_peers_do_not_stop_the_perf_server() {
     let target = format!("127.0.0.1:{port}");
     let idle = idle_tests(&ctx, &target, 16);
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(4, None);
+    let cq = ctx.create_cq(4, None).unwrap();
     let one_more = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
     match one_more.connect(target.as_str(), idle_request()) {
         Err(Error::Rejected { private_data, .. }) => {
@@ -146,7 +146,7 @@ fn idle_request() -> ConnectParams {
 /// `n` connected QPs of `ctx` that never do anything.
 fn idle_tests(ctx: &Context, target: &str, n: usize) -> Vec<softrdma::Qp> {
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(64, None);
+    let cq = ctx.create_cq(64, None).unwrap();
     (0..n)
         .map(|_| {
             let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
@@ -164,7 +164,7 @@ fn a_request_above_the_buffer_cap_is_refused() {
     let dog = watchdog(server.id());
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(16, None);
+    let cq = ctx.create_cq(16, None).unwrap();
     for (test, size) in [(Test::WriteBw, u32::MAX), (Test::SendBw, 2 << 20)] {
         let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
         let req = Request {
@@ -246,7 +246,7 @@ fn a_peer_killed_mid_write_fails_the_qp_and_a_new_connection_works() {
         };
         let pd = ctx.alloc_pd();
         let mr = pd.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
-        let cq = ctx.create_cq(4096, None);
+        let cq = ctx.create_cq(4096, None).unwrap();
         // Connects a QP to a fresh server for a Write test of 1 MiB; the server's buffer.
         let start = |cq: &softrdma::Cq| {
             let (server, port) = perf_server(&extra);

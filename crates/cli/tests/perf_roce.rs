@@ -203,7 +203,7 @@ struct Seen {
 fn perftest_server(listener: &TcpListener, ip: Ipv4Addr, test: &str) -> Seen {
     let ctx = Context::open_roce(RoceConfig::new(IpAddr::V4(ip))).unwrap();
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(64, None);
+    let cq = ctx.create_cq(64, None).unwrap();
     let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
     let len = 2 * 65536;
     let mr = pd

@@ -291,7 +291,7 @@ impl Peer {
     fn new(ty: QpType, me: Ipv4Addr, size: u32) -> Peer {
         let ctx = Context::open_roce(RoceConfig::new(IpAddr::V4(me))).unwrap();
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(RX_DEPTH as usize + 1, None);
+        let cq = ctx.create_cq(RX_DEPTH as usize + 1, None).unwrap();
         let qp = pd
             .create_qp(QpInitAttr {
                 cap: QpCap {

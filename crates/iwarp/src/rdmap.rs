@@ -824,6 +824,13 @@ impl RdmapEngine {
         }
     }
 
+    /// A local error the peer did not cause (the completion queue this QP completes into
+    /// overran): the one Terminate, RDMAP Local Catastrophic without headers (RFC 5040
+    /// §7.2, RDMAP-99), and the stream goes to Error with every request flushed.
+    pub fn local_catastrophic(&mut self) {
+        self.fail(term::Fault::local());
+    }
+
     /// ULP graceful close (RFC 5040 §6.2): every uncompleted request is flushed and nothing
     /// more is sent or accepted, except a Terminate already queued, which still goes out
     /// (RDMAP-94).

@@ -164,7 +164,7 @@ struct End {
 impl End {
     fn new(ctx: &Context, recvs: usize) -> End {
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(128, None);
+        let cq = ctx.create_cq(128, None).unwrap();
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.cap = QpCap {
             max_send_wr: 32,

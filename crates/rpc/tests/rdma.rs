@@ -574,7 +574,7 @@ struct Raw {
 impl Raw {
     fn connect(ctx: &Context, addr: SocketAddr) -> Raw {
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(64, None);
+        let cq = ctx.create_cq(64, None).unwrap();
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.cap = QpCap {
             max_send_wr: 16,
@@ -900,7 +900,7 @@ fn rpcrdma_70_a_stuck_first_call_is_nudged_with_rdma_done() {
     let server = std::thread::spawn(move || {
         let req = l.accept().unwrap();
         let pd = sctx.alloc_pd();
-        let cq = sctx.create_cq(16, None);
+        let cq = sctx.create_cq(16, None).unwrap();
         let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
         let mr = pd.alloc_mr(16 * 4096, Access::LOCAL_WRITE).unwrap();
         for i in 0..4 {

@@ -59,7 +59,7 @@ async fn completions(cq: &Cq, n: usize) -> Result<Vec<WorkCompletion>, Error> {
 /// The server: one connection, `count` pings answered, then the Write checked.
 async fn serve(listener: Listener, ctx: Context, count: usize, size: usize) -> Result<(), Error> {
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(16, None);
+    let cq = ctx.create_cq(16, None).unwrap();
     let qp = pd.create_qp(QpInitAttr::new(&cq, &cq))?;
     // Receive (first), send (second) and RDMA target (third) areas.
     let mr = pd.alloc_mr(3 * size, ACCESS)?;
@@ -121,7 +121,7 @@ async fn client(
     size: usize,
 ) -> Result<Duration, Error> {
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(16, None);
+    let cq = ctx.create_cq(16, None).unwrap();
     let qp = pd.create_qp(QpInitAttr::new(&cq, &cq))?;
     let mr = pd.alloc_mr(2 * size, ACCESS)?;
     let (rx, tx) = (0, size);

@@ -68,7 +68,7 @@ pub fn run(
         let srv = s.spawn(move || -> Result<(), Error> {
             let ctx = server.open()?;
             let pd = ctx.alloc_pd();
-            let cq = ctx.create_cq(16, None);
+            let cq = ctx.create_cq(16, None).unwrap();
             let qp = pd.create_qp(QpInitAttr::new(&cq, &cq))?;
             // Receive buffer (first half) and RDMA target (second half).
             let mr = pd.alloc_mr(2 * size, access)?;
@@ -106,7 +106,7 @@ pub fn run(
         let cli = (|| -> Result<Report, Error> {
             let ctx = client.open()?;
             let pd = ctx.alloc_pd();
-            let cq = ctx.create_cq(16, None);
+            let cq = ctx.create_cq(16, None).unwrap();
             let qp = pd.create_qp(QpInitAttr::new(&cq, &cq))?;
             let mr = pd.alloc_mr(3 * size, access)?;
             let to = addr_rx.recv_timeout(TIMEOUT).map_err(|_| Error::Timeout)?;

@@ -15,7 +15,7 @@ fn side(ip: Ipv4Addr) -> (Context, Pd, Cq, Qp) {
     cfg.port = 0;
     let ctx = Context::open_roce(cfg).expect("open");
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(1 << 16, None);
+    let cq = ctx.create_cq(1 << 16, None).unwrap();
     let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).expect("qp");
     (ctx, pd, cq, qp)
 }

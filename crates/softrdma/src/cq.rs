@@ -22,6 +22,7 @@ use smallvec::SmallVec;
 use softrdma_verbs_types::{WcStatus, WorkCompletion};
 
 use crate::Error;
+use crate::event::{AsyncEvent, EventQueue};
 use crate::leader::{STAND_DOWN, Waiter};
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
@@ -132,8 +133,22 @@ enum Arm {
 struct CqState {
     entries: VecDeque<WorkCompletion>,
     arm: Arm,
-    /// Completions that arrived while the queue held `capacity` entries.
+    /// Completions that arrived while the queue held `capacity` entries, or after it
+    /// overran: dropped.
     overflows: u64,
+    /// The queue overran: it is in error for good (IBA 11.4.2.1 "CQ overrun").
+    overrun: bool,
+}
+
+/// What [`CqShared::push`] found: the queue overran (now or before), so the pusher's QP
+/// goes to Error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Pushed {
+    /// Every completion was queued.
+    Queued,
+    /// The queue is in error.
+    Overrun,
 }
 
 /// A driver that a thread polling or waiting on a CQ runs itself (caller-driven progress,
@@ -173,6 +188,8 @@ pub(crate) struct CqShared {
     /// Wakes tasks awaiting the queue ([`Completions`]) on every push.
     ready: Event,
     channel: Option<Arc<ChannelShared>>,
+    /// The context's asynchronous events (`CqError`).
+    events: Option<Arc<EventQueue>>,
 }
 
 impl Waiter for CqShared {
@@ -205,24 +222,50 @@ impl CqShared {
     }
 
     /// Appends completions (progress thread); fires the channel if armed and matching.
-    pub(crate) fn push(self: &Arc<Self>, wcs: &mut Vec<WorkCompletion>) {
+    ///
+    /// A completion that finds the queue full overruns it (IBA 11.4.2.1): it and every later
+    /// one are dropped and counted, what the queue holds stays to be polled, and the
+    /// pushers learn it so that their QPs go to Error — the QPs of other queues are not
+    /// touched (RFC 5040 §8.1.1 #10, RDMAP-124). Memory stays bounded by the capacity.
+    pub(crate) fn push(self: &Arc<Self>, wcs: &mut Vec<WorkCompletion>) -> Pushed {
         if wcs.is_empty() {
-            return;
+            return match self.state.lock().overrun {
+                true => Pushed::Overrun,
+                false => Pushed::Queued,
+            };
         }
         let mut fire = false;
+        let pushed;
         {
             let mut s = self.state.lock();
+            let was = s.overrun;
             for wc in wcs.drain(..) {
+                if s.overrun || s.entries.len() >= self.capacity {
+                    s.overrun = true;
+                    s.overflows += 1;
+                    continue;
+                }
                 fire |= match s.arm {
                     Arm::Off => false,
                     Arm::Next => true,
                     // IBA 11.4.2.2: solicited, or completed in error.
                     Arm::Solicited => wc.flags.solicited || wc.status != WcStatus::Success,
                 };
-                if s.entries.len() >= self.capacity {
-                    s.overflows += 1;
-                }
                 s.entries.push_back(wc);
+            }
+            pushed = match s.overrun {
+                true => Pushed::Overrun,
+                false => Pushed::Queued,
+            };
+            if s.overrun && !was {
+                tracing::warn!(
+                    cq = self.id,
+                    capacity = self.capacity,
+                    "completion queue overran: in error, its QPs go to Error"
+                );
+                if let Some(ev) = &self.events {
+                    ev.post(AsyncEvent::CqError { cq_id: self.id });
+                }
             }
             if fire {
                 s.arm = Arm::Off;
@@ -240,13 +283,19 @@ impl CqShared {
         if let Some(ch) = ch {
             ch.push_event(Arc::downgrade(self));
         }
+        pushed
     }
 }
 
 /// A completion queue (`ibv_cq`). Cheap to clone: clones name the same queue.
 ///
-/// The queue never drops a completion: entries beyond [`capacity`](Cq::capacity) are kept and
-/// counted in [`overflows`](Cq::overflows) (a hardware CQ would go to an error state).
+/// A queue holds at most [`capacity`](Cq::capacity) completions. One more overruns it, as a
+/// hardware CQ (IBA 11.4.2.1): the queue goes to error for good ([`is_overrun`](Cq::is_overrun)),
+/// that completion and every later one are dropped and counted in
+/// [`overflows`](Cq::overflows), [`AsyncEvent::CqError`](crate::AsyncEvent::CqError) is
+/// posted, and each QP that completes into it goes to Error (iWARP: a Local Catastrophic
+/// Terminate). QPs of other queues carry on (RDMAP-124). What the queue held can still be
+/// polled. Size it for every request its QPs may have outstanding.
 #[derive(Clone)]
 pub struct Cq {
     pub(crate) shared: Arc<CqShared>,
@@ -270,7 +319,11 @@ impl PartialEq for Cq {
 impl Eq for Cq {}
 
 impl Cq {
-    pub(crate) fn new(capacity: usize, channel: Option<&CompletionChannel>) -> Cq {
+    pub(crate) fn new(
+        capacity: usize,
+        channel: Option<&CompletionChannel>,
+        events: Option<Arc<EventQueue>>,
+    ) -> Cq {
         let cq = Cq {
             shared: Arc::new(CqShared {
                 progress: Mutex::new(Vec::new()),
@@ -282,10 +335,12 @@ impl Cq {
                     entries: VecDeque::new(),
                     arm: Arm::Off,
                     overflows: 0,
+                    overrun: false,
                 }),
                 cond: Condvar::new(),
                 ready: Event::new(),
                 channel: channel.map(|c| c.shared.clone()),
+                events,
             }),
         };
         if let Some(ch) = channel {
@@ -306,9 +361,14 @@ impl Cq {
         self.shared.capacity
     }
 
-    /// Completions that arrived while the queue was full (kept, not dropped).
+    /// Completions that arrived while the queue was full or after it overran (dropped).
     pub fn overflows(&self) -> u64 {
         self.shared.state.lock().overflows
+    }
+
+    /// The queue overran and is in error: no completion is queued any more.
+    pub fn is_overrun(&self) -> bool {
+        self.shared.state.lock().overrun
     }
 
     /// Completions waiting to be polled.
@@ -783,7 +843,38 @@ mod tests {
     }
 
     fn push(cq: &Cq, ids: impl IntoIterator<Item = u64>) {
-        cq.shared.push(&mut ids.into_iter().map(wc).collect());
+        let _ = cq.shared.push(&mut ids.into_iter().map(wc).collect());
+    }
+
+    /// One completion past the capacity overruns the queue for good (IBA 11.4.2.1): it and
+    /// every later one are dropped and counted, one CqError is posted, what was queued can
+    /// still be polled; memory never grows past the capacity.
+    #[test]
+    fn overrun_puts_the_queue_in_error() {
+        let events = Arc::new(EventQueue::default());
+        let cq = Cq::new(3, None, Some(events.clone()));
+        assert_eq!(cq.shared.push(&mut vec![wc(1), wc(2)]), Pushed::Queued);
+        assert!(!cq.is_overrun());
+        assert_eq!(
+            cq.shared.push(&mut vec![wc(3), wc(4), wc(5)]),
+            Pushed::Overrun
+        );
+        assert!(cq.is_overrun());
+        assert_eq!((cq.len(), cq.overflows()), (3, 2));
+        assert!(matches!(
+            events.try_pop(),
+            Some(AsyncEvent::CqError { cq_id }) if cq_id == cq.id()
+        ));
+        let mut out = Vec::new();
+        assert_eq!(cq.poll(8, &mut out), 3);
+        let ids: Vec<u64> = out.iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        // Room again, but the queue stays in error: later completions go nowhere, and no
+        // second event is posted.
+        assert_eq!(cq.shared.push(&mut vec![wc(6)]), Pushed::Overrun);
+        assert_eq!(cq.shared.push(&mut Vec::new()), Pushed::Overrun);
+        assert_eq!((cq.len(), cq.overflows()), (0, 3));
+        assert!(events.try_pop().is_none());
     }
 
     fn poll_once<F: Future>(f: Pin<&mut F>, w: &Arc<Count>) -> Poll<F::Output> {
@@ -793,7 +884,7 @@ mod tests {
 
     #[test]
     fn a_completion_pushed_before_the_poll_is_ready_at_once() {
-        let cq = Cq::new(4, None);
+        let cq = Cq::new(4, None, None);
         push(&cq, [7]);
         let w = Arc::new(Count::default());
         let f = std::pin::pin!(cq.next());
@@ -803,7 +894,7 @@ mod tests {
 
     #[test]
     fn a_completion_pushed_after_the_poll_wakes_the_task() {
-        let cq = Cq::new(4, None);
+        let cq = Cq::new(4, None, None);
         let w = Arc::new(Count::default());
         let mut f = std::pin::pin!(cq.next());
         assert_eq!(poll_once(f.as_mut(), &w), Poll::Pending);
@@ -815,7 +906,7 @@ mod tests {
 
     #[test]
     fn ready_waits_for_a_completion_and_takes_none() {
-        let cq = Cq::new(4, None);
+        let cq = Cq::new(4, None, None);
         let w = Arc::new(Count::default());
         let mut f = std::pin::pin!(cq.ready());
         assert_eq!(poll_once(f.as_mut(), &w), Poll::Pending);
@@ -827,7 +918,7 @@ mod tests {
 
     #[test]
     fn a_dropped_future_loses_no_completion() {
-        let cq = Cq::new(4, None);
+        let cq = Cq::new(4, None, None);
         let w = Arc::new(Count::default());
         {
             let f = std::pin::pin!(cq.next());
@@ -842,7 +933,7 @@ mod tests {
 
     #[test]
     fn two_waiters_one_completion_the_other_waits_on() {
-        let cq = Cq::new(4, None);
+        let cq = Cq::new(4, None, None);
         let (wa, wb) = (Arc::new(Count::default()), Arc::new(Count::default()));
         let mut a = std::pin::pin!(cq.next());
         let mut b = std::pin::pin!(cq.next());
@@ -860,7 +951,7 @@ mod tests {
 
     #[test]
     fn wait_async_takes_min_to_max_and_keeps_what_it_moved_when_dropped() {
-        let cq = Cq::new(16, None);
+        let cq = Cq::new(16, None, None);
         let w = Arc::new(Count::default());
         let mut out = Vec::new();
         push(&cq, [1, 2, 3]);
@@ -890,7 +981,7 @@ mod tests {
     #[test]
     fn an_armed_cq_wakes_a_task_awaiting_its_channel() {
         let ch = CompletionChannel::new().unwrap();
-        let cq = Cq::new(4, Some(&ch));
+        let cq = Cq::new(4, Some(&ch), None);
         let w = Arc::new(Count::default());
         let mut f = std::pin::pin!(ch.get_cq_event_async());
         assert!(poll_once(f.as_mut(), &w).is_pending());
@@ -910,7 +1001,7 @@ mod tests {
     async fn many_tasks_on_one_cq_each_completion_once() {
         const TASKS: u64 = 16;
         const EACH: u64 = 50;
-        let cq = Cq::new(1024, None);
+        let cq = Cq::new(1024, None, None);
         let tasks: Vec<_> = (0..TASKS)
             .map(|_| {
                 let cq = cq.clone();

@@ -38,8 +38,9 @@ enum Kind {
 }
 
 /// What one context may hold at once (`ibv_query_device`'s `max_qp`, `max_mr`,
-/// `max_mr_size`), so that neither a peer nor a runaway application makes it allocate
-/// without a limit; reaching one is [`Error::ResourceLimit`] and changes nothing else.
+/// `max_mr_size`, `max_qp_wr`, `max_srq_wr`, `max_cqe`), so that neither a peer nor a
+/// runaway application makes it allocate without a limit; reaching one is
+/// [`Error::ResourceLimit`] and changes nothing else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceLimits {
     /// Queue pairs.
@@ -48,15 +49,25 @@ pub struct DeviceLimits {
     pub max_mr: u32,
     /// Octets registered in all regions together (memory the peers may reach).
     pub max_mr_bytes: u64,
+    /// Work requests one send or receive queue holds (a QP's `max_send_wr`, `max_recv_wr`).
+    pub max_qp_wr: u32,
+    /// Work requests one shared receive queue holds.
+    pub max_srq_wr: u32,
+    /// Entries of one completion queue (completions past them overrun it, see [`Cq`]).
+    pub max_cqe: u32,
 }
 
 impl Default for DeviceLimits {
-    /// 16,384 QPs, 65,536 regions, 64 GiB registered.
+    /// 16,384 QPs, 65,536 regions, 64 GiB registered, 65,536 requests per queue and per
+    /// shared receive queue, 4,194,304 entries per completion queue.
     fn default() -> Self {
         DeviceLimits {
             max_qp: 16_384,
             max_mr: 65_536,
             max_mr_bytes: 64 << 30,
+            max_qp_wr: 65_536,
+            max_srq_wr: 65_536,
+            max_cqe: 1 << 22,
         }
     }
 }
@@ -248,6 +259,22 @@ pub(crate) enum Resource {
 
 impl CtxShared {
     /// Takes a QP or an MR of `bytes` octets from the limits, or says which one is reached.
+    /// Refuses queue depths past the device's `max_qp_wr` (`srq`: `max_srq_wr`).
+    pub(crate) fn check_depths(&self, depths: &[u32], srq: bool) -> Result<(), Error> {
+        let l = self.device.limits;
+        let (max, what) = match srq {
+            true => (l.max_srq_wr, "work requests per shared receive queue"),
+            false => (l.max_qp_wr, "work requests per queue"),
+        };
+        match depths.iter().any(|&d| d > max) {
+            true => Err(Error::ResourceLimit {
+                what,
+                limit: u64::from(max),
+            }),
+            false => Ok(()),
+        }
+    }
+
     pub(crate) fn claim(self: &Arc<Self>, what: Resource, bytes: u64) -> Result<Claim, Error> {
         let l = self.device.limits;
         let take = |c: &AtomicU64, n: u64, max: u64, name: &'static str| {
@@ -399,9 +426,17 @@ impl Context {
     }
 
     /// Creates a completion queue of `cqe` entries reporting to `channel`
-    /// (`ibv_create_cq`).
-    pub fn create_cq(&self, cqe: usize, channel: Option<&CompletionChannel>) -> Cq {
-        Cq::new(cqe, channel)
+    /// (`ibv_create_cq`); more entries than the device's `max_cqe` is
+    /// [`Error::ResourceLimit`]. Entries are not allocated up front.
+    pub fn create_cq(&self, cqe: usize, channel: Option<&CompletionChannel>) -> Result<Cq, Error> {
+        let max = self.shared.device.limits.max_cqe;
+        if cqe > max as usize {
+            return Err(Error::ResourceLimit {
+                what: "completion queue entries",
+                limit: u64::from(max),
+            });
+        }
+        Ok(Cq::new(cqe, channel, Some(self.shared.events.clone())))
     }
 
     /// The next asynchronous event, without blocking.

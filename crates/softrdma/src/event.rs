@@ -25,6 +25,12 @@ pub enum AsyncEvent {
         /// The QP.
         qp_num: u32,
     },
+    /// A completion queue overran (`IBV_EVENT_CQ_ERR`): it is in error, and the QPs that
+    /// complete into it go to Error.
+    CqError {
+        /// The queue ([`crate::Cq::id`]).
+        cq_id: u32,
+    },
     /// An event of the RDMAP stream: a Terminate sent or received, an LLP error
     /// (`IBV_EVENT_QP_FATAL` and friends).
     Qp {

@@ -37,7 +37,7 @@
 //! let ctx = Context::open()?;
 //! let pd = ctx.alloc_pd();
 //! let ch = ctx.create_comp_channel()?;
-//! let cq = ctx.create_cq(256, Some(&ch));
+//! let cq = ctx.create_cq(256, Some(&ch))?;
 //! let qp = pd.create_qp(QpInitAttr::new(&cq, &cq))?;
 //! let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
 //! qp.connect("127.0.0.1:7174", ConnectParams::default())?; // an iWARP peer (rping's port)

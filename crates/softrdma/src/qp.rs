@@ -105,6 +105,8 @@ impl Pd {
         {
             return Err(Error::Mem(MemError::WrongPd));
         }
+        self.ctx
+            .check_depths(&[cap.max_send_wr, cap.max_recv_wr], false)?;
         let claim = self.ctx.claim(Resource::Qp, 0)?;
         let inner = match &self.ctx.driver {
             Driver::Tcp(t) => {
@@ -164,6 +166,7 @@ impl Pd {
 
     /// Creates a shared receive queue (`ibv_create_srq`).
     pub fn create_srq(&self, attr: SrqAttr) -> Result<Srq, Error> {
+        self.ctx.check_depths(&[attr.max_wr], true)?;
         Srq::new(self.id, attr, self.ctx.keys.clone())
     }
 }

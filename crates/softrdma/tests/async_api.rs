@@ -42,7 +42,7 @@ fn side(dev: &Device, channel: bool) -> (Side, Option<CompletionChannel>) {
     let ctx = dev.open().unwrap();
     let pd = ctx.alloc_pd();
     let ch = channel.then(|| ctx.create_comp_channel().unwrap());
-    let cq = ctx.create_cq(256, ch.as_ref());
+    let cq = ctx.create_cq(256, ch.as_ref()).unwrap();
     let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
     let mr = pd.alloc_mr(64 * 1024, Access::LOCAL_WRITE).unwrap();
     (Side { ctx, cq, qp, mr }, ch)

@@ -42,7 +42,7 @@ impl Side {
     fn new(dev: &Device, mr_len: usize) -> Side {
         let ctx = dev.open().unwrap();
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(4096, None);
+        let cq = ctx.create_cq(4096, None).unwrap();
         let mr = pd.alloc_mr(mr_len, ACCESS).unwrap();
         Side {
             ctx,
@@ -444,7 +444,11 @@ fn several_waiters_and_a_channel_on_one_context() {
         let ch = server_ctx.create_comp_channel().unwrap();
         // QPs 0 and 1 report to the channel, 2 and 3 are waited on directly.
         let scqs: Vec<Cq> = (0..QPS)
-            .map(|i| server_ctx.create_cq(MSGS + 1, (i < 2).then_some(&ch)))
+            .map(|i| {
+                server_ctx
+                    .create_cq(MSGS + 1, (i < 2).then_some(&ch))
+                    .unwrap()
+            })
             .collect();
         let sqps: Vec<Qp> = scqs
             .iter()
@@ -608,6 +612,9 @@ fn device_limits_refuse_and_give_back() {
             max_qp: 2,
             max_mr: 3,
             max_mr_bytes: 3 * 4096,
+            max_qp_wr: 256,
+            max_srq_wr: 32,
+            max_cqe: 4096,
         };
         let mut server = Side::new(&sdev, 4096);
         let mut client = Side::new(&cdev.with_limits(limits), 4096); // one region held
@@ -641,7 +648,51 @@ fn device_limits_refuse_and_give_back() {
             2,
         );
         drop(second);
-        let again = client.pd.create_qp(QpInitAttr::new(cq, cq)).unwrap();
+        // Queue depths: past max_qp_wr (send or receive) and max_srq_wr; CQ entries past
+        // max_cqe. Nothing was taken by the refusals.
+        let deep = |send: u32, recv: u32| QpInitAttr {
+            cap: QpCap {
+                max_send_wr: send,
+                max_recv_wr: recv,
+                ..QpCap::default()
+            },
+            ..QpInitAttr::new(cq, cq)
+        };
+        limit(
+            client.pd.create_qp(deep(257, 1)).map(|_| ()),
+            "work requests per queue",
+            256,
+        );
+        limit(
+            client.pd.create_qp(deep(1, 257)).map(|_| ()),
+            "work requests per queue",
+            256,
+        );
+        limit(
+            client
+                .pd
+                .create_srq(SrqAttr {
+                    max_wr: 33,
+                    max_sge: 1,
+                })
+                .map(|_| ()),
+            "work requests per shared receive queue",
+            32,
+        );
+        limit(
+            client.ctx.create_cq(4097, None).map(|_| ()),
+            "completion queue entries",
+            4096,
+        );
+        let srq = client
+            .pd
+            .create_srq(SrqAttr {
+                max_wr: 32,
+                max_sge: 1,
+            })
+            .unwrap();
+        drop((srq, client.ctx.create_cq(4096, None).unwrap()));
+        let again = client.pd.create_qp(deep(256, 256)).unwrap();
         // Regions: the side's own, then 4 KiB, then 8 KiB is past the octets and a fourth
         // region past the count.
         let a = client.pd.alloc_mr(4096, ACCESS).unwrap();
@@ -685,5 +736,124 @@ fn device_limits_refuse_and_give_back() {
         );
         assert_eq!(server.mr.to_vec()[..100], pattern(100, 7)[..]);
         drop((again, c));
+    });
+}
+
+/// The context's next asynchronous event other than a connection's establishment.
+fn next_event(ctx: &Context) -> Option<AsyncEvent> {
+    loop {
+        match ctx.get_async_event(TIMEOUT) {
+            Some(AsyncEvent::Established { .. }) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Waits (spinning, bounded by TIMEOUT) until `f` holds.
+fn until(what: &str, f: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + TIMEOUT;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not within {TIMEOUT:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Issue 14, RDMAP-124 (RFC 5040 §8.1.1 #10), IBA 11.4.2.1: a completion queue that
+/// overruns goes to error — `CqError` posted once, what it held still polled, the rest
+/// dropped and counted — and the QP that completes into it goes to Error (iWARP: its peer
+/// gets a Local Catastrophic Terminate), while a QP of another queue of the same context
+/// keeps moving data.
+#[test]
+fn a_cq_overrun_fails_its_qps_only() {
+    both(|t| {
+        let (sdev, cdev) = devices(t);
+        let mut server = Side::new(&sdev, 4096);
+        let mut client = Side::new(&cdev, 4096);
+        server.add_qp(None);
+        server.add_qp(None);
+        client.add_qp(None); // QP B, on the side's large queue
+        let small = client.ctx.create_cq(4, None).unwrap();
+        let qp_a = client
+            .pd
+            .create_qp(QpInitAttr::new(&small, &small))
+            .unwrap();
+        let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+        let addr = listener.local_addr();
+        std::thread::scope(|s| {
+            let sqps = &server.qps;
+            s.spawn(move || {
+                for qp in sqps {
+                    let req = listener.accept_timeout(TIMEOUT).unwrap();
+                    req.accept(qp, AcceptParams::default()).unwrap();
+                }
+            });
+            for qp in [&client.qps[0], &qp_a] {
+                qp.connect(addr, ConnectParams::default()).unwrap();
+            }
+        });
+        // Eight signaled Writes into a queue of four: the fifth completion overruns it.
+        client.mr.copy_in(0, &pattern(64, 3)).unwrap();
+        for i in 0..8 {
+            qp_a.post_send(SendWr::write(
+                i,
+                [client.mr.sge(0, 64)],
+                server.mr.rkey(),
+                server.mr.addr(1024),
+            ))
+            .unwrap();
+        }
+        let ev = next_event(&client.ctx);
+        assert!(
+            matches!(ev, Some(AsyncEvent::CqError { cq_id }) if cq_id == small.id()),
+            "{t:?}: {ev:?}"
+        );
+        until("QP A in Error", || qp_a.state().is_dead());
+        assert!(small.is_overrun(), "{t:?}");
+        let mut held = Vec::new();
+        assert_eq!(small.poll(16, &mut held), 4, "{t:?}: {held:?}");
+        assert!(held.iter().all(|w| w.status == WcStatus::Success), "{t:?}");
+        assert!(small.overflows() >= 4, "{t:?}: {}", small.overflows());
+        if t == Transport::Iwarp {
+            // The peer hears why: RDMAP, Local Catastrophic, no headers (RFC 5040 §7.2).
+            match next_event(&server.ctx) {
+                Some(AsyncEvent::Qp {
+                    event: QpEvent::TerminateReceived(term),
+                    ..
+                }) => assert_eq!(
+                    term.code,
+                    softrdma_wire::rdmap::TerminateCode::RdmaLocalCatastrophic { code: 0 },
+                    "{term:?}"
+                ),
+                other => panic!("the server's event: {other:?}"),
+            }
+        }
+        // QP B, same context, other queue: unaffected.
+        client.mr.copy_in(100, &pattern(200, 9)).unwrap();
+        let b = &client.qps[0];
+        b.post_send(SendWr::write(
+            20,
+            [client.mr.sge(100, 200)],
+            server.mr.rkey(),
+            server.mr.addr(2048),
+        ))
+        .unwrap();
+        b.post_send(SendWr::read(
+            21,
+            Some(client.mr.sge(3000, 200)),
+            server.mr.rkey(),
+            server.mr.addr(2048),
+        ))
+        .unwrap();
+        let wc = client.wait(2);
+        assert!(
+            wc.iter().all(|w| w.status == WcStatus::Success),
+            "{t:?}: {wc:?}"
+        );
+        assert_eq!(server.mr.to_vec()[2048..2248], pattern(200, 9)[..], "{t:?}");
+        assert_eq!(client.mr.to_vec()[3000..3200], pattern(200, 9)[..], "{t:?}");
+        assert!(!client.cq.is_overrun() && client.qps[0].state() == QpState::Rts);
     });
 }

@@ -49,7 +49,7 @@ impl Side {
         let ctx = Context::open().unwrap();
         let pd = ctx.alloc_pd();
         let ch = ctx.create_comp_channel().unwrap();
-        let cq = ctx.create_cq(4096, Some(&ch));
+        let cq = ctx.create_cq(4096, Some(&ch)).unwrap();
         let qp = pd
             .create_qp(QpInitAttr {
                 cap,
@@ -1129,8 +1129,8 @@ fn shared_receive_queue_two_qps() {
     let server_ctx = Context::open().unwrap();
     let pd = server_ctx.alloc_pd();
     let ch = server_ctx.create_comp_channel().unwrap();
-    let scq = server_ctx.create_cq(256, Some(&ch));
-    let rcq = server_ctx.create_cq(256, Some(&ch));
+    let scq = server_ctx.create_cq(256, Some(&ch)).unwrap();
+    let rcq = server_ctx.create_cq(256, Some(&ch)).unwrap();
     let srq = pd.create_srq(SrqAttr::default()).unwrap();
     let buf = pd.alloc_mr(16 * 256, Access::LOCAL_WRITE).unwrap();
     for i in 0..16u64 {
@@ -1201,8 +1201,8 @@ fn solicited_notification_and_pollable_fd() {
     let server_ctx = Context::open().unwrap();
     let pd = server_ctx.alloc_pd();
     let ch = server_ctx.create_comp_channel().unwrap();
-    let rcq = server_ctx.create_cq(16, Some(&ch));
-    let scq = server_ctx.create_cq(16, None);
+    let rcq = server_ctx.create_cq(16, Some(&ch)).unwrap();
+    let scq = server_ctx.create_cq(16, None).unwrap();
     let sqp = pd.create_qp(QpInitAttr::new(&scq, &rcq)).unwrap();
     let listener = Listener::bind(&server_ctx, "127.0.0.1:0").unwrap();
     let addr = listener.local_addr();

@@ -82,7 +82,10 @@ fn steady_state_posting_allocates_nothing() {
         let (sctx, cctx) = (sdev.open().unwrap(), cdev.open().unwrap());
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         let (spd, cpd) = (sctx.alloc_pd(), cctx.alloc_pd());
-        let (scq, ccq) = (sctx.create_cq(256, None), cctx.create_cq(256, None));
+        let (scq, ccq) = (
+            sctx.create_cq(256, None).unwrap(),
+            cctx.create_cq(256, None).unwrap(),
+        );
         let sqp = spd.create_qp(QpInitAttr::new(&scq, &scq)).unwrap();
         let cqp = cpd.create_qp(QpInitAttr::new(&ccq, &ccq)).unwrap();
         let (smr, cmr) = (

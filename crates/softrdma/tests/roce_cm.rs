@@ -28,7 +28,7 @@ struct End {
 
 fn end(ctx: &Context, ty: QpType) -> End {
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(64, None);
+    let cq = ctx.create_cq(64, None).unwrap();
     let qp = pd.create_qp(QpInitAttr::typed(ty, &cq, &cq)).unwrap();
     let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
     End { pd, cq, qp, mr }

@@ -57,7 +57,7 @@ impl Side {
         cfg.raw_tx = raw_tx;
         let ctx = Context::open_roce(cfg).unwrap();
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(1 << 16, None);
+        let cq = ctx.create_cq(1 << 16, None).unwrap();
         let qp = pd.create_qp(QpInitAttr::typed(ty, &cq, &cq)).unwrap();
         let mr = pd
             .alloc_mr(
@@ -458,7 +458,7 @@ fn ipv6_rc_and_ud() {
         cfg.port = 0;
         let ctx = Context::open_roce(cfg).unwrap();
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(4096, None);
+        let cq = ctx.create_cq(4096, None).unwrap();
         let qp = pd.create_qp(QpInitAttr::typed(ty, &cq, &cq)).unwrap();
         let mr = pd
             .alloc_mr(

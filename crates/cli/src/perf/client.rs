@@ -173,7 +173,7 @@ impl Client {
     ) -> Result<TestQp, PerfError> {
         let cq = self
             .ctx
-            .create_cq((cap.max_send_wr + cap.max_recv_wr) as usize, None);
+            .create_cq((cap.max_send_wr + cap.max_recv_wr) as usize, None)?;
         cq.set_busy_poll(self.o.busy_poll);
         let qp = pd.create_qp(QpInitAttr {
             cap,
@@ -217,7 +217,7 @@ impl Client {
         timeout: Duration,
     ) -> Result<Vec<u8>, PerfError> {
         let pd = self.ctx.alloc_pd();
-        let cq = self.ctx.create_cq(4, None);
+        let cq = self.ctx.create_cq(4, None)?;
         let qp = pd.create_qp(QpInitAttr {
             cap: QpCap {
                 max_send_wr: 1,

@@ -364,7 +364,7 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
         }
     }
     let tx_depth = u64::from(args.tx_depth.max(1)).min(iters.max(1));
-    let cq = ctx.create_cq(tx_depth as usize + 16, None);
+    let cq = ctx.create_cq(tx_depth as usize + 16, None)?;
     let access = match test {
         PerftestTest::Write => Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         PerftestTest::Read => Access::LOCAL_WRITE | Access::REMOTE_READ,

@@ -80,7 +80,7 @@ struct Oob {
 
 impl Oob {
     fn new(pd: &Pd, ctx: &Context) -> Result<Oob, PerfError> {
-        let cq = ctx.create_cq(64, None);
+        let cq = ctx.create_cq(64, None)?;
         let qp = pd.create_qp(QpInitAttr {
             cap: QpCap {
                 max_send_wr: 16,
@@ -225,7 +225,7 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
     };
     let mr = pd.alloc_mr(buf_len as usize, access)?;
     let tx_depth = u64::from(args.tx_depth.max(1)).min(iters.max(1));
-    let cq = ctx.create_cq(tx_depth as usize + 16, None);
+    let cq = ctx.create_cq(tx_depth as usize + 16, None)?;
     let qp = pd.create_qp(QpInitAttr {
         cap: QpCap {
             max_send_wr: tx_depth as u32 + 1,

@@ -148,7 +148,7 @@ pub fn serve(
         );
     }
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq((DATA_RECVS + 1024) as usize, None);
+    let cq = ctx.create_cq((DATA_RECVS + 1024) as usize, None)?;
     let comm = qp(&pd, &cq, 64, COMM_SLOTS)?;
     let comm_rx = pd.alloc_mr(COMM_SLOTS as usize * COMM_SLOT_LEN, Access::LOCAL_WRITE)?;
     let comm_tx = pd.alloc_mr(COMM_SLOT_LEN, Access::LOCAL_WRITE)?;

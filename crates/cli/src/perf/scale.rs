@@ -192,7 +192,7 @@ impl Side {
     fn new(ctx: Context, n: u32, size: u32) -> Result<Side, PerfError> {
         let pd = ctx.alloc_pd();
         // Two completions per QP at most outstanding: the round's Write and the final Read.
-        let cq = ctx.create_cq(2 * n as usize + 16, None);
+        let cq = ctx.create_cq(2 * n as usize + 16, None)?;
         let mr = pd.alloc_mr(n as usize * size as usize, REMOTE)?;
         Ok(Side { pd, cq, mr })
     }

@@ -333,7 +333,7 @@ fn serve_test(
         Test::SendLat => 4,
         _ => 1,
     };
-    let cq = ctx.create_cq(rx_depth as usize + 256, None);
+    let cq = ctx.create_cq(rx_depth as usize + 256, None)?;
     cq.set_busy_poll(o.busy_poll);
     let qp = pd.create_qp(QpInitAttr {
         cap: QpCap {

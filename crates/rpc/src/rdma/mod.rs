@@ -146,7 +146,9 @@ impl Endpoint {
     fn new(ctx: &Context, cfg: &RdmaConfig, extra_sends: u32) -> io::Result<Endpoint> {
         let credits = cfg.credits.max(1);
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq((2 * credits + extra_sends) as usize + 64, None);
+        let cq = ctx
+            .create_cq((2 * credits + extra_sends) as usize + 64, None)
+            .map_err(io_err)?;
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.cap = QpCap {
             max_send_wr: credits + extra_sends + 16,

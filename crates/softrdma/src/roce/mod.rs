@@ -48,7 +48,7 @@ use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 pub(crate) mod cm;
 
 use crate::Error;
-use crate::cq::{CqShared, Progress};
+use crate::cq::{CqShared, Progress, Pushed};
 use crate::event::EventQueue;
 use crate::leader::{Leader, Waiter, WakePipe};
 use crate::state::QpCounters;
@@ -278,16 +278,27 @@ pub(crate) struct RoceQpShared {
     ack_held: AtomicBool,
 }
 
-/// Moves the QP's completions to its CQs.
+/// Moves the QP's completions to its CQs. A queue that overran puts the QP in Error
+/// (IBA 11.4.2.1): its outstanding requests are flushed, into the other queue if that one
+/// is healthy.
 fn deliver(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) {
+    if hand_out(q, qp, wcs) && !matches!(qp.state(), IbQpState::Error | IbQpState::Reset) {
+        let _ = qp.modify(&QpAttr::state(IbQpState::Error));
+        let _ = hand_out(q, qp, wcs);
+    }
+}
+
+/// The QP's completions into its CQs; `true` when one of them is overrun.
+fn hand_out(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) -> bool {
     while let Some(wc) = qp.poll_send_completion() {
         wcs.push(wc);
     }
-    q.send_cq.push(wcs);
+    let a = q.send_cq.push(wcs);
     while let Some(wc) = qp.poll_recv_completion() {
         wcs.push(wc);
     }
-    q.recv_cq.push(wcs);
+    let b = q.recv_cq.push(wcs);
+    a == Pushed::Overrun || b == Pushed::Overrun
 }
 
 /// Whether a flush may hold back a lone positive ACK.

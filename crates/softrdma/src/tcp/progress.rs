@@ -45,6 +45,7 @@ use super::{
 };
 use crate::Error;
 use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
+use crate::cq::Pushed;
 use crate::event::AsyncEvent;
 use crate::state::{QpCounters, QpState};
 use crate::tap::{self, Direction, Tap, Tapped};
@@ -104,6 +105,8 @@ struct Conn {
     early_rq: Vec<CheckedRecv>,
     /// Events of the stream, published with the state and the completions.
     qp_events: Vec<QpEvent>,
+    /// A completion queue of the QP overran: the stream fails at the next hand-out.
+    cq_overrun: bool,
     /// Frames to write: headers copied, large payloads referenced in registered memory.
     tx: TxBuf,
     write_side: WriteSide,
@@ -805,8 +808,9 @@ fn flush_orphan(ctx: &TcpShared, qp: &TcpQp) {
     }
     let mut recv: Vec<WorkCompletion> = rq.iter().map(|wr| wr.flushed()).collect();
     qp.rq_retired.fetch_add(recv.len() as u64, Ordering::AcqRel);
-    qp.send_cq.push(&mut send);
-    qp.recv_cq.push(&mut recv);
+    // The QP is gone: an overrun only drops these flushes.
+    let _ = qp.send_cq.push(&mut send);
+    let _ = qp.recv_cq.push(&mut recv);
 }
 
 fn error_wc(wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
@@ -902,6 +906,7 @@ impl Conn {
             established: false,
             early_rq: Vec::new(),
             qp_events: Vec::new(),
+            cq_overrun: false,
             tx: TxBuf::new(),
             write_side: WriteSide::Open,
             discard_rx: false,
@@ -1102,7 +1107,7 @@ impl Conn {
             Ok(()) => self.rq_in_engine += 1,
             Err(e) => {
                 let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
-                qp.recv_cq.push(&mut v);
+                self.cq_overrun |= qp.recv_cq.push(&mut v) == Pushed::Overrun;
             }
         }
     }
@@ -1237,7 +1242,9 @@ impl Conn {
             self.transmit(ctx);
             self.events(ctx);
             self.collect(ctx, bufs);
-            let again = self.local_waiting && self.iw.engine().sq_len() == 0;
+            // A queue overran: the Terminate and the flushes go out now.
+            let again = (self.local_waiting && self.iw.engine().sq_len() == 0)
+                || std::mem::take(&mut self.cq_overrun);
             if !again || self.dead {
                 break;
             }
@@ -1298,7 +1305,7 @@ impl Conn {
                 Err(e) => {
                     qp.rq_retired.fetch_add(1, Ordering::AcqRel);
                     let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
-                    qp.recv_cq.push(&mut v);
+                    self.cq_overrun |= qp.recv_cq.push(&mut v) == Pushed::Overrun;
                 }
             }
         }
@@ -1310,7 +1317,7 @@ impl Conn {
                 Err(e) => {
                     qp.sq_retired.fetch_add(1, Ordering::AcqRel);
                     let mut v = vec![error_wc(wr_id, post_error_status(&e), opcode)];
-                    qp.send_cq.push(&mut v);
+                    self.cq_overrun |= qp.send_cq.push(&mut v) == Pushed::Overrun;
                 }
             }
         }
@@ -1453,8 +1460,16 @@ impl Conn {
         if qp.state() != state {
             qp.set_state(state);
         }
-        qp.send_cq.push(&mut bufs.send_wcs);
-        qp.recv_cq.push(&mut bufs.recv_wcs);
+        let a = qp.send_cq.push(&mut bufs.send_wcs);
+        let b = qp.recv_cq.push(&mut bufs.recv_wcs);
+        if (a == Pushed::Overrun || b == Pushed::Overrun || self.cq_overrun)
+            && engine.state() == StreamState::Rts
+        {
+            // IBA 11.4.2.1: the QPs of an overrun queue go to Error; the stream ends with a
+            // Local Catastrophic Terminate ([`Conn::service`] runs the engine again).
+            engine.local_catastrophic();
+            self.cq_overrun = true;
+        }
         for ev in self.qp_events.drain(..) {
             *qp.last_event.lock() = Some(ev);
             ctx.post_event(AsyncEvent::Qp {
