@@ -100,8 +100,13 @@ pub struct ListenParams {
     pub early_fpdus: bool,
     /// Bound on the wait for an MPA Request after the TCP accept.
     pub timeout: Duration,
-    /// TCP listen backlog.
+    /// TCP listen backlog, and the connection requests waiting for `accept` at most
+    /// (more are rejected, "busy").
     pub backlog: u32,
+    /// iWARP: TCP connections accepted whose MPA Request has not arrived yet, at most; the
+    /// listener closes further ones at once (each startup is bounded by `timeout` too), so
+    /// that peers opening connections and sending nothing hold no more than this.
+    pub max_half_open: u32,
 }
 
 impl Default for ListenParams {
@@ -114,6 +119,7 @@ impl Default for ListenParams {
             early_fpdus: false,
             timeout: DEFAULT_TIMEOUT,
             backlog: 128,
+            max_half_open: 256,
         }
     }
 }

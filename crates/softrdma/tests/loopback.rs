@@ -1268,3 +1268,84 @@ fn solicited_notification_and_pollable_fd() {
     assert_eq!(ch.try_get_cq_event(), Some(rcq.clone()));
     assert!(ch.try_get_cq_event().is_none());
 }
+
+/// Issue 14, half-open connections: a listener holds at most `max_half_open` accepted TCP
+/// connections whose MPA Request has not arrived; a further one is closed at once (and
+/// counted), and a place comes back when one of them goes, after which a real client
+/// connects and moves data.
+#[test]
+fn half_open_connections_are_capped() {
+    use std::io::{ErrorKind, Read as _};
+    let server = Side::new(QpCap::default());
+    let lp = ListenParams {
+        max_half_open: 3,
+        ..ListenParams::default()
+    };
+    let listener = Listener::bind_with(&server.ctx, "127.0.0.1:0", lp).unwrap();
+    let addr = listener.local_addr();
+    let stats = || match server.ctx.counters() {
+        DeviceCounters::Iwarp(c) => c,
+        other => panic!("{other:?}"),
+    };
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let end = Instant::now() + *TIMEOUT;
+        while !f() {
+            assert!(Instant::now() < end, "{what}");
+            std::thread::yield_now();
+        }
+    };
+    // Three peers that connect and say nothing take the three places.
+    let mut idle: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    until("three accepted", &|| stats().accepts == 3);
+    // The fourth is closed at once: its read sees the end of the stream (or a reset).
+    let mut fourth = std::net::TcpStream::connect(addr).unwrap();
+    fourth.set_read_timeout(Some(*TIMEOUT)).unwrap();
+    let mut b = [0u8; 1];
+    match fourth.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+        other => panic!("the fourth connection stays open: {other:?}"),
+    }
+    let c = stats();
+    assert_eq!((c.accepts, c.half_open_refused), (3, 1), "{c:?}");
+    // One idle peer leaves: its startup fails and its place comes back.
+    drop(idle.pop());
+    until("a startup failed", &|| stats().startup_failures == 1);
+    let client = Side::new(QpCap::default());
+    std::thread::scope(|s| {
+        let sqp = &server.qp;
+        let l = &listener;
+        s.spawn(move || {
+            let req = l.accept_timeout(*TIMEOUT).unwrap();
+            req.accept(sqp, AcceptParams::default()).unwrap();
+        });
+        client.qp.connect(addr, ConnectParams::default()).unwrap();
+    });
+    let remote = server.mr(64);
+    let local = client.mr(64);
+    local.copy_in(0, &pattern(64, 5)).unwrap();
+    client
+        .qp
+        .post_send(SendWr::write(
+            1,
+            [local.sge(0, 64)],
+            remote.rkey(),
+            remote.addr(0),
+        ))
+        .unwrap();
+    client
+        .qp
+        .post_send(SendWr::read(
+            2,
+            Some(local.sge(0, 1)),
+            remote.rkey(),
+            remote.addr(0),
+        ))
+        .unwrap();
+    let wcs = client.wait(2);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(remote.to_vec(), pattern(64, 5));
+    drop(idle);
+}

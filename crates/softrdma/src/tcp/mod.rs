@@ -79,6 +79,9 @@ pub struct IwarpDeviceCounters {
     pub rejected: u64,
     /// MPA startups that failed otherwise (a bad frame, a timeout, a lost stream).
     pub startup_failures: u64,
+    /// TCP connections a listener closed at once: `max_half_open` MPA startups were waiting
+    /// for their Request.
+    pub half_open_refused: u64,
     /// Octets written to the TCP sockets.
     pub octets_tx: u64,
     /// Octets read from them.
@@ -93,6 +96,7 @@ pub(crate) struct DeviceStats {
     pub(crate) established: AtomicU64,
     pub(crate) rejected: AtomicU64,
     pub(crate) startup_failures: AtomicU64,
+    pub(crate) half_open_refused: AtomicU64,
     pub(crate) octets_tx: AtomicU64,
     pub(crate) octets_rx: AtomicU64,
 }
@@ -108,6 +112,7 @@ impl DeviceStats {
             connects: g(&self.connects),
             accepts: g(&self.accepts),
             established: g(&self.established),
+            half_open_refused: g(&self.half_open_refused),
             rejected: g(&self.rejected),
             startup_failures: g(&self.startup_failures),
             octets_tx: g(&self.octets_tx),
@@ -316,6 +321,31 @@ pub(crate) struct ListenerShared {
     /// Wakes tasks awaiting a request.
     ready: Event,
     closed: AtomicBool,
+    /// Accepted connections still waiting for their MPA Request ([`HalfOpen`]).
+    half_open: AtomicU32,
+}
+
+/// One accepted connection in MPA startup, counted against the listener's
+/// `max_half_open` until its Request arrives or it goes.
+pub(crate) struct HalfOpen(Arc<ListenerShared>);
+
+impl HalfOpen {
+    /// Takes a place, or `None` when `max_half_open` startups are running.
+    pub(crate) fn take(l: &Arc<ListenerShared>) -> Option<HalfOpen> {
+        let max = l.params.max_half_open.max(1);
+        l.half_open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| HalfOpen(l.clone()))
+    }
+}
+
+impl Drop for HalfOpen {
+    fn drop(&mut self) {
+        self.0.half_open.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl ListenerShared {
@@ -351,6 +381,7 @@ impl ListenerShared {
             cond: Condvar::new(),
             ready: Event::new(),
             closed: AtomicBool::new(false),
+            half_open: AtomicU32::new(0),
         }
     }
 

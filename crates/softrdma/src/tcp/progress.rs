@@ -40,8 +40,8 @@ use softrdma_verbs_types::{
 };
 
 use super::{
-    Cmd, DeviceStats, ListenerShared, PendingRequest, Reply, SqItem, TcpQp, TcpShared, emss,
-    prepare_stream,
+    Cmd, DeviceStats, HalfOpen, ListenerShared, PendingRequest, Reply, SqItem, TcpQp, TcpShared,
+    emss, prepare_stream,
 };
 use crate::Error;
 use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
@@ -107,6 +107,9 @@ struct Conn {
     qp_events: Vec<QpEvent>,
     /// A completion queue of the QP overran: the stream fails at the next hand-out.
     cq_overrun: bool,
+    /// Accepted and waiting for the MPA Request: counted against the listener's
+    /// `max_half_open`.
+    half_open: Option<HalfOpen>,
     /// Frames to write: headers copied, large payloads referenced in registered memory.
     tx: TxBuf,
     write_side: WriteSide,
@@ -674,6 +677,14 @@ impl Driver {
                 Err(_) => return,
             };
             let shared = l.shared.clone();
+            // A peer that opens connections and sends nothing holds at most
+            // `max_half_open` of them: past it, the new one is closed at once.
+            let Some(half_open) = HalfOpen::take(&shared) else {
+                DeviceStats::add(&ctx.stats.half_open_refused, 1);
+                tracing::info!(peer = ?stream.peer_addr().ok(), max = shared.params.max_half_open, "TCP connection closed: too many MPA startups waiting for their Request");
+                drop(stream);
+                continue;
+            };
             let std_stream: std::net::TcpStream = stream.into();
             let Ok(emss) = prepare_stream(&std_stream) else {
                 continue;
@@ -702,6 +713,7 @@ impl Driver {
                 false,
             ) {
                 c.listener = Some(shared);
+                c.half_open = Some(half_open);
                 // The Request may already be in.
                 c.read(ctx, &mut self.bufs, now);
                 c.service(ctx, &mut self.bufs);
@@ -907,6 +919,7 @@ impl Conn {
             early_rq: Vec::new(),
             qp_events: Vec::new(),
             cq_overrun: false,
+            half_open: None,
             tx: TxBuf::new(),
             write_side: WriteSide::Open,
             discard_rx: false,
@@ -1120,6 +1133,7 @@ impl Conn {
                     private_data,
                     params,
                 } => {
+                    self.half_open = None;
                     let queued = self.listener.as_ref().is_some_and(|l| {
                         l.push(PendingRequest {
                             token: self.token,
