@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# soak.sh - a long run of mixed RC traffic over both transports through an impaired link,
+# watching two long-lived servers for leaks (issue 14, Done-when 5). A benchmark, not a test.
+#
+#   scripts/soak.sh [--minutes M] [--loss PCT] [--reorder PCT] [--dup PCT] [--out DIR] [--no-build]
+#
+# This host's kernel has no netem, so the run happens inside the interop VM
+# (../shared/interop-vm, whose kernel has it but no veth): over the guest's loopback
+# interface with netem on it, which impairs both directions (default 1 % loss, 1 %
+# duplication, 5 % reordering behind a 1 ms delay). `softrdma perf --server` for iWARP and
+# one for RoCE, and `softrdma perf` clients one after the other for M minutes (default 30): bandwidth (RDMA Write, Read, Send;
+# every other run -b, both ways at once), latency, and -q sessions of several QPs, the
+# message size cycling from 1 octet to 1 MiB. perf checks every octet it moved (a wrong octet,
+# a lost message or a failed completion fails that client run). Every minute the servers'
+# RSS, open file descriptors and threads are sampled into DIR/samples.csv; at the end the
+# summary gives the client runs passed and failed and, per server, the spread of each
+# figure after the first sample (flat: within 5 %).
+#
+# Needs root and /dev/net/tun (the VM); exits 0 if no client run failed and both servers
+# stayed up.
+set -uo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+VMDIR=${INTEROP_VM_DIR:-$REPO/../shared/interop-vm}
+VMDIR=$(cd "$VMDIR" && pwd)
+MIN=30 LOSS=1 REORDER=5 DUP=1 BUILD_BIN=1
+OUT=$REPO/target/soak
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --minutes) MIN=$2; shift ;;
+    --loss) LOSS=$2; shift ;;
+    --reorder) REORDER=$2; shift ;;
+    --dup) DUP=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --no-build) BUILD_BIN=0 ;;
+    -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
+    *) echo "soak.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ "$(id -u)" = 0 ] || { echo "soak.sh: needs root (the VM's network)" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
+if [ "$BUILD_BIN" = 1 ] && [ -z "${SOFTRDMA_BIN:-}" ]; then
+  (cd "$REPO" && cargo build --release -p softrdma-cli) || exit 1
+fi
+[ -x "$BIN" ] || { echo "soak.sh: no $BIN" >&2; exit 2; }
+export INTEROP_VM_STATE=${INTEROP_VM_STATE:-/var/tmp/interop-vm}
+mkdir -p "$INTEROP_VM_STATE/runs"
+say() { echo "[soak $(date +%T)] $*" >&2; }
+
+# The guest image (and the host's qemu) on a fresh machine: about 4 minutes.
+if [ ! -e "$INTEROP_VM_STATE/build/vmlinuz" ]; then
+  say "building the guest image (../shared/interop-vm/build-image.sh)"
+  "$VMDIR/build-image.sh" --install-host-deps >"$OUT/build-image.log" 2>&1 ||
+    { say "build-image.sh failed: $OUT/build-image.log"; exit 1; }
+fi
+# shellcheck source=/dev/null
+. "$VMDIR/vmctl.sh"
+"$VMDIR/interop.sh" --start >"$OUT/boot.log" 2>&1 || { say "the VM did not start: $OUT/boot.log"; exit 1; }
+RUN=$("$VMDIR/interop.sh" --status | sed -n 's/^running: //p')
+[ -n "$RUN" ] || { say "no running VM"; exit 1; }
+stop_vm() { "$VMDIR/interop.sh" --stop >/dev/null 2>&1; }
+trap stop_vm EXIT
+cp "$BIN" "$RUN/softrdma-soak"
+
+# The guest side (busybox sh): namespaces, netem, servers, the client loop and the sampler.
+cat >"$RUN/soak-guest.sh" <<'GUEST'
+set -u
+MIN=$1 LOSS=$2 REORDER=$3 DUP=$4
+. /etc/vm-profile 2>/dev/null
+B=/host/softrdma-soak
+O=/host/soak
+rm -rf $O; mkdir -p $O
+modprobe sch_netem 2>/dev/null
+# The guest kernel has no veth: server and clients talk over the loopback interface, netem on
+# it impairs both directions (servers on 127.0.0.1, the RoCE client on 127.0.0.2; RoCE on
+# UDP 14791).
+tc qdisc del dev lo root 2>/dev/null
+tc qdisc add dev lo root netem delay 1ms loss ${LOSS}% duplicate ${DUP}% reorder ${REORDER}% 50% ||
+  { echo "netem on lo failed"; exit 1; }
+$B perf --server -B 127.0.0.1 -p 18515 >$O/server-iwarp.log 2>&1 &
+SI=$!
+# rxe holds UDP 4791 in the guest.
+$B perf --server --transport roce --roce-port 14791 -B 127.0.0.1 -p 18517 >$O/server-roce.log 2>&1 &
+SR=$!
+echo "servers: iwarp $SI roce $SR"
+sample() {  # ELAPSED: one line per server
+  for sp in "iwarp $SI" "roce $SR"; do
+    set -- $sp
+    if [ -d /proc/$2 ]; then
+      rss=$(awk '/^VmRSS/ {print $2}' /proc/$2/status)
+      thr=$(awk '/^Threads/ {print $2}' /proc/$2/status)
+      fds=$(ls /proc/$2/fd | wc -l)
+      echo "$ELAPSED,$1,$rss,$fds,$thr" >>$O/samples.csv
+    else
+      echo "$ELAPSED,$1,gone,gone,gone" >>$O/samples.csv
+    fi
+  done
+}
+echo "elapsed_s,server,rss_kib,fds,threads" >$O/samples.csv
+START=$(date +%s)
+END=$((START + MIN * 60))
+NEXT=$((START + 60))
+sleep 2
+ok=0 bad=0 i=0
+SIZES="1 64 4096 65536 1048576 3000 777 262144"
+while [ "$(date +%s)" -lt "$END" ]; do
+  set -- $SIZES
+  k=$((i % 8)); while [ $k -gt 0 ]; do shift; k=$((k - 1)); done
+  S=$1
+  for t in iwarp roce; do
+    case $t in iwarp) P=18515 X="" ;; roce) P=18517 X="-B 127.0.0.2 --roce-port 14791" ;; esac
+    case $((i % 3)) in
+      0) A="--bw -s $S -D 3" ;;
+      1) A="--bw -b -s $S -D 3" ;;
+      2) A="--lat -s $(( S > 65536 ? 65536 : S )) -n 300" ;;
+    esac
+    [ $((i % 5)) = 4 ] && A="-q 1,8,32 -s $(( S > 65536 ? 4096 : S )) -D 2"
+    if $B perf --transport $t 127.0.0.1 -p $P $X $A >$O/client.out 2>&1; then
+      ok=$((ok + 1))
+    else
+      bad=$((bad + 1))
+      { echo "=== run $i $t $A"; cat $O/client.out; } >>$O/failures.log
+    fi
+    echo "$(( $(date +%s) - START )) run $i $t $A: $([ -s $O/client.out ] && tail -1 $O/client.out)" >>$O/runs.log
+    now=$(date +%s)
+    if [ "$now" -ge "$NEXT" ]; then ELAPSED=$((now - START)); sample; NEXT=$((NEXT + 60)); fi
+  done
+  i=$((i + 1))
+done
+ELAPSED=$(( $(date +%s) - START )); sample
+alive=1
+for p in $SI $SR; do [ -d /proc/$p ] || alive=0; kill $p 2>/dev/null; done
+echo "client runs: $ok passed, $bad failed; servers alive to the end: $alive"
+tc qdisc del dev lo root
+[ "$bad" = 0 ] && [ "$alive" = 1 ]
+GUEST
+
+say "VM $RUN; $MIN minutes, loss $LOSS %, reordering $REORDER %, duplication $DUP %"
+JOB=$(vm_spawn "$RUN" "sh /host/soak-guest.sh $MIN $LOSS $REORDER $DUP" soak)
+vm_wait "$RUN" "$JOB" $((MIN * 60 + 900)) >"$OUT/guest.out"
+RC=$?
+cp -r "$RUN/soak/." "$OUT/" 2>/dev/null
+cat "$OUT/guest.out"
+# The spread of each figure per server, after the first sample (allocator and thread pools
+# warm up in the first minute).
+[ -e "$OUT/samples.csv" ] || { say "no samples (the guest side failed early)"; exit 1; }
+python3 - "$OUT/samples.csv" <<'PY' | tee "$OUT/summary.txt"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for server in ("iwarp", "roce"):
+    r = [x for x in rows if x["server"] == server]
+    if any(x["rss_kib"] == "gone" for x in r):
+        print(f"{server}: the server went away")
+        continue
+    later = r[1:] or r
+    for col in ("rss_kib", "fds", "threads"):
+        v = [int(x[col]) for x in later]
+        lo, hi = min(v), max(v)
+        spread = (hi - lo) / lo * 100 if lo else 0.0
+        print(f"{server} {col}: first {r[0][col]}, then {lo}..{hi} over {len(v)} samples "
+              f"(spread {spread:.1f} %){'' if spread <= 5 else '  NOT FLAT'}")
+PY
+exit $RC
