@@ -5,11 +5,13 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Instant;
 
 use softrdma::{Device, RoceConfig};
 use softrdma_nfs::{FileType, Nfs3, NfsConfig, Proto};
 
+use crate::pcap_out::PcapTap;
 use crate::verbs_util::{TransportArg, local_ip_toward};
 
 /// `softrdma nfs` arguments.
@@ -37,6 +39,11 @@ pub struct NfsArgs {
     /// No progress bar.
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// Write the RPC-over-RDMA traffic (connection setup, calls, replies, chunk transfers)
+    /// to this pcap file, for `softrdma decode` and tshark (`--proto rdma` only; MOUNT goes
+    /// over TCP and is not in it).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,16 +169,32 @@ impl Progress {
 
 /// Runs `softrdma nfs`; the exit status.
 pub fn run(args: &NfsArgs) -> i32 {
-    match run_op(args) {
+    if args.pcap.is_some() && args.proto == ProtoArg::Tcp {
+        eprintln!("softrdma nfs: --pcap writes RDMA traffic: it goes with --proto rdma");
+        return 2;
+    }
+    let tap = match args.pcap.as_deref().map(PcapTap::create).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("softrdma nfs: {e}");
+            return 1;
+        }
+    };
+    let rc = match run_op(args, tap.as_ref()) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("softrdma nfs: {e}");
             1
         }
+    };
+    // What was captured is kept whatever the outcome.
+    match tap {
+        Some(t) if !t.finish_and_tell("softrdma nfs") => rc.max(1),
+        _ => rc,
     }
 }
 
-fn run_op(args: &NfsArgs) -> Result<(), String> {
+fn run_op(args: &NfsArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     let url = match &args.op {
         NfsOp::Ls { url } | NfsOp::Get { url, .. } | NfsOp::Rm { url } | NfsOp::Stat { url } => url,
         NfsOp::Put { url, .. } => url,
@@ -188,7 +211,11 @@ fn run_op(args: &NfsArgs) -> Result<(), String> {
                     Device::roce(RoceConfig::new(ip))
                 }
             };
-            Some(dev.open().map_err(|e| format!("{}: {e}", dev.name()))?)
+            let ctx = dev.open().map_err(|e| format!("{}: {e}", dev.name()))?;
+            if let Some(t) = tap {
+                t.attach(&ctx)?;
+            }
+            Some(ctx)
         }
     };
     let mut cfg = NfsConfig::new(

@@ -6,6 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 use softrdma::{Device, Listener, RoceConfig};
 use softrdma_nfs::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3};
 use softrdma_nfs::server::portmap::TCP;
@@ -15,6 +17,7 @@ use softrdma_nfs::server::{
 use softrdma_rpc::rdma::RdmaConfig;
 use softrdma_rpc::{Registry, Server, ServerConfig};
 
+use crate::pcap_out::PcapTap;
 use crate::verbs_util::TransportArg;
 
 /// `softrdma nfsd` arguments.
@@ -51,20 +54,42 @@ pub struct NfsdArgs {
     /// Print the counters (calls per procedure, octets, errors) every SECS seconds.
     #[arg(long, value_name = "SECS")]
     pub stats: Option<u64>,
+    /// Write the NFS/RDMA traffic to this pcap file, for `softrdma decode` and tshark
+    /// (written out every second, and whole when SIGINT or SIGTERM ends the server).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
 }
 
-/// Runs `softrdma nfsd` until killed; the exit status on failure.
+/// Runs `softrdma nfsd` until SIGINT or SIGTERM (exit status 0) or a failure (1).
 pub fn run(a: &NfsdArgs) -> i32 {
-    match serve(a) {
+    if a.pcap.is_some() && a.no_rdma {
+        eprintln!("softrdma nfsd: --pcap writes RDMA traffic: drop --no-rdma");
+        return 2;
+    }
+    let tap = match a.pcap.as_deref().map(PcapTap::create).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("softrdma nfsd: {e}");
+            return 1;
+        }
+    };
+    let rc = match serve(a, tap.as_ref()) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("softrdma nfsd: {e}");
             1
         }
+    };
+    match tap {
+        Some(t) if !t.finish_and_tell("softrdma nfsd") => rc.max(1),
+        _ => rc,
     }
 }
 
-fn serve(a: &NfsdArgs) -> Result<(), String> {
+fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
+    // Registered before anything serves: the first SIGINT or SIGTERM ends the server
+    // cleanly (the capture written whole), a second one at once.
+    let signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("signals: {e}"))?;
     let mut exports: Vec<(String, Arc<dyn Backend>)> = Vec::new();
     for dir in &a.exports {
         let path = dir
@@ -102,6 +127,9 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
             })),
         };
         let ctx = dev.open().map_err(|e| format!("{}: {e}", dev.name()))?;
+        if let Some(t) = tap {
+            t.attach(&ctx)?;
+        }
         let addr = SocketAddr::new(a.bind, a.rdma_port);
         let l = Listener::bind(&ctx, addr).map_err(|e| format!("RDMA {addr}: {e}"))?;
         let cfg = RdmaConfig {
@@ -188,15 +216,37 @@ fn serve(a: &NfsdArgs) -> Result<(), String> {
     for n in &names {
         println!("softrdma nfsd: exporting {n}");
     }
-    loop {
-        match a.stats {
-            Some(secs) => {
-                std::thread::sleep(std::time::Duration::from_secs(secs.max(1)));
-                println!("{}", counters(svc.stats()));
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    // Counters and the capture go out on a timer; the main thread waits for the signal.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let timer = {
+        let (done, svc, tap) = (done.clone(), svc.clone(), tap.cloned());
+        let every = a.stats;
+        std::thread::spawn(move || {
+            let mut secs = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::park_timeout(std::time::Duration::from_secs(1));
+                secs += 1;
+                if let Some(t) = &tap {
+                    t.flush();
+                }
+                if every.is_some_and(|n| secs.is_multiple_of(n.max(1))) {
+                    println!("{}", counters(svc.stats()));
+                }
             }
-            None => std::thread::park(),
-        }
+        })
+    };
+    let mut signals = signals;
+    let sig = signals.forever().next();
+    // A second signal ends the process at once.
+    for s in [SIGINT, SIGTERM] {
+        let _ = signal_hook::flag::register_conditional_shutdown(s, 1, Arc::new(true.into()));
     }
+    eprintln!("softrdma nfsd: signal {}: stopping", sig.unwrap_or(0));
+    done.store(true, std::sync::atomic::Ordering::Release);
+    timer.thread().unpark();
+    let _ = timer.join();
+    Ok(())
 }
 
 /// One line of counters: calls per NFSv3 procedure that was called, octets, errors.

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use softrdma::{Context, Device, Listener, RoceConfig};
+
+use crate::pcap_out::PcapTap;
 use softrdma_rpc::rdma::{RdmaConfig, RdmaTransport};
 use softrdma_rpc::tcp::TcpTransport;
 use softrdma_rpc::{
@@ -44,6 +46,10 @@ pub struct RpcBenchArgs {
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Write the RPC-over-RDMA traffic, as the client saw it, to this pcap file (for
+    /// `softrdma decode` and tshark; every octet is kept: use a short -D).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 /// `softrdma rpc` subcommands.
@@ -201,16 +207,27 @@ fn open_pair(t: TransportArg) -> Result<(Context, Context), String> {
 /// Runs `softrdma rpc bench`; the exit status.
 pub fn run(cmd: &RpcCmd) -> i32 {
     let RpcCmd::Bench(a) = cmd;
-    match bench(a) {
+    let tap = match a.pcap.as_deref().map(PcapTap::create).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("softrdma rpc bench: {e}");
+            return 1;
+        }
+    };
+    let rc = match bench(a, tap.as_ref()) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("softrdma rpc bench: {e}");
             1
         }
+    };
+    match tap {
+        Some(t) if !t.finish_and_tell("softrdma rpc bench") => rc.max(1),
+        _ => rc,
     }
 }
 
-fn bench(a: &RpcBenchArgs) -> Result<(), String> {
+fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     let mut reg = Registry::new();
     reg.register(PROG, 1, program(a.size));
     let server = Arc::new(Server::new(
@@ -222,6 +239,9 @@ fn bench(a: &RpcBenchArgs) -> Result<(), String> {
         },
     ));
     let (sctx, cctx) = open_pair(a.transport)?;
+    if let Some(t) = tap {
+        t.attach(&cctx)?;
+    }
     let cfg = RdmaConfig {
         credits: 32,
         max_message: a.size + 4096,

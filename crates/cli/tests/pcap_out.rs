@@ -1,6 +1,7 @@
-//! `--pcap FILE` (issue 13): what `perf`, `rping` and `pingpong` sent and received, written
-//! as a capture that `softrdma decode --strict` and tshark both read — on both transports,
-//! with and without MPA CRCs, from the active and the passive side.
+//! `--pcap FILE` (issue 13): what `perf`, `rping`, `pingpong`, `rpc bench`, `nfs` and
+//! `nfsd` sent and received, written as a capture that `softrdma decode --strict` and tshark
+//! both read — on both transports, with and without MPA CRCs, from the active and the
+//! passive side.
 
 mod common;
 
@@ -328,4 +329,180 @@ fn unwritable_pcap_is_a_one_line_error() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(bad), "{args:?}: {err}");
     }
+}
+
+/// The port hint a tool prints when RoCEv2 did not use 4791.
+fn roce_port_hint(err: &str) -> Option<&str> {
+    err.split("--roce-port ")
+        .nth(1)
+        .and_then(|s| s.split('`').next())
+}
+
+/// `rpc bench --pcap`: the RPC-over-RDMA calls and replies (inline, and with Write and
+/// Reply chunks behind them) decode strictly over both transports, tshark agreeing.
+#[test]
+fn rpc_bench_capture_decodes() {
+    for t in ["iwarp", "roce"] {
+        let path = tmp(&format!("rpc-bench-{t}.pcap"));
+        let (_, err) = run(&[
+            "rpc",
+            "bench",
+            "--transport",
+            t,
+            "-D",
+            "0.1",
+            "-s",
+            "20000",
+            "--large-depth",
+            "1",
+            "-q",
+            "2",
+            "--pcap",
+            path.to_str().unwrap(),
+        ]);
+        assert!(err.contains("frames written to"), "{t}: {err}");
+        let extra: Vec<&str> = match (t, roce_port_hint(&err)) {
+            ("roce", Some(p)) => vec!["--roce-port", p],
+            ("roce", None) => panic!("no port hint: {err}"),
+            _ => Vec::new(),
+        };
+        let ours = decode_strict(&path, &extra);
+        let summary = |r: &Value| r["summary"].as_str().unwrap_or_default().to_owned();
+        let calls = ours
+            .iter()
+            .filter(|r| summary(r).contains("RDMA_MSG") && summary(r).contains(" Call "))
+            .count();
+        let replies = ours
+            .iter()
+            .filter(|r| summary(r).contains(" Reply "))
+            .count();
+        assert!(
+            calls > 10 && replies > 10,
+            "{t}: {calls} calls, {replies} replies"
+        );
+        match t {
+            "iwarp" => agree_with_tshark(
+                &path,
+                &ours,
+                "iwarp_ddp_rdmap",
+                "iwarp_rdma.opcode",
+                &["--disable-protocol", "rpcordma"],
+            ),
+            _ => {
+                let decode_as = format!("udp.port=={},infiniband", extra[1]);
+                agree_with_tshark(
+                    &path,
+                    &ours,
+                    "infiniband",
+                    "infiniband.bth.opcode",
+                    &["-d", &decode_as],
+                );
+            }
+        }
+    }
+}
+
+/// `nfsd --pcap` and `nfs --pcap`: a file put and got back over NFS/RDMA; both captures
+/// decode strictly, name the NFSv3 procedures as tshark does (WRITE, READ), and hold the
+/// same messages each way. The server's is written whole when SIGTERM stops it.
+#[test]
+fn nfs_and_nfsd_captures_agree() {
+    use std::io::{BufRead, BufReader};
+    let root = tmp("nfs-export");
+    let export = root.join("e");
+    std::fs::create_dir_all(&export).unwrap();
+    let export = export.canonicalize().unwrap();
+    let (spcap, cpcap) = (tmp("nfsd.pcap"), tmp("nfs.pcap"));
+    let mut server = Command::new(BIN)
+        .args(["nfsd", "--export"])
+        .arg(&export)
+        .args(["--bind", "127.0.0.1", "--rdma-port", "0", "--tcp-port", "0"])
+        .args(["--no-portmap", "--pcap", spcap.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let port_of = |l: &str| {
+        l.rsplit(':')
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (mut rdma, mut tcp) = (None, None);
+    while rdma.is_none() || tcp.is_none() {
+        let l = lines.next().expect("nfsd output ended").unwrap();
+        if l.starts_with("softrdma nfsd: NFS/RDMA on ") {
+            rdma = Some(port_of(&l));
+        } else if l.starts_with("softrdma nfsd: NFS and MOUNT over TCP on ") {
+            tcp = Some(port_of(&l));
+        }
+    }
+    let (rdma, tcp) = (rdma.unwrap(), tcp.unwrap());
+    let url = format!("nfs://127.0.0.1:{rdma}{}/f", export.display());
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+    let src = root.join("src");
+    std::fs::write(&src, &data).unwrap();
+    let nfs = |args: &[&str], pcap: &Path| {
+        let mut a = vec![
+            "nfs",
+            "-q",
+            "--mount-port",
+            &tcp,
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+        ];
+        a.extend(["--pcap", pcap.to_str().unwrap()]);
+        a.extend(args);
+        run(&a)
+    };
+    nfs(&["put", src.to_str().unwrap(), &url], &cpcap);
+    assert_eq!(std::fs::read(export.join("f")).unwrap(), data);
+    let back = root.join("back");
+    let cpcap2 = tmp("nfs-get.pcap");
+    nfs(&["get", &url, back.to_str().unwrap()], &cpcap2);
+    assert_eq!(std::fs::read(&back).unwrap(), data);
+    // SIGTERM: the server stops cleanly and writes its capture whole.
+    let _ = Command::new("kill").arg(server.id().to_string()).status();
+    let status = server.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "nfsd: {status}: {err}");
+    assert!(err.contains("frames written to"), "{err}");
+    let s = decode_strict(&spcap, &[]);
+    let (c_put, c_get) = (decode_strict(&cpcap, &[]), decode_strict(&cpcap2, &[]));
+    let named = |v: &[Value], what: &str| {
+        v.iter()
+            .filter(|r| r["summary"].as_str().unwrap_or_default().contains(what))
+            .count()
+    };
+    assert!(
+        named(&c_put, "NFS V3 WRITE Call") > 0,
+        "the client's WRITE calls"
+    );
+    assert!(
+        named(&c_get, "NFS V3 READ Call") > 0,
+        "the client's READ calls"
+    );
+    assert!(named(&s, "NFS V3 WRITE Reply") > 0 && named(&s, "NFS V3 READ Reply") > 0);
+    // The server saw both client connections: every message of each, each way.
+    let mut both = c_put.clone();
+    both.extend(c_get.iter().cloned());
+    assert_eq!(
+        s.len(),
+        both.len(),
+        "messages in the server's capture and the clients'"
+    );
+    agree_with_tshark(
+        &spcap,
+        &s,
+        "iwarp_ddp_rdmap",
+        "iwarp_rdma.opcode",
+        &["--disable-protocol", "rpcordma"],
+    );
 }
