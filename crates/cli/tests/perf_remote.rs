@@ -180,3 +180,87 @@ fn scale_sessions_past_the_limits_are_refused() {
         assert!(srv.0.try_wait().unwrap().is_none(), "{t}");
     }
 }
+
+/// A request the network repeats after its rejection was lost comes up again as a new
+/// connection request; the server answers an `End` it already answered with the same report
+/// (not "no test to end"), and a repeated `Reverse` with the same test id (no second
+/// measurement). Seen in the soak over RoCE with loss and duplication.
+#[test]
+fn repeated_end_and_reverse_get_the_first_answer() {
+    use softrdma::{ConnectParams, Device, Error, QpCap, QpInitAttr};
+    use softrdma_cli::perf::proto::{EndReport, Measure, Reply, Request, Reverse, Test};
+    let (srv, port, _) = server("iwarp", &[]);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let ctx = Device::tcp().open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let qp_of = || {
+        pd.create_qp(QpInitAttr {
+            cap: QpCap {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                ..QpCap::default()
+            },
+            ..QpInitAttr::new(&cq, &cq)
+        })
+        .unwrap()
+    };
+    // Rejected requests: their private data.
+    let ask = |pd: Vec<u8>| match qp_of().connect(
+        addr,
+        ConnectParams {
+            private_data: pd,
+            ..ConnectParams::default()
+        },
+    ) {
+        Err(Error::Rejected { private_data, .. }) => private_data,
+        other => panic!("{other:?}"),
+    };
+    // A Read test (the server checks nothing of it), connected and ended twice.
+    let test = qp_of();
+    let conn = test
+        .connect(
+            addr,
+            ConnectParams {
+                private_data: Request {
+                    size: 4096,
+                    ..Request::new(Test::ReadBw)
+                }
+                .emit(),
+                ..ConnectParams::default()
+            },
+        )
+        .unwrap();
+    let id = Reply::parse(&conn.peer_private_data).unwrap().id;
+    let end = Request {
+        id,
+        ..Request::new(Test::End)
+    }
+    .emit();
+    let first = ask(end.clone());
+    assert_eq!(EndReport::parse(&first).unwrap().error, None);
+    assert_eq!(ask(end), first, "the repeated End");
+    // A Reverse toward a port with nobody: the same id twice; its End reports the failure.
+    let rev = Reverse {
+        what: Measure::Raw,
+        size: 64,
+        limit: softrdma_cli::perf::Limit::Iters(1),
+        tx_depth: 1,
+        rx_depth: 4,
+        rdma_port: 9,
+        raw_port: 9,
+        nonce: 42,
+    }
+    .emit();
+    let a = Reply::parse(&ask(rev.clone())).unwrap().id;
+    let b = Reply::parse(&ask(rev)).unwrap().id;
+    assert_eq!(a, b);
+    let r = EndReport::parse(&ask(Request {
+        id: a,
+        ..Request::new(Test::End)
+    }
+    .emit()))
+    .unwrap();
+    assert!(r.error.is_some(), "{r:?}");
+    drop(srv);
+}

@@ -890,6 +890,7 @@ impl Back {
             rx_depth: self.rx_depth,
             rdma_port: self.rdma_port,
             raw_port: self.raw_port,
+            nonce: nonce(),
         })?;
         let t0 = Instant::now();
         let mine = here(c);
@@ -898,6 +899,16 @@ impl Back {
         let theirs = c.reverse_end(id, connect_timeout + 2 * t0.elapsed() + REVERSE_SLACK);
         Ok(mine?.zip(theirs?).map(|(a, b)| a.plus(&b)))
     }
+}
+
+/// A number no earlier [`Reverse`] request of this process had, and unlikely in another's.
+fn nonce() -> u64 {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    (t ^ (u64::from(std::process::id()) << 32)).wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 /// What the server's side of a `-b` measurement may take beyond twice ours.

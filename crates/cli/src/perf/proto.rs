@@ -373,6 +373,9 @@ pub struct Reverse {
     pub rdma_port: u16,
     /// The client's raw baseline server port.
     pub raw_port: u16,
+    /// Different in every request of a client: a request the network repeats is known by
+    /// it (and gets the answer the first one got), two that ask the same are not confused.
+    pub nonce: u64,
 }
 
 /// The longest test a [`Reverse`] request may ask for: a server does not run one forever
@@ -400,6 +403,7 @@ impl Reverse {
         v.extend_from_slice(&self.rdma_port.to_le_bytes());
         v.extend_from_slice(&n.to_le_bytes());
         v.extend_from_slice(&self.raw_port.to_le_bytes());
+        v.extend_from_slice(&self.nonce.to_le_bytes());
         v.resize(REQUEST_LEN, 0);
         v
     }
@@ -434,6 +438,7 @@ impl Reverse {
             limit,
             rdma_port: u16::from_le_bytes([b[22], b[23]]),
             raw_port: u16::from_le_bytes([b[32], b[33]]),
+            nonce: le64(&b[34..42]),
         })
     }
 }
@@ -606,6 +611,7 @@ mod tests {
             rx_depth: 512,
             rdma_port: 40001,
             raw_port: 40002,
+            nonce: 0x0123_4567_89ab_cdef,
         };
         let b = r.emit();
         assert_eq!(b.len(), REQUEST_LEN);

@@ -24,7 +24,6 @@ use softrdma::{
 
 use super::client::{Client, REMOTE, SAFETY, check};
 use super::proto::{EndReport, RemoteBuf, Reply, Request, Test, fill, first_mismatch};
-use super::server::{SCALE_MAX_QPS, ServerOpts};
 use super::stats::Bw;
 use super::{Limit, PerfArgs, PerfError};
 use crate::verbs_util::{WaitMode, wait_some};
@@ -402,6 +401,9 @@ fn remote(
     })
 }
 
+/// QPs of one scale session at a server (`-q` against `perf --server`), at most.
+pub const SCALE_MAX_QPS: u32 = 4096;
+
 /// The server's end of a remote scale session: one region of N slots and the QPs accepted
 /// into it (nothing completes here: the Writes and Reads are the responder's).
 pub struct ScaleSession {
@@ -415,13 +417,14 @@ pub struct ScaleSession {
 }
 
 impl ScaleSession {
-    /// Opens session `id` for the request `r` (`count`: its QPs) and accepts `req` into it;
-    /// a request past the limits is rejected with the reason.
+    /// Opens session `id` for the request `r` (`count`: its QPs) and accepts `req` into it
+    /// with the server's path MTU and FPDU policy; a request past the limits is rejected
+    /// with the reason.
     pub fn open(
         ctx: &Context,
         id: u32,
         r: Request,
-        o: ServerOpts,
+        (pmtu, fpdu): (u32, softrdma::FpduSize),
         req: ConnRequest,
     ) -> Result<ScaleSession, PerfError> {
         let size = r.size.max(1);
@@ -447,8 +450,8 @@ impl ScaleSession {
             id,
             n,
             size,
-            pmtu: o.pmtu,
-            fpdu: o.fpdu,
+            pmtu,
+            fpdu,
             side,
             qps: Vec::with_capacity(n as usize),
         };

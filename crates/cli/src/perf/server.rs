@@ -37,8 +37,6 @@ const KEEP: usize = 64;
 /// Tests one client address may run at once (a perf client runs one at a time, two with -b;
 /// perftest-style parallel runs or several clients behind one address stay well below it).
 const PER_PEER: usize = 16;
-/// QPs of one scale session (`-q`), at most.
-pub const SCALE_MAX_QPS: u32 = 4096;
 /// How long a `Reverse` measurement may wait to connect to the client.
 const REVERSE_CONNECT: Duration = Duration::from_secs(10);
 
@@ -75,6 +73,39 @@ type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>, IpAddr
 /// Scale sessions by id: the session and the client's address.
 type Sessions = HashMap<u32, (ScaleSession, IpAddr)>;
 
+/// Answers kept for requests a lossy network may bring again.
+const ANSWERED: usize = 64;
+
+/// The last answers to `End` and `Reverse` requests, by client address and request: a
+/// connection request whose rejection was lost is sent again and handed up anew by the
+/// connection manager (as Linux's does once it rejected), and must get the same answer
+/// rather than a second effect ("no test to end", a second measurement).
+#[derive(Default)]
+struct Answered(std::sync::Mutex<std::collections::VecDeque<AnsweredRequest>>);
+
+/// The client's address, its request's private data, and the answer's.
+type AnsweredRequest = (IpAddr, Vec<u8>, Vec<u8>);
+
+impl Answered {
+    fn get(&self, peer: IpAddr, request: &[u8]) -> Option<Vec<u8>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(p, r, _)| *p == peer && r == request)
+            .map(|(_, _, a)| a.clone())
+    }
+
+    /// Keeps `answer` to `request` (before it is sent, so a repeat finds it).
+    fn put(&self, peer: IpAddr, request: &[u8], answer: &[u8]) {
+        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= ANSWERED {
+            q.pop_front();
+        }
+        q.push_back((peer, request.to_vec(), answer.to_vec()));
+    }
+}
+
 /// Ends every running test.
 fn stop_all(tests: &mut Tests<'_>) {
     for (_, (ctl, h, _)) in tests.drain() {
@@ -93,6 +124,7 @@ pub fn serve(
     once: bool,
     quit: Option<&AtomicBool>,
 ) -> Result<(), PerfError> {
+    let answered = &Answered::default();
     std::thread::scope(|s| {
         let mut tests: Tests = HashMap::new();
         let mut sessions: Sessions = HashMap::new();
@@ -113,6 +145,10 @@ pub fn serve(
                 }
             };
             let peer = req.peer_addr();
+            if let Some(a) = answered.get(peer.ip(), req.private_data()) {
+                let _ = req.reject(&a);
+                continue;
+            }
             let Some(r) = Request::parse(req.private_data()) else {
                 eprintln!("softrdma perf: {peer}: not a softrdma perf request, rejected");
                 let _ = req.reject(b"softrdma perf: unknown request");
@@ -150,8 +186,9 @@ pub fn serve(
                 }
                 Test::End => {
                     if let Some((session, _)) = sessions.remove(&r.id) {
-                        let report = session.end();
-                        let _ = req.reject(&report.emit());
+                        let report = session.end().emit();
+                        answered.put(peer.ip(), req.private_data(), &report);
+                        let _ = req.reject(&report);
                         continue;
                     }
                     match tests.remove(&r.id) {
@@ -166,7 +203,9 @@ pub fn serve(
                                     error: Some("the server's test thread panicked".into()),
                                     ..EndReport::default()
                                 });
-                                let _ = req.reject(&report.emit());
+                                let report = report.emit();
+                                answered.put(peer.ip(), req.private_data(), &report);
+                                let _ = req.reject(&report);
                             });
                         }
                         None => {
@@ -214,7 +253,7 @@ pub fn serve(
                     next_id = next_id.wrapping_add(1).max(1);
                     let id = next_id;
                     if test == Test::ScaleQp {
-                        match ScaleSession::open(ctx, id, r, o, req) {
+                        match ScaleSession::open(ctx, id, r, (o.pmtu, o.fpdu), req) {
                             Ok(session) => {
                                 sessions.insert(id, (session, peer.ip()));
                             }
@@ -228,13 +267,13 @@ pub fn serve(
                             continue;
                         };
                         // Started: the client runs its own side now and ends ours later.
-                        let _ = req.reject(
-                            &Reply {
-                                id,
-                                buf: RemoteBuf::default(),
-                            }
-                            .emit(),
-                        );
+                        let started = Reply {
+                            id,
+                            buf: RemoteBuf::default(),
+                        }
+                        .emit();
+                        answered.put(peer.ip(), req.private_data(), &started);
+                        let _ = req.reject(&started);
                         let ctl = Arc::new(Ctl::default());
                         let h = s.spawn(move || {
                             let mut report = EndReport::default();
