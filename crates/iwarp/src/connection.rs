@@ -275,7 +275,8 @@ impl Connection {
     /// pair the ULP chose for this connection (`rdma_accept` names it only
     /// then) and how its data path runs. The engine is rebuilt from `qp`, so
     /// this is refused (`InvalidState`, nothing changed) once established,
-    /// after a failure, or when work requests already sit in the engine.
+    /// after a failure or a [`close`](Self::close), or when work requests
+    /// already sit in the engine.
     pub fn set_data_path(
         &mut self,
         qp: QpConfig,
@@ -285,6 +286,9 @@ impl Connection {
     ) -> Result<(), StartupError> {
         if self.framer.is_some()
             || self.failed
+            // RFC 5040 §6.2 (RDMAP-94): a closed stream sends nothing more; a new
+            // engine would.
+            || self.engine.state() != StreamState::Rts
             || self.engine.sq_len() != 0
             || self.engine.rq_len() != 0
         {
@@ -584,6 +588,11 @@ impl Connection {
         if !self.may_transmit_fpdus() {
             return out.len() - start;
         }
+        if self.rtr_due && !self.rtr_pending() {
+            // The stream stopped first (LLP lost, ULP close): nothing goes out
+            // (RFC 5044 §8, RDMAP-92, RDMAP-94), the RTR neither.
+            self.rtr_due = false;
+        }
         let Some(framer) = self.framer.as_mut() else {
             return out.len() - start;
         };
@@ -639,7 +648,17 @@ impl Connection {
     /// True when [`poll_transmit`](Self::poll_transmit) would produce octets.
     pub fn wants_transmit(&self) -> bool {
         !self.tx_startup.is_empty()
-            || (self.may_transmit_fpdus() && (self.rtr_due || self.engine.wants_transmit()))
+            || (self.may_transmit_fpdus() && (self.rtr_pending() || self.engine.wants_transmit()))
+    }
+
+    /// The RTR is owed and may still go out: the stream is up, or only its
+    /// Terminate is left, which the RTR precedes (RFC 6581: the first FPDU).
+    fn rtr_pending(&self) -> bool {
+        self.rtr_due
+            && matches!(
+                self.engine.state(),
+                StreamState::Rts | StreamState::Terminating
+            )
     }
 
     /// FPDUs may go out: Initiator once accepted (MPA-72); Responder once the

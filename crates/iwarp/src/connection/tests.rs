@@ -1077,6 +1077,61 @@ fn set_data_path_only_before_establishment() {
     );
 }
 
+/// RDMAP-94: after the ULP's close nothing more goes out; rebuilding the data path before
+/// establishment must not bring the closed queue pair back (found by `iwarp_connection`).
+#[test]
+fn rdmap_94_set_data_path_refused_after_close() {
+    let now = Instant::now();
+    let k = Knobs::default();
+    let mut r = side(Role::Responder, &k, 20, 8192, now);
+    r.conn.close();
+    let qp = r.conn.config().qp;
+    let again = r.conn.set_data_path(qp, FpduSizing::PathMss, false, true);
+    assert!(
+        matches!(again, Err(StartupError::InvalidState(_))),
+        "{again:?}"
+    );
+    assert_eq!(r.conn.engine().state(), StreamState::Closed);
+    assert!(!r.conn.config().early_fpdus, "nothing changed");
+}
+
+/// RFC 6581: the RTR is the Initiator's first FPDU, but once the LLP is lost (EOF, RFC 5044
+/// §8, RDMAP-92) or the ULP closed (RDMAP-94) before it went out, nothing goes out at all
+/// (found by `iwarp_connection`).
+#[test]
+fn p2p_rtr_not_sent_after_eof_or_close() {
+    for close in [false, true] {
+        let now = Instant::now();
+        let k = Knobs {
+            p2p: true,
+            ..Knobs::default()
+        };
+        let mut i = side(Role::Initiator, &k, 10, 8192, now);
+        let mut r = side(Role::Responder, &k, 20, 8192, now);
+        let mut req = Vec::new();
+        i.conn.poll_transmit(&mut req);
+        r.conn.handle_input(now, &req);
+        events(&mut r);
+        let mut reply = Vec::new();
+        r.conn.poll_transmit(&mut reply);
+        i.conn.handle_input(now, &reply);
+        events(&mut i);
+        assert!(i.established && i.conn.wants_transmit(), "the RTR is due");
+        if close {
+            i.conn.close();
+        } else {
+            i.conn.handle_eof();
+        }
+        assert!(!i.conn.wants_transmit(), "close {close}");
+        let mut out = Vec::new();
+        assert_eq!(
+            i.conn.poll_transmit(&mut out),
+            0,
+            "close {close}: {out:02x?}"
+        );
+    }
+}
+
 /// Two sides with [`TxBuf`] transmit, established, nothing in flight.
 fn gather_pair(now: Instant, len: usize) -> (Side, Side) {
     let k = Knobs {
