@@ -140,7 +140,18 @@ GUEST
 
 say "VM $RUN; $MIN minutes, loss $LOSS %, reordering $REORDER %, duplication $DUP %"
 JOB=$(vm_spawn "$RUN" "sh /host/soak-guest.sh $MIN $LOSS $REORDER $DUP" soak)
-vm_wait "$RUN" "$JOB" $((MIN * 60 + 900)) >"$OUT/guest.out"
+# The guest's agent stops after 30 minutes without a new job, a running one or not: a no-op
+# job every 10 minutes keeps it, and the VM, up (vm_wait would kill the job at its timeout).
+END=$(( $(date +%s) + MIN * 60 + 900 ))
+TICK=$(( $(date +%s) + 600 ))
+while [ ! -e "$RUN/q/$JOB.rc" ] && [ "$(date +%s)" -lt "$END" ] && vm_qemu_alive "$RUN"; do
+  if [ "$(date +%s)" -ge "$TICK" ]; then
+    vm_exec "$RUN" true 60 >/dev/null 2>&1
+    TICK=$(( $(date +%s) + 600 ))
+  fi
+  sleep 5
+done
+vm_wait "$RUN" "$JOB" 60 >"$OUT/guest.out"
 RC=$?
 cp -r "$RUN/soak/." "$OUT/" 2>/dev/null
 cat "$OUT/guest.out"
