@@ -2,6 +2,8 @@
 //! several sizes put and got back over RPC-over-RDMA and over TCP, listed and removed,
 //! each checked on the exported directory itself.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -34,25 +36,7 @@ fn nfs_client_against_nfsd_over_rdma_and_tcp() {
         }
     });
     let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let port_of = |l: &str| {
-        l.rsplit(':')
-            .next()
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .to_string()
-    };
-    let (mut rdma, mut tcp) = (None, None);
-    while rdma.is_none() || tcp.is_none() {
-        let l = lines.next().expect("nfsd output ended").unwrap();
-        if l.starts_with("softrdma nfsd: NFS/RDMA on ") {
-            rdma = Some(port_of(&l));
-        } else if l.starts_with("softrdma nfsd: NFS and MOUNT over TCP on ") {
-            tcp = Some(port_of(&l));
-        }
-    }
-    let (rdma, tcp) = (rdma.unwrap(), tcp.unwrap());
+    let (rdma, tcp) = common::nfsd_ports(&mut lines);
     // The NFS port in the URL, MOUNT's given (no rpcbind in a test).
     let url_of = |proto: &str| {
         let port = if proto == "rdma" { &rdma } else { &tcp };

@@ -423,25 +423,7 @@ fn nfs_and_nfsd_captures_agree() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let port_of = |l: &str| {
-        l.rsplit(':')
-            .next()
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .to_string()
-    };
-    let (mut rdma, mut tcp) = (None, None);
-    while rdma.is_none() || tcp.is_none() {
-        let l = lines.next().expect("nfsd output ended").unwrap();
-        if l.starts_with("softrdma nfsd: NFS/RDMA on ") {
-            rdma = Some(port_of(&l));
-        } else if l.starts_with("softrdma nfsd: NFS and MOUNT over TCP on ") {
-            tcp = Some(port_of(&l));
-        }
-    }
-    let (rdma, tcp) = (rdma.unwrap(), tcp.unwrap());
+    let (rdma, tcp) = common::nfsd_ports(&mut lines);
     let url = format!("nfs://127.0.0.1:{rdma}{}/f", export.display());
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
     let src = root.join("src");

@@ -252,6 +252,30 @@ impl Reply {
         v
     }
 
+    /// Accepts `req` onto `qp` with this reply as the private data, as `rdma_accept` with the
+    /// request's parameters does: our IRD is the initiator's ORD, our ORD its IRD
+    /// (`default`: what the request did not say).
+    pub fn accept(
+        &self,
+        req: softrdma::ConnRequest,
+        qp: &softrdma::Qp,
+        default: (u16, u16),
+        (pmtu, fpdu): (u32, softrdma::FpduSize),
+    ) -> Result<softrdma::ConnectionInfo, softrdma::Error> {
+        let (peer_ird, peer_ord) = req.peer_ird_ord().unwrap_or(default);
+        req.accept(
+            qp,
+            softrdma::AcceptParams {
+                private_data: self.emit(),
+                ird: peer_ord.max(1),
+                ord: peer_ird,
+                roce_pmtu: pmtu,
+                fpdu,
+                ..softrdma::AcceptParams::default()
+            },
+        )
+    }
+
     /// Parses private data.
     pub fn parse(b: &[u8]) -> Option<Reply> {
         if !ours(b, REPLY_LEN) {

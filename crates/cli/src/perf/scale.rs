@@ -60,6 +60,32 @@ fn two() -> u32 {
     2
 }
 
+impl ScaleRow {
+    /// The row of `n` QPs, `size`-octet Writes, `rounds` rounds in `elapsed`; RSS before
+    /// connecting, with the connections idle and after the rounds; `ends_here` QPs of a
+    /// connection in this process.
+    fn measured(
+        (n, size, rounds): (u32, u32, u64),
+        connect_seconds: f64,
+        elapsed: Duration,
+        [rss0, idle, active]: [u64; 3],
+        ends_here: u32,
+    ) -> ScaleRow {
+        let per = |after: u64| after.saturating_sub(rss0) / u64::from(n.max(1));
+        ScaleRow {
+            qps: n,
+            bytes: size,
+            rounds,
+            connect_seconds,
+            bw: Bw::new(rounds * u64::from(n), size, elapsed),
+            idle_bytes_per_connection: per(idle),
+            active_bytes_per_connection: per(active),
+            ends_here,
+            vs_first: 1.0,
+        }
+    }
+}
+
 /// Resident set size of this process, octets (`/proc/self/statm`).
 fn rss() -> u64 {
     let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
@@ -297,18 +323,13 @@ fn one(args: &PerfArgs, n: u32, size: u32, limit: Limit) -> Result<ScaleRow, Per
     for qp in &qps {
         let _ = qp.disconnect();
     }
-    let per = |after: u64| after.saturating_sub(rss0) / u64::from(n);
-    Ok(ScaleRow {
-        qps: n,
-        bytes: size,
-        rounds,
+    Ok(ScaleRow::measured(
+        (n, size, rounds),
         connect_seconds,
-        bw: Bw::new(rounds * u64::from(n), size, elapsed),
-        idle_bytes_per_connection: per(rss_idle),
-        active_bytes_per_connection: per(rss_active),
-        ends_here: 2,
-        vs_first: 1.0,
-    })
+        elapsed,
+        [rss0, rss_idle, rss_active],
+        2,
+    ))
 }
 
 /// One row against the server at `addr`: N connections into one session there.
@@ -387,18 +408,13 @@ fn remote(
     if let Some(e) = report.error {
         return Err(PerfError::Protocol(format!("the server: {e}")));
     }
-    let per = |after: u64| after.saturating_sub(rss0) / u64::from(n);
-    Ok(ScaleRow {
-        qps: n,
-        bytes: size,
-        rounds,
+    Ok(ScaleRow::measured(
+        (n, size, rounds),
         connect_seconds,
-        bw: Bw::new(rounds * u64::from(n), size, elapsed),
-        idle_bytes_per_connection: per(rss_idle),
-        active_bytes_per_connection: per(rss_active),
-        ends_here: 1,
-        vs_first: 1.0,
-    })
+        elapsed,
+        [rss0, rss_idle, rss_active],
+        1,
+    ))
 }
 
 /// QPs of one scale session at a server (`-q` against `perf --server`), at most.
@@ -475,22 +491,11 @@ impl ScaleSession {
                 return Err(e);
             }
         };
-        let (peer_ird, peer_ord) = req.peer_ird_ord().unwrap_or((1, 1));
         let reply = Reply {
             id: self.id,
             buf: RemoteBuf::of(&self.side.mr, self.n * self.size),
         };
-        req.accept(
-            &qp,
-            AcceptParams {
-                private_data: reply.emit(),
-                ird: peer_ord.max(1),
-                ord: peer_ird,
-                roce_pmtu: self.pmtu,
-                fpdu: self.fpdu,
-                ..AcceptParams::default()
-            },
-        )?;
+        reply.accept(req, &qp, (1, 1), (self.pmtu, self.fpdu))?;
         self.qps.push(qp);
         Ok(())
     }

@@ -15,8 +15,8 @@ use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    AcceptParams, BusyPoll, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp,
-    QpCap, QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    BusyPoll, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp, QpCap, QpInitAttr,
+    RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::client::{Client, ClientOpts, INLINE_MAX, REMOTE, check, unsignaled, verify};
@@ -393,24 +393,11 @@ fn serve_test(
             qp.post_recv(RecvWr::new(u64::from(i), vec![buf.sge(0, size)]))?;
         }
     }
-    // What rdma_accept with the request's parameters gives: our IRD is the initiator's
-    // ORD, our ORD its IRD.
-    let (peer_ird, peer_ord) = req.peer_ird_ord().unwrap_or((16, 16));
     let reply = Reply {
         id,
         buf: RemoteBuf::of(&buf, size),
     };
-    req.accept(
-        &qp,
-        AcceptParams {
-            private_data: reply.emit(),
-            ird: peer_ord.max(1),
-            ord: peer_ird,
-            fpdu: o.fpdu,
-            roce_pmtu: o.pmtu,
-            ..AcceptParams::default()
-        },
-    )?;
+    reply.accept(req, &qp, (16, 16), (o.pmtu, o.fpdu))?;
     let t = Served {
         qp,
         cq,

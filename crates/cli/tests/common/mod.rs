@@ -134,3 +134,21 @@ pub fn free_ports() -> u16 {
         }
     }
 }
+
+/// Reads `softrdma nfsd`'s standard output until it named its ports: (NFS/RDMA, TCP).
+pub fn nfsd_ports(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> (String, String) {
+    let port_of = |l: &str| {
+        let last = l.rsplit(':').next().unwrap_or_default();
+        last.split(' ').next().unwrap_or_default().to_string()
+    };
+    let (mut rdma, mut tcp) = (None, None);
+    while rdma.is_none() || tcp.is_none() {
+        let l = lines.next().expect("nfsd output ended").unwrap();
+        if l.starts_with("softrdma nfsd: NFS/RDMA on ") {
+            rdma = Some(port_of(&l));
+        } else if l.starts_with("softrdma nfsd: NFS and MOUNT over TCP on ") {
+            tcp = Some(port_of(&l));
+        }
+    }
+    (rdma.unwrap_or_default(), tcp.unwrap_or_default())
+}
