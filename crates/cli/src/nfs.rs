@@ -11,7 +11,7 @@ use std::time::Instant;
 use softrdma::{Device, RoceConfig};
 use softrdma_nfs::{FileType, Nfs3, NfsConfig, Proto};
 
-use crate::pcap_out::PcapTap;
+use crate::pcap_out::{PcapTap, with_pcap};
 use crate::verbs_util::{TransportArg, local_ip_toward};
 
 /// `softrdma nfs` arguments.
@@ -173,25 +173,15 @@ pub fn run(args: &NfsArgs) -> i32 {
         eprintln!("softrdma nfs: --pcap writes RDMA traffic: it goes with --proto rdma");
         return 2;
     }
-    let tap = match args.pcap.as_deref().map(PcapTap::create).transpose() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("softrdma nfs: {e}");
-            return 1;
+    with_pcap(args.pcap.as_deref(), "softrdma nfs", |tap| {
+        match run_op(args, tap) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("softrdma nfs: {e}");
+                1
+            }
         }
-    };
-    let rc = match run_op(args, tap.as_ref()) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("softrdma nfs: {e}");
-            1
-        }
-    };
-    // What was captured is kept whatever the outcome.
-    match tap {
-        Some(t) if !t.finish_and_tell("softrdma nfs") => rc.max(1),
-        _ => rc,
-    }
+    })
 }
 
 fn run_op(args: &NfsArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {

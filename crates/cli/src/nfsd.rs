@@ -17,7 +17,7 @@ use softrdma_nfs::server::{
 use softrdma_rpc::rdma::RdmaConfig;
 use softrdma_rpc::{Registry, Server, ServerConfig};
 
-use crate::pcap_out::PcapTap;
+use crate::pcap_out::{PcapTap, with_pcap};
 use crate::verbs_util::TransportArg;
 
 /// `softrdma nfsd` arguments.
@@ -66,24 +66,15 @@ pub fn run(a: &NfsdArgs) -> i32 {
         eprintln!("softrdma nfsd: --pcap writes RDMA traffic: drop --no-rdma");
         return 2;
     }
-    let tap = match a.pcap.as_deref().map(PcapTap::create).transpose() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("softrdma nfsd: {e}");
-            return 1;
+    with_pcap(a.pcap.as_deref(), "softrdma nfsd", |tap| {
+        match serve(a, tap) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("softrdma nfsd: {e}");
+                1
+            }
         }
-    };
-    let rc = match serve(a, tap.as_ref()) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("softrdma nfsd: {e}");
-            1
-        }
-    };
-    match tap {
-        Some(t) if !t.finish_and_tell("softrdma nfsd") => rc.max(1),
-        _ => rc,
-    }
+    })
 }
 
 fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {

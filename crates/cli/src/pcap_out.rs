@@ -181,6 +181,28 @@ impl PcapTap {
     }
 }
 
+/// Runs a tool's body `f` with the `--pcap` file `path` names open (`None` without one),
+/// then writes the file out whatever the outcome and says so; the exit status, at least 1
+/// when the file could not be created or written.
+pub fn with_pcap(
+    path: Option<&Path>,
+    tool: &str,
+    f: impl FnOnce(Option<&Arc<PcapTap>>) -> i32,
+) -> i32 {
+    let tap = match path.map(PcapTap::create).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{tool}: {e}");
+            return 1;
+        }
+    };
+    let rc = f(tap.as_ref());
+    match tap {
+        Some(t) if !t.finish_and_tell(tool) => rc.max(1),
+        _ => rc,
+    }
+}
+
 impl std::fmt::Debug for PcapTap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PcapTap").field("path", &self.path).finish()

@@ -56,7 +56,7 @@ use softrdma::{
 };
 
 use crate::counters;
-use crate::pcap_out::PcapTap;
+use crate::pcap_out::{PcapTap, with_pcap};
 use crate::verbs_util::{OobPath, WaitMode, rtr_rts, wait_some};
 
 /// rdma-core's default out-of-band port.
@@ -864,20 +864,10 @@ pub fn run(args: &PingpongArgs) -> i32 {
             return 1;
         }
     };
-    if let Some(path) = &args.pcap {
-        match PcapTap::create(path) {
-            Ok(t) => o.tap = Some(t),
-            Err(e) => {
-                eprintln!("softrdma pingpong: {e}");
-                return 1;
-            }
-        }
-    }
-    let rc = run_with(args, &o);
-    match &o.tap {
-        Some(t) if !t.finish_and_tell("softrdma pingpong") => rc.max(1),
-        _ => rc,
-    }
+    with_pcap(args.pcap.as_deref(), "softrdma pingpong", |tap| {
+        o.tap = tap.cloned();
+        run_with(args, &o)
+    })
 }
 
 fn run_with(args: &PingpongArgs, o: &Opts) -> i32 {

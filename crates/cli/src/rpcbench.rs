@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use softrdma::{Context, Device, Listener, RoceConfig};
 
-use crate::pcap_out::PcapTap;
+use crate::pcap_out::{PcapTap, with_pcap};
 use softrdma_rpc::rdma::{RdmaConfig, RdmaTransport};
 use softrdma_rpc::tcp::TcpTransport;
 use softrdma_rpc::{
@@ -207,24 +207,15 @@ fn open_pair(t: TransportArg) -> Result<(Context, Context), String> {
 /// Runs `softrdma rpc bench`; the exit status.
 pub fn run(cmd: &RpcCmd) -> i32 {
     let RpcCmd::Bench(a) = cmd;
-    let tap = match a.pcap.as_deref().map(PcapTap::create).transpose() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("softrdma rpc bench: {e}");
-            return 1;
+    with_pcap(a.pcap.as_deref(), "softrdma rpc bench", |tap| {
+        match bench(a, tap) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("softrdma rpc bench: {e}");
+                1
+            }
         }
-    };
-    let rc = match bench(a, tap.as_ref()) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("softrdma rpc bench: {e}");
-            1
-        }
-    };
-    match tap {
-        Some(t) if !t.finish_and_tell("softrdma rpc bench") => rc.max(1),
-        _ => rc,
-    }
+    })
 }
 
 fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {

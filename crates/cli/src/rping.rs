@@ -39,7 +39,7 @@ use softrdma::{
 };
 
 use crate::counters;
-use crate::pcap_out::PcapTap;
+use crate::pcap_out::{PcapTap, with_pcap};
 use crate::verbs_util::{TransportArg, WaitMode, default_roce_ip, local_ip_toward, wait_some};
 
 /// rping's default port.
@@ -666,18 +666,9 @@ fn open(
 
 /// Entry point of `softrdma rping`; the exit status rping would give.
 pub fn run(args: &RpingArgs) -> i32 {
-    let tap = match args.pcap.as_deref().map(PcapTap::create).transpose() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("softrdma rping: {e}");
-            return 1;
-        }
-    };
-    let rc = run_tapped(args, tap.as_ref());
-    match tap {
-        Some(t) if !t.finish_and_tell("softrdma rping") => rc.max(1),
-        _ => rc,
-    }
+    with_pcap(args.pcap.as_deref(), "softrdma rping", |tap| {
+        run_tapped(args, tap)
+    })
 }
 
 fn run_tapped(args: &RpingArgs, tap: Option<&Arc<PcapTap>>) -> i32 {
