@@ -11,30 +11,68 @@ use crate::MemError;
 /// Alignment of every [`Buffer`]'s first byte.
 pub const PAGE_SIZE: usize = 4096;
 
-/// Backing store: an over-allocated `Vec<u8>` and the offset of its first page-aligned byte.
-/// The vector is never resized, so its heap block (and the alignment) never moves.
+/// Buffers of at least this many octets get pages of their own from the system (anonymous
+/// `mmap`), given back when the buffer goes: the allocator would keep them (glibc raises its
+/// mmap threshold after the first such free, and each thread's arena keeps what was freed
+/// in it), and a server registering a region per client would grow for good.
+pub const MAPPED_MIN: usize = 128 * 1024;
+
+/// Where a buffer's octets live.
+enum Raw {
+    /// An over-allocated vector (small buffers, adopted vectors). Never resized, so its heap
+    /// block (and the alignment) never moves.
+    Heap(Vec<u8>),
+    /// Pages of their own: page-aligned, zeroed by the system, unmapped on drop.
+    Mapped(memmap2::MmapMut),
+}
+
+/// Backing store and the offset of its first page-aligned byte.
 struct Storage {
-    raw: Vec<u8>,
+    raw: Raw,
     start: usize,
     len: usize,
 }
 
 impl Storage {
     fn zeroed(len: usize) -> Storage {
+        if len >= MAPPED_MIN
+            && let Ok(m) = memmap2::MmapMut::map_anon(len)
+        {
+            return Storage {
+                raw: Raw::Mapped(m),
+                start: 0,
+                len,
+            };
+        }
         // Pointer-to-address casts are safe; only the address is used, to find the first
         // page boundary inside the allocation.
         let raw = vec![0u8; len + PAGE_SIZE - 1];
         let addr = raw.as_ptr() as usize;
         let start = (PAGE_SIZE - addr % PAGE_SIZE) % PAGE_SIZE;
-        Storage { raw, start, len }
+        Storage {
+            raw: Raw::Heap(raw),
+            start,
+            len,
+        }
+    }
+
+    fn all(&self) -> &[u8] {
+        match &self.raw {
+            Raw::Heap(v) => v,
+            Raw::Mapped(m) => m,
+        }
     }
 
     fn bytes(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
+        &self.all()[self.start..self.start + self.len]
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
+        let r = self.start..self.start + self.len;
+        match &mut self.raw {
+            Raw::Heap(v) => &mut v[r],
+            Raw::Mapped(m) => &mut m[r],
+        }
     }
 }
 
@@ -65,7 +103,7 @@ impl Buffer {
         let len = data.len();
         let storage = if len > 0 && (data.as_ptr() as usize).is_multiple_of(PAGE_SIZE) {
             Storage {
-                raw: data,
+                raw: Raw::Heap(data),
                 start: 0,
                 len,
             }
@@ -86,7 +124,7 @@ impl Buffer {
         let len = data.len();
         Arc::new(Buffer {
             mem: RwLock::new(Storage {
-                raw: data,
+                raw: Raw::Heap(data),
                 start: 0,
                 len,
             }),
@@ -98,16 +136,14 @@ impl Buffer {
     /// if it is still shared (registered, or in use by the network).
     pub fn into_vec(this: Arc<Buffer>) -> Result<Vec<u8>, Arc<Buffer>> {
         let b = Arc::try_unwrap(this)?;
-        let Storage {
-            mut raw,
-            start,
-            len,
-        } = b.mem.into_inner();
-        if start == 0 {
-            raw.truncate(len);
-            Ok(raw)
-        } else {
-            Ok(raw[start..start + len].to_vec())
+        let s = b.mem.into_inner();
+        match s.raw {
+            Raw::Heap(mut raw) if s.start == 0 => {
+                raw.truncate(s.len);
+                Ok(raw)
+            }
+            Raw::Heap(raw) => Ok(raw[s.start..s.start + s.len].to_vec()),
+            Raw::Mapped(m) => Ok(m[..s.len].to_vec()),
         }
     }
 

@@ -77,7 +77,15 @@ pub(crate) struct Slots {
 
 impl Slots {
     fn new(mut rng: StdRng, limit: u32) -> Slots {
-        let mul = rng.random::<u32>() | 1;
+        // A multiplier near 0 mod 2^24 would put the indices of neighbouring slots next to
+        // each other (predictable STags, RDMAP-122): at least 2^16 away from it, either way.
+        let mul = loop {
+            let m = rng.random::<u32>() | 1;
+            let low = m & INDEX_MASK;
+            if (1 << 16..=INDEX_MASK - (1 << 16)).contains(&low) {
+                break m;
+            }
+        };
         // Newton iteration for the inverse of an odd number mod 2^32.
         let mut inv = mul;
         for _ in 0..5 {
