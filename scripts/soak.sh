@@ -18,8 +18,9 @@
 # figure after the first sample (flat: within 5 %).
 #
 # glibc's allocator keeps what per-thread arenas and its rising mmap threshold freed (the
-# servers run each test on a thread of its own, with buffers up to 1 MiB): RSS climbs for the
-# first minutes, then plateaus (12-18 MB here). --malloc-fixed runs the servers with
+# servers run each test on a thread of its own, with registered buffers and raw-baseline
+# buffers up to 1 MiB): RSS climbs for the first minutes, then plateaus (12-18 MB here;
+# mapping the registered buffers alone did not change that). --malloc-fixed runs the servers with
 # MALLOC_ARENA_MAX=2 and a fixed MALLOC_MMAP_THRESHOLD_ of 128 KiB, so that what RSS shows is
 # what the program holds.
 #

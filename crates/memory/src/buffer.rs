@@ -11,68 +11,30 @@ use crate::MemError;
 /// Alignment of every [`Buffer`]'s first byte.
 pub const PAGE_SIZE: usize = 4096;
 
-/// Buffers of at least this many octets get pages of their own from the system (anonymous
-/// `mmap`), given back when the buffer goes: the allocator would keep them (glibc raises its
-/// mmap threshold after the first such free, and each thread's arena keeps what was freed
-/// in it), and a server registering a region per client would grow for good.
-pub const MAPPED_MIN: usize = 128 * 1024;
-
-/// Where a buffer's octets live.
-enum Raw {
-    /// An over-allocated vector (small buffers, adopted vectors). Never resized, so its heap
-    /// block (and the alignment) never moves.
-    Heap(Vec<u8>),
-    /// Pages of their own: page-aligned, zeroed by the system, unmapped on drop.
-    Mapped(memmap2::MmapMut),
-}
-
-/// Backing store and the offset of its first page-aligned byte.
+/// Backing store: an over-allocated `Vec<u8>` and the offset of its first page-aligned byte.
+/// The vector is never resized, so its heap block (and the alignment) never moves.
 struct Storage {
-    raw: Raw,
+    raw: Vec<u8>,
     start: usize,
     len: usize,
 }
 
 impl Storage {
     fn zeroed(len: usize) -> Storage {
-        if len >= MAPPED_MIN
-            && let Ok(m) = memmap2::MmapMut::map_anon(len)
-        {
-            return Storage {
-                raw: Raw::Mapped(m),
-                start: 0,
-                len,
-            };
-        }
         // Pointer-to-address casts are safe; only the address is used, to find the first
         // page boundary inside the allocation.
         let raw = vec![0u8; len + PAGE_SIZE - 1];
         let addr = raw.as_ptr() as usize;
         let start = (PAGE_SIZE - addr % PAGE_SIZE) % PAGE_SIZE;
-        Storage {
-            raw: Raw::Heap(raw),
-            start,
-            len,
-        }
-    }
-
-    fn all(&self) -> &[u8] {
-        match &self.raw {
-            Raw::Heap(v) => v,
-            Raw::Mapped(m) => m,
-        }
+        Storage { raw, start, len }
     }
 
     fn bytes(&self) -> &[u8] {
-        &self.all()[self.start..self.start + self.len]
+        &self.raw[self.start..self.start + self.len]
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        let r = self.start..self.start + self.len;
-        match &mut self.raw {
-            Raw::Heap(v) => &mut v[r],
-            Raw::Mapped(m) => &mut m[r],
-        }
+        &mut self.raw[self.start..self.start + self.len]
     }
 }
 
@@ -103,7 +65,7 @@ impl Buffer {
         let len = data.len();
         let storage = if len > 0 && (data.as_ptr() as usize).is_multiple_of(PAGE_SIZE) {
             Storage {
-                raw: Raw::Heap(data),
+                raw: data,
                 start: 0,
                 len,
             }
@@ -124,7 +86,7 @@ impl Buffer {
         let len = data.len();
         Arc::new(Buffer {
             mem: RwLock::new(Storage {
-                raw: Raw::Heap(data),
+                raw: data,
                 start: 0,
                 len,
             }),
@@ -136,14 +98,16 @@ impl Buffer {
     /// if it is still shared (registered, or in use by the network).
     pub fn into_vec(this: Arc<Buffer>) -> Result<Vec<u8>, Arc<Buffer>> {
         let b = Arc::try_unwrap(this)?;
-        let s = b.mem.into_inner();
-        match s.raw {
-            Raw::Heap(mut raw) if s.start == 0 => {
-                raw.truncate(s.len);
-                Ok(raw)
-            }
-            Raw::Heap(raw) => Ok(raw[s.start..s.start + s.len].to_vec()),
-            Raw::Mapped(m) => Ok(m[..s.len].to_vec()),
+        let Storage {
+            mut raw,
+            start,
+            len,
+        } = b.mem.into_inner();
+        if start == 0 {
+            raw.truncate(len);
+            Ok(raw)
+        } else {
+            Ok(raw[start..start + len].to_vec())
         }
     }
 

@@ -1,24 +1,10 @@
 //! `Buffer`: alignment, zeroing, copies, atomics.
 
-use crate::{Buffer, MAPPED_MIN, MemError, PAGE_SIZE};
+use crate::{Buffer, MemError, PAGE_SIZE};
 
-/// Small buffers on the heap and large ones on pages of their own (`MAPPED_MIN`), both
-/// aligned and zeroed.
 #[test]
 fn buffer_is_page_aligned_and_zeroed() {
-    for len in [
-        0,
-        1,
-        8,
-        4095,
-        4096,
-        4097,
-        3 * 4096 + 5,
-        MAPPED_MIN - 1,
-        MAPPED_MIN,
-        MAPPED_MIN + 4097,
-        3 << 20,
-    ] {
+    for len in [0, 1, 8, 4095, 4096, 4097, 3 * 4096 + 5] {
         let b = Buffer::new(len);
         assert_eq!(b.len(), len);
         assert_eq!(b.is_empty(), len == 0);
@@ -29,25 +15,6 @@ fn buffer_is_page_aligned_and_zeroed() {
         }
         assert!(g.iter().all(|&x| x == 0));
     }
-}
-
-/// A buffer on pages of its own holds what is written anywhere in it, to its last octet,
-/// and gives it back as a vector.
-#[test]
-fn a_mapped_buffer_reads_writes_and_returns_its_contents() {
-    let len = MAPPED_MIN + 1234;
-    let b = Buffer::new(len);
-    let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
-    b.copy_in(0, &data).unwrap();
-    let mut last = [0u8; 3];
-    b.copy_out(len - 3, &mut last).unwrap();
-    assert_eq!(last, data[len - 3..]);
-    assert_eq!(b.copy_in(len - 2, &[0; 3]), Err(MemError::OutOfRange));
-    b.write()[len - 1] ^= 0xff;
-    let back = Buffer::into_vec(b).unwrap();
-    assert_eq!(back.len(), len);
-    assert_eq!(back[..len - 1], data[..len - 1]);
-    assert_eq!(back[len - 1], data[len - 1] ^ 0xff);
 }
 
 #[test]
