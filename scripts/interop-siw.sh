@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# interop-siw.sh - softrdma against the Linux kernel's siw (issue 3, Done-when 4).
+# interop-siw.sh - softrdma against the Linux kernel's siw (issue 3, Done-when 4; lossy and
+# kill/reset cases: issue 14, Done-when 4).
 #
 # Builds `softrdma` (release) and runs interop cases through ../shared/interop-vm/interop.sh,
 # one persistent VM per siw build: the guest (10.77.1.2 = siw0) runs Linux rping / perftest,
@@ -12,6 +13,23 @@
 #   rping-c-S1000-own-pcap our client's own --pcap capture decodes strictly, holds the
 #                          messages the bridge saw, and its --counters match the exchange
 #   crc-...                the rping cases again against siw built with SIW_MPA_CRC=1
+#   lossy-rping-{c,s}-S<size>  the rping cases with --loss % loss both ways (--lossy-sizes,
+#                          --lossy-count pings): netem on the guest's siw netdev (guest ->
+#                          host) and an nft rule in the host namespace dropping that share of
+#                          TCP toward the guest's siw address (host -> guest; needs nftables
+#                          on the host: `apt-get install -y nftables`). iWARP rides TCP: loss
+#                          means retransmissions, and every ping must still verify
+#   lossy-ib_{write,read,send}_bw-R, lossy-ib_{write,read}_bw-R-guest-server  the perftest
+#                          cases with the same loss
+#   kill-rping-guest-{server,client}  the guest's rping killed (SIGKILL) after --kill-after
+#                          pings: our side ends that connection with flushed work requests
+#                          (no hang, no crash) and a new connection then runs verified pings
+#   reset-rping-guest-{server,client}  the same, the connection reset instead: an nft
+#                          `reject with tcp reset` rule for that one connection answers our
+#                          next segment with an RST (as from the guest; nftables again)
+#   kill-ib_write_bw-R-guest-{client,server}  guest ib_write_bw -R killed mid-transfer (4 MiB
+#                          through the guest's siw NIC), against our perftest server / client;
+#                          then a new session completes
 #
 # Each case's bridge capture is decoded with `softrdma decode --strict`. Prints PASS/FAIL per
 # case and a summary; exits 0 only if every case passed. Needs root and /dev/net/tun (the VM's
@@ -23,6 +41,9 @@
 #          --rx-direct-min N (softrdma reads payloads of N octets and more straight into
 #          registered memory; the default, 16384, is above siw's FPDUs over this link, so
 #          `--rx-direct-min 1` is how the direct receive path meets siw)
+#          --loss PCT (integer, default 2)  --lossy-sizes "64 4096 65535"
+#          --lossy-count N (default 100)  --lossy-timeout S (per lossy case, default 300)
+#          --no-lossy  --no-kill (the kill/reset cases)  --kill-after N (pings, default 20)
 # Environment: SOFTRDMA_BIN (default target/release/softrdma; --no-build implied if set)
 set -uo pipefail
 
@@ -36,6 +57,10 @@ STATE=${INTEROP_VM_STATE:-/var/tmp/interop-vm}
 SIZES="26 64 1000 4096 65535"
 COUNT=10
 CRC=1 PERFTEST=1 BUILD_BIN=1 MTU=""
+LOSS=2 LOSSY=1 LOSSY_SIZES="64 4096 65535" LOSSY_COUNT=100 LOSSY_TIMEOUT=300
+KILL=1 KILL_AFTER=20
+# Per-case limits of the plain cases (the lossy ones raise them).
+RPING_TIMEOUT=120 PERF_TIMEOUT=180
 OUT=$REPO/target/interop-siw
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,12 +73,21 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --mtu) MTU=$2; shift ;;
     --rx-direct-min) export SOFTRDMA_RX_DIRECT_MIN=$2; shift ;;
+    --loss) LOSS=$2; shift ;;
+    --lossy-sizes) LOSSY_SIZES=$2; shift ;;
+    --lossy-count) LOSSY_COUNT=$2; shift ;;
+    --lossy-timeout) LOSSY_TIMEOUT=$2; shift ;;
+    --no-lossy) LOSSY=0 ;;
+    --no-kill) KILL=0 ;;
+    --kill-after) KILL_AFTER=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "interop-siw.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
 
+# nft's numgen compares integers.
+[[ "$LOSS" =~ ^[0-9]+$ ]] && [ "$LOSS" -le 100 ] || { echo "interop-siw.sh: --loss takes an integer 0..100" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "interop-siw.sh: needs root (network namespace, taps)" >&2; exit 2; }
 [ -c /dev/net/tun ] || { echo "interop-siw.sh: needs /dev/net/tun" >&2; exit 2; }
 mkdir -p "$OUT"
@@ -67,6 +101,10 @@ fi
 mkdir -p "$STATE/runs"
 
 INTEROP=$VMDIR/interop.sh
+# vm_exec for the loss setup (functions only).
+# shellcheck source=/dev/null
+. "$VMDIR/vmctl.sh"
+NS=${NETNS:-rdmavm}
 GUEST_SIW=10.77.1.2 HOST_SIW=10.77.1.1
 RESULTS=() NOTES=()
 PASSED=0 FAILED=0
@@ -116,8 +154,17 @@ run_case() {
   selected "$name" || return 0
   local log=$OUT/$name.log pcap=$OUT/$name.pcap
   say "case $name"
+  local l0
+  [ -n "${LOSS_ON:-}" ] && l0=$(loss_counts)
   "$INTEROP" --attach --pcap "$pcap" "$@" >"$log" 2>&1
   local rc=$? why=""
+  if [ -n "${LOSS_ON:-}" ]; then
+    # The loss this case met (netem and nft counters before and after it).
+    local g0 h0 g1 h1
+    read -r g0 h0 <<<"$l0"; read -r g1 h1 < <(loss_counts)
+    echo "=== loss: $((g1 - g0)) packets dropped guest -> host, $((h1 - h0)) host -> guest" >>"$log"
+    NOTES+=("$name: loss dropped $((g1 - g0)) packets guest -> host, $((h1 - h0)) host -> guest")
+  fi
   if [ $rc != 0 ]; then
     why="interop.sh exit $rc ($(grep -m1 -E '^=== interop' "$log" || echo 'no result line'))"
   else
@@ -156,10 +203,10 @@ check_perftest() {  # the guest's perftest printed its result line; our server s
 rping_cases() {  # CASE-PREFIX CHECK-PREFIX [EXTRA-FLAGS-OF-OUR-CLIENT]
   local p=$1 c=$2 x=${3:-} s
   for s in $SIZES; do
-    run_case "${p}rping-c-S$s" "check_${c}client" --guest-first --wait-port 7174 --timeout 120 \
+    run_case "${p}rping-c-S$s" "check_${c}client" --guest-first --wait-port 7174 --timeout "$RPING_TIMEOUT" \
       --guest "rping -s -a $GUEST_SIW -C $COUNT -S $s -V -v" \
       --host "$BIN rping -c -a $GUEST_SIW -C $COUNT -S $s -V -v -d $x"
-    run_case "${p}rping-s-S$s" "check_${c}server" --host-first --wait-port 7174 --timeout 120 \
+    run_case "${p}rping-s-S$s" "check_${c}server" --host-first --wait-port 7174 --timeout "$RPING_TIMEOUT" \
       --host "$BIN rping -s -a $HOST_SIW -C $COUNT -S $s -V -v -d" \
       --guest "rping -c -a $HOST_SIW -C $COUNT -S $s -V -v"
   done
@@ -174,17 +221,17 @@ check_perftest_client() {  # both printed a result line for 65536 octets x 200
   done
 }
 
-perftest_cases() {
-  local t
+perftest_cases() {  # [CASE-PREFIX]
+  local p=${1:-} t
   for t in ib_write_bw ib_read_bw ib_send_bw; do
-    run_case "$t-R" check_perftest --host-first --wait-port 18515 --timeout 180 \
+    run_case "$p$t-R" check_perftest --host-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
       --host "$BIN perf --server --perftest -B $HOST_SIW -p 18515" \
       --guest "$t -d siw0 -R -F -s 65536 -n 200 $HOST_SIW"
   done
   # Our client of perftest's rdma_cm servers (Send over iWARP would need perftest's credit
   # scheme on the client side, which ours does not keep).
   for t in write read; do
-    run_case "ib_${t}_bw-R-guest-server" check_perftest_client --guest-first --wait-port 18515 --timeout 180 \
+    run_case "${p}ib_${t}_bw-R-guest-server" check_perftest_client --guest-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
       --guest "ib_${t}_bw -d siw0 -R -F -s 65536 -n 200" \
       --host "$BIN perf --perftest -R --test $t -p 18515 -s 65536 -n 200 $GUEST_SIW"
   done
@@ -194,6 +241,13 @@ start_vm() {  # BUILD-DIR
   "$INTEROP" --stop >/dev/null 2>&1
   say "booting the VM (BUILD=$1)"
   "$INTEROP" --start --build "$1" ${MTU:+--mtu "$MTU"} >/dev/null || { say "VM boot failed"; return 1; }
+  VMRUN=$("$INTEROP" --status | sed -n 's/^running: //p')
+  [ -n "$VMRUN" ] || { say "no persistent VM after --start"; return 1; }
+  # rdma link: "link siw0/1 state ACTIVE physical_state LINK_UP netdev eth1"; else the NIC
+  # holding the siw address
+  SIWDEV=$(vm_exec "$VMRUN" "rdma link show siw0; ip -o -4 addr show | grep ' inet $GUEST_SIW/'" 20 2>/dev/null |
+    sed -n -e 's/.* netdev \([^ ]*\).*/\1/p' -e 's/^[0-9]*: *\([^ ]*\) .*/\1/p' | head -1)
+  say "VM up: $VMRUN (siw0 on ${SIWDEV:-?})"
 }
 # Our client's own capture (--pcap) of the same connection: it decodes strictly and holds the
 # messages the bridge saw; its counters match the exchange (3 ULPDUs sent and 4 received per
@@ -210,7 +264,377 @@ check_own_capture() {
   grep -qE "^  tx_units +$((3 * COUNT))\$" "$1" || { echo "QP tx_units is not $((3 * COUNT))"; return 1; }
   grep -qE "^  rx_units +$((4 * COUNT))\$" "$1" || { echo "QP rx_units is not $((4 * COUNT))"; return 1; }
 }
-trap '"$INTEROP" --stop >/dev/null 2>&1' EXIT
+# section LOG guest|host: that side's output in an interop.sh log
+section() {
+  awk -v want="=== $2 " 'index($0, "=== ") == 1 { on = (index($0, want) == 1); next } on' "$1"
+}
+# between START END: the lines of standard input after the line START, up to the one starting
+# with END (the markers the kill/reset commands print)
+between() { awk -v a="$1" -v b="$2" 'index($0, b) == 1 { on = 0 } on; $0 == a { on = 1 }'; }
+
+# ---- loss: both directions of the siw connection ----------------------------------------
+# The host kernel lacks sch_netem, so netem goes on the guest's siw netdev (eth1 when the VM
+# has two NICs; eth0 carries rxe): guest -> host. Host -> guest is an nft rule in the
+# namespace's output hook (softrdma's TCP leaves through it), counting what it drops.
+VMRUN="" SIWDEV="" LOSS_ON=""
+loss_on() {
+  [ -n "$SIWDEV" ] || { say "the guest's siw netdev is unknown"; return 1; }
+  vm_exec "$VMRUN" "tc qdisc replace dev $SIWDEV root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
+    { say "netem on the guest's $SIWDEV failed"; return 1; }
+  H nft -f - <<EOF || { say "nft loss rule failed"; loss_off; return 1; }
+table inet softrdma_siw_loss {
+  chain out {
+    type filter hook output priority 0;
+    ip daddr $GUEST_SIW meta l4proto tcp numgen random mod 100 < $LOSS counter drop
+  }
+}
+EOF
+  LOSS_ON=1
+}
+loss_off() {
+  [ -n "$VMRUN" ] && [ -n "$SIWDEV" ] && vm_exec "$VMRUN" "tc qdisc del dev $SIWDEV root" 20 >/dev/null 2>&1
+  command -v nft >/dev/null 2>&1 && H nft delete table inet softrdma_siw_loss 2>/dev/null
+  LOSS_ON=""
+  return 0
+}
+# loss_counts: "GUEST->HOST HOST->GUEST" packets the loss dropped so far (netem's and the
+# rule's counters), so each lossy case can show the loss it met.
+loss_counts() {
+  local g h
+  g=$(vm_exec "$VMRUN" "tc -s qdisc show dev $SIWDEV" 20 2>/dev/null | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
+  h=$(H nft list table inet softrdma_siw_loss 2>/dev/null | sed -n 's/.*counter packets \([0-9]*\) .*/\1/p' | head -1)
+  echo "${g:-0} ${h:-0}"
+}
+
+lossy_names() {
+  local s t
+  for s in $LOSSY_SIZES; do echo "lossy-rping-c-S$s"; echo "lossy-rping-s-S$s"; done
+  if [ "$PERFTEST" = 1 ]; then
+    for t in ib_write_bw ib_read_bw ib_send_bw; do echo "lossy-$t-R"; done
+    for t in write read; do echo "lossy-ib_${t}_bw-R-guest-server"; done
+  fi
+}
+any_selected() { local n; for n in "$@"; do selected "$n" && return 0; done; return 1; }
+
+# The rping and perftest cases again under loss: LOSSY_COUNT pings of each of LOSSY_SIZES,
+# every one verified; perftest's result lines as without loss.
+lossy_cases() {
+  # shellcheck disable=SC2046
+  any_selected $(lossy_names) || return 0
+  command -v nft >/dev/null 2>&1 ||
+    { record "lossy (${LOSS}%)" 0 "no nft on this host: no host -> guest loss (apt-get install -y nftables)"; return; }
+  if ! loss_on; then record "lossy (${LOSS}%)" 0 "could not set up the loss"; return; fi
+  say "loss ${LOSS}% both ways (netem on the guest's $SIWDEV, nft in $NS)"
+  local sizes=$SIZES count=$COUNT rt=$RPING_TIMEOUT pt=$PERF_TIMEOUT
+  SIZES=$LOSSY_SIZES COUNT=$LOSSY_COUNT RPING_TIMEOUT=$LOSSY_TIMEOUT PERF_TIMEOUT=$LOSSY_TIMEOUT
+  rping_cases "lossy-" "softrdma_"
+  [ "$PERFTEST" = 1 ] && perftest_cases "lossy-"
+  SIZES=$sizes COUNT=$count RPING_TIMEOUT=$rt PERF_TIMEOUT=$pt
+  loss_off
+}
+
+# ---- kill / reset: the Linux peer goes away in the middle --------------------------------
+# After it, our side must have ended that connection with flushed (or failed) work requests,
+# neither waiting for its progress timeout (a hang) nor panicking; a new connection then
+# works. rping is lock-step, so stopping after KILL_AFTER pings lands in the middle of one;
+# perftest is stopped after KILL_BYTES octets went through the guest's siw NIC.
+#   kill:  the guest's first peer gets SIGKILL (siw then closes the connection).
+#   reset: an nft rule in the host namespace answers our next segment of that one connection
+#          (its port pair) with an RST, as from the guest (reject with tcp reset; the guest
+#          image has no inet_diag, so `ss -K` cannot do it there); our kernel then answers
+#          the guest's next segment with an RST of its own. The guest's peer may stay
+#          half-open: the host drops FIRST-DONE into the VM's run directory once our side is
+#          done, and the guest then kills it.
+KILL_PINGS=5 KILL_SIZE=4096 KILL_BYTES=$((4 << 20))
+# perftest's first run: 128 MiB, far more than KILL_BYTES, and bounded should the kill miss it
+KILL_ITERS=2000
+# What our rping may say about the first connection: the flushed receive, a completion in
+# error, or a post refused by the QP in error.
+RPING_ENDED='the peer disconnected|cq completion failed|not possible in QP state'
+RESET_TABLE=softrdma_siw_reset
+
+# Guest sh: is process $1 running? (kill -0 also holds for a zombie that busybox sh has not
+# reaped yet)
+G_ALIVE='alive() { [ -e /proc/$1/stat ] && [ "$(cut -d" " -f3 /proc/$1/stat)" != Z ]; }'
+# g_await_lines FILE REGEX N: guest sh waiting (at most 120 s) until FILE has N lines matching
+# REGEX, or the first peer ($p) is gone
+g_await_lines() {
+  echo "i=0; while [ \$(grep -cE '$2' $1) -lt $3 ] && alive \$p && [ \$i -lt 1200 ]; do sleep 0.1; i=\$((i + 1)); done"
+}
+# g_bytes_base: guest sh defining bytes(), the octets through the guest's siw NIC since now
+# (ss -i shows no counters there: the image has no inet_diag)
+g_bytes_base() {
+  local n=/sys/class/net/$SIWDEV/statistics
+  echo "nic() { echo \$((\$(cat $n/rx_bytes) + \$(cat $n/tx_bytes))); }; base=\$(nic); bytes() { echo \$((\$(nic) - base)); }"
+}
+# g_await_bytes: guest sh waiting (at most 120 s) until KILL_BYTES went through, or the
+# first peer ($p) is gone
+g_await_bytes() {
+  echo "i=0; while [ \$(bytes) -lt $KILL_BYTES ] && alive \$p && [ \$i -lt 1200 ]; do sleep 0.1; i=\$((i + 1)); done"
+}
+G_KILL='kill -KILL $p; wait $p; echo "--- first peer rc $?"'
+# g_after_reset NAME: the guest waits for the host's FIRST-DONE, then ends its first peer
+g_after_reset() {
+  cat <<EOF
+vm-wait-host $1.first-done 200 || echo '--- the host did not report its first connection done'
+if alive \$p; then kill -KILL \$p; echo '--- the first peer was still running (half-open): killed'; fi
+wait \$p; echo "--- first peer rc \$?"
+EOF
+}
+# h_await FILE REGEX N LIMIT: host bash waiting (LIMIT tenths of a second at most) until FILE
+# has N lines matching REGEX, or our process ($p) is gone
+h_await() {
+  echo "i=0; while [ \$(grep -cE '$2' $1) -lt $3 ] && kill -0 \$p 2>/dev/null && [ \$i -lt $4 ]; do sleep 0.1; i=\$((i + 1)); done"
+}
+# h_reset NAME SPORT DPORT COUNT-FILE: host bash adding the reset rule for our segments from
+# SPORT to the guest's DPORT (one of them found with ss), and saying so
+h_reset() {
+  local g=${GUEST_SIW//./\\.} h=${HOST_SIW//./\\.} find
+  if [ "$2" = ours ]; then
+    find="port=\$(ss -Htn dst $GUEST_SIW dport = :$3 | grep -oE '$h:[0-9]+' | head -1 | cut -d: -f2)"
+    set -- "$1" "\$port" "$3" "$4"
+  else
+    find="port=\$(ss -Htn dst $GUEST_SIW sport = :$2 | grep -oE '$g:[0-9]+' | head -1 | cut -d: -f2)"
+    set -- "$1" "$2" "\$port" "$4"
+  fi
+  cat <<EOF
+$find
+echo "--- resetting the first connection (port \${port:-?}) after \$(grep -c '$4' $1) pings"
+nft add table inet $RESET_TABLE
+nft add chain inet $RESET_TABLE out '{ type filter hook output priority 0; }'
+nft add rule inet $RESET_TABLE out ip daddr $GUEST_SIW tcp sport $2 tcp dport $3 'tcp flags & rst == 0' counter reject with tcp reset
+EOF
+}
+# h_reset_done NAME: host bash reporting the RSTs the rule sent us, dropping it, and telling
+# the guest
+h_reset_done() {
+  cat <<EOF
+echo "--- reset rule: \$(nft list table inet $RESET_TABLE | grep -oE 'counter packets [0-9]+')"
+nft delete table inet $RESET_TABLE
+touch $VMRUN/$1.first-done
+EOF
+}
+reset_cleanup() {  # NAME: what a reset case killed at its timeout may have left
+  H nft delete table inet "$RESET_TABLE" 2>/dev/null
+  [ -n "$VMRUN" ] && rm -f "$VMRUN/$1.first-done"
+  return 0
+}
+
+# The guest's rping server stopped; our client made the first connection to it and makes a
+# second to the guest's other server on 7175 (listening from the start).
+rping_stop_server_case() {  # NAME kill|reset
+  selected "$1" || return 0
+  local f=/tmp/$1 o=$OUT/$1.first.out host stop
+  if [ "$2" = kill ]; then
+    host="echo '--- first connection'
+$BIN rping -c -a $GUEST_SIW -C 1000000 -S $KILL_SIZE -V -d --timeout 30
+echo \"--- first rc \$?\""
+    stop="$(g_await_lines "$f.first" '^server ping data' "$KILL_AFTER")
+echo \"--- stopping the first server after \$(grep -c '^server ping data' $f.first) pings\"
+$G_KILL"
+  else
+    host=": > $o; $BIN rping -c -a $GUEST_SIW -C 1000000 -S $KILL_SIZE -V -v -d --timeout 30 > $o 2>&1 & p=\$!
+$(h_await "$o" '^ping data' "$KILL_AFTER" 1200)
+$(h_reset "$o" ours 7174 '^ping data')
+$(h_await "$o" '^rping client' 1 600)
+kill -0 \$p 2>/dev/null && { echo '--- our first client still runs 60 s after the reset: killed'; kill -KILL \$p; }
+wait \$p; rc=\$?
+$(h_reset_done "$1")
+echo '--- first connection'; grep -v '^ping data' $o; echo \"--- first rc \$rc\""
+    stop=$(g_after_reset "$1")
+  fi
+  reset_cleanup "$1"
+  run_case "$1" "check_stopped_rping_server" --guest-first --wait-port 7174 --timeout 300 \
+    --guest "$G_ALIVE
+rping -s -a $GUEST_SIW -p 7175 -S $KILL_SIZE -V -v > $f.second 2>&1 & q=\$!
+vm-wait-listen 7175 30 || echo '--- the second server does not listen'
+: > $f.first; rping -s -a $GUEST_SIW -S $KILL_SIZE -V -v > $f.first 2>&1 & p=\$!
+$stop
+grep -v '^server ping data' $f.first | sed 's/^/first: /'
+wait \$q; r=\$?; echo '--- second server'; cat $f.second; echo \"--- second server rc \$r\"; exit \$r" \
+    --host "$host
+echo '--- second connection'
+$BIN rping -c -a $GUEST_SIW -p 7175 -C $KILL_PINGS -S $KILL_SIZE -V -v -d
+echo \"--- second rc \$?\""
+  reset_cleanup "$1"
+}
+# The guest's rping client stopped; our persistent server served it and serves a second one.
+rping_stop_client_case() {  # NAME kill|reset
+  selected "$1" || return 0
+  local f=/tmp/$1 o=$OUT/$1.server.out reset="" stop
+  if [ "$2" = kill ]; then
+    stop="$(g_await_lines "$f.first" '^ping data' "$KILL_AFTER")
+echo \"--- stopping the first client after \$(grep -c '^ping data' $f.first) pings\"
+$G_KILL"
+  else
+    reset="$(h_await "$o" '^server ping data' "$KILL_AFTER" 1200)
+$(h_reset "$o" 7174 theirs '^server ping data')
+$(h_await "$o" '^(server: |rping server failed)' 1 600)
+$(h_reset_done "$1")"
+    stop=$(g_after_reset "$1")
+  fi
+  reset_cleanup "$1"
+  run_case "$1" "check_stopped_rping_client" --host-first --wait-port 7174 --timeout 300 \
+    --host ": > $o; $BIN rping -s -P -a $HOST_SIW -S $KILL_SIZE -V -v -d --timeout 30 > $o 2>&1 & p=\$!
+$reset
+# Two sessions ended (or the server is gone).
+$(h_await "$o" '^(server: |rping server failed)' 2 2200)
+if kill -0 \$p 2>/dev/null; then kill \$p; wait \$p; echo '--- server stopped'; else wait \$p; echo \"--- server exited by itself, rc \$?\"; fi
+cat $o" \
+    --guest "$G_ALIVE
+: > $f.first; rping -c -a $HOST_SIW -C 1000000 -S $KILL_SIZE -V -v > $f.first 2>&1 & p=\$!
+$stop
+grep -v '^ping data' $f.first | sed 's/^/first: /'
+echo '--- second client'
+rping -c -a $HOST_SIW -C $KILL_PINGS -S $KILL_SIZE -V -v; r=\$?
+echo \"--- second client rc \$r\"; exit \$r"
+  reset_cleanup "$1"
+}
+# Guest ib_write_bw -R client killed mid-transfer; our perftest server's session ends, and a
+# second server (port 18516, up from the start) serves a whole session.
+perf_kill_client_case() {  # NAME
+  local f=/tmp/$1 o=$OUT/$1.second.out
+  run_case "$1" check_killed_perf_client --host-first --wait-port 18515 --timeout 300 \
+    --host "$BIN perf --server --perftest -B $HOST_SIW -p 18516 > $o 2>&1 & q=\$!
+i=0; until ss -Hltn 'sport = :18516' | grep -q . || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i + 1)); done
+echo '--- first session'
+$BIN perf --server --perftest -B $HOST_SIW -p 18515
+echo \"--- first rc \$?\"
+wait \$q; r=\$?; echo '--- second session'; cat $o; echo \"--- second rc \$r\"" \
+    --guest "$G_ALIVE
+$(g_bytes_base)
+ib_write_bw -d siw0 -R -F -s 65536 -n $KILL_ITERS $HOST_SIW > $f.first 2>&1 & p=\$!
+$(g_await_bytes)
+echo \"--- stopping the first client after \$(bytes) octets\"
+$G_KILL
+echo '--- second client'
+ib_write_bw -d siw0 -R -F -s 65536 -n 200 -p 18516 $HOST_SIW; r=\$?
+echo \"--- second client rc \$r\"; exit \$r"
+}
+# Guest ib_write_bw -R server killed mid-transfer; our client fails, then runs a whole test
+# against the guest's second server (18516).
+perf_kill_server_case() {  # NAME
+  local f=/tmp/$1
+  run_case "$1" check_killed_perf_server --guest-first --wait-port 18515 --timeout 300 \
+    --guest "$G_ALIVE
+ib_write_bw -d siw0 -R -F -s 65536 -n 200 -p 18516 > $f.second 2>&1 & q=\$!
+vm-wait-listen 18516 30 || echo '--- the second server does not listen'
+$(g_bytes_base)
+ib_write_bw -d siw0 -R -F -s 65536 -n $KILL_ITERS > $f.first 2>&1 & p=\$!
+$(g_await_bytes)
+echo \"--- stopping the first server after \$(bytes) octets\"
+$G_KILL
+wait \$q; r=\$?; echo '--- second server'; cat $f.second; echo \"--- second server rc \$r\"; exit \$r" \
+    --host "echo '--- first connection'
+$BIN perf --perftest -R --test write -p 18515 -s 65536 -n $KILL_ITERS $GUEST_SIW
+echo \"--- first rc \$?\"
+echo '--- second connection'
+$BIN perf --perftest -R --test write -p 18516 -s 65536 -n 200 $GUEST_SIW
+echo \"--- second rc \$?\""
+}
+
+kill_cases() {
+  rping_stop_server_case kill-rping-guest-server kill
+  rping_stop_client_case kill-rping-guest-client kill
+  rping_stop_server_case reset-rping-guest-server reset
+  rping_stop_client_case reset-rping-guest-client reset
+  if [ "$PERFTEST" = 1 ]; then
+    perf_kill_client_case kill-ib_write_bw-R-guest-client
+    perf_kill_server_case kill-ib_write_bw-R-guest-server
+  fi
+}
+
+# Checks of the kill/reset cases. They hold each side's output in a variable: under pipefail,
+# `section | grep -q` fails when grep stops reading early (awk then dies of SIGPIPE).
+check_stopped_at() {  # LOG pings|octets: the first peer was stopped in the middle
+  local n min=$KILL_AFTER h g
+  [ "$2" = octets ] && min=$KILL_BYTES
+  h=$(section "$1" host); g=$(section "$1" guest)
+  if [[ "$1" == */reset-* ]]; then
+    n=$(sed -n "s/^--- resetting the first connection (port [0-9][0-9]*) after \([0-9]*\) $2\$/\1/p" <<<"$h")
+    [ -n "$n" ] || { echo "our side did not reset the first connection: $(grep -m1 '^--- resetting' <<<"$h" || echo 'no report')"; return 1; }
+    grep -qE '^--- reset rule: counter packets [1-9]' <<<"$h" ||
+      { echo "the reset rule sent us no RST: $(grep -m1 '^--- reset rule' <<<"$h")"; return 1; }
+    grep -q '^--- first peer rc ' <<<"$g" || { echo "the guest's first peer did not end"; return 1; }
+  else
+    n=$(sed -n "s/^--- stopping the first .* after \([0-9]*\) $2\$/\1/p" <<<"$g")
+    [ -n "$n" ] || { echo "the guest did not stop its first peer"; return 1; }
+    # 137: SIGKILL; a peer that had ended by itself was not killed in the middle.
+    grep -q '^--- first peer rc 137$' <<<"$g" ||
+      { echo "the guest's first peer was not killed: $(grep -m1 '^--- first peer rc' <<<"$g" || echo 'no status')"; return 1; }
+  fi
+  [ "$n" -ge "$min" ] || { echo "the first connection ended before $min $2 ($n)"; return 1; }
+}
+no_crash() {  # LOG
+  local h; h=$(section "$1" host)
+  ! grep -qE 'panicked|Segmentation fault|Aborted' <<<"$h" ||
+    { echo "softrdma crashed: $(grep -m1 -E 'panicked|Segmentation fault|Aborted' <<<"$h")"; return 1; }
+}
+check_first_client_ended() {  # LOG ERROR-REGEX: our first client failed as it should, not by timeout
+  local h first rc
+  h=$(section "$1" host)
+  first=$(between '--- first connection' '--- first rc ' <<<"$h")
+  rc=$(sed -n 's/^--- first rc //p' <<<"$h")
+  [ -n "$rc" ] || { echo "our first client did not end"; return 1; }
+  ! grep -q '^--- our first client still runs' <<<"$h" || { echo "our first client hung after the reset"; return 1; }
+  [ "$rc" != 0 ] || { echo "our first client ended without an error"; return 1; }
+  ! grep -qiE 'timed out|timeout' <<<"$first" ||
+    { echo "our first client hung until a timeout: $(grep -m1 -iE 'timed out|timeout' <<<"$first")"; return 1; }
+  grep -qE "$2" <<<"$first" || { echo "our first client failed otherwise: $(tail -1 <<<"$first")"; return 1; }
+}
+check_stopped_rping_server() {  # LOG
+  no_crash "$1" || return 1
+  check_stopped_at "$1" pings || return 1
+  check_first_client_ended "$1" "rping client failed: ($RPING_ENDED)" || return 1
+  local second
+  second=$(section "$1" host | between '--- second connection' '--- second rc ')
+  grep -q "client: $KILL_PINGS pings, $KILL_PINGS verified" <<<"$second" ||
+    { echo "our second client did not verify $KILL_PINGS pings: $(tail -1 <<<"$second")"; return 1; }
+}
+check_stopped_rping_client() {  # LOG
+  no_crash "$1" || return 1
+  check_stopped_at "$1" pings || return 1
+  local h ends first g
+  h=$(section "$1" host)
+  grep -q '^--- server stopped' <<<"$h" ||
+    { echo "our server did not keep running: $(grep '^--- server exited' <<<"$h")"; return 1; }
+  ends=$(grep -E '^(server: |rping server failed)' <<<"$h")
+  [ "$(grep -c . <<<"$ends")" = 2 ] || { echo "our server ended $(grep -c . <<<"$ends") sessions, not 2"; return 1; }
+  first=$(head -1 <<<"$ends")
+  grep -qE "^server: [0-9]+ pings|rping server failed: ($RPING_ENDED)" <<<"$first" ||
+    { echo "our server's first session ended otherwise: $first"; return 1; }
+  [ "$(tail -1 <<<"$ends")" = "server: $KILL_PINGS pings, $KILL_PINGS verified" ] ||
+    { echo "our server's second session: $(tail -1 <<<"$ends")"; return 1; }
+  g=$(section "$1" guest | between '--- second client' '--- second client rc ')
+  [ "$(grep -c '^ping data: rdma-ping-' <<<"$g")" = "$KILL_PINGS" ] ||
+    { echo "the guest's second client printed $(grep -c '^ping data: rdma-ping-' <<<"$g") of $KILL_PINGS pings"; return 1; }
+}
+PERF_RESULT='^ *65536[[:space:]]+200[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+'
+check_killed_perf_client() {  # LOG: our first session ended (no hang, no crash), the second is whole
+  no_crash "$1" || return 1
+  check_stopped_at "$1" octets || return 1
+  local h first second g
+  h=$(section "$1" host)
+  grep -q '^--- first rc ' <<<"$h" || { echo "our first perftest server did not end"; return 1; }
+  first=$(between '--- first session' '--- first rc ' <<<"$h")
+  ! grep -qiE 'timed out|timeout' <<<"$first" || { echo "our first perftest server hung until a timeout"; return 1; }
+  second=$(between '--- second session' '--- second rc ' <<<"$h")
+  grep -q 'perftest session done' <<<"$second" || { echo "our second perftest server did not finish its session"; return 1; }
+  g=$(section "$1" guest | between '--- second client' '--- second client rc ')
+  grep -qE "$PERF_RESULT" <<<"$g" || { echo "the guest's second client printed no result line"; return 1; }
+}
+check_killed_perf_server() {  # LOG: our first client failed (no hang, no crash), the second test is whole
+  no_crash "$1" || return 1
+  check_stopped_at "$1" octets || return 1
+  check_first_client_ended "$1" '.' || return 1
+  local h g
+  h=$(section "$1" host | between '--- second connection' '--- second rc ')
+  grep -qE "$PERF_RESULT" <<<"$h" || { echo "our second client printed no result line"; return 1; }
+  g=$(section "$1" guest | between '--- second server' '--- second server rc ')
+  grep -qE "$PERF_RESULT" <<<"$g" || { echo "the guest's second server printed no result line"; return 1; }
+}
+
+trap 'loss_off; H nft delete table inet "$RESET_TABLE" 2>/dev/null; "$INTEROP" --stop >/dev/null 2>&1' EXIT
 
 # siw as Debian builds it: CRC only if the peer asks.
 if start_vm "$STATE/build"; then
@@ -223,12 +647,16 @@ if start_vm "$STATE/build"; then
     --guest "rping -s -a $GUEST_SIW -C $COUNT -S 1000 -V -v" \
     --host "$BIN rping -c -a $GUEST_SIW -C $COUNT -S 1000 -V -v -d --counters --pcap $OUT/rping-c-S1000-own-pcap.own.pcap"
   [ "$PERFTEST" = 1 ] && perftest_cases
+  [ "$KILL" = 1 ] && kill_cases
+  [ "$LOSSY" = 1 ] && lossy_cases
 else
   record "boot (default siw)" 0 "the VM did not boot"
 fi
 
-# siw built with SIW_MPA_CRC=1: CRC required.
-if [ "$CRC" = 1 ]; then
+# siw built with SIW_MPA_CRC=1: CRC required. No boot when --only leaves none of its cases.
+crc_names() { local s; for s in $SIZES; do echo "crc-rping-c-S$s"; echo "crc-rping-s-S$s"; done; }
+# shellcheck disable=SC2046
+if [ "$CRC" = 1 ] && any_selected $(crc_names); then
   CRCBUILD=$STATE/build-crc
   if [ ! -e "$CRCBUILD/vmlinuz" ]; then
     say "building the SIW_MPA_CRC=1 image in $CRCBUILD (about 30 s)"
