@@ -123,6 +123,9 @@ struct Conn {
     die_when_flushed: bool,
     /// The read budget ran out with data possibly left in the socket.
     more_rx: bool,
+    /// A readiness event said the stream ended (FIN, RST): the read that returns the end
+    /// is made even after a short read, as no later edge will come for it.
+    end_signalled: bool,
     /// Send requests handed to the engine and not yet retired.
     sq_in_engine: usize,
     rq_in_engine: usize,
@@ -246,7 +249,10 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
             d.dialed(ctx, t, now);
         } else {
             let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
-            d.conn_event(ctx, t, readable, now);
+            // The end of the stream (FIN, RST) came with this edge: nothing later will say
+            // so again.
+            let ended = ev.is_read_closed() || ev.is_error();
+            d.conn_event(ctx, t, readable, ended, now);
         }
     }
     d.rest(ctx);
@@ -296,7 +302,7 @@ impl Driver {
         self.settle();
         let again: Vec<Token> = self.more_rx.iter().copied().collect();
         for t in again {
-            self.conn_event(ctx, t, true, now);
+            self.conn_event(ctx, t, true, false, now);
         }
         self.timeouts(ctx, Instant::now());
         self.remove_dead(ctx);
@@ -338,7 +344,7 @@ impl Driver {
         };
         for (t, c) in self.conns.iter_mut().filter(|(_, c)| feeds(c)) {
             self.touched.push(*t);
-            c.on_event(ctx, &mut self.bufs, true, now);
+            c.on_event(ctx, &mut self.bufs, true, false, now);
         }
     }
 
@@ -723,9 +729,16 @@ impl Driver {
         }
     }
 
-    fn conn_event(&mut self, ctx: &TcpShared, token: Token, readable: bool, now: Instant) {
+    fn conn_event(
+        &mut self,
+        ctx: &TcpShared,
+        token: Token,
+        readable: bool,
+        ended: bool,
+        now: Instant,
+    ) {
         if let Some(c) = touch(&mut self.conns, &mut self.touched, token) {
-            c.on_event(ctx, &mut self.bufs, readable, now);
+            c.on_event(ctx, &mut self.bufs, readable, ended, now);
         }
     }
 
@@ -927,6 +940,7 @@ impl Conn {
             dead: false,
             die_when_flushed: false,
             more_rx: false,
+            end_signalled: false,
             sq_in_engine: 0,
             rq_in_engine: 0,
             local_waiting: false,
@@ -936,7 +950,16 @@ impl Conn {
     }
 
     /// The socket is ready (or polled): read what arrived, then run the connection.
-    fn on_event(&mut self, ctx: &TcpShared, bufs: &mut Bufs, readable: bool, now: Instant) {
+    /// `ended`: the readiness said the peer's side closed or the connection failed.
+    fn on_event(
+        &mut self,
+        ctx: &TcpShared,
+        bufs: &mut Bufs,
+        readable: bool,
+        ended: bool,
+        now: Instant,
+    ) {
+        self.end_signalled |= ended;
         if readable {
             self.more_rx = false;
             self.read(ctx, bufs, now);
@@ -1010,8 +1033,10 @@ impl Conn {
                         break;
                     }
                     // A short read emptied the socket: what arrives later is a new edge,
-                    // so the read that would say WouldBlock is saved.
-                    if n < cap {
+                    // so the read that would say WouldBlock is saved. Not once an edge
+                    // said the stream ended (a FIN or RST behind these octets): no later
+                    // edge announces it, and only a read returns it.
+                    if n < cap && !self.end_signalled {
                         break;
                     }
                 }
