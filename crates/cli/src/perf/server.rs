@@ -15,8 +15,8 @@ use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    BusyPoll, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp, QpCap, QpInitAttr,
-    RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AsyncEvent, BusyPoll, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp, QpCap,
+    QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::client::{Client, ClientOpts, INLINE_MAX, REMOTE, check, unsignaled, verify};
@@ -130,6 +130,13 @@ pub fn serve(
         let mut sessions: Sessions = HashMap::new();
         let mut next_id = 0u32;
         loop {
+            // The context's async events (every connection's Established and Disconnected)
+            // are read here, or a long-running server would hold the last 4,096 of them.
+            while let Some(ev) = ctx.poll_async_event() {
+                if o.log && matches!(ev, AsyncEvent::Qp { .. } | AsyncEvent::CqError { .. }) {
+                    eprintln!("softrdma perf: {ev:?}");
+                }
+            }
             let req = match listener.accept_timeout(Duration::from_millis(200)) {
                 Ok(r) => r,
                 Err(Error::Timeout) if !quit.is_some_and(|q| q.load(Ordering::Acquire)) => {
