@@ -66,9 +66,34 @@ struct Ctl {
     sent: AtomicU64,
 }
 
-/// The running tests, by id.
-/// Running tests by id: their control, their thread, the client's address.
+/// Tests by id, running or finished and waiting for their `End`: their control, their
+/// thread, the client's address.
 type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>, IpAddr)>;
+
+/// How long a finished test keeps its report for the client's `End`.
+const FORGET: Duration = Duration::from_secs(60);
+
+/// Forgets the tests whose client left without its `End`: finished more than [`FORGET`]
+/// ago, or the oldest finished beyond [`KEEP`]. A finished test is not forgotten at once: a
+/// `-b` measurement toward the client often finishes before the client's own test does,
+/// and the client's next request then came before that `End` (which got "no test N to
+/// end"). `done` holds when each test was first seen finished.
+fn forget_finished(tests: &mut Tests<'_>, done: &mut HashMap<u32, Instant>, now: Instant) {
+    for (id, (_, h, _)) in tests.iter() {
+        if h.is_finished() {
+            done.entry(*id).or_insert(now);
+        }
+    }
+    done.retain(|id, t| tests.contains_key(id) && now.saturating_duration_since(*t) < FORGET);
+    if done.len() > KEEP {
+        let mut by_age: Vec<(Instant, u32)> = done.iter().map(|(id, t)| (*t, *id)).collect();
+        by_age.sort_unstable();
+        for (_, id) in &by_age[..done.len() - KEEP] {
+            done.remove(id);
+        }
+    }
+    tests.retain(|id, (_, h, _)| !h.is_finished() || done.contains_key(id));
+}
 
 /// Scale sessions by id: the session and the client's address.
 type Sessions = HashMap<u32, (ScaleSession, IpAddr)>;
@@ -127,6 +152,7 @@ pub fn serve(
     let answered = &Answered::default();
     std::thread::scope(|s| {
         let mut tests: Tests = HashMap::new();
+        let mut done: HashMap<u32, Instant> = HashMap::new();
         let mut sessions: Sessions = HashMap::new();
         let mut next_id = 0u32;
         loop {
@@ -198,6 +224,7 @@ pub fn serve(
                         let _ = req.reject(&report);
                         continue;
                     }
+                    done.remove(&r.id);
                     match tests.remove(&r.id) {
                         Some((ctl, h, _)) => {
                             ctl.sent.store(r.count, Ordering::Release);
@@ -239,15 +266,16 @@ pub fn serve(
                     if o.log {
                         eprintln!("softrdma perf: {peer}: {test} {} octets", r.size);
                     }
-                    // Tests whose client left without its End.
-                    tests.retain(|_, (_, h, _)| !h.is_finished());
+                    forget_finished(&mut tests, &mut done, Instant::now());
                     sessions.retain(|_, (session, _)| !session.is_dead());
                     // One client (address) holds at most PER_PEER tests at once and all
                     // together at most KEEP: a peer that connects and idles cannot take the
                     // server from the others.
-                    let mine = tests.values().filter(|t| t.2 == peer.ip()).count()
+                    // Finished tests waiting for their End hold no more than a report.
+                    let running = || tests.values().filter(|t| !t.1.is_finished());
+                    let mine = running().filter(|t| t.2 == peer.ip()).count()
                         + sessions.values().filter(|t| t.1 == peer.ip()).count();
-                    let all = tests.len() + sessions.len();
+                    let all = running().count() + sessions.len();
                     if mine >= PER_PEER || all >= KEEP {
                         let why = format!(
                             "softrdma perf: busy ({mine} tests of {} running, {all} in all; at most {PER_PEER} per client and {KEEP} in all)",
@@ -295,6 +323,7 @@ pub fn serve(
                             }
                             report
                         });
+                        done.remove(&id);
                         tests.insert(id, (ctl, h, peer.ip()));
                         continue;
                     }
@@ -310,6 +339,7 @@ pub fn serve(
                         }
                         report
                     });
+                    done.remove(&id);
                     tests.insert(id, (ctl, h, peer.ip()));
                 }
             }
@@ -569,5 +599,74 @@ impl Served<'_> {
             )?;
             i += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finished test keeps its report for its `End` for [`FORGET`], while new tests
+    /// arrive; after that it is forgotten. A running test is never forgotten.
+    #[test]
+    fn a_finished_test_waits_for_its_end() {
+        std::thread::scope(|s| {
+            let ip = IpAddr::from([127, 0, 0, 1]);
+            let mut tests: Tests = HashMap::new();
+            let mut done = HashMap::new();
+            let stop = Arc::new(AtomicBool::new(false));
+            let report = |bw: Option<Bw>| EndReport {
+                bw,
+                ..EndReport::default()
+            };
+            let finished = s.spawn(move || report(None));
+            let st = stop.clone();
+            let running = s.spawn(move || {
+                while !st.load(Ordering::Acquire) {
+                    std::thread::park();
+                }
+                report(None)
+            });
+            while !finished.is_finished() {
+                std::thread::yield_now();
+            }
+            tests.insert(1, (Arc::default(), finished, ip));
+            tests.insert(2, (Arc::default(), running, ip));
+            let t0 = Instant::now();
+            forget_finished(&mut tests, &mut done, t0);
+            assert!(tests.contains_key(&1) && tests.contains_key(&2));
+            forget_finished(&mut tests, &mut done, t0 + FORGET / 2);
+            assert!(tests.contains_key(&1), "forgotten before FORGET");
+            forget_finished(&mut tests, &mut done, t0 + FORGET);
+            assert!(!tests.contains_key(&1), "kept past FORGET");
+            assert!(tests.contains_key(&2), "a running test was forgotten");
+            assert!(done.is_empty());
+            stop.store(true, Ordering::Release);
+            let (_, h, _) = tests.remove(&2).unwrap();
+            h.thread().unpark();
+            assert!(h.join().is_ok());
+        });
+    }
+
+    /// At most KEEP finished tests wait for their End: the oldest go first.
+    #[test]
+    fn finished_tests_beyond_keep_are_forgotten_oldest_first() {
+        std::thread::scope(|s| {
+            let ip = IpAddr::from([127, 0, 0, 1]);
+            let mut tests: Tests = HashMap::new();
+            let mut done = HashMap::new();
+            let t0 = Instant::now();
+            for id in 0..(KEEP as u32 + 3) {
+                let h = s.spawn(EndReport::default);
+                while !h.is_finished() {
+                    std::thread::yield_now();
+                }
+                tests.insert(id, (Arc::default(), h, ip));
+                forget_finished(&mut tests, &mut done, t0 + Duration::from_millis(id.into()));
+            }
+            assert_eq!(tests.len(), KEEP);
+            assert!((0..3).all(|id| !tests.contains_key(&id)));
+            assert!((3..KEEP as u32 + 3).all(|id| tests.contains_key(&id)));
+        });
     }
 }
