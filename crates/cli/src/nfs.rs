@@ -11,7 +11,7 @@ use std::time::Instant;
 use softrdma::{Device, RoceConfig};
 use softrdma_nfs::{FileType, Nfs3, NfsConfig, Proto};
 
-use crate::pcap_out::{PcapTap, with_pcap};
+use crate::pcap_out::{PcapTap, with_pcap_or_fail};
 use crate::verbs_util::{TransportArg, local_ip_toward};
 
 /// `softrdma nfs` arguments.
@@ -173,14 +173,8 @@ pub fn run(args: &NfsArgs) -> i32 {
         eprintln!("softrdma nfs: --pcap writes RDMA traffic: it goes with --proto rdma");
         return 2;
     }
-    with_pcap(args.pcap.as_deref(), "softrdma nfs", |tap| {
-        match run_op(args, tap) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("softrdma nfs: {e}");
-                1
-            }
-        }
+    with_pcap_or_fail(args.pcap.as_deref(), "softrdma nfs", |tap| {
+        run_op(args, tap)
     })
 }
 

@@ -17,7 +17,7 @@ use softrdma_nfs::server::{
 use softrdma_rpc::rdma::RdmaConfig;
 use softrdma_rpc::{Registry, Server, ServerConfig};
 
-use crate::pcap_out::{PcapTap, with_pcap};
+use crate::pcap_out::{PcapTap, with_pcap_or_fail};
 use crate::verbs_util::TransportArg;
 
 /// `softrdma nfsd` arguments.
@@ -66,15 +66,7 @@ pub fn run(a: &NfsdArgs) -> i32 {
         eprintln!("softrdma nfsd: --pcap writes RDMA traffic: drop --no-rdma");
         return 2;
     }
-    with_pcap(a.pcap.as_deref(), "softrdma nfsd", |tap| {
-        match serve(a, tap) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("softrdma nfsd: {e}");
-                1
-            }
-        }
-    })
+    with_pcap_or_fail(a.pcap.as_deref(), "softrdma nfsd", |tap| serve(a, tap))
 }
 
 fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {

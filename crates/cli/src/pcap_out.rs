@@ -203,6 +203,21 @@ pub fn with_pcap(
     }
 }
 
+/// [`with_pcap`] for a body that fails with a message: printed after `tool`, exit status 1.
+pub fn with_pcap_or_fail(
+    path: Option<&Path>,
+    tool: &str,
+    f: impl FnOnce(Option<&Arc<PcapTap>>) -> Result<(), String>,
+) -> i32 {
+    with_pcap(path, tool, |tap| match f(tap) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{tool}: {e}");
+            1
+        }
+    })
+}
+
 impl std::fmt::Debug for PcapTap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PcapTap").field("path", &self.path).finish()

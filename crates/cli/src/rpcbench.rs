@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use softrdma::{Context, Device, Listener, RoceConfig};
 
-use crate::pcap_out::{PcapTap, with_pcap};
+use crate::pcap_out::{PcapTap, with_pcap_or_fail};
 use softrdma_rpc::rdma::{RdmaConfig, RdmaTransport};
 use softrdma_rpc::tcp::TcpTransport;
 use softrdma_rpc::{
@@ -207,15 +207,7 @@ fn open_pair(t: TransportArg) -> Result<(Context, Context), String> {
 /// Runs `softrdma rpc bench`; the exit status.
 pub fn run(cmd: &RpcCmd) -> i32 {
     let RpcCmd::Bench(a) = cmd;
-    with_pcap(a.pcap.as_deref(), "softrdma rpc bench", |tap| {
-        match bench(a, tap) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("softrdma rpc bench: {e}");
-                1
-            }
-        }
-    })
+    with_pcap_or_fail(a.pcap.as_deref(), "softrdma rpc bench", |tap| bench(a, tap))
 }
 
 fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {

@@ -224,7 +224,6 @@ pub fn serve(
                         let _ = req.reject(&report);
                         continue;
                     }
-                    done.remove(&r.id);
                     match tests.remove(&r.id) {
                         Some((ctl, h, _)) => {
                             ctl.sent.store(r.count, Ordering::Release);
@@ -323,7 +322,6 @@ pub fn serve(
                             }
                             report
                         });
-                        done.remove(&id);
                         tests.insert(id, (ctl, h, peer.ip()));
                         continue;
                     }
@@ -339,7 +337,6 @@ pub fn serve(
                         }
                         report
                     });
-                    done.remove(&id);
                     tests.insert(id, (ctl, h, peer.ip()));
                 }
             }
@@ -605,33 +602,36 @@ impl Served<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::thread::Scope;
+
+    /// A test thread that has finished.
+    fn finished<'s>(s: &'s Scope<'s, '_>) -> ScopedJoinHandle<'s, EndReport> {
+        let h = s.spawn(EndReport::default);
+        while !h.is_finished() {
+            std::thread::yield_now();
+        }
+        h
+    }
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
     /// A finished test keeps its report for its `End` for [`FORGET`], while new tests
     /// arrive; after that it is forgotten. A running test is never forgotten.
     #[test]
     fn a_finished_test_waits_for_its_end() {
         std::thread::scope(|s| {
-            let ip = IpAddr::from([127, 0, 0, 1]);
             let mut tests: Tests = HashMap::new();
             let mut done = HashMap::new();
             let stop = Arc::new(AtomicBool::new(false));
-            let report = |bw: Option<Bw>| EndReport {
-                bw,
-                ..EndReport::default()
-            };
-            let finished = s.spawn(move || report(None));
             let st = stop.clone();
             let running = s.spawn(move || {
                 while !st.load(Ordering::Acquire) {
                     std::thread::park();
                 }
-                report(None)
+                EndReport::default()
             });
-            while !finished.is_finished() {
-                std::thread::yield_now();
-            }
-            tests.insert(1, (Arc::default(), finished, ip));
-            tests.insert(2, (Arc::default(), running, ip));
+            tests.insert(1, (Arc::default(), finished(s), IP));
+            tests.insert(2, (Arc::default(), running, IP));
             let t0 = Instant::now();
             forget_finished(&mut tests, &mut done, t0);
             assert!(tests.contains_key(&1) && tests.contains_key(&2));
@@ -652,16 +652,11 @@ mod tests {
     #[test]
     fn finished_tests_beyond_keep_are_forgotten_oldest_first() {
         std::thread::scope(|s| {
-            let ip = IpAddr::from([127, 0, 0, 1]);
             let mut tests: Tests = HashMap::new();
             let mut done = HashMap::new();
             let t0 = Instant::now();
             for id in 0..(KEEP as u32 + 3) {
-                let h = s.spawn(EndReport::default);
-                while !h.is_finished() {
-                    std::thread::yield_now();
-                }
-                tests.insert(id, (Arc::default(), h, ip));
+                tests.insert(id, (Arc::default(), finished(s), IP));
                 forget_finished(&mut tests, &mut done, t0 + Duration::from_millis(id.into()));
             }
             assert_eq!(tests.len(), KEEP);
