@@ -28,6 +28,9 @@ pub type TsharkFields = BTreeMap<u64, BTreeMap<String, Vec<String>>>;
 pub fn tshark_fields(file: &Path, filter: &str, fields: &[&str], extra: &[&str]) -> TsharkFields {
     let mut cmd = Command::new("tshark");
     cmd.arg("-n").arg("-r").arg(file).arg("-Y").arg(filter);
+    // Heuristic dissectors (MPA's among them) before port numbers: an ephemeral port that is
+    // another protocol's (44322, pmproxy) would otherwise take an iWARP stream from MPA.
+    cmd.args(["-o", "tcp.try_heuristic_first:TRUE"]);
     cmd.args(extra);
     cmd.args([
         "-T",
