@@ -10,6 +10,7 @@
 pub mod cm;
 pub mod endpoint;
 pub mod qp;
+mod reorder;
 pub mod requester;
 pub mod responder;
 

@@ -7,7 +7,8 @@
 //! so a failing seed replays exactly; corruption flips a bit of the UDP payload and is caught
 //! (and counted) by the receiving endpoint's ICRC check. Optionally every packet is logged
 //! ([`Sim::capture`]: what each side put on the wire and what was delivered) and chosen
-//! packets are dropped ([`Sim::drop_filter`]) for targeted fault injection.
+//! packets are dropped ([`Sim::drop_filter`]) or held back ([`Sim::delay_filter`]) for
+//! targeted fault injection.
 //!
 //! More QP pairs can share the two endpoints ([`Sim::add_pair`]): each side's QPs share its
 //! key table and registered buffer, the endpoints demultiplex by QP number, and any QP may
@@ -134,6 +135,9 @@ impl Rec {
 
 /// Decides per packet (sending side, packet) whether the network loses it.
 pub type DropFilter = Box<dyn FnMut(usize, &PacketRepr<'_>) -> bool>;
+
+/// Extra delay for a packet sent by side `from` (reordering it behind later ones).
+pub type DelayFilter = Box<dyn FnMut(usize, &PacketRepr<'_>) -> Duration>;
 
 struct InFlight {
     at: Instant,
@@ -398,6 +402,8 @@ pub struct Sim {
     pub log: Vec<Rec>,
     /// Packets for which this returns true are lost (counted in `stats.lost`).
     pub drop_filter: Option<DropFilter>,
+    /// Chosen packets are delayed by what it returns.
+    pub delay_filter: Option<DelayFilter>,
 }
 
 impl Sim {
@@ -489,6 +495,7 @@ impl Sim {
             capture: false,
             log: Vec::new(),
             drop_filter: None,
+            delay_filter: None,
         }
     }
 
@@ -572,6 +579,9 @@ impl Sim {
         let start = self.link_free[from].max(self.now);
         self.link_free[from] = start + self.per_packet;
         let mut at = start + self.per_packet + self.latency;
+        if let Some(filter) = &mut self.delay_filter {
+            at += filter(from, &p);
+        }
         if self.rng.random_bool(f.reorder) {
             self.stats.reordered += 1;
             at += Duration::from_nanos(self.rng.random_range(1_000..40_000));
