@@ -22,7 +22,8 @@
 #                                           ID" (reason 8) back within a second, both directions
 #   cm-lossy-{host,guest}-client            --cm-loss % loss (default 5) both ways: 20 rping connects in
 #                                           a row (MAD retries) each set up and verified, both roles
-#   lossy-rc_pingpong-...                   the RC pingpong cases with loss (see --loss): netem on the
+#   lossy-rc_pingpong-..., lossy-ib_*_bw-guest-server
+#                                           the RC pingpong and perftest cases with loss (see --loss): netem on the
 #                                           guest's egress, and an nft drop rule for host -> guest
 #                                           (needs `apt-get install nftables` on the host; the kernel
 #                                           has nf_tables built in even where it lacks sch_netem)
@@ -390,15 +391,15 @@ pp_cases() {  # PREFIX TIMEOUT
   done
 }
 
-perftest_cases() {
-  local t
+perftest_cases() {  # PREFIX TIMEOUT
+  local p=$1 to=$2 t
   for t in write read atomic; do
     if ! have_perf_roce; then
-      selected "ib_${t}_bw-guest-server" &&
-        record "ib_${t}_bw-guest-server" skip "softrdma perf has no --transport roce yet (command line to adjust)"
+      selected "$p""ib_${t}_bw-guest-server" &&
+        record "$p""ib_${t}_bw-guest-server" skip "softrdma perf has no --transport roce yet (command line to adjust)"
       continue
     fi
-    run_case "ib_${t}_bw-guest-server" check_perf --guest-first --wait-port "$OOB_PORT" --timeout "$PERF_TIMEOUT" \
+    run_case "$p""ib_${t}_bw-guest-server" check_perf --guest-first --wait-port "$OOB_PORT" --timeout "$to" \
       --guest "$(guest_perf "$t")" --host "$(host_perf "$t")"
   done
 }
@@ -431,6 +432,9 @@ lossy_cases() {
   if ! loss_on; then record "lossy (netem ${LOSS}%)" fail "could not set up the loss"; return; fi
   [ -n "$(command -v nft)" ] || NOTES+=("lossy cases: loss on guest -> host only (no nft on this host for host -> guest)")
   pp_cases "lossy-" "$LOSSY_TIMEOUT"
+  # Our requester against rxe's responder with loss both ways: multi-packet READs re-issued
+  # from the missing response (rxe replays them as Middle/Last), WRITE go-back, ATOMIC replay.
+  [ "$PERFTEST" = 1 ] && perftest_cases "lossy-" "$LOSSY_TIMEOUT"
   loss_off
 }
 
@@ -487,7 +491,7 @@ if start_vm; then
   else
     pp_cases "" "$PP_TIMEOUT"
     own_capture_case
-    [ "$PERFTEST" = 1 ] && perftest_cases
+    [ "$PERFTEST" = 1 ] && perftest_cases "" "$PERF_TIMEOUT"
     [ "$CM" = 1 ] && cm_cases
     [ "$CM" = 1 ] && [ "$LOSSY" = 1 ] && lossy_cm_cases
     [ "$LOSSY" = 1 ] && lossy_cases
