@@ -49,7 +49,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use buffer::{Buffer, BufferReadGuard, BufferWriteGuard, PAGE_SIZE};
+pub use buffer::{Buffer, BufferReadGuard, BufferWriteGuard, MAP_MIN, PAGE_SIZE, PageBuf};
 pub use error::{AccessError, IbNak, InvalidateError, MemError};
 pub use gather::{DEFAULT_MIN_REFERENCE, MAX_IOV, TxBuf, TxMark, TxSink};
 pub use key::{Access, Key, KeyState, MrFlags, MwType, PdId, QpId};

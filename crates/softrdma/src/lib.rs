@@ -99,7 +99,7 @@ pub use softrdma_iwarp::rdmap::{QpEvent, StreamCounters};
 pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
 pub use softrdma_memory::{
     Access, AccessError, Buffer, BufferReadGuard, BufferWriteGuard, Key, KeyState, MemError,
-    MrFlags, MwType, PdId, QpId,
+    MrFlags, MwType, PageBuf, PdId, QpId,
 };
 pub use softrdma_verbs_types::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,

@@ -9,37 +9,12 @@ use std::time::{Duration, Instant};
 use super::proto::{RawTest, raw_header};
 use super::stats::{Bw, Lat};
 use super::{Limit, PerfError};
-
-/// A page-aligned buffer without `unsafe`: a larger vector, used from its first page boundary.
-pub struct AlignedBuf {
-    v: Vec<u8>,
-    off: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    /// `len` zeroed octets starting on a 4096-octet boundary.
-    pub fn new(len: usize) -> AlignedBuf {
-        let v = vec![0u8; len + 4096];
-        let off = v.as_ptr().align_offset(4096).min(4096);
-        AlignedBuf { v, off, len }
-    }
-
-    /// The octets.
-    pub fn as_slice(&self) -> &[u8] {
-        &self.v[self.off..self.off + self.len]
-    }
-
-    /// The octets, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.v[self.off..self.off + self.len]
-    }
-}
+use softrdma::PageBuf;
 
 /// The raw server's side of a TCP test on `s` (its header read): bandwidth (`bw`) or
 /// ping-pong of `size`-octet messages.
 pub fn serve_test(s: &mut TcpStream, bw: bool, size: u32) -> io::Result<()> {
-    let mut buf = AlignedBuf::new(size.max(1) as usize);
+    let mut buf = PageBuf::zeroed(size.max(1) as usize);
     if bw {
         let mut total = 0u64;
         loop {
@@ -80,7 +55,7 @@ pub fn connect(addr: SocketAddr, test: RawTest, size: u32) -> io::Result<TcpStre
 /// confirmed it read every octet.
 pub fn bw(addr: SocketAddr, size: u32, limit: Limit) -> Result<Bw, PerfError> {
     let mut s = connect(addr, RawTest::TcpBw, size)?;
-    let mut buf = AlignedBuf::new(size as usize);
+    let mut buf = PageBuf::zeroed(size as usize);
     buf.as_mut_slice().fill(0xa5);
     let start = Instant::now();
     let mut iters = 0u64;
@@ -122,8 +97,8 @@ pub fn ping_pong(
     warmup: u64,
 ) -> Result<Vec<u64>, PerfError> {
     let mut s = connect(addr, RawTest::TcpLat, size)?;
-    let mut out = AlignedBuf::new(size.max(1) as usize);
-    let mut inb = AlignedBuf::new(size.max(1) as usize);
+    let mut out = PageBuf::zeroed(size.max(1) as usize);
+    let mut inb = PageBuf::zeroed(size.max(1) as usize);
     let n = size as usize;
     limit.sample(warmup, |i| {
         out.as_mut_slice()[0] = i as u8;

@@ -1,6 +1,6 @@
 //! `Buffer`: alignment, zeroing, copies, atomics.
 
-use crate::{Buffer, MemError, PAGE_SIZE};
+use crate::{Buffer, MAP_MIN, MemError, PAGE_SIZE};
 
 #[test]
 fn buffer_is_page_aligned_and_zeroed() {
@@ -79,4 +79,31 @@ fn adopted_vectors_come_back_without_a_copy() {
     // An aligned buffer comes back as its contents.
     let z = Buffer::from_vec(vec![5u8; 3000]);
     assert_eq!(Buffer::into_vec(z).unwrap(), vec![5u8; 3000]);
+}
+
+/// A large buffer is an anonymous mapping of its own (dropping it hands the memory back to the
+/// kernel) and behaves as any other buffer.
+#[test]
+fn large_buffers_are_mapped_from_the_kernel() {
+    for len in [MAP_MIN, (1 << 20) + 5] {
+        let b = Buffer::new(len);
+        let at = b.read().as_ptr() as usize;
+        assert_eq!(at % PAGE_SIZE, 0);
+        assert!(b.is_mapped(), "{len} octets");
+        assert!(b.read().iter().all(|&x| x == 0));
+        b.copy_in(len - 3, &[1, 2, 3]).unwrap();
+        assert_eq!(b.fetch_add(8, 5), Ok(0));
+        let v = Buffer::into_vec(b).unwrap();
+        assert_eq!(v.len(), len);
+        assert_eq!(&v[len - 3..], &[1, 2, 3]);
+        assert_eq!(v[8], 5);
+    }
+    // A small one stays on the heap.
+    assert!(!Buffer::new(MAP_MIN - 1).is_mapped());
+    // A large unaligned vector is copied into a mapping.
+    let data: Vec<u8> = (0..MAP_MIN + 7).map(|i| (i % 251) as u8).collect();
+    let b = Buffer::from_vec(data.clone());
+    assert!(b.is_mapped());
+    assert_eq!(b.read().as_ptr() as usize % PAGE_SIZE, 0);
+    assert_eq!(&b.read()[..], &data[..]);
 }
