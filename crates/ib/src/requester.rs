@@ -1095,19 +1095,29 @@ impl Requester {
         }
     }
 
-    /// Places one ATOMIC result, in order or early; false if the queue failed. A response
-    /// that cannot be placed fails the queue from its front, which keeps completions in order
-    /// (the QP goes to the Error state either way).
-    fn atomic_response(&mut self, pkt: &PacketRepr<'_>, psn: u32) -> bool {
+    /// Before a response at `psn` is placed: one too far ahead to keep is only counted (as
+    /// evidence of a gap), one already placed is a duplicate. `Some(ok)` when there is
+    /// nothing to place.
+    fn screen(&mut self, psn: u32) -> Option<bool> {
         let ahead = psn_diff(psn, self.una) as u32;
         if ahead >= MAX_AHEAD {
             self.reorder.other();
             self.gap_check();
-            return !self.error;
+            return Some(!self.error);
         }
         if self.reorder.has(ahead) {
             self.counters.stale_responses += 1;
-            return true;
+            return Some(true);
+        }
+        None
+    }
+
+    /// Places one ATOMIC result, in order or early; false if the queue failed. A response
+    /// that cannot be placed fails the queue from its front, which keeps completions in order
+    /// (the QP goes to the Error state either way).
+    fn atomic_response(&mut self, pkt: &PacketRepr<'_>, psn: u32) -> bool {
+        if let Some(ok) = self.screen(psn) {
+            return ok;
         }
         let (Some(i), Some(ack)) = (self.owner(psn), pkt.atomic_ack_eth) else {
             self.fail(WcStatus::BadResponse);
@@ -1134,15 +1144,8 @@ impl Requester {
     /// Places one READ response at its offset, in order or early; false if the queue failed.
     fn read_response(&mut self, pkt: &PacketRepr<'_>, psn: u32) -> bool {
         let pmtu = self.cfg.pmtu;
-        let ahead = psn_diff(psn, self.una) as u32;
-        if ahead >= MAX_AHEAD {
-            self.reorder.other();
-            self.gap_check();
-            return !self.error;
-        }
-        if self.reorder.has(ahead) {
-            self.counters.stale_responses += 1;
-            return true;
+        if let Some(ok) = self.screen(psn) {
+            return ok;
         }
         let Some(i) = self.owner(psn) else {
             self.fail(WcStatus::BadResponse);

@@ -7,10 +7,9 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{Faults, Setup, Sim, pattern};
+use sim::{Faults, Setup, Sim, pattern, summary};
 use softrdma_ib::{
     PostError, QpAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion,
 };
 use softrdma_memory::{Access, Buffer, Key, PdId};
 use softrdma_wire::ib::{
@@ -24,10 +23,6 @@ fn rc(setup: &Setup, faults: Faults, seed: u64) -> Sim {
     let mut s = Sim::new(QpType::Rc, REGION, setup, faults, seed);
     s.capture = true;
     s
-}
-
-fn summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
-    wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
 }
 
 /// Local ACK timeout of `Setup::timeout` (4.096 µs × 2^t).

@@ -6,10 +6,10 @@ mod sim;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sim::{Faults, Node, Setup, Sim, pattern};
+use sim::{Faults, Node, Setup, Sim, pattern, summary};
 use softrdma_ib::{
     HeaderCounters, ModifyError, PostError, QpAttr, QpState, QpType, RecvWr, SendWr, Sge, UdDest,
-    WcOpcode, WcStatus, WorkCompletion,
+    WcOpcode, WcStatus,
 };
 use softrdma_memory::Access;
 use softrdma_wire::ib::{BthRepr, DethRepr, Opcode, Operation, PacketRepr, RdethRepr, Service};
@@ -17,10 +17,6 @@ use softrdma_wire::ib::{BthRepr, DethRepr, Opcode, Operation, PacketRepr, RdethR
 use QpState::*;
 
 const STATES: [QpState; 6] = [Reset, Init, Rtr, Rts, Sqd, Error];
-
-fn summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
-    wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
-}
 
 /// Every attribute, valid, with `state`.
 fn full(state: QpState) -> QpAttr {

@@ -5,10 +5,8 @@ mod sim;
 
 use std::sync::Arc;
 
-use sim::{Faults, Node, Setup, Sim, connect, pattern};
-use softrdma_ib::{
-    IbQp, QpCaps, QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
-};
+use sim::{Faults, Node, Setup, Sim, connect, pattern, summary};
+use softrdma_ib::{IbQp, QpCaps, QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus};
 use softrdma_memory::{Access, Buffer, KeyTable, PdId, QpId};
 use softrdma_wire::ib::{
     BthRepr, IethRepr, Opcode, Operation, PacketRepr, RethRepr, psn_add, psn_diff,
@@ -18,10 +16,6 @@ fn rc(setup: &Setup, seed: u64) -> Sim {
     let mut s = Sim::new(QpType::Rc, 1 << 20, setup, Faults::default(), seed);
     s.capture = true;
     s
-}
-
-fn summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
-    wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
 }
 
 /// What side `from` put on the wire: (operation, PSN, payload length).

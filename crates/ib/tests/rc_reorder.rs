@@ -8,8 +8,8 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{Faults, Setup, Sim, pattern};
-use softrdma_ib::{QpType, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
+use sim::{Faults, Setup, Sim, pattern, summary};
+use softrdma_ib::{QpType, SendWr, Sge, WcOpcode, WcStatus};
 use softrdma_wire::ib::{Operation, RethRepr, psn_add};
 
 fn rc(seed: u64) -> Sim {
@@ -22,10 +22,6 @@ fn rc(seed: u64) -> Sim {
     );
     s.capture = true;
     s
-}
-
-fn summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
-    wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
 }
 
 /// The READ requests side 0 put on the wire: (PSN, RETH).

@@ -4,8 +4,8 @@
 
 mod sim;
 
-use sim::{Faults, Setup, Sim, pattern};
-use softrdma_ib::{PostError, QpType, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
+use sim::{Faults, Setup, Sim, pattern, summary};
+use softrdma_ib::{PostError, QpType, RecvWr, SendWr, Sge, WcOpcode, WcStatus};
 use softrdma_memory::Key;
 use softrdma_wire::ib::{Operation, Service};
 
@@ -21,10 +21,6 @@ fn uc(seed: u64) -> Sim {
     );
     s.capture = true;
     s
-}
-
-fn summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
-    wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
 }
 
 /// No UC packet ever goes from the responder back to the requester.

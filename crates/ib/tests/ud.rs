@@ -4,10 +4,8 @@
 
 mod sim;
 
-use sim::{ADDR, Faults, Setup, Sim, pattern};
-use softrdma_ib::{
-    PostError, QpType, RecvWr, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
-};
+use sim::{ADDR, Faults, Setup, Sim, pattern, summary};
+use softrdma_ib::{PostError, QpType, RecvWr, SendWr, Sge, UdDest, WcOpcode, WcStatus};
 use softrdma_wire::ib::{BthRepr, DethRepr, Opcode, Operation, PacketRepr};
 
 const PMTU: usize = 1024;
@@ -31,10 +29,6 @@ fn to_b(qkey: u32) -> UdDest {
         remote_qpn: 0x22,
         remote_qkey: qkey,
     }
-}
-
-fn summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
-    wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
 }
 
 /// A UD SEND Only to side 1 as another node would send it.

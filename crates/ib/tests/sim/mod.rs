@@ -26,7 +26,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softrdma_ib::{
     DropReason, IbQp, QpAttr, QpCaps, QpState, QpType, RoceEndpoint, SharedRecvQueue, SocketKind,
-    Transmit, UdDest, WorkCompletion,
+    Transmit, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId};
 use softrdma_wire::ib::{Opcode, PacketRepr, RethRepr, Syndrome};
@@ -757,4 +757,9 @@ impl Sim {
         }
         panic!("still busy after {max} events");
     }
+}
+
+/// Completions as (wr_id, status, opcode), for comparing.
+pub fn summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
+    wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
 }
