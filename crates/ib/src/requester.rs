@@ -934,14 +934,8 @@ impl Requester {
         if psn_diff(psn, self.una) < 0 || psn_diff(psn, self.max_sent) >= 0 {
             // An ACK/NAK for una − 1 is a harmless duplicate; anything else is stale too.
             self.counters.stale_responses += 1;
-            if matches!(
-                op.operation(),
-                Operation::RdmaReadResponseFirst
-                    | Operation::RdmaReadResponseMiddle
-                    | Operation::RdmaReadResponseLast
-                    | Operation::RdmaReadResponseOnly
-                    | Operation::AtomicAcknowledge
-            ) {
+            // A READ response or ATOMIC result again: was the last go-back needed?
+            if op.operation().is_response() && op.operation() != Operation::Acknowledge {
                 self.reorder.duplicate(psn);
             }
             return;
@@ -1077,9 +1071,12 @@ impl Requester {
         }
     }
 
-    /// The READ or ATOMIC request that owns response PSN `psn`, by index in `sq`.
-    fn owner(&self, psn: u32) -> Option<usize> {
-        self.sq.iter().position(|w| w.contains(psn))
+    /// The request that owns response PSN `psn`, if it is of the kind `is` accepts.
+    fn owner(&self, psn: u32, is: impl Fn(&WrOpcode) -> bool) -> Option<&Wqe> {
+        self.sq
+            .iter()
+            .find(|w| w.contains(psn))
+            .filter(|w| is(&w.op))
     }
 
     /// Records a READ response or ATOMIC result placed at `psn`: at `una` it moves `una` on
@@ -1119,19 +1116,16 @@ impl Requester {
         if let Some(ok) = self.screen(psn) {
             return ok;
         }
-        let (Some(i), Some(ack)) = (self.owner(psn), pkt.atomic_ack_eth) else {
+        let atomic = |op: &WrOpcode| {
+            matches!(
+                op,
+                WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. }
+            )
+        };
+        let (Some(w), Some(ack)) = (self.owner(psn, atomic), pkt.atomic_ack_eth) else {
             self.fail(WcStatus::BadResponse);
             return false;
         };
-        let w = &self.sq[i];
-        let atomic = matches!(
-            w.op,
-            WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. }
-        );
-        if !atomic {
-            self.fail(WcStatus::BadResponse);
-            return false;
-        }
         // The original value lands in host order, as verbs users read it.
         if let Err(s) = w.data.scatter_wc(0, &ack.orig_remote_data.to_ne_bytes()) {
             self.fail(s);
@@ -1147,15 +1141,10 @@ impl Requester {
         if let Some(ok) = self.screen(psn) {
             return ok;
         }
-        let Some(i) = self.owner(psn) else {
+        let Some(w) = self.owner(psn, |op| matches!(op, WrOpcode::RdmaRead { .. })) else {
             self.fail(WcStatus::BadResponse);
             return false;
         };
-        let w = &self.sq[i];
-        if !matches!(w.op, WrOpcode::RdmaRead { .. }) {
-            self.fail(WcStatus::BadResponse);
-            return false;
-        }
         let off = psn_diff(psn, w.first_psn) as u32 * pmtu;
         let remaining = w.len - off.min(w.len);
         let op = pkt.bth.opcode.operation();

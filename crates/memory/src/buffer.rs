@@ -59,6 +59,7 @@ impl PageBuf {
         }
     }
 
+    /// `raw` itself, neither copied nor aligned (an adopted or already aligned vector).
     fn heap(raw: Vec<u8>) -> PageBuf {
         let len = raw.len();
         PageBuf {
