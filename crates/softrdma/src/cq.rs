@@ -23,7 +23,7 @@ use softrdma_verbs_types::{WcStatus, WorkCompletion};
 
 use crate::Error;
 use crate::event::{AsyncEvent, EventQueue};
-use crate::leader::{STAND_DOWN, Waiter};
+use crate::leader::{FLOW_POLL, STAND_DOWN, Waiter};
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -96,6 +96,12 @@ impl Spin {
         }
     }
 
+    /// How long a wait polls after each arrival while data flows: the longest poll, adaptive
+    /// or fixed (`Off`: never; a caller who asked to sleep at once sleeps).
+    fn flow(&self) -> Duration {
+        Duration::from_nanos(self.max_ns.load(Ordering::Relaxed))
+    }
+
     /// How long this wait polls.
     fn now(&self) -> Duration {
         Duration::from_nanos(if self.adaptive.load(Ordering::Relaxed) {
@@ -158,11 +164,13 @@ pub(crate) trait Progress: Send + Sync {
     fn progress(&self, cq: &CqShared);
     /// Blocks on the driver's sockets until `done()`, `until`, or a wake, running what
     /// arrives — polling without sleeping for the first `spin` (hybrid wait, as
-    /// `SO_BUSY_POLL`); `false` when another thread drives (then wait on the CQ).
+    /// `SO_BUSY_POLL`) and for `flow` after each arrival (see `Leader::flowing`); `false`
+    /// when another thread drives (then wait on the CQ).
     fn block(
         &self,
         waiter: Weak<dyn Waiter>,
         spin: Duration,
+        flow: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
     ) -> bool;
@@ -478,7 +486,7 @@ impl Cq {
                 q.io_waiters.fetch_add(1, Ordering::AcqRel);
                 let w: Weak<dyn Waiter> = Arc::downgrade(q) as Weak<dyn Waiter>;
                 let t0 = Instant::now();
-                let drove = d.block(w, spin, Some(deadline), &|| q.has_entries());
+                let drove = d.block(w, spin, q.spin.flow(), Some(deadline), &|| q.has_entries());
                 q.io_waiters.fetch_sub(1, Ordering::AcqRel);
                 if drove {
                     q.spin.learn(spin, q.has_entries().then(|| t0.elapsed()));
@@ -759,7 +767,7 @@ impl CompletionChannel {
             if let [d] = drivers.as_slice() {
                 ch.io_waiters.fetch_add(1, Ordering::AcqRel);
                 let w: Weak<dyn Waiter> = Arc::downgrade(ch) as Weak<dyn Waiter>;
-                let drove = d.block(w, Duration::ZERO, deadline, &|| {
+                let drove = d.block(w, Duration::ZERO, FLOW_POLL, deadline, &|| {
                     !ch.state.lock().events.is_empty()
                 });
                 ch.io_waiters.fetch_sub(1, Ordering::AcqRel);

@@ -34,6 +34,21 @@ pub(crate) const STAND_DOWN: Duration = Duration::from_millis(1);
 /// How long a caller waits for the kicked background thread to hand the slot over.
 const HANDOVER: Duration = Duration::from_millis(20);
 
+/// How long the background thread keeps polling after a turn that handled something
+/// (callers bring their CQ's busy poll instead; see [`Leader::drive`]).
+pub(crate) const FLOW_POLL: Duration = Duration::from_micros(50);
+
+/// What one turn with the slot did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// It handled something that arrived: more is likely on its way.
+    Worked,
+    /// Nothing arrived before its deadline, or only a wake.
+    Idle,
+    /// The context is gone.
+    Stop,
+}
+
 /// The slot and the bookkeeping of who wants it.
 pub(crate) struct Leader<S> {
     slot: Mutex<S>,
@@ -46,6 +61,10 @@ pub(crate) struct Leader<S> {
     /// CQs whose waiters found the slot held by another caller: told when it is free.
     pending: Mutex<Vec<Weak<dyn Waiter>>>,
     bg: OnceLock<Thread>,
+    /// Until when the holder polls instead of sleeping (nanoseconds after `base`; see
+    /// [`Leader::flowing`]). Only the holder writes it.
+    flow_until: AtomicU64,
+    base: Instant,
 }
 
 fn thread_key() -> u64 {
@@ -68,6 +87,8 @@ impl<S> Leader<S> {
             holder: AtomicU64::new(0),
             pending: Mutex::new(Vec::new()),
             bg: OnceLock::new(),
+            flow_until: AtomicU64::new(0),
+            base: Instant::now(),
         }
     }
 
@@ -92,12 +113,35 @@ impl<S> Leader<S> {
         self.want.load(Ordering::Acquire) > 0
     }
 
-    /// One turn of the background thread: `turn` with the slot unless callers drive (then
-    /// it parks for [`STAND_DOWN`] and `idle` runs, for timers). Returns `false` when
-    /// `turn` says to stop.
+    fn nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
+    /// Data flowed within the last flow poll: the next turn polls rather than sleeps.
+    ///
+    /// A stream arriving in pieces (a large Read's responses, a Write's segments) would
+    /// otherwise put the reader to sleep between pieces, and every piece would pay a
+    /// wake-up on another core, which costs the sender more than the piece (in a VM, an
+    /// IPI): KVM's halt polling, applied to a socket instead of a CQ.
+    fn flowing(&self, now: Instant) -> bool {
+        self.nanos(now) < self.flow_until.load(Ordering::Relaxed)
+    }
+
+    /// Records what a turn did: one that handled something starts a flow poll of `poll`.
+    fn note(&self, t: Turn, poll: Duration) {
+        if t == Turn::Worked && !poll.is_zero() {
+            let until = self.nanos(Instant::now() + poll);
+            self.flow_until.store(until, Ordering::Relaxed);
+        }
+    }
+
+    /// One turn of the background thread: `turn(slot, until)` with the slot unless callers
+    /// drive (then it parks for [`STAND_DOWN`] and `idle` runs, for timers). `until` is
+    /// now while data flows ([`FLOW_POLL`]: a poll), else `None` (the turn's own wait).
+    /// Returns `false` when `turn` says to stop.
     pub(crate) fn background(
         &self,
-        turn: impl FnOnce(&mut S) -> bool,
+        turn: impl FnOnce(&mut S, Option<Instant>) -> Turn,
         idle: impl FnOnce() -> bool,
     ) -> bool {
         if self.standing_down() {
@@ -109,11 +153,14 @@ impl<S> Leader<S> {
             return idle();
         };
         self.bg_holds.store(true, Ordering::Release);
-        let go_on = self.hold(&mut slot, turn);
+        let now = Instant::now();
+        let poll = self.flowing(now).then_some(now);
+        let t = self.hold(&mut slot, |s| turn(s, poll));
+        self.note(t, FLOW_POLL);
         self.bg_holds.store(false, Ordering::Release);
         drop(slot);
         self.release();
-        go_on
+        t != Turn::Stop
     }
 
     fn hold<R>(&self, slot: &mut MutexGuard<'_, S>, f: impl FnOnce(&mut S) -> R) -> R {
@@ -133,17 +180,21 @@ impl<S> Leader<S> {
 
     /// A caller waiting on `waiter` (a CQ or a channel) drives the transport until `done()`, `until` or a wake:
     /// `turn(slot, until)` blocks on the sockets at most until then and runs what arrived.
-    /// `kick` interrupts the holder's wait. Returns `false` when another caller holds the
-    /// slot: that caller runs everything, and this one waits on its CQ (it is told when the
-    /// slot is free).
+    /// The first `spin` of the wait polls (non-blocking turns), and so does each `flow`
+    /// after a turn that handled something ([`Leader::flowing`]; zero: never). `kick`
+    /// interrupts the holder's wait. Returns `false` when another caller holds the slot:
+    /// that caller runs everything, and this one waits on its CQ (it is told when the slot
+    /// is free).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn drive(
         &self,
         waiter: Weak<dyn Waiter>,
         spin: Duration,
+        flow: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
         kick: impl Fn(),
-        mut turn: impl FnMut(&mut S, Option<Instant>),
+        mut turn: impl FnMut(&mut S, Option<Instant>) -> Turn,
     ) -> bool {
         self.want.fetch_add(1, Ordering::AcqRel);
         let slot = match self.slot.try_lock() {
@@ -175,8 +226,10 @@ impl<S> Leader<S> {
                 if done() || until.is_some_and(|u| now >= u) {
                     break;
                 }
-                // Non-blocking turns first, then sleeping ones.
-                turn(s, if now < spin_end { Some(now) } else { until });
+                // Non-blocking turns first, then sleeping ones, unless data flows.
+                let poll = now < spin_end || (!flow.is_zero() && self.flowing(now));
+                let t = turn(s, if poll { Some(now) } else { until });
+                self.note(t, flow);
             }
         });
         self.want.fetch_sub(1, Ordering::AcqRel);
@@ -221,5 +274,97 @@ impl WakePipe {
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.reader.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::{Cell, RefCell};
+    use std::sync::Arc;
+
+    struct NoWaiter;
+    impl Waiter for NoWaiter {
+        fn notify(&self) {}
+    }
+
+    fn waiter() -> (Arc<NoWaiter>, Weak<dyn Waiter>) {
+        let w = Arc::new(NoWaiter);
+        let weak: Weak<dyn Waiter> = Arc::downgrade(&w) as Weak<dyn Waiter>;
+        (w, weak)
+    }
+
+    /// Drives with `flow` until the first blocking turn after an arrival; returns the
+    /// turns' deadlines (`true`: a poll) and the time from the arrival to that turn.
+    fn drive_after_arrival(flow: Duration) -> (Vec<bool>, Duration) {
+        let l = Leader::new(());
+        let (_w, weak) = waiter();
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        let polls = RefCell::new(Vec::new());
+        let arrived = Cell::new(None::<Instant>);
+        let blocked_after = Cell::new(None::<Duration>);
+        let done = || blocked_after.get().is_some();
+        assert!(l.drive(weak, Duration::ZERO, flow, Some(deadline), &done, || {}, |_, until| {
+            let poll = until != Some(deadline);
+            polls.borrow_mut().push(poll);
+            match arrived.get() {
+                None => {
+                    arrived.set(Some(Instant::now()));
+                    Turn::Worked
+                }
+                Some(at) => {
+                    if !poll {
+                        blocked_after.set(Some(at.elapsed()));
+                    }
+                    Turn::Idle
+                }
+            }
+        }));
+        (polls.into_inner(), blocked_after.get().expect("a blocking turn"))
+    }
+
+    #[test]
+    fn an_arrival_makes_the_caller_poll_for_the_flow_then_sleep() {
+        let flow = Duration::from_millis(2);
+        let (polls, after) = drive_after_arrival(flow);
+        assert!(!polls[0], "the first turn may sleep: nothing flowed yet");
+        assert!(polls.len() > 2, "turns after the arrival poll: {polls:?}");
+        assert!(polls[1..polls.len() - 1].iter().all(|&p| p));
+        assert!(after >= flow, "slept {after:?} after the arrival, before the flow ended");
+    }
+
+    #[test]
+    fn without_a_flow_the_caller_sleeps_right_after_an_arrival() {
+        let (polls, _) = drive_after_arrival(Duration::ZERO);
+        assert_eq!(polls, [false, false]);
+    }
+
+    #[test]
+    fn the_background_thread_polls_while_data_flows() {
+        let l = Leader::new(());
+        let mut seen = Vec::new();
+        assert!(l.background(
+            |_, until| {
+                seen.push(until.is_some());
+                Turn::Idle
+            },
+            || true
+        ));
+        // A caller's turn handled something, with a flow far longer than this test.
+        l.note(Turn::Worked, Duration::from_secs(3600));
+        assert!(l.background(
+            |_, until| {
+                seen.push(until.is_some());
+                Turn::Worked
+            },
+            || true
+        ));
+        assert!(!l.background(|_, _| Turn::Stop, || true));
+        assert_eq!(seen, [false, true]);
+        // An idle turn ends no flow and starts none; a flow of zero starts none.
+        let fresh = Leader::new(());
+        fresh.note(Turn::Idle, Duration::from_secs(3600));
+        fresh.note(Turn::Worked, Duration::ZERO);
+        assert!(!fresh.flowing(Instant::now()));
     }
 }

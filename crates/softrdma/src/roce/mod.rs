@@ -50,7 +50,7 @@ pub(crate) mod cm;
 use crate::Error;
 use crate::cq::{CqShared, Progress, Pushed};
 use crate::event::EventQueue;
-use crate::leader::{Leader, Waiter, WakePipe};
+use crate::leader::{Leader, Turn, Waiter, WakePipe};
 use crate::state::QpCounters;
 use crate::tap::{Direction, TapSlot, Tapped};
 
@@ -946,12 +946,14 @@ impl Progress for RoceShared {
         &self,
         waiter: Weak<dyn Waiter>,
         spin: Duration,
+        flow: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
     ) -> bool {
         self.leader.drive(
             waiter,
             spin,
+            flow,
             until,
             done,
             || self.wake_pipe.signal(),
@@ -992,9 +994,9 @@ fn rx_loop(weak: Weak<RoceShared>) {
             return;
         }
         d.leader.background(
-            |_| {
-                d.turn(Some(Instant::now() + IDLE_WAIT), Hold::Nothing);
-                true
+            |_, until| {
+                let until = until.unwrap_or_else(|| Instant::now() + IDLE_WAIT);
+                d.turn(Some(until), Hold::Nothing)
             },
             || {
                 d.run_timers(Instant::now());
@@ -1007,7 +1009,7 @@ fn rx_loop(weak: Weak<RoceShared>) {
 impl RoceShared {
     /// One turn with the slot: fire due timers, wait on the socket (and the wake pipe) until
     /// the next timer or `until`, read and process what arrived (`hold`: a caller's turn).
-    fn turn(&self, until: Option<Instant>, hold: Hold) {
+    fn turn(&self, until: Option<Instant>, hold: Hold) -> Turn {
         let now = Instant::now();
         let mut wait = self.run_timers(now);
         if let Some(u) = until {
@@ -1020,19 +1022,23 @@ impl RoceShared {
         ];
         let ready = poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0);
         if ready == 0 {
-            return;
+            return Turn::Idle;
         }
         if fds[1].any().unwrap_or(false) {
             self.wake_pipe.clear();
         }
         if fds[0].any().unwrap_or(false) {
             let _g = self.rx_lock.lock();
-            CALLER_RX.with(|c| {
+            let n = CALLER_RX.with(|c| {
                 let mut c = c.borrow_mut();
                 let rx = self.rx_bufs(&mut c);
-                self.drain_socket(rx, hold);
+                self.drain_socket(rx, hold)
             });
+            if n > 0 {
+                return Turn::Worked;
+            }
         }
+        Turn::Idle
     }
 }
 

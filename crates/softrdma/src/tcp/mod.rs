@@ -215,20 +215,20 @@ impl Progress for TcpShared {
         &self,
         waiter: Weak<dyn Waiter>,
         spin: Duration,
+        flow: Duration,
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
     ) -> bool {
         self.leader.drive(
             waiter,
             spin,
+            flow,
             until,
             done,
             || {
                 let _ = self.waker.wake();
             },
-            |slot, until| {
-                progress::turn(self, slot, until);
-            },
+            |slot, until| progress::turn(self, slot, until),
         )
     }
 

@@ -39,6 +39,8 @@ use softrdma_verbs_types::{
     CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::leader::Turn;
+
 use super::{
     Cmd, DeviceStats, HalfOpen, ListenerShared, PendingRequest, Reply, SqItem, TcpQp, TcpShared,
     emss, prepare_stream,
@@ -217,8 +219,8 @@ impl Driver {
 }
 
 /// One turn with the slot: wait on the sockets at most until `until` (and the next timer),
-/// then run everything that is ready. `false` when the context is gone.
-pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> bool {
+/// then run everything that is ready.
+pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> Turn {
     let now = Instant::now();
     let mut timeout = ctx.driver.lock().timeout(now);
     if let Some(u) = until {
@@ -229,11 +231,12 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
         && e.kind() != io::ErrorKind::Interrupted
     {
         shut_down(ctx);
-        return false;
+        return Turn::Stop;
     }
     if !ctx.alive.load(Ordering::Acquire) {
-        return false;
+        return Turn::Stop;
     }
+    let mut worked = Turn::Idle;
     let mut d = ctx.driver.lock();
     let now = Instant::now();
     d.commands(ctx, now);
@@ -243,6 +246,7 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
         if t == WAKER {
             continue;
         }
+        worked = Turn::Worked;
         if d.listeners.contains_key(&t) {
             d.accept_all(ctx, t, now);
         } else if d.dialing.contains_key(&t) {
@@ -256,7 +260,7 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
         }
     }
     d.rest(ctx);
-    true
+    worked
 }
 
 /// What a turn does besides socket events: connections with more to read, timers, reaping,
@@ -277,7 +281,7 @@ pub(crate) fn run(ctx: Weak<TcpShared>) {
             return;
         }
         let go_on = c.leader.background(
-            |slot| turn(&c, slot, None),
+            |slot, until| turn(&c, slot, until),
             || {
                 idle(&c);
                 true
