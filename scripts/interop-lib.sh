@@ -24,12 +24,30 @@ cap_stop() { [ -n "$CAP" ] && { sleep 0.3; kill -INT "$CAP" 2>/dev/null; wait "$
 decode_check() {
   local log=$OUT/$1.decode dropped bad gaps
   "$BIN" decode --strict "$OUT/$1.pcap" >"$log" 2>&1 && return 0
-  dropped=$(sed -n 's/^\([0-9]*\) packets\? dropped by kernel/\1/p' "$OUT/tcpdump.log")
+  dropped=$(tcpdump_drops "$OUT/tcpdump.log")
   if only_capture_gaps "$log" "$dropped"; then
     NOTES+=("$1: capture incomplete (tcpdump dropped $dropped packets), decode saw only TCP gaps")
     return 0
   fi
   return 1
+}
+# tcpdump_drops TCPDUMP-LOG: the packets tcpdump says the kernel dropped (0: none, or no log).
+tcpdump_drops() {
+  local n
+  n=$(sed -n 's/^\([0-9]*\) packets\? dropped by kernel/\1/p' "$1" 2>/dev/null | tail -1)
+  echo "${n:-0}"
+}
+# case_drops CASE-LOG: tcpdump_drops of the interop.sh run whose logs the case's log names.
+case_drops() {
+  tcpdump_drops "$(sed -n 's/.*logs in \(.*\)$/\1/p' "$1" | tail -1)/tcpdump.log"
+}
+# fewer_by_drops NAME OURS BRIDGE DROPPED PER: our own capture holds OURS messages, the bridge's
+# BRIDGE; they may differ only when tcpdump dropped packets, by at most PER messages per dropped
+# packet (0: any number, a TCP stream's segments hold several), and that is a note.
+fewer_by_drops() {
+  [ "$2" -gt 0 ] && [ "$4" -gt 0 ] && [ "$3" -lt "$2" ] || return 1
+  [ "$5" = 0 ] || [ $(($2 - $3)) -le $(($4 * $5)) ] || return 1
+  NOTES+=("$1: the bridge's capture holds $3 of our $2 messages (tcpdump dropped $4 packets)")
 }
 # only_capture_gaps DECODE-LOG DROPPED: tcpdump dropped packets and every message the decoder
 # counted as an error is one of the TCP gaps it reported (one line per gap; decoding resumes

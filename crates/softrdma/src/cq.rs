@@ -11,7 +11,7 @@ use std::future::{Future, poll_fn};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -23,111 +23,10 @@ use softrdma_verbs_types::{WcStatus, WorkCompletion};
 
 use crate::Error;
 use crate::event::{AsyncEvent, EventQueue};
-use crate::leader::{FLOW_POLL, STAND_DOWN, Waiter};
+pub use crate::leader::{BusyPoll, DEFAULT_BUSY_POLL};
+use crate::leader::{FLOW_POLL, STAND_DOWN, Spin, Waiter};
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
-
-/// How [`Cq::wait`] polls before it sleeps ([`Cq::set_busy_poll`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BusyPoll {
-    /// Sleep at once.
-    Off,
-    /// Poll this long, then sleep (as Linux's `SO_BUSY_POLL`): a completion arriving within
-    /// it costs no wake-up, at the price of that much CPU per wait that finds nothing.
-    Fixed(Duration),
-    /// Poll about as long as the last completions took to come, never longer than `max`,
-    /// then sleep — KVM's halt polling applied to a CQ. A ping-pong whose answers come
-    /// within `max` stops sleeping (a wake-up on an idle core costs more than the answer
-    /// takes); a queue whose completions come rarely goes back to sleeping at once.
-    Adaptive {
-        /// The longest poll.
-        max: Duration,
-    },
-}
-
-/// What a new [`Cq`] does: adaptive, up to 50 µs (a few loopback round trips).
-pub const DEFAULT_BUSY_POLL: BusyPoll = BusyPoll::Adaptive {
-    max: Duration::from_micros(50),
-};
-
-/// The first adaptive poll after a sleep that a poll would have saved.
-const GROW_START: Duration = Duration::from_micros(4);
-
-/// The busy-poll setting and, when adaptive, the current poll (nanoseconds).
-struct Spin {
-    /// Fixed: the poll; adaptive: the longest.
-    max_ns: AtomicU64,
-    adaptive: AtomicBool,
-    /// Adaptive: the poll now.
-    cur_ns: AtomicU64,
-}
-
-impl Spin {
-    fn new(mode: BusyPoll) -> Spin {
-        let s = Spin {
-            max_ns: AtomicU64::new(0),
-            adaptive: AtomicBool::new(false),
-            cur_ns: AtomicU64::new(0),
-        };
-        s.set(mode);
-        s
-    }
-
-    fn set(&self, mode: BusyPoll) {
-        let ns = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
-        let (max, adaptive) = match mode {
-            BusyPoll::Off => (0, false),
-            BusyPoll::Fixed(d) => (ns(d), false),
-            BusyPoll::Adaptive { max } => (ns(max), true),
-        };
-        self.max_ns.store(max, Ordering::Relaxed);
-        self.cur_ns.store(0, Ordering::Relaxed);
-        self.adaptive.store(adaptive, Ordering::Relaxed);
-    }
-
-    fn get(&self) -> BusyPoll {
-        let max = Duration::from_nanos(self.max_ns.load(Ordering::Relaxed));
-        if self.adaptive.load(Ordering::Relaxed) {
-            BusyPoll::Adaptive { max }
-        } else if max.is_zero() {
-            BusyPoll::Off
-        } else {
-            BusyPoll::Fixed(max)
-        }
-    }
-
-    /// How long a wait polls after each arrival while data flows: the longest poll, adaptive
-    /// or fixed (`Off`: never; a caller who asked to sleep at once sleeps).
-    fn flow(&self) -> Duration {
-        Duration::from_nanos(self.max_ns.load(Ordering::Relaxed))
-    }
-
-    /// How long this wait polls.
-    fn now(&self) -> Duration {
-        Duration::from_nanos(if self.adaptive.load(Ordering::Relaxed) {
-            self.cur_ns.load(Ordering::Relaxed)
-        } else {
-            self.max_ns.load(Ordering::Relaxed)
-        })
-    }
-
-    /// Adapts to a wait that polled `polled` and then took `took` in all (`None`: it timed
-    /// out). Caught while polling: keep; a sleep a longer poll would have saved: double;
-    /// a long sleep: halve (polling would have wasted it).
-    fn learn(&self, polled: Duration, took: Option<Duration>) {
-        if !self.adaptive.load(Ordering::Relaxed) {
-            return;
-        }
-        let max = Duration::from_nanos(self.max_ns.load(Ordering::Relaxed));
-        let next = match took {
-            Some(t) if t <= polled => return,
-            Some(t) if t <= max => (polled * 2).max(GROW_START).min(max),
-            _ if polled / 2 < GROW_START => Duration::ZERO,
-            _ => polled / 2,
-        };
-        self.cur_ns.store(next.as_nanos() as u64, Ordering::Relaxed);
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Arm {
@@ -1041,62 +940,5 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..TASKS * EACH).collect::<Vec<_>>());
         assert!(cq.is_empty());
-    }
-
-    const US: Duration = Duration::from_micros(1);
-
-    #[test]
-    fn adaptive_poll_grows_to_cover_quick_answers_and_falls_back_to_sleeping() {
-        let s = Spin::new(BusyPoll::Adaptive { max: 50 * US });
-        assert_eq!(s.now(), Duration::ZERO);
-        // Answers 14 µs after the wait starts: 0 → 4 → 8 → 16, then caught while polling.
-        let mut polls = Vec::new();
-        for _ in 0..6 {
-            let p = s.now();
-            polls.push(p);
-            s.learn(p, Some(14 * US));
-        }
-        assert_eq!(
-            polls,
-            [Duration::ZERO, 4 * US, 8 * US, 16 * US, 16 * US, 16 * US]
-        );
-        // Never past the cap.
-        for _ in 0..10 {
-            s.learn(s.now(), Some(49 * US));
-        }
-        assert_eq!(s.now(), 50 * US);
-        // Answers that take longer than the cap: halve, then stop polling.
-        let mut polls = Vec::new();
-        for _ in 0..5 {
-            polls.push(s.now());
-            s.learn(s.now(), Some(Duration::from_millis(3)));
-        }
-        assert_eq!(
-            polls,
-            [
-                50 * US,
-                25 * US,
-                12500 * Duration::from_nanos(1),
-                6250 * Duration::from_nanos(1),
-                Duration::ZERO
-            ]
-        );
-        // A timeout counts as a long sleep.
-        s.learn(Duration::ZERO, Some(10 * US));
-        assert_eq!(s.now(), 4 * US);
-        s.learn(4 * US, None);
-        assert_eq!(s.now(), Duration::ZERO);
-    }
-
-    #[test]
-    fn fixed_and_off_do_not_adapt() {
-        let s = Spin::new(BusyPoll::Fixed(30 * US));
-        s.learn(30 * US, Some(Duration::from_secs(1)));
-        assert_eq!((s.now(), s.get()), (30 * US, BusyPoll::Fixed(30 * US)));
-        s.set(BusyPoll::Off);
-        s.learn(Duration::ZERO, Some(US));
-        assert_eq!((s.now(), s.get()), (Duration::ZERO, BusyPoll::Off));
-        s.set(DEFAULT_BUSY_POLL);
-        assert_eq!(s.get(), DEFAULT_BUSY_POLL);
     }
 }

@@ -34,8 +34,111 @@ pub(crate) const STAND_DOWN: Duration = Duration::from_millis(1);
 /// How long a caller waits for the kicked background thread to hand the slot over.
 const HANDOVER: Duration = Duration::from_millis(20);
 
-/// How long the background thread keeps polling after a turn that handled something
-/// (callers bring their CQ's busy poll instead; see [`Leader::drive`]).
+/// How a wait on a CQ polls before it sleeps (`Cq::set_busy_poll`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BusyPoll {
+    /// Sleep at once.
+    Off,
+    /// Poll this long, then sleep (as Linux's `SO_BUSY_POLL`): a completion arriving within
+    /// it costs no wake-up, at the price of that much CPU per wait that finds nothing.
+    Fixed(Duration),
+    /// Poll about as long as the last completions took to come, never longer than `max`,
+    /// then sleep — KVM's halt polling applied to a CQ. A ping-pong whose answers come
+    /// within `max` stops sleeping (a wake-up on an idle core costs more than the answer
+    /// takes); a queue whose completions come rarely goes back to sleeping at once.
+    Adaptive {
+        /// The longest poll.
+        max: Duration,
+    },
+}
+
+/// What a new `Cq` does: adaptive, up to 50 µs (a few loopback round trips).
+pub const DEFAULT_BUSY_POLL: BusyPoll = BusyPoll::Adaptive {
+    max: Duration::from_micros(50),
+};
+
+/// The first adaptive poll after a sleep that a poll would have saved.
+const GROW_START: Duration = Duration::from_micros(4);
+
+/// The busy-poll setting and, when adaptive, the current poll (nanoseconds).
+pub(crate) struct Spin {
+    /// Fixed: the poll; adaptive: the longest.
+    max_ns: AtomicU64,
+    adaptive: AtomicBool,
+    /// Adaptive: the poll now.
+    cur_ns: AtomicU64,
+}
+
+impl Spin {
+    pub(crate) fn new(mode: BusyPoll) -> Spin {
+        let s = Spin {
+            max_ns: AtomicU64::new(0),
+            adaptive: AtomicBool::new(false),
+            cur_ns: AtomicU64::new(0),
+        };
+        s.set(mode);
+        s
+    }
+
+    pub(crate) fn set(&self, mode: BusyPoll) {
+        let ns = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let (max, adaptive) = match mode {
+            BusyPoll::Off => (0, false),
+            BusyPoll::Fixed(d) => (ns(d), false),
+            BusyPoll::Adaptive { max } => (ns(max), true),
+        };
+        self.max_ns.store(max, Ordering::Relaxed);
+        self.cur_ns.store(0, Ordering::Relaxed);
+        self.adaptive.store(adaptive, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> BusyPoll {
+        let max = Duration::from_nanos(self.max_ns.load(Ordering::Relaxed));
+        if self.adaptive.load(Ordering::Relaxed) {
+            BusyPoll::Adaptive { max }
+        } else if max.is_zero() {
+            BusyPoll::Off
+        } else {
+            BusyPoll::Fixed(max)
+        }
+    }
+
+    /// How long a wait polls after each arrival while data flows: the longest poll, adaptive
+    /// or fixed (`Off`: never; a caller who asked to sleep at once sleeps).
+    pub(crate) fn flow(&self) -> Duration {
+        Duration::from_nanos(self.max_ns.load(Ordering::Relaxed))
+    }
+
+    /// How long this wait polls.
+    pub(crate) fn now(&self) -> Duration {
+        Duration::from_nanos(if self.adaptive.load(Ordering::Relaxed) {
+            self.cur_ns.load(Ordering::Relaxed)
+        } else {
+            self.max_ns.load(Ordering::Relaxed)
+        })
+    }
+
+    /// Adapts to a wait that polled `polled` and then took `took` in all (`None`: it timed
+    /// out). Caught while polling: keep; a sleep a longer poll would have saved: double;
+    /// a long sleep: halve (polling would have wasted it).
+    pub(crate) fn learn(&self, polled: Duration, took: Option<Duration>) {
+        if !self.adaptive.load(Ordering::Relaxed) {
+            return;
+        }
+        let max = Duration::from_nanos(self.max_ns.load(Ordering::Relaxed));
+        let next = match took {
+            Some(t) if t <= polled => return,
+            Some(t) if t <= max => (polled * 2).max(GROW_START).min(max),
+            _ if polled / 2 < GROW_START => Duration::ZERO,
+            _ => polled / 2,
+        };
+        self.cur_ns.store(next.as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The longest the background thread polls after a turn that handled something (its
+/// [`Leader::flowing`] poll adapts below it), and how long a channel waiter polls (CQ
+/// waiters bring their CQ's busy poll; see [`Leader::drive`]).
 pub(crate) const FLOW_POLL: Duration = Duration::from_micros(50);
 
 /// What one turn with the slot did.
@@ -61,9 +164,13 @@ pub(crate) struct Leader<S> {
     /// CQs whose waiters found the slot held by another caller: told when it is free.
     pending: Mutex<Vec<Weak<dyn Waiter>>>,
     bg: OnceLock<Thread>,
-    /// Until when the holder polls instead of sleeping (nanoseconds after `base`; see
-    /// [`Leader::flowing`]). Only the holder writes it.
-    flow_until: AtomicU64,
+    /// The background thread's poll after an arrival ([`Leader::flowing`]), adaptive up
+    /// to [`FLOW_POLL`]; learnt from its own turns only, as a caller's stream (the answers
+    /// to its requests) ends when the caller stops waiting.
+    bg_poll: Spin,
+    /// When the background thread's last turn that handled something ended (nanoseconds
+    /// after `base`; 0: none yet).
+    bg_arrival: AtomicU64,
     base: Instant,
 }
 
@@ -87,7 +194,8 @@ impl<S> Leader<S> {
             holder: AtomicU64::new(0),
             pending: Mutex::new(Vec::new()),
             bg: OnceLock::new(),
-            flow_until: AtomicU64::new(0),
+            bg_poll: Spin::new(BusyPoll::Adaptive { max: FLOW_POLL }),
+            bg_arrival: AtomicU64::new(0),
             base: Instant::now(),
         }
     }
@@ -117,21 +225,36 @@ impl<S> Leader<S> {
         t.saturating_duration_since(self.base).as_nanos() as u64
     }
 
-    /// Data flowed within the last flow poll: the next turn polls rather than sleeps.
+    /// The background thread's data flows: its last arrival is more recent than its
+    /// current poll, so its next turn polls rather than sleeps.
     ///
-    /// A stream arriving in pieces (a large Read's responses, a Write's segments) would
-    /// otherwise put the reader to sleep between pieces, and every piece would pay a
-    /// wake-up on another core, which costs the sender more than the piece (in a VM, an
-    /// IPI): KVM's halt polling, applied to a socket instead of a CQ.
+    /// A stream arriving in pieces (a large Read's responses, a Write's segments, a peer's
+    /// requests in a ping-pong) would otherwise put the reader to sleep between pieces, and
+    /// every piece would pay a wake-up on another core, which costs the sender more than
+    /// the piece (in a VM, an IPI): KVM's halt polling, applied to a socket instead of a
+    /// CQ, and adaptive as the CQ's poll is (`BusyPoll::Adaptive`): arrivals that come
+    /// soon after each other make the poll grow, sparse ones make it shrink to nothing.
+    /// Callers waiting in [`Leader::drive`] poll after their own arrivals.
     fn flowing(&self, now: Instant) -> bool {
-        self.nanos(now) < self.flow_until.load(Ordering::Relaxed)
+        let last = self.bg_arrival.load(Ordering::Relaxed);
+        last != 0 && self.nanos(now) < last.saturating_add(self.bg_poll.now().as_nanos() as u64)
     }
 
-    /// Records what a turn did: one that handled something starts a flow poll of `poll`.
-    fn note(&self, t: Turn, poll: Duration) {
-        if t == Turn::Worked && !poll.is_zero() {
-            let until = self.nanos(Instant::now() + poll);
-            self.flow_until.store(until, Ordering::Relaxed);
+    /// Records what a background turn did: an arrival teaches the poll how long it came
+    /// after the one before.
+    fn note(&self, t: Turn) {
+        if t == Turn::Worked {
+            self.arrived(self.nanos(Instant::now()));
+        }
+    }
+
+    /// An arrival at `now` (nanoseconds after `base`).
+    fn arrived(&self, now: u64) {
+        let now = now.max(1);
+        let last = self.bg_arrival.swap(now, Ordering::Relaxed);
+        if last != 0 {
+            let gap = Duration::from_nanos(now.saturating_sub(last));
+            self.bg_poll.learn(self.bg_poll.now(), Some(gap));
         }
     }
 
@@ -156,7 +279,7 @@ impl<S> Leader<S> {
         let now = Instant::now();
         let poll = self.flowing(now).then_some(now);
         let t = self.hold(&mut slot, |s| turn(s, poll));
-        self.note(t, FLOW_POLL);
+        self.note(t);
         self.bg_holds.store(false, Ordering::Release);
         drop(slot);
         self.release();
@@ -221,15 +344,18 @@ impl<S> Leader<S> {
         };
         self.hold(&mut slot, |s| {
             let spin_end = Instant::now() + spin;
+            // Non-blocking turns first, then sleeping ones, except for `flow` after each
+            // arrival (see `flowing`).
+            let mut poll_end = spin_end;
             loop {
                 let now = Instant::now();
                 if done() || until.is_some_and(|u| now >= u) {
                     break;
                 }
-                // Non-blocking turns first, then sleeping ones, unless data flows.
-                let poll = now < spin_end || (!flow.is_zero() && self.flowing(now));
-                let t = turn(s, if poll { Some(now) } else { until });
-                self.note(t, flow);
+                let poll = now < poll_end;
+                if turn(s, if poll { Some(now) } else { until }) == Turn::Worked {
+                    poll_end = poll_end.max(Instant::now() + flow);
+                }
             }
         });
         self.want.fetch_sub(1, Ordering::AcqRel);
@@ -304,23 +430,34 @@ mod tests {
         let arrived = Cell::new(None::<Instant>);
         let blocked_after = Cell::new(None::<Duration>);
         let done = || blocked_after.get().is_some();
-        assert!(l.drive(weak, Duration::ZERO, flow, Some(deadline), &done, || {}, |_, until| {
-            let poll = until != Some(deadline);
-            polls.borrow_mut().push(poll);
-            match arrived.get() {
-                None => {
-                    arrived.set(Some(Instant::now()));
-                    Turn::Worked
-                }
-                Some(at) => {
-                    if !poll {
-                        blocked_after.set(Some(at.elapsed()));
+        assert!(l.drive(
+            weak,
+            Duration::ZERO,
+            flow,
+            Some(deadline),
+            &done,
+            || {},
+            |_, until| {
+                let poll = until != Some(deadline);
+                polls.borrow_mut().push(poll);
+                match arrived.get() {
+                    None => {
+                        arrived.set(Some(Instant::now()));
+                        Turn::Worked
                     }
-                    Turn::Idle
+                    Some(at) => {
+                        if !poll {
+                            blocked_after.set(Some(at.elapsed()));
+                        }
+                        Turn::Idle
+                    }
                 }
             }
-        }));
-        (polls.into_inner(), blocked_after.get().expect("a blocking turn"))
+        ));
+        (
+            polls.into_inner(),
+            blocked_after.get().expect("a blocking turn"),
+        )
     }
 
     #[test]
@@ -330,7 +467,10 @@ mod tests {
         assert!(!polls[0], "the first turn may sleep: nothing flowed yet");
         assert!(polls.len() > 2, "turns after the arrival poll: {polls:?}");
         assert!(polls[1..polls.len() - 1].iter().all(|&p| p));
-        assert!(after >= flow, "slept {after:?} after the arrival, before the flow ended");
+        assert!(
+            after >= flow,
+            "slept {after:?} after the arrival, before the flow ended"
+        );
     }
 
     #[test]
@@ -350,21 +490,154 @@ mod tests {
             },
             || true
         ));
-        // A caller's turn handled something, with a flow far longer than this test.
-        l.note(Turn::Worked, Duration::from_secs(3600));
+        // Arrivals back to back: the poll grows (each gap is far below FLOW_POLL unless
+        // the machine is very slow), and a turn soon after an arrival polls.
+        let mut polled = 0;
+        for _ in 0..20 {
+            let before = Instant::now();
+            assert!(l.background(
+                |_, until| {
+                    seen.push(until.is_some());
+                    Turn::Worked
+                },
+                || true
+            ));
+            let poll = l.bg_poll.now();
+            let after = Instant::now();
+            let mut p = false;
+            assert!(l.background(
+                |_, until| {
+                    p = until.is_some();
+                    Turn::Idle
+                },
+                || true
+            ));
+            // Within the poll of the arrival just before: polled.
+            assert!(p || Instant::now() >= after.min(before) + poll || poll.is_zero());
+            polled += usize::from(p);
+        }
+        assert!(
+            !seen[0] && !seen[1],
+            "nothing flowed before the first arrival"
+        );
+        assert!(l.bg_poll.now() > Duration::ZERO);
+        assert!(polled > 0, "no turn polled after 20 quick arrivals");
+        assert!(!l.background(|_, _| Turn::Stop, || true));
+        // An idle turn teaches nothing.
+        let fresh = Leader::new(());
+        fresh.note(Turn::Idle);
+        assert!(!fresh.flowing(Instant::now()));
+        assert_eq!(fresh.bg_arrival.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_background_poll_shrinks_when_arrivals_are_sparse() {
+        let l = Leader::new(());
+        let mut t = 1_000_000_000u64;
+        l.arrived(t);
+        // Arrivals 30 µs apart: 0 → 4 → 8 → 16 → 32 µs, then each is caught by the poll.
+        let mut polls = Vec::new();
+        for _ in 0..6 {
+            t += 30_000;
+            l.arrived(t);
+            polls.push(l.bg_poll.now().as_micros());
+        }
+        assert_eq!(polls, [4, 8, 16, 32, 32, 32]);
+        // Arrivals a millisecond apart: halved at each, down to no poll (then sleeps).
+        let mut polls = Vec::new();
+        for _ in 0..5 {
+            t += 1_000_000;
+            l.arrived(t);
+            polls.push(l.bg_poll.now().as_micros());
+        }
+        assert_eq!(polls, [16, 8, 4, 0, 0]);
+    }
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn adaptive_poll_grows_to_cover_quick_answers_and_falls_back_to_sleeping() {
+        let s = Spin::new(BusyPoll::Adaptive { max: 50 * US });
+        assert_eq!(s.now(), Duration::ZERO);
+        // Answers 14 µs after the wait starts: 0 → 4 → 8 → 16, then caught while polling.
+        let mut polls = Vec::new();
+        for _ in 0..6 {
+            let p = s.now();
+            polls.push(p);
+            s.learn(p, Some(14 * US));
+        }
+        assert_eq!(
+            polls,
+            [Duration::ZERO, 4 * US, 8 * US, 16 * US, 16 * US, 16 * US]
+        );
+        // Never past the cap.
+        for _ in 0..10 {
+            s.learn(s.now(), Some(49 * US));
+        }
+        assert_eq!(s.now(), 50 * US);
+        // Answers that take longer than the cap: halve, then stop polling.
+        let mut polls = Vec::new();
+        for _ in 0..5 {
+            polls.push(s.now());
+            s.learn(s.now(), Some(Duration::from_millis(3)));
+        }
+        assert_eq!(
+            polls,
+            [
+                50 * US,
+                25 * US,
+                12500 * Duration::from_nanos(1),
+                6250 * Duration::from_nanos(1),
+                Duration::ZERO
+            ]
+        );
+        // A timeout counts as a long sleep.
+        s.learn(Duration::ZERO, Some(10 * US));
+        assert_eq!(s.now(), 4 * US);
+        s.learn(4 * US, None);
+        assert_eq!(s.now(), Duration::ZERO);
+    }
+
+    #[test]
+    fn fixed_and_off_do_not_adapt() {
+        let s = Spin::new(BusyPoll::Fixed(30 * US));
+        s.learn(30 * US, Some(Duration::from_secs(1)));
+        assert_eq!((s.now(), s.get()), (30 * US, BusyPoll::Fixed(30 * US)));
+        s.set(BusyPoll::Off);
+        s.learn(Duration::ZERO, Some(US));
+        assert_eq!((s.now(), s.get()), (Duration::ZERO, BusyPoll::Off));
+        s.set(DEFAULT_BUSY_POLL);
+        assert_eq!(s.get(), DEFAULT_BUSY_POLL);
+    }
+
+    #[test]
+    fn a_callers_flow_is_its_own() {
+        // The background thread does not poll after a caller's arrivals: the caller's
+        // answers stop when it stops waiting.
+        let l = Leader::new(());
+        let (_w, weak) = waiter();
+        let n = Cell::new(0);
+        let done = || n.get() > 0;
+        assert!(l.drive(
+            weak,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+            None,
+            &done,
+            || {},
+            |_, _| {
+                n.set(n.get() + 1);
+                Turn::Worked
+            }
+        ));
+        let mut polled = None;
         assert!(l.background(
             |_, until| {
-                seen.push(until.is_some());
-                Turn::Worked
+                polled = Some(until.is_some());
+                Turn::Idle
             },
             || true
         ));
-        assert!(!l.background(|_, _| Turn::Stop, || true));
-        assert_eq!(seen, [false, true]);
-        // An idle turn ends no flow and starts none; a flow of zero starts none.
-        let fresh = Leader::new(());
-        fresh.note(Turn::Idle, Duration::from_secs(3600));
-        fresh.note(Turn::Worked, Duration::ZERO);
-        assert!(!fresh.flowing(Instant::now()));
+        assert_eq!(polled, Some(false));
     }
 }

@@ -79,6 +79,8 @@ const LINGER_REPEAT: Duration = Duration::from_millis(200);
 
 /// How long the receive thread blocks when no timer is armed (it checks for shutdown).
 const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// How often polling turns walk the timers at most (see [`RoceShared::turn`]).
+const POLL_TIMERS: Duration = Duration::from_millis(1);
 
 /// Where a RoCE context listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,7 +216,8 @@ pub(crate) struct RoceShared {
     /// Held while datagrams are read and processed (receive thread or a polling caller).
     rx_lock: Mutex<()>,
     /// Who waits on the socket (see [`crate::leader`]); receive buffers are per thread.
-    leader: Leader<()>,
+    /// The slot holds when a polling turn next walks the timers (see [`RoceShared::turn`]).
+    leader: Leader<Instant>,
     /// Interrupts that wait.
     wake_pipe: WakePipe,
     pub(crate) local: SocketAddr,
@@ -389,7 +392,7 @@ impl RoceShared {
             socket,
             raw,
             rx_lock: Mutex::new(()),
-            leader: Leader::new(()),
+            leader: Leader::new(Instant::now()),
             wake_pipe: WakePipe::new()?,
             local,
             endpoint: RwLock::new(endpoint),
@@ -957,7 +960,7 @@ impl Progress for RoceShared {
             until,
             done,
             || self.wake_pipe.signal(),
-            |_, until| self.turn(until, Hold::Ack),
+            |timers, until| self.turn(timers, until, Hold::Ack),
         )
     }
 
@@ -994,9 +997,9 @@ fn rx_loop(weak: Weak<RoceShared>) {
             return;
         }
         d.leader.background(
-            |_, until| {
+            |timers, until| {
                 let until = until.unwrap_or_else(|| Instant::now() + IDLE_WAIT);
-                d.turn(Some(until), Hold::Nothing)
+                d.turn(timers, Some(until), Hold::Nothing)
             },
             || {
                 d.run_timers(Instant::now());
@@ -1009,9 +1012,20 @@ fn rx_loop(weak: Weak<RoceShared>) {
 impl RoceShared {
     /// One turn with the slot: fire due timers, wait on the socket (and the wake pipe) until
     /// the next timer or `until`, read and process what arrived (`hold`: a caller's turn).
-    fn turn(&self, until: Option<Instant>, hold: Hold) -> Turn {
+    ///
+    /// A poll (`until` now, while data flows) walks the QPs' timers only once `timers` is
+    /// reached, at most every [`POLL_TIMERS`]: polls come back to back, and the walk locks
+    /// every QP.
+    fn turn(&self, timers: &mut Instant, until: Option<Instant>, hold: Hold) -> Turn {
         let now = Instant::now();
-        let mut wait = self.run_timers(now);
+        let mut wait = if until.is_some_and(|u| u <= now) && now < *timers {
+            self.release_acks(now);
+            Duration::ZERO
+        } else {
+            let w = self.run_timers(now);
+            *timers = now + w.min(POLL_TIMERS);
+            w
+        };
         if let Some(u) = until {
             wait = wait.min(u.saturating_duration_since(now));
         }
