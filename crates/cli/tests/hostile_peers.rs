@@ -290,7 +290,10 @@ fn a_peer_killed_mid_write_fails_the_qp_and_a_new_connection_works() {
         let mut wcs = Vec::new();
         cq.wait(1, 1, SAFETY, &mut wcs).unwrap();
         assert_eq!(wcs[0].status, WcStatus::Success, "{transport}");
-        // Writes in flight, then the peer dies.
+        // Writes in flight, then the peer dies. Stopped first, so that it reads none of them:
+        // 256 MiB cannot all leave before the kill, however fast both sides are.
+        let pid = nix::unistd::Pid::from_raw(server.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
         let posted = 256u64;
         for id in 1..=posted {
             write(&qp, id).unwrap();

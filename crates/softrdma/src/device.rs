@@ -13,7 +13,7 @@ use softrdma_memory::{KeyTable, PdId};
 use softrdma_wire::rocev2::{ROCEV2_UDP_PORT, gid_from_ip};
 
 use crate::Error;
-use crate::cq::{CompletionChannel, Cq};
+use crate::cq::{BusyPoll, CompletionChannel, Cq};
 use crate::event::{AsyncEvent, EventQueue};
 use crate::roce::{Ah, RoceConfig, RoceCounters, RoceShared};
 use crate::tap::Tap;
@@ -384,6 +384,27 @@ impl Context {
         match &self.shared.driver {
             Driver::Tcp(t) => t.tap.set(tap),
             Driver::Roce(r) => r.tap.set(tap),
+        }
+    }
+
+    /// How the background thread polls after what arrives for it (a peer's Writes, Sends,
+    /// requests) before it sleeps: by default adaptive up to 50 µs, learnt from the gaps
+    /// between arrivals, so a stream or a ping-pong costs no wake-up per piece
+    /// (`docs/progress.md`, flow polls). On a host with more busy threads than cores a poll
+    /// takes its core from the thread that would send the next piece: `BusyPoll::Off`
+    /// there, as for a CQ ([`Cq::set_busy_poll`](crate::Cq::set_busy_poll)).
+    pub fn set_background_poll(&self, mode: BusyPoll) {
+        match &self.shared.driver {
+            Driver::Tcp(t) => t.leader.set_background_poll(mode),
+            Driver::Roce(r) => r.set_background_poll(mode),
+        }
+    }
+
+    /// The background thread's poll ([`Context::set_background_poll`]).
+    pub fn background_poll(&self) -> BusyPoll {
+        match &self.shared.driver {
+            Driver::Tcp(t) => t.leader.background_poll(),
+            Driver::Roce(r) => r.background_poll(),
         }
     }
 

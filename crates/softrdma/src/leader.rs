@@ -200,6 +200,15 @@ impl<S> Leader<S> {
         }
     }
 
+    /// How the background thread polls after its arrivals ([`Leader::flowing`]).
+    pub(crate) fn set_background_poll(&self, mode: BusyPoll) {
+        self.bg_poll.set(mode);
+    }
+
+    pub(crate) fn background_poll(&self) -> BusyPoll {
+        self.bg_poll.get()
+    }
+
     /// Names the background thread (to unpark it).
     pub(crate) fn set_background(&self, t: Thread) {
         let _ = self.bg.set(t);
@@ -237,7 +246,8 @@ impl<S> Leader<S> {
     /// Callers waiting in [`Leader::drive`] poll after their own arrivals.
     fn flowing(&self, now: Instant) -> bool {
         let last = self.bg_arrival.load(Ordering::Relaxed);
-        last != 0 && self.nanos(now) < last.saturating_add(self.bg_poll.now().as_nanos() as u64)
+        let poll = self.bg_poll.now().as_nanos() as u64;
+        poll > 0 && last != 0 && self.nanos(now) < last.saturating_add(poll)
     }
 
     /// Records what a background turn did: an arrival teaches the poll how long it came
@@ -551,6 +561,14 @@ mod tests {
             polls.push(l.bg_poll.now().as_micros());
         }
         assert_eq!(polls, [16, 8, 4, 0, 0]);
+        // Turned off: quick arrivals teach it nothing, and no turn polls.
+        l.set_background_poll(BusyPoll::Off);
+        for _ in 0..6 {
+            t += 30_000;
+            l.arrived(t);
+        }
+        assert_eq!(l.background_poll(), BusyPoll::Off);
+        assert!(!l.flowing(Instant::now()));
     }
 
     const US: Duration = Duration::from_micros(1);

@@ -857,3 +857,48 @@ fn a_cq_overrun_fails_its_qps_only() {
         assert!(!client.cq.is_overrun() && client.qps[0].state() == QpState::Rts);
     });
 }
+
+/// The background thread's poll is the context's to choose (`Context::set_background_poll`):
+/// off, fixed or adaptive, the peer's Writes land and its Reads are served all the same.
+#[test]
+fn the_background_poll_is_set_per_context() {
+    both(|t| {
+        const LEN: usize = 64 * 1024;
+        let (server, client, _) = connect_n(t, 1, 2 * LEN, false);
+        assert_eq!(server.ctx.background_poll(), DEFAULT_BUSY_POLL, "{t:?}");
+        let cqp = &client.qps[0];
+        let modes = [
+            BusyPoll::Off,
+            BusyPoll::Fixed(Duration::from_micros(20)),
+            DEFAULT_BUSY_POLL,
+        ];
+        for (i, mode) in modes.into_iter().enumerate() {
+            // Only the server's background thread handles the peer's one-sided requests.
+            server.ctx.set_background_poll(mode);
+            assert_eq!(server.ctx.background_poll(), mode, "{t:?}");
+            let data = pattern(LEN, i as u8);
+            client.mr.copy_in(0, &data).unwrap();
+            cqp.post_send(SendWr::write(
+                1,
+                vec![client.mr.sge(0, LEN as u32)],
+                server.mr.rkey(),
+                server.mr.addr(0),
+            ))
+            .unwrap();
+            cqp.post_send(SendWr::read(
+                2,
+                Some(client.mr.sge(LEN, LEN as u32)),
+                server.mr.rkey(),
+                server.mr.addr(0),
+            ))
+            .unwrap();
+            let wcs = client.wait(2);
+            assert!(
+                wcs.iter().all(|w| w.status == WcStatus::Success),
+                "{t:?} {mode:?} {wcs:?}"
+            );
+            assert_eq!(server.mr.to_vec()[..LEN], data[..], "{t:?} {mode:?}");
+            assert_eq!(client.mr.to_vec()[LEN..], data[..], "{t:?} {mode:?}");
+        }
+    });
+}

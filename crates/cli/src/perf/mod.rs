@@ -314,8 +314,9 @@ pub struct PerfArgs {
     #[arg(long, conflicts_with = "qps")]
     pub counters: bool,
     /// Blocking waits poll this many microseconds before they sleep (hybrid wait, as
-    /// Linux's SO_BUSY_POLL; `Cq::set_busy_poll`). 0: sleep at once. Default: the
-    /// library's adaptive poll (up to 50 µs, as long as recent completions took).
+    /// Linux's SO_BUSY_POLL; `Cq::set_busy_poll`), and so does the background thread after
+    /// what arrives for it (`Context::set_background_poll`). 0: sleep at once. Default: the
+    /// library's adaptive polls (up to 50 µs, as long as recent answers took).
     #[arg(long, value_name = "US")]
     pub busy_poll_us: Option<u64>,
     /// iWARP: ask for MPA CRC32c.
@@ -792,6 +793,7 @@ fn open(args: &PerfArgs, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
             "cannot open a RoCE device on {ip} port {port}: {e}"
         )),
     })?;
+    ctx.set_background_poll(args.busy_poll());
     tap(args, &ctx)?;
     Ok(ctx)
 }

@@ -1121,6 +1121,14 @@ impl Drop for RoceShared {
 
 impl RoceShared {
     /// The driver's counters: the endpoint's, and the socket's.
+    pub(crate) fn set_background_poll(&self, mode: crate::BusyPoll) {
+        self.leader.set_background_poll(mode);
+    }
+
+    pub(crate) fn background_poll(&self) -> crate::BusyPoll {
+        self.leader.background_poll()
+    }
+
     pub(crate) fn counters(&self) -> RoceCounters {
         let e = self.endpoint.read().counters();
         let c = &self.counters;
