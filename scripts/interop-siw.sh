@@ -401,6 +401,19 @@ EOF
 h_await() {
   echo "i=0; while [ \$(grep -cE '$2' $1) -lt $3 ] && kill -0 \$p 2>/dev/null && [ \$i -lt $4 ]; do sleep 0.1; i=\$((i + 1)); done"
 }
+# h_end_first OUT: host bash after h_await of our first client's last line: a client that
+# never said it ended in that time is hung (killed); one that said so gets 10 s to exit, as
+# tearing down takes a moment (killed past that too, with its own message).
+h_end_first() {
+  cat <<EOF
+if [ \$(grep -cE '^rping client' $1) -lt 1 ]; then
+  kill -0 \$p 2>/dev/null && { echo '--- our first client still runs 60 s after the reset: killed'; kill -KILL \$p; }
+else
+  i=0; while kill -0 \$p 2>/dev/null && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i + 1)); done
+  kill -0 \$p 2>/dev/null && { echo '--- our first client still runs 10 s after it ended: killed'; kill -KILL \$p; }
+fi
+EOF
+}
 # h_reset NAME SPORT DPORT COUNT-FILE: host bash adding the reset rule for our segments from
 # SPORT to the guest's DPORT (one of them found with ss), and saying so
 h_reset() {
@@ -452,7 +465,7 @@ $G_KILL"
 $(h_await "$o" '^ping data' "$KILL_AFTER" 1200)
 $(h_reset "$o" ours 7174 '^ping data')
 $(h_await "$o" '^rping client' 1 600)
-kill -0 \$p 2>/dev/null && { echo '--- our first client still runs 60 s after the reset: killed'; kill -KILL \$p; }
+$(h_end_first "$o")
 wait \$p; rc=\$?
 $(h_reset_done "$1")
 echo '--- first connection'; grep -v '^ping data' $o; echo \"--- first rc \$rc\""
@@ -593,7 +606,8 @@ check_first_client_ended() {  # LOG ERROR-REGEX: our first client failed as it s
   first=$(between '--- first connection' '--- first rc ' <<<"$h")
   rc=$(sed -n 's/^--- first rc //p' <<<"$h")
   [ -n "$rc" ] || { echo "our first client did not end"; return 1; }
-  ! grep -q '^--- our first client still runs' <<<"$h" || { echo "our first client hung after the reset"; return 1; }
+  ! grep -q '^--- our first client still runs 60 s' <<<"$h" || { echo "our first client hung after the reset"; return 1; }
+  ! grep -q '^--- our first client still runs 10 s' <<<"$h" || { echo "our first client hung after it ended"; return 1; }
   [ "$rc" != 0 ] || { echo "our first client ended without an error"; return 1; }
   ! grep -qiE 'timed out|timeout' <<<"$first" ||
     { echo "our first client hung until a timeout: $(grep -m1 -iE 'timed out|timeout' <<<"$first")"; return 1; }
