@@ -406,6 +406,7 @@ h_await() {
 # tearing down takes a moment (killed past that too, with its own message).
 h_end_first() {
   cat <<EOF
+echo "--- waited \$i tenths of a second for our first client's last line"
 if [ \$(grep -cE '^rping client' $1) -lt 1 ]; then
   kill -0 \$p 2>/dev/null && { echo '--- our first client still runs 60 s after the reset: killed'; kill -KILL \$p; }
 else
