@@ -63,7 +63,7 @@ pub(crate) trait Progress: Send + Sync {
     fn progress(&self, cq: &CqShared);
     /// Blocks on the driver's sockets until `done()`, `until`, or a wake, running what
     /// arrives — polling without sleeping for the first `spin` (hybrid wait, as
-    /// `SO_BUSY_POLL`) and for `flow` after each arrival (see `Leader::flowing`); `false`
+    /// `SO_BUSY_POLL`) and for `flow` after each arrival (see `Leader::drive`); `false`
     /// when another thread drives (then wait on the CQ).
     fn block(
         &self,

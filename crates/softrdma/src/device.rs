@@ -396,7 +396,7 @@ impl Context {
     pub fn set_background_poll(&self, mode: BusyPoll) {
         match &self.shared.driver {
             Driver::Tcp(t) => t.leader.set_background_poll(mode),
-            Driver::Roce(r) => r.set_background_poll(mode),
+            Driver::Roce(r) => r.leader.set_background_poll(mode),
         }
     }
 
@@ -404,7 +404,7 @@ impl Context {
     pub fn background_poll(&self) -> BusyPoll {
         match &self.shared.driver {
             Driver::Tcp(t) => t.leader.background_poll(),
-            Driver::Roce(r) => r.background_poll(),
+            Driver::Roce(r) => r.leader.background_poll(),
         }
     }
 

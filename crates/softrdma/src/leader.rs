@@ -314,7 +314,8 @@ impl<S> Leader<S> {
     /// A caller waiting on `waiter` (a CQ or a channel) drives the transport until `done()`, `until` or a wake:
     /// `turn(slot, until)` blocks on the sockets at most until then and runs what arrived.
     /// The first `spin` of the wait polls (non-blocking turns), and so does each `flow`
-    /// after a turn that handled something ([`Leader::flowing`]; zero: never). `kick`
+    /// after a turn that handled something (zero: never; the background thread's own
+    /// poll is [`Leader::flowing`]). `kick`
     /// interrupts the holder's wait. Returns `false` when another caller holds the slot:
     /// that caller runs everything, and this one waits on its CQ (it is told when the slot
     /// is free).
@@ -355,7 +356,7 @@ impl<S> Leader<S> {
         self.hold(&mut slot, |s| {
             let spin_end = Instant::now() + spin;
             // Non-blocking turns first, then sleeping ones, except for `flow` after each
-            // arrival (see `flowing`).
+            // arrival.
             let mut poll_end = spin_end;
             loop {
                 let now = Instant::now();

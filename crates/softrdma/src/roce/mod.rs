@@ -217,7 +217,7 @@ pub(crate) struct RoceShared {
     rx_lock: Mutex<()>,
     /// Who waits on the socket (see [`crate::leader`]); receive buffers are per thread.
     /// The slot holds when a polling turn next walks the timers (see [`RoceShared::turn`]).
-    leader: Leader<Instant>,
+    pub(crate) leader: Leader<Instant>,
     /// Interrupts that wait.
     wake_pipe: WakePipe,
     pub(crate) local: SocketAddr,
@@ -1121,14 +1121,6 @@ impl Drop for RoceShared {
 
 impl RoceShared {
     /// The driver's counters: the endpoint's, and the socket's.
-    pub(crate) fn set_background_poll(&self, mode: crate::BusyPoll) {
-        self.leader.set_background_poll(mode);
-    }
-
-    pub(crate) fn background_poll(&self) -> crate::BusyPoll {
-        self.leader.background_poll()
-    }
-
     pub(crate) fn counters(&self) -> RoceCounters {
         let e = self.endpoint.read().counters();
         let c = &self.counters;
