@@ -45,6 +45,16 @@ fn one_row(transport: &str, qps: u32, rounds: u64, size: u32) {
     assert_eq!(row.bw.bytes, row.bw.iters * u64::from(size));
     assert!(row.bw.gbit_s > 0.0 && row.connect_seconds > 0.0);
     assert_eq!(row.vs_first, 1.0);
+    // iWARP rows carry the same rounds over raw TCP connections; RoCE's have none.
+    match (transport, row.raw_tcp) {
+        ("iwarp", Some(raw)) => {
+            assert_eq!(raw.iters, rounds * u64::from(qps));
+            assert_eq!(raw.bytes, raw.iters * u64::from(size));
+            assert_eq!(row.raw_vs_first, Some(1.0));
+        }
+        ("roce", None) => assert_eq!(row.raw_vs_first, None),
+        (t, raw) => panic!("{t}: raw TCP row {raw:?}"),
+    }
 }
 
 #[test]
@@ -72,8 +82,11 @@ fn a_list_from_the_binary() {
     let qps: Vec<u64> = rows.iter().map(|r| r["qps"].as_u64().unwrap()).collect();
     assert_eq!(qps, [2, 16]);
     assert_eq!(rows[0]["vs_first"], 1.0);
+    assert_eq!(rows[0]["raw_vs_first"], 1.0);
     for r in rows {
         assert_eq!(r["rounds"], 3);
+        assert_eq!(r["raw_tcp"]["iters"], 3 * r["qps"].as_u64().unwrap());
+        assert!(r["raw_vs_first"].as_f64().is_some_and(|v| v > 0.0));
         assert!(r["idle_bytes_per_connection"].as_u64().is_some());
     }
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))

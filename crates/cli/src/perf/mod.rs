@@ -1827,9 +1827,10 @@ pub fn render_body(r: &Report) -> String {
         let _ = writeln!(s, "{RULE}");
         let _ = writeln!(
             s,
-            " scale: N connected RC QPs, one RDMA Write per QP per round; memory: RSS added per connection (both QPs, both contexts), KiB"
+            " scale: N connected RC QPs, one RDMA Write per QP per round; memory: RSS added per connection (both QPs, both contexts), KiB; raw TCP: the same rounds over N loopback TCP connections"
         );
-        let _ = writeln!(
+        let raw = r.scale.iter().any(|x| x.raw_tcp.is_some());
+        let _ = write!(
             s,
             " {:>6} {:>8} {:>8} {:>11} {:>10} {:>14} {:>10} {:>11} {:>11}",
             "#QPs",
@@ -1842,8 +1843,13 @@ pub fn render_body(r: &Report) -> String {
             "idle[KiB]",
             "active[KiB]",
         );
+        let _ = if raw {
+            writeln!(s, " | {:>13} {:>10}", "raw TCP[Gb/s]", "vs 1st")
+        } else {
+            writeln!(s)
+        };
         for x in &r.scale {
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 " {:>6} {:>8} {:>8} {:>11.3} {:>10.2} {:>14.4} {:>10.2} {:>11.1} {:>11.1}",
                 x.qps,
@@ -1856,6 +1862,11 @@ pub fn render_body(r: &Report) -> String {
                 x.idle_bytes_per_connection as f64 / 1024.0,
                 x.active_bytes_per_connection as f64 / 1024.0,
             );
+            let _ = match (x.raw_tcp, x.raw_vs_first) {
+                (Some(b), Some(v)) => writeln!(s, " | {:>13.2} {:>10.2}", b.gbit_s, v),
+                _ if raw => writeln!(s, " | {:>13} {:>10}", "-", "-"),
+                _ => writeln!(s),
+            };
         }
     }
     if !r.lat.is_empty() {

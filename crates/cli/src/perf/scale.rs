@@ -6,7 +6,9 @@
 //! every QP's slot of the server's region is checked.
 //!
 //! Both ends live in this process, so the memory figure of a connection counts both of its
-//! QPs (and their sockets' user-space state); per QP is half of it.
+//! QPs (and their sockets' user-space state); per QP is half of it. iWARP rows over loopback
+//! also run the same rounds over raw TCP connections (`raw_tcp`): how much of the fall from
+//! one QP to many is the kernel's own.
 //!
 //! `perf HOST -q N` runs the same rounds against a `softrdma perf --server`: the first
 //! connection's request opens a session there (one region of N slots), the others join it,
@@ -54,6 +56,14 @@ pub struct ScaleRow {
     pub ends_here: u32,
     /// Aggregate bandwidth / the one-QP row's (1.0 for the first row).
     pub vs_first: f64,
+    /// iWARP over loopback: the same rounds over `qps` raw TCP connections of this process
+    /// ([`super::tcp::rounds`]), run right after.
+    #[serde(default)]
+    pub raw_tcp: Option<Bw>,
+    /// The raw rounds' bandwidth / the first row's (what the kernel does with more
+    /// connections).
+    #[serde(default)]
+    pub raw_vs_first: Option<f64>,
 }
 
 fn two() -> u32 {
@@ -82,6 +92,8 @@ impl ScaleRow {
             active_bytes_per_connection: per(active),
             ends_here,
             vs_first: 1.0,
+            raw_tcp: None,
+            raw_vs_first: None,
         }
     }
 }
@@ -135,6 +147,11 @@ pub fn run(
             _ => in_child(args, n)?,
         };
         row.vs_first = rows.first().map_or(1.0, |f| row.bw.gbit_s / f.bw.gbit_s);
+        row.raw_vs_first = match (rows.first(), row.raw_tcp) {
+            (None, Some(_)) => Some(1.0),
+            (Some(f), Some(r)) => f.raw_tcp.map(|fr| r.gbit_s / fr.gbit_s),
+            _ => None,
+        };
         rows.push(row);
     }
     Ok(rows)
@@ -323,13 +340,18 @@ fn one(args: &PerfArgs, n: u32, size: u32, limit: Limit) -> Result<ScaleRow, Per
     for qp in &qps {
         let _ = qp.disconnect();
     }
-    Ok(ScaleRow::measured(
+    drop(qps);
+    let mut row = ScaleRow::measured(
         (n, size, rounds),
         connect_seconds,
         elapsed,
         [rss0, rss_idle, rss_active],
         2,
-    ))
+    );
+    if args.transport == super::Transport::Iwarp {
+        row.raw_tcp = Some(super::tcp::rounds(n, size, limit)?);
+    }
+    Ok(row)
 }
 
 /// One row against the server at `addr`: N connections into one session there.

@@ -1,9 +1,11 @@
 //! The raw TCP baseline: one blocking TCP stream for bandwidth and a TCP ping-pong for
 //! latency, with the same message size as the RDMA test, page-aligned buffers and
-//! `TCP_NODELAY` (as the iWARP connections have). The raw server is [`super::raw`].
+//! `TCP_NODELAY` (as the iWARP connections have). The raw server is [`super::raw`]. The
+//! scale test's baseline ([`rounds`]) is N loopback connections of this process.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use super::proto::{RawTest, raw_header};
@@ -119,4 +121,121 @@ pub fn bye(addr: SocketAddr) -> io::Result<()> {
     let s = connect(addr, RawTest::Bye, 0)?;
     drop(s);
     Ok(())
+}
+
+/// The scale test's raw baseline: `n` loopback TCP connections (`TCP_NODELAY`), one
+/// `size`-octet blocking write to each per round until `limit`, read by one thread that
+/// waits on all of them with epoll (as the iWARP driver's background thread does). The time
+/// runs until every octet was read. What the kernel itself does with `n` connections: the
+/// ratio of its rows to the one-connection row is the most softrdma's can reach.
+pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let addr = listener.local_addr()?;
+    let mut writers = Vec::with_capacity(n as usize);
+    let mut readers = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let w = TcpStream::connect(addr)?;
+        w.set_nodelay(true)?;
+        let (r, _) = listener.accept()?;
+        r.set_nonblocking(true)?;
+        writers.push(w);
+        readers.push(r);
+    }
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
+    for (i, r) in readers.iter().enumerate() {
+        let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLET, i as u64);
+        epoll.add(r.as_fd(), ev).map_err(io::Error::from)?;
+    }
+    let mut buf = PageBuf::zeroed(size.max(1) as usize);
+    buf.as_mut_slice().fill(0x5a);
+    let start = Instant::now();
+    let (rounds, read) = std::thread::scope(|s| -> Result<(u64, u64), PerfError> {
+        let reader = s.spawn(|| -> io::Result<u64> {
+            let mut rbuf = PageBuf::zeroed(64 * 1024);
+            let mut events = vec![EpollEvent::empty(); 256];
+            let (mut total, mut open) = (0u64, readers.len());
+            // An ended socket may be reported again (its hang-up after its last read).
+            let mut ended = vec![false; readers.len()];
+            while open > 0 {
+                let k = match epoll.wait(&mut events, EpollTimeout::from(1000u16)) {
+                    Ok(k) => k,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                for ev in &events[..k] {
+                    let i = ev.data() as usize;
+                    if ended[i] {
+                        continue;
+                    }
+                    let mut r = &readers[i];
+                    // Edge-triggered: read until the socket is empty or ended.
+                    loop {
+                        match r.read(rbuf.as_mut_slice()) {
+                            Ok(0) => {
+                                ended[i] = true;
+                                open -= 1;
+                                break;
+                            }
+                            Ok(m) => total += m as u64,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+            }
+            Ok(total)
+        });
+        let mut done = 0u64;
+        loop {
+            match limit {
+                Limit::Iters(k) if done >= k => break,
+                Limit::Duration(d) if done > 0 && start.elapsed() >= d => break,
+                _ => {}
+            }
+            for mut w in &writers {
+                w.write_all(buf.as_slice())?;
+            }
+            done += 1;
+        }
+        for w in &writers {
+            w.shutdown(Shutdown::Write)?;
+        }
+        let read = reader
+            .join()
+            .map_err(|_| PerfError::Protocol("the raw TCP reader panicked".into()))??;
+        Ok((done, read))
+    })?;
+    let elapsed = start.elapsed();
+    let want = rounds * u64::from(n) * u64::from(size);
+    if read != want {
+        return Err(PerfError::Protocol(format!(
+            "raw TCP scale baseline: read {read} octets of {want}"
+        )));
+    }
+    Ok(Bw::new(rounds * u64::from(n), size, elapsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scale baseline moves every octet it writes, one write per connection per round,
+    /// for one connection and for many, by count and by time.
+    #[test]
+    fn raw_scale_rounds_read_every_octet() {
+        for (n, size) in [(1u32, 4096u32), (16, 4096), (64, 1000)] {
+            let b = rounds(n, size, Limit::Iters(50)).unwrap();
+            assert_eq!(b.iters, 50 * u64::from(n), "{n} connections");
+            assert_eq!(b.bytes, 50 * u64::from(n) * u64::from(size));
+            let b = rounds(n, size, Limit::Duration(Duration::from_millis(50))).unwrap();
+            assert!(
+                b.iters > 0 && b.iters.is_multiple_of(u64::from(n)),
+                "{n}: {}",
+                b.iters
+            );
+            assert_eq!(b.bytes, b.iters * u64::from(size));
+        }
+    }
 }
