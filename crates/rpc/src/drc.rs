@@ -44,7 +44,7 @@ impl CallKey {
             vers,
             proc,
             args_len: args.len(),
-            csum: crc32c::crc32c(&args[..args.len().min(CSUM_LEN)]),
+            csum: crc_fast::crc32_iscsi(&args[..args.len().min(CSUM_LEN)]),
         }
     }
 }
