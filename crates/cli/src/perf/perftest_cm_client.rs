@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use softrdma::{
     Access, ConnectParams, Context, Cq, Key, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags,
-    SendWr, WcOpcode, WcStatus,
+    SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::perftest_client::{
@@ -70,6 +70,51 @@ fn decode(m: &[u8]) -> Option<PerftestDest> {
     })
 }
 
+/// Where one out-of-band exchange stands: our message sent, the answer received.
+#[derive(Default)]
+struct Exchange {
+    sent: bool,
+    answered: bool,
+    /// A completion in error seen while the exchange was not done.
+    failed: Option<String>,
+}
+
+impl Exchange {
+    fn done(&self) -> bool {
+        self.sent && self.answered
+    }
+
+    /// Takes a batch of completions: the receives that succeeded (their slot and length,
+    /// to be read and posted again), in order. A completion in error fails the exchange
+    /// unless the batch completes it: a server that closes right after its last answer
+    /// flushes our other posted receives, and those flushes may come in the batch that
+    /// carries the answer (seen against siw with loss: its answer retransmitted, then its
+    /// FIN, in one read).
+    fn take(&mut self, wcs: &[WorkCompletion]) -> Result<Vec<(u64, usize)>, PerfError> {
+        let mut slots = Vec::new();
+        for wc in wcs {
+            if wc.status != WcStatus::Success {
+                self.failed
+                    .get_or_insert_with(|| format!("out-of-band: {wc:?}"));
+                continue;
+            }
+            match wc.opcode {
+                WcOpcode::Recv => {
+                    slots.push((wc.wr_id, wc.byte_len as usize));
+                    self.answered = true;
+                }
+                _ => self.sent = true,
+            }
+        }
+        if !self.done()
+            && let Some(f) = self.failed.take()
+        {
+            return Err(PerfError::Completion(f));
+        }
+        Ok(slots)
+    }
+}
+
 /// The out-of-band connection: one message out, the answer of the same size back.
 struct Oob {
     qp: Qp,
@@ -108,9 +153,10 @@ impl Oob {
             SendWr::send(1 << 40, vec![self.tx.sge(0, mine.len() as u32)])
                 .with_flags(SendFlags::SIGNALED),
         )?;
-        let (mut sent, mut got) = (false, None);
+        let mut x = Exchange::default();
+        let mut got = None;
         let mut wcs = Vec::new();
-        while !sent || got.is_none() {
+        while !x.done() {
             wcs.clear();
             wait_some(
                 &self.cq,
@@ -119,22 +165,14 @@ impl Oob {
                 Duration::from_secs(30),
                 &mut wcs,
             )?;
-            for wc in &wcs {
-                if wc.status != WcStatus::Success {
-                    return Err(PerfError::Completion(format!("out-of-band: {wc:?}")));
-                }
-                match wc.opcode {
-                    WcOpcode::Recv => {
-                        let mut b = vec![0u8; wc.byte_len as usize];
-                        self.rx.copy_out(wc.wr_id as usize * SLOT, &mut b)?;
-                        self.qp.post_recv(RecvWr::new(
-                            wc.wr_id,
-                            vec![self.rx.sge(wc.wr_id as usize * SLOT, SLOT as u32)],
-                        ))?;
-                        got = Some(b);
-                    }
-                    _ => sent = true,
-                }
+            for slot in x.take(&wcs)? {
+                let mut b = vec![0u8; slot.1];
+                self.rx.copy_out(slot.0 as usize * SLOT, &mut b)?;
+                got.get_or_insert(b);
+                self.qp.post_recv(RecvWr::new(
+                    slot.0,
+                    vec![self.rx.sge(slot.0 as usize * SLOT, SLOT as u32)],
+                ))?;
             }
         }
         let b = got.unwrap_or_default();
@@ -311,6 +349,42 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wc(wr_id: u64, opcode: WcOpcode, status: WcStatus, byte_len: u32) -> WorkCompletion {
+        WorkCompletion::new(wr_id, status, opcode, byte_len)
+    }
+
+    /// The server's last answer and the flush of our other receives (it closed at once)
+    /// in one batch: the exchange is done. A flush before the answer fails it, as does a
+    /// flushed Send.
+    #[test]
+    fn flushes_after_the_answer_end_nothing() {
+        use WcStatus::{Success, WorkRequestFlushed as Flushed};
+        let mut x = Exchange::default();
+        assert_eq!(
+            x.take(&[wc(1 << 40, WcOpcode::Send, Success, 56)]).unwrap(),
+            []
+        );
+        assert!(!x.done());
+        let batch = [
+            wc(3, WcOpcode::Recv, Success, 56),
+            wc(0, WcOpcode::Recv, Flushed, 0),
+            wc(1, WcOpcode::Recv, Flushed, 0),
+        ];
+        assert_eq!(x.take(&batch).unwrap(), [(3, 56)]);
+        assert!(x.done());
+
+        let mut x = Exchange::default();
+        x.take(&[wc(1 << 40, WcOpcode::Send, Success, 8)]).unwrap();
+        assert!(x.take(&[wc(0, WcOpcode::Recv, Flushed, 0)]).is_err());
+
+        let mut x = Exchange::default();
+        let batch = [
+            wc(2, WcOpcode::Recv, Success, 8),
+            wc(1 << 40, WcOpcode::Send, Flushed, 0),
+        ];
+        assert!(x.take(&batch).is_err(), "our message never left");
+    }
 
     /// The record perftest's ib_write_bw -R client sent (`scripts/interop-rxe.sh` capture).
     #[test]
