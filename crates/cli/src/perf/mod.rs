@@ -96,6 +96,14 @@ pub enum Limit {
 }
 
 impl Limit {
+    /// A loop of rounds that ran `done` of them since `start` is over (one round at least).
+    pub fn reached(self, done: u64, start: std::time::Instant) -> bool {
+        match self {
+            Limit::Iters(k) => done >= k,
+            Limit::Duration(d) => done > 0 && start.elapsed() >= d,
+        }
+    }
+
     /// The one latency loop: runs `round_trip(i)` (which returns the time of its timed
     /// part) for `warmup` untimed iterations and then until the limit; the samples in
     /// nanoseconds.

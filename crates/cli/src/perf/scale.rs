@@ -579,12 +579,7 @@ fn rounds(
     };
     let start = Instant::now();
     let mut done = 0u64;
-    loop {
-        match limit {
-            Limit::Iters(k) if done >= k => break,
-            Limit::Duration(d) if done > 0 && start.elapsed() >= d => break,
-            _ => {}
-        }
+    while !limit.reached(done, start) {
         for (i, qp) in qps.iter().enumerate() {
             let at = (i * size as usize) as u64;
             qp.post_send(

@@ -188,12 +188,7 @@ pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
             Ok(total)
         });
         let mut done = 0u64;
-        loop {
-            match limit {
-                Limit::Iters(k) if done >= k => break,
-                Limit::Duration(d) if done > 0 && start.elapsed() >= d => break,
-                _ => {}
-            }
+        while !limit.reached(done, start) {
             for mut w in &writers {
                 w.write_all(buf.as_slice())?;
             }
