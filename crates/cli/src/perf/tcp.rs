@@ -126,8 +126,8 @@ pub fn bye(addr: SocketAddr) -> io::Result<()> {
 /// The scale test's raw baseline: `n` loopback TCP connections (`TCP_NODELAY`), one
 /// `size`-octet blocking write to each per round until `limit`, read by one thread that
 /// waits on all of them with epoll (as the iWARP driver's background thread does). The time
-/// runs until every octet was read. What the kernel itself does with `n` connections: the
-/// ratio of its rows to the one-connection row is the most softrdma's can reach.
+/// runs until every octet was read. What the kernel itself does with `n` connections: how
+/// much of softrdma's fall from one QP to many is the kernel's own.
 pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
@@ -188,18 +188,25 @@ pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
             Ok(total)
         });
         let mut done = 0u64;
-        while !limit.reached(done, start) {
-            for mut w in &writers {
-                w.write_all(buf.as_slice())?;
+        let wrote = (|| -> io::Result<()> {
+            while !limit.reached(done, start) {
+                for mut w in &writers {
+                    w.write_all(buf.as_slice())?;
+                }
+                done += 1;
             }
-            done += 1;
-        }
-        for w in &writers {
-            w.shutdown(Shutdown::Write)?;
-        }
+            Ok(())
+        })();
+        // Every stream ends, whatever happened: the reader waits for all of them.
+        let ended = writers
+            .iter()
+            .map(|w| w.shutdown(Shutdown::Write))
+            .collect::<io::Result<Vec<()>>>();
         let read = reader
             .join()
             .map_err(|_| PerfError::Protocol("the raw TCP reader panicked".into()))??;
+        wrote?;
+        ended?;
         Ok((done, read))
     })?;
     let elapsed = start.elapsed();
