@@ -197,11 +197,12 @@ pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
             }
             Ok(())
         })();
-        // Every stream ends, whatever happened: the reader waits for all of them.
+        // Every stream ends, whatever happened: the reader waits for all of them (the
+        // first error is kept, the other streams still shut down).
         let ended = writers
             .iter()
             .map(|w| w.shutdown(Shutdown::Write))
-            .collect::<io::Result<Vec<()>>>();
+            .fold(Ok(()), io::Result::and);
         let read = reader
             .join()
             .map_err(|_| PerfError::Protocol("the raw TCP reader panicked".into()))??;
