@@ -215,7 +215,7 @@ impl TxBuf {
     }
 
     /// Hands the front of the queue to `write` as at most [`MAX_IOV`] slices, the
-    /// referenced memory read-locked and re-validated meanwhile; consumes what `write`
+    /// referenced memory re-validated, then read-locked meanwhile; consumes what `write`
     /// reports written. `Ok(None)` when the queue is empty (`write` not called);
     /// `Err(Ok(e))` for `write`'s error, `Err(Err(e))` when a reference at the front is no
     /// longer valid (nothing is written then).
@@ -283,6 +283,14 @@ impl TxBuf {
                     slices.push(IoSlice::new(s));
                 }
             }
+            // Validated: the tables go before the syscall. A write of a few hundred KiB
+            // takes as long as a copy that size, and holding a context's key table
+            // meanwhile made every registration in it wait for the socket (and, the lock
+            // preferring writers, every other QP's access behind that). The buffers stay
+            // read-locked, so what leaves is the memory as it was when validated; a region
+            // revoked during the write is the work request racing its own deregistration,
+            // which the verbs leave undefined (the octets already validated go out).
+            drop(table_guards);
             write(&slices).map_err(Ok)?
         };
         self.consume(n);

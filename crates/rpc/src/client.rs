@@ -661,6 +661,11 @@ impl Client {
         reply: ReplySpace,
     ) -> Result<Pending, RpcError> {
         args.check().map_err(|e| RpcError::Encode(e.to_string()))?;
+        if args.shared.is_some() {
+            // The call is encoded into one message anyway: the shared item is copied in.
+            let a = args.clone().into_inline();
+            return self.send_call(prog, vers, proc, &a.xdr, a.ddp, reply);
+        }
         self.send_call(prog, vers, proc, &args.xdr, args.ddp.clone(), reply)
     }
 

@@ -18,7 +18,7 @@ pub use client::{
     ResultBinding, RpcError,
 };
 pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
-pub use payload::{ChunkError, Payload};
+pub use payload::{ChunkError, Payload, Shared};
 pub use server::{
     ArgumentBinding, CallContext, Eligible, OutReply, ProcError, Program, Registry, Server,
     ServerConfig, TcpServer, UdpServer,

@@ -2,27 +2,58 @@
 //! chunk makes of it: what leaves the Payload stream and how the receiver puts it back.
 
 use std::ops::Range;
+use std::sync::Arc;
 
+use softrdma::Buffer;
 use softrdma_wire::xdr::{pad_len, padded_len};
 
 /// XDR octets (call arguments or reply results) and their DDP-eligible items: the data
 /// octets of variable-length opaques, `ddp`, which the Upper-Layer Binding names
 /// (RFC 8166 §6; for NFSv3 the data of WRITE and READ, RFC 8267 §4). Each item's length
 /// word stays before it in `xdr`; its XDR padding follows it.
+///
+/// The last item may instead stay in memory of its own, [`Shared`]: a result served from
+/// memory the program keeps (a cache, registered memory) is then never copied into the
+/// stream, and over RDMA it is written into the requester's Write chunk from where it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Payload {
-    /// The whole (unreduced) XDR stream.
+    /// The XDR stream: whole, or without the data (and padding) of `shared`.
     pub xdr: Vec<u8>,
     /// The DDP-eligible items' data: ranges of `xdr` in stream order, each starting at a
     /// multiple of 4 (a transport moves the first through the first chunk, and so on).
     pub ddp: Vec<Range<usize>>,
+    /// A last DDP-eligible item held apart (after every `ddp` item).
+    pub shared: Option<Shared>,
 }
+
+/// DDP-eligible data that stays where it is: octets `range` of `data`, which belong at
+/// offset `at` of the payload's `xdr` (right after their length word; the XDR padding
+/// goes with them wherever they are put back).
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// Where in `xdr` the data belongs.
+    pub at: usize,
+    /// The memory holding it (read under its lock while being sent).
+    pub data: Arc<Buffer>,
+    /// The data's octets in `data`.
+    pub range: Range<usize>,
+}
+
+impl PartialEq for Shared {
+    /// The same octets of the same memory.
+    fn eq(&self, o: &Shared) -> bool {
+        self.at == o.at && self.range == o.range && Arc::ptr_eq(&self.data, &o.data)
+    }
+}
+
+impl Eq for Shared {}
 
 impl From<Vec<u8>> for Payload {
     fn from(xdr: Vec<u8>) -> Payload {
         Payload {
             xdr,
             ddp: Vec::new(),
+            shared: None,
         }
     }
 }
@@ -43,9 +74,24 @@ impl Payload {
         self
     }
 
+    /// `xdr` followed by octets `range` of `data` as a DDP-eligible `opaque<>` left where it
+    /// is ([`Shared`]); more XDR may follow it ([`Payload::push_xdr`]), no other item.
+    pub fn with_shared(xdr: Vec<u8>, data: Arc<Buffer>, range: Range<usize>) -> Payload {
+        let mut p = Payload::from(xdr);
+        debug_assert!(p.xdr.len().is_multiple_of(4));
+        p.xdr.extend_from_slice(&(range.len() as u32).to_be_bytes());
+        p.shared = Some(Shared {
+            at: p.xdr.len(),
+            data,
+            range,
+        });
+        p
+    }
+
     /// Appends `opaque` as a DDP-eligible `opaque<>` item.
     pub fn push_opaque(&mut self, opaque: &[u8]) -> &mut Payload {
         debug_assert!(self.xdr.len().is_multiple_of(4));
+        debug_assert!(self.shared.is_none(), "the shared item comes last");
         self.xdr
             .extend_from_slice(&(opaque.len() as u32).to_be_bytes());
         let start = self.xdr.len();
@@ -60,7 +106,8 @@ impl Payload {
         self.ddp.iter().filter_map(|r| self.xdr.get(r.clone()))
     }
 
-    /// Well-formed items: inside `xdr`, 4-aligned, in order, none inside another's padding.
+    /// Well-formed items: inside `xdr`, 4-aligned, in order, none inside another's padding;
+    /// the shared item after them all, inside its memory.
     pub fn check(&self) -> Result<(), ChunkError> {
         let mut end = 0;
         for r in &self.ddp {
@@ -73,11 +120,73 @@ impl Payload {
             }
             end = padded_len(r.end);
         }
+        if let Some(s) = &self.shared
+            && !(s.at.is_multiple_of(4)
+                && s.at >= end
+                && s.at <= self.xdr.len()
+                && s.range.start <= s.range.end
+                && s.range.end <= s.data.len()
+                && u32::try_from(s.range.len()).is_ok())
+        {
+            return Err(ChunkError::BadItem);
+        }
         Ok(())
     }
 
+    /// Octets of the whole stream (the shared item and its padding in place).
+    pub fn len(&self) -> usize {
+        self.xdr.len()
+            + self
+                .shared
+                .as_ref()
+                .map_or(0, |s| padded_len(s.range.len()))
+    }
+
+    /// `true` for an empty stream.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Runs `f` on the whole stream in order, as slices: the shared item's memory read in
+    /// place (under its lock), nothing copied.
+    pub fn with_parts<R>(&self, f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        match &self.shared {
+            None => f(&[&self.xdr]),
+            Some(s) => {
+                let g = s.data.read();
+                let data = &g[s.range.clone()];
+                let pad = &[0u8; 3][..pad_len(data.len())];
+                f(&[&self.xdr[..s.at], data, pad, &self.xdr[s.at..]])
+            }
+        }
+    }
+
+    /// The whole stream in one vector (a copy of the shared item).
+    pub fn to_whole(&self) -> Vec<u8> {
+        self.with_parts(|p| p.concat())
+    }
+
+    /// Every item in `xdr`: the shared one copied into its place (for a transport that
+    /// sends the stream whole).
+    pub fn into_inline(self) -> Payload {
+        match &self.shared {
+            None => self,
+            Some(s) => {
+                let xdr = self.to_whole();
+                let mut ddp = self.ddp;
+                ddp.push(s.at..s.at + s.range.len());
+                Payload {
+                    xdr,
+                    ddp,
+                    shared: None,
+                }
+            }
+        }
+    }
+
     /// The reduced stream: `xdr` without the DDP-eligible items' data and padding
-    /// (RFC 8166 §3.4.4, RPCRDMA-14, RPCRDMA-18). Without items, `xdr` itself.
+    /// (RFC 8166 §3.4.4, RPCRDMA-14, RPCRDMA-18; the shared item is never in it). Without
+    /// items, `xdr` itself.
     pub fn reduced(&self) -> Vec<u8> {
         reduce_all(&self.xdr, &self.ddp)
     }
@@ -191,19 +300,73 @@ mod tests {
         let bad = Payload {
             xdr: vec![0; 8],
             ddp: std::iter::once(2..4).collect(),
+            shared: None,
         };
         assert_eq!(bad.check(), Err(ChunkError::BadItem));
         // Out of order, or inside the previous item's padding.
         let bad = Payload {
             xdr: vec![0; 16],
             ddp: vec![8..9, 0..4],
+            shared: None,
         };
         assert_eq!(bad.check(), Err(ChunkError::BadItem));
         let bad = Payload {
             xdr: vec![0; 16],
             ddp: vec![0..1, 0..4],
+            shared: None,
         };
         assert_eq!(bad.check(), Err(ChunkError::BadItem));
+    }
+
+    /// A shared item: the whole stream has it (and its padding) in place, read where it
+    /// is; inline, it becomes the last ordinary item; it must come after every other one.
+    #[test]
+    fn a_shared_item_is_whole_in_place_and_checked() {
+        let mem = Buffer::adopt((0u8..20).collect());
+        let mut p = Payload::with_opaque(vec![1; 4], b"ab");
+        p.push_xdr(&[2; 4]);
+        let mut q = Payload::with_shared(std::mem::take(&mut p.xdr), mem.clone(), 5..10);
+        q.ddp = p.ddp.clone();
+        q.push_xdr(&[3; 4]);
+        assert_eq!(q.check(), Ok(()));
+        let mut want = vec![
+            1, 1, 1, 1, 0, 0, 0, 2, b'a', b'b', 0, 0, 2, 2, 2, 2, 0, 0, 0, 5,
+        ];
+        want.extend_from_slice(&[5, 6, 7, 8, 9, 0, 0, 0, 3, 3, 3, 3]);
+        assert_eq!(q.to_whole(), want);
+        assert_eq!(q.len(), want.len());
+        assert_eq!(q.with_parts(|p| p.len()), 4);
+        // The reduced stream never holds it; inline, it is the second item.
+        assert_eq!(
+            q.reduced(),
+            [&want[..8], &want[12..20], &want[28..]].concat()
+        );
+        let inl = q.clone().into_inline();
+        assert_eq!(inl.xdr, want);
+        assert_eq!(inl.ddp, vec![8..10, 20..25]);
+        assert_eq!(inl.shared, None);
+        assert_eq!(inl.check(), Ok(()));
+        // Before an ordinary item, off a word, or past its memory: refused.
+        for bad in [
+            Shared {
+                at: 4,
+                ..q.shared.clone().unwrap()
+            },
+            Shared {
+                at: 18,
+                ..q.shared.clone().unwrap()
+            },
+            Shared {
+                range: 15..21,
+                ..q.shared.clone().unwrap()
+            },
+        ] {
+            let b = Payload {
+                shared: Some(bad),
+                ..q.clone()
+            };
+            assert_eq!(b.check(), Err(ChunkError::BadItem));
+        }
     }
 
     proptest! {

@@ -90,14 +90,22 @@ impl Cached for OutReply {
 }
 
 impl OutReply {
-    /// The message in order: header, then results.
-    pub fn parts(&self) -> [&[u8]; 2] {
-        [&self.head, &self.body.xdr]
+    /// Runs `f` on the message in order as slices: header, then results (a shared result
+    /// item read where it is).
+    pub fn with_parts<R>(&self, f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        self.body.with_parts(|body| {
+            // The body is at most four slices (`Payload::with_parts`).
+            let mut parts: [&[u8]; 5] = [&[]; 5];
+            let n = body.len().min(4);
+            parts[0] = &self.head;
+            parts[1..=n].copy_from_slice(&body[..n]);
+            f(&parts[..=n])
+        })
     }
 
     /// Octets of the whole message.
     pub fn len(&self) -> usize {
-        self.head.len() + self.body.xdr.len()
+        self.head.len() + self.body.len()
     }
 
     /// `true` for an empty message (never for one [`Registry::dispatch`] made).
@@ -107,7 +115,7 @@ impl OutReply {
 
     /// The whole message in one vector.
     pub fn to_vec(&self) -> Vec<u8> {
-        self.parts().concat()
+        self.with_parts(|p| p.concat())
     }
 }
 
@@ -481,7 +489,9 @@ impl Server {
             self.spawn(move || {
                 if let Some(r) = reg.dispatch(&msg, peer, &buffers) {
                     let mut w = writer.lock();
-                    if write_record_parts(&mut *w, &r.parts(), MAX_FRAGMENT).is_err() {
+                    if r.with_parts(|p| write_record_parts(&mut *w, p, MAX_FRAGMENT))
+                        .is_err()
+                    {
                         let _ = w.shutdown(Shutdown::Both);
                     }
                     drop(w);

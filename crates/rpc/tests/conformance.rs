@@ -720,6 +720,7 @@ fn rpcrdma_12_15_17_72_the_requester_reduces_only_the_marked_item() {
         let optional = Payload {
             xdr,
             ddp: std::iter::once(start..start + 6000).collect(),
+            shared: None,
         };
         for (what, args, word) in [
             ("counted", counted, 4999u32.to_be_bytes()),
@@ -872,6 +873,7 @@ fn rpcrdma_15_optional_data_keeps_its_is_present_word() {
     let p = Payload {
         xdr: xdr.clone(),
         ddp: std::iter::once(4..11).collect(),
+        shared: None,
     };
     assert!(p.check().is_ok());
     assert_eq!(p.reduced(), [0, 0, 0, 1, 0xF6, 0xF6, 0xF6, 0xF6]);

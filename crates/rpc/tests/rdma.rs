@@ -48,6 +48,16 @@ mod proc {
     /// Arguments: a length c; results: a union's arm without an eligible item (its
     /// discriminant 0), then an eligible opaque of c.
     pub const ARM: u32 = 8;
+    /// Arguments: a length n; results: the word 7, an opaque of n octets the program keeps
+    /// in memory of its own ([`Payload::with_shared`]), the word 9.
+    pub const SHARED: u32 = 9;
+}
+
+/// What SHARED serves from: octets 3.. of this pattern.
+const SHARED_LEN: usize = 300_000;
+
+fn shared_data() -> Vec<u8> {
+    pattern(SHARED_LEN, 9)
 }
 
 fn sum(d: &[u8]) -> u64 {
@@ -67,9 +77,15 @@ struct Gate {
     cv: Condvar,
 }
 
-fn program(gate: Arc<Gate>) -> impl Program {
+fn program(gate: Arc<Gate>, kept: Arc<softrdma::Buffer>) -> impl Program {
     move |ctx: &CallContext<'_>, args: &[u8]| -> Result<Payload, ProcError> {
         match ctx.header.proc {
+            proc::SHARED => {
+                let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
+                let mut p = Payload::with_shared(vec![0, 0, 0, 7], kept.clone(), 3..3 + n);
+                p.push_xdr(&[0, 0, 0, 9]);
+                Ok(p)
+            }
             proc::NULL => Ok(Payload::default()),
             proc::ECHO => Ok(args.to_vec().into()),
             proc::SUM => {
@@ -132,6 +148,8 @@ struct Rig {
     client_ctx: Context,
     _server_ctx: Context,
     gate: Arc<Gate>,
+    /// SHARED's memory.
+    kept: Arc<softrdma::Buffer>,
 }
 
 fn rig(t: T, scfg: RdmaConfig) -> Rig {
@@ -141,8 +159,9 @@ fn rig(t: T, scfg: RdmaConfig) -> Rig {
 fn rig_with(t: T, scfg: RdmaConfig, bind: bool) -> Rig {
     let (sctx, cctx) = contexts(t);
     let gate = Arc::new(Gate::default());
+    let kept = softrdma::Buffer::adopt(shared_data());
     let mut reg = Registry::new();
-    reg.register(PROG, 1, program(gate.clone()));
+    reg.register(PROG, 1, program(gate.clone(), kept.clone()));
     // The binding: SUM's opaque (after one word and its length word) is the only
     // DDP-eligible argument.
     if bind {
@@ -164,6 +183,7 @@ fn rig_with(t: T, scfg: RdmaConfig, bind: bool) -> Rig {
         client_ctx: cctx,
         _server_ctx: sctx,
         gate,
+        kept,
     }
 }
 
@@ -420,6 +440,51 @@ fn rpcrdma_28_45_write_chunks() {
             assert_eq!(got.bulk, None);
             assert_eq!(&got.results[8..8 + n], &pattern(n, 5)[..], "{t:?} {n}");
         }
+    });
+}
+
+/// A result the program keeps in memory of its own goes through the Write chunk from where
+/// it is, or back inline (or through the Reply chunk) with its padding when no chunk takes
+/// it; the program's memory is untouched either way (not given to the server's pool).
+#[test]
+fn shared_results_through_write_chunks_and_inline() {
+    both(|t| {
+        let r = rig(t, RdmaConfig::default());
+        let (c, tr) = r.client(RdmaConfig::default());
+        let whole = shared_data();
+        for n in [0usize, 1, 5, 1000, 4095, 4097, SHARED_LEN - 3] {
+            let data = &whole[3..3 + n];
+            let len = (n as u32).to_be_bytes();
+            for ddp in [Some(SHARED_LEN), None] {
+                let space = ReplySpace {
+                    max: if ddp.is_some() { 1024 } else { n + 64 },
+                    ddp,
+                };
+                let before = tr.stats();
+                let got = c
+                    .call_with(PROG, 1, proc::SHARED, &len.to_vec().into(), space)
+                    .unwrap();
+                let through_chunk = ddp.is_some() && n > 0;
+                let mut want = vec![0, 0, 0, 7];
+                want.extend_from_slice(&len);
+                if through_chunk {
+                    assert_eq!(got.bulk.as_deref(), Some(data), "{t:?} {n}");
+                    let after = tr.stats();
+                    assert_eq!(after.replies_write_chunk - before.replies_write_chunk, 1);
+                } else {
+                    assert_eq!(got.bulk, None, "{t:?} {n}");
+                    want.extend_from_slice(data);
+                    want.resize(want.len().next_multiple_of(4), 0);
+                }
+                want.extend_from_slice(&[0, 0, 0, 9]);
+                assert_eq!(got.results, want, "{t:?} {n} {ddp:?}");
+            }
+        }
+        assert_eq!(
+            r.kept.read()[..],
+            whole[..],
+            "the program's memory is as it was"
+        );
     });
 }
 

@@ -433,3 +433,41 @@ fn result_bindings_hold_over_tcp() {
     assert_eq!(got.results, args.xdr);
     assert_eq!(got.unreduced().unwrap(), args.xdr);
 }
+
+/// A result the program keeps in memory of its own ([`Payload::with_shared`]) goes out
+/// over TCP in place, padded, with the XDR after it; a shared argument goes out whole
+/// (the program reads its length word).
+#[test]
+fn shared_items_go_whole_over_tcp() {
+    let mem = softrdma::Buffer::adopt((0..=255u8).cycle().take(100_000).collect());
+    let mut reg = Registry::new();
+    let kept = mem.clone();
+    reg.register(PROG, 1, move |_: &CallContext<'_>, args: &[u8]| {
+        let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
+        let mut p = Payload::with_shared(vec![0, 0, 0, 7], kept.clone(), 1..1 + n);
+        p.push_xdr(&[0, 0, 0, 9]);
+        Ok::<_, ProcError>(p)
+    });
+    let server = Arc::new(Server::new(reg, ServerConfig::default()));
+    let tcp = server
+        .serve_tcp(TcpListener::bind("127.0.0.1:0").unwrap())
+        .unwrap();
+    let c = Client::connect_tcp(tcp.local_addr()).unwrap();
+    for n in [0usize, 3, 4, 65_537, 99_999] {
+        let got = c.call(PROG, 1, 0, &(n as u32).to_be_bytes()).unwrap();
+        let mut want = vec![0, 0, 0, 7];
+        want.extend_from_slice(&(n as u32).to_be_bytes());
+        want.extend_from_slice(&mem.read()[1..1 + n]);
+        want.resize(want.len().next_multiple_of(4), 0);
+        want.extend_from_slice(&[0, 0, 0, 9]);
+        assert_eq!(got.results, want, "{n}");
+    }
+    // Arguments: the call carries the shared octets in place (the program reads the length
+    // word only).
+    let args = Payload::with_shared(Vec::new(), mem.clone(), 0..5);
+    let got = c
+        .call_with(PROG, 1, 0, &args, ReplySpace::default())
+        .unwrap();
+    assert_eq!(&got.results[4..8], &5u32.to_be_bytes());
+    assert_eq!(&got.results[8..13], &mem.read()[1..6]);
+}

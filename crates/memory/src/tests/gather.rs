@@ -172,6 +172,39 @@ fn revoked_reference_is_refused_when_written() {
     assert_eq!(tx.gather(&src[1], 0, 4096), Err(AccessError::Invalidated));
 }
 
+/// The key table is free while the socket write runs: another thread registers and
+/// deregisters in the same context meanwhile (the write used to hold the table, so the
+/// registration waited for the socket), and what is written is what was validated.
+#[test]
+fn registration_does_not_wait_for_a_write_in_progress() {
+    let (t, src, _) = sources();
+    let mut tx = TxBuf::new();
+    tx.gather(&src[0], 0, 8192).unwrap();
+    let want = {
+        let mut v = vec![0u8; 8192];
+        src[0].copy_out(0, &mut v).unwrap();
+        v
+    };
+    let r = tx.write_with(|iov| {
+        let t2 = t.clone();
+        let (done, registered) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let k = t2
+                .reg_mr(PD, Buffer::new(64), 0, 64, 0x9000, all())
+                .unwrap();
+            t2.dereg_mr(k).unwrap();
+            let _ = done.send(());
+        });
+        // Bounded only so that the old behaviour fails instead of hanging.
+        let r = registered.recv_timeout(std::time::Duration::from_secs(20));
+        assert!(r.is_ok(), "the registration waited for the write");
+        let got: Vec<u8> = iov.iter().flat_map(|s| s.iter().copied()).collect();
+        assert_eq!(got, want);
+        Ok::<_, ()>(got.len())
+    });
+    assert_eq!(r, Ok(Some(8192)));
+}
+
 /// A steady stream (the queue never empties) keeps its staged octets bounded.
 #[test]
 fn staged_octets_stay_bounded_while_never_empty() {

@@ -875,6 +875,7 @@ impl Inner {
         Ok(Payload {
             xdr: v,
             ddp: std::iter::once(head..head + n).collect(),
+            shared: None,
         })
     }
 

@@ -16,13 +16,14 @@ use softrdma::{
     SendWr, WcStatus, WorkCompletion,
 };
 use softrdma_wire::rpcrdma::{Chunks, Header, ReadList, Repr, Segment, WriteChunk, WriteList};
+use softrdma_wire::xdr::pad_len;
 
 use super::plan::{CallPlan, Offered, fill, plan_call};
 use super::pool::Lease;
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::buffers::Buffers;
 use crate::msg::peek;
-use crate::payload::{removed, splice};
+use crate::payload::{Payload, removed, splice};
 use crate::server::{Eligible, OutReply, Server};
 
 /// A call whose Read chunks are being pulled.
@@ -425,20 +426,28 @@ impl Conn {
             .map(|c| c.iter().map(|s| Segment { length: 0, ..*s }).collect())
             .collect();
         // The results, reduced or whole: the results' memory itself, registered for the
-        // Writes (no copy); the rest of the message is read from it.
-        let results = Buffer::adopt(body.xdr);
+        // Writes (no copy); the rest of the message is read from it. A shared item (the
+        // last) is written from its own memory, or put back inline if no chunk takes it.
+        let Payload { xdr, ddp, shared } = body;
+        let results = Buffer::adopt(xdr);
         let mut cuts = Vec::new();
-        for (i, (r, chunk)) in body.ddp.iter().zip(&offered.writes).enumerate() {
+        let mut shared_inline = shared.as_ref();
+        for (i, chunk) in offered.writes.iter().enumerate() {
             if chunk.is_empty() {
                 continue;
             }
+            let (mem, range) = match (ddp.get(i), &shared) {
+                (Some(r), _) => (results.clone(), r.clone()),
+                (None, Some(s)) if i == ddp.len() => (s.data.clone(), s.range.clone()),
+                _ => break,
+            };
             let mr = self
                 .ep
                 .pd
                 .reg_mr_with(
-                    results.clone(),
+                    mem,
                     MrAttr {
-                        range: r.clone(),
+                        range,
                         iova: 0,
                         access: Access::empty(),
                         flags: MrFlags::empty(),
@@ -449,17 +458,28 @@ impl Conn {
                 Some(segs) => {
                     writes[i] = segs;
                     // RPCRDMA-18: the data and its padding leave the stream.
-                    cuts.push(removed(results.len(), r));
+                    match ddp.get(i) {
+                        Some(r) => cuts.push(removed(results.len(), r)),
+                        None => shared_inline = None,
+                    }
                 }
                 None => return self.send_error(err_chunk_for(xid, self.credits())),
             }
         }
         let g = results.read();
+        let sg = shared_inline.map(|s| (s, s.data.read()));
         let mut parts: Vec<&[u8]> = vec![&head];
         let mut at = 0;
         for c in &cuts {
             parts.push(&g[at..c.start]);
             at = c.end;
+        }
+        if let Some((s, d)) = &sg {
+            let data = &d[s.range.clone()];
+            parts.push(&g[at..s.at]);
+            parts.push(data);
+            parts.push(&[0u8; 3][..pad_len(data.len())]);
+            at = s.at;
         }
         parts.push(&g[at..]);
         let len: usize = parts.iter().map(|p| p.len()).sum();
@@ -481,7 +501,7 @@ impl Conn {
         if inline_hdr.buffer_len() + len <= self.th.reply.min(self.cfg.inline_send) {
             let sent = self.send(&inline_hdr, &parts, held, inv);
             drop(parts);
-            drop(g);
+            drop((g, sg));
             // Without Writes the results are done with now (with them, the last region's
             // lease gives them back once the Send completes).
             self.pool.recycle(results);
@@ -507,7 +527,7 @@ impl Conn {
                 at += p.len();
             }
         }
-        drop(g);
+        drop((g, sg));
         let Some(segs) = self.write_through(mr, rc, &mut held) else {
             return self.send_error(err_chunk_for(xid, self.credits()));
         };
