@@ -43,6 +43,10 @@ pub struct RpcBenchArgs {
     /// Large calls in flight (each lends a Write chunk of `size` octets).
     #[arg(long, default_value_t = 4)]
     pub large_depth: usize,
+    /// Run the procedures in the thread that reads the calls (`Registry::inline`: they
+    /// never block) instead of handing each to the server's pool, over both transports.
+    #[arg(long)]
+    pub inline: bool,
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -218,6 +222,10 @@ pub fn run(cmd: &RpcCmd) -> i32 {
 fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     let mut reg = Registry::new();
     reg.register(PROG, 1, program(a.size));
+    if a.inline {
+        // Memory only, never blocking: run where the calls are read, on both transports.
+        reg.inline(PROG, 1, &[NULL, FETCH, STORE]);
+    }
     let server = Arc::new(Server::new(
         reg,
         ServerConfig {
@@ -271,6 +279,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
             "transport": format!("{:?}", a.transport).to_lowercase(),
             "depth": a.depth,
             "size": a.size,
+            "inline": a.inline,
             "rdma": r,
             "tcp": t,
             "null_ratio": r.null_per_s / t.null_per_s,

@@ -1034,3 +1034,43 @@ fn rpcrdma_70_a_stuck_first_call_is_nudged_with_rdma_done() {
     drop(c);
     server.join().unwrap();
 }
+
+/// A procedure marked inline runs in the connection's thread (no hand-off to the pool);
+/// the others still go to the pool. Many calls in flight, on both transports.
+#[test]
+fn inline_procedures_run_where_the_call_is_read() {
+    both(|t| {
+        let (sctx, cctx) = contexts(t);
+        let mut reg = Registry::new();
+        reg.register(PROG, 1, |_: &CallContext<'_>, args: &[u8]| {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            let mut r = args.to_vec();
+            r.extend_from_slice(name.as_bytes());
+            r.resize(r.len().next_multiple_of(4), 0);
+            Ok::<_, ProcError>(r)
+        });
+        reg.inline(PROG, 1, &[proc::NULL]);
+        let server = Arc::new(Server::new(reg, ServerConfig::default()));
+        let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
+        let srv = server.serve_rdma(&sctx, l, RdmaConfig::default()).unwrap();
+        let tr = RdmaTransport::connect(&cctx, srv.local_addr(), RdmaConfig::default()).unwrap();
+        let c = Client::new(Arc::new(tr), 64);
+        let pending: Vec<(u32, Pending)> = (0..200u32)
+            .map(|i| {
+                let p = i % 2; // NULL (inline) or ECHO (pool)
+                (i, c.start(PROG, 1, p, &i.to_be_bytes()).unwrap())
+            })
+            .collect();
+        for (i, p) in pending {
+            let r = p.wait().unwrap();
+            assert_eq!(&r.results[..4], &i.to_be_bytes(), "{t:?}");
+            let name = String::from_utf8_lossy(&r.results[4..]);
+            let name = name.trim_end_matches('\0');
+            if i % 2 == 0 {
+                assert_eq!(name, "rpc-rdma-conn", "{t:?} {i}");
+            } else {
+                assert!(name.starts_with("rpc-worker-"), "{t:?} {i}: {name}");
+            }
+        }
+    });
+}

@@ -471,3 +471,29 @@ fn shared_items_go_whole_over_tcp() {
     assert_eq!(&got.results[4..8], &5u32.to_be_bytes());
     assert_eq!(&got.results[8..13], &mem.read()[1..6]);
 }
+
+/// Over TCP too, a procedure marked inline runs in the connection's reading thread.
+#[test]
+fn inline_procedures_run_in_the_connection_thread() {
+    let mut reg = Registry::new();
+    reg.register(PROG, 1, |_: &CallContext<'_>, _: &[u8]| {
+        let mut r = std::thread::current()
+            .name()
+            .unwrap_or("")
+            .as_bytes()
+            .to_vec();
+        r.resize(r.len().next_multiple_of(4), 0);
+        Ok::<_, ProcError>(r)
+    });
+    reg.inline(PROG, 1, &[1]);
+    let server = Arc::new(Server::new(reg, ServerConfig::default()));
+    let tcp = server
+        .serve_tcp(TcpListener::bind("127.0.0.1:0").unwrap())
+        .unwrap();
+    let c = Client::connect_tcp(tcp.local_addr()).unwrap();
+    for (p, want) in [(1, "rpc-tcp-conn"), (2, "rpc-worker-")] {
+        let r = c.call(PROG, 1, p, &[]).unwrap();
+        let name = String::from_utf8_lossy(&r.results);
+        assert!(name.trim_end_matches('\0').starts_with(want), "{p}: {name}");
+    }
+}

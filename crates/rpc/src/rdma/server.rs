@@ -252,7 +252,7 @@ impl Conn {
             Ok(p) => p,
             Err(r) => {
                 return match r.answer(msg, self.credits()) {
-                    Some(e) => self.send_error(e),
+                    Some(e) => self.refuse(e),
                     None => Ok(()),
                 };
             }
@@ -278,7 +278,7 @@ impl Conn {
                 Eligible::At(at) => reads.iter().all(|(pos, _)| *pos as usize == at),
             };
             if !ok {
-                return self.send_error(err_chunk_for(xid, self.credits()));
+                return self.refuse(err_chunk_for(xid, self.credits()));
             }
         }
         // RPCRDMA-22: pull the chunks (segments in list order, one chunk per Position).
@@ -358,28 +358,60 @@ impl Conn {
             }
         };
         let Some(msg) = msg else {
-            return self.send_error(err_chunk_for(c.xid, self.credits()));
+            return self.refuse(err_chunk_for(c.xid, self.credits()));
         };
         if peek(&msg) != Some((c.xid, false)) {
-            return self.send_error(err_chunk_for(c.xid, self.credits()));
+            return self.refuse(err_chunk_for(c.xid, self.credits()));
         }
         self.dispatch(c.xid, msg, c.offered);
         Ok(())
     }
 
+    /// Runs the call: in this thread (the connection's) if its procedure is marked inline
+    /// and a send slot is free for the reply, else on the pool.
     fn dispatch(self: &Arc<Self>, xid: u32, msg: Vec<u8>, offered: Offered) {
+        if self.server.registry().runs_inline(&msg)
+            && let Some(mut r) = self.try_reserve()
+        {
+            self.answer(xid, &msg, &offered, &mut r);
+            return;
+        }
         let conn = self.clone();
-        let registry = self.server.registry().clone();
         self.server.spawn(move || {
-            if let Some(out) = registry.dispatch(&msg, Some(conn.peer), &conn.pool)
-                && let Err(e) = conn.reply(xid, out, &offered)
-            {
-                // RPCRDMA-68: a reply that cannot be sent ends the connection.
-                tracing::debug!(peer = %conn.peer, error = %e, "RPC-over-RDMA reply lost");
-                conn.dead.store(true, Ordering::Release);
-                let _ = conn.ep.qp.disconnect();
-            }
+            let mut r = Reserved::none(&conn);
+            conn.answer(xid, &msg, &offered, &mut r);
         });
+    }
+
+    /// Executes call `msg` and sends its reply.
+    fn answer(&self, xid: u32, msg: &[u8], offered: &Offered, slot: &mut Reserved<'_>) {
+        if let Some(out) = self
+            .server
+            .registry()
+            .dispatch(msg, Some(self.peer), &self.pool)
+            && let Err(e) = self.reply(xid, out, offered, slot)
+        {
+            // RPCRDMA-68: a reply that cannot be sent ends the connection.
+            tracing::debug!(peer = %self.peer, error = %e, "RPC-over-RDMA reply lost");
+            self.dead.store(true, Ordering::Release);
+            let _ = self.ep.qp.disconnect();
+        }
+    }
+
+    /// A send slot taken now, if one is free.
+    fn try_reserve(&self) -> Option<Reserved<'_>> {
+        let i = self.sends.lock().free.pop()?;
+        Some(Reserved {
+            conn: self,
+            slot: Some(i),
+        })
+    }
+
+    /// RDMA_ERROR `e` from the connection's thread: with a free slot at once, else as any
+    /// reply does (waiting for one).
+    fn refuse(&self, e: Repr<'_>) -> io::Result<()> {
+        let mut r = self.try_reserve().unwrap_or(Reserved::none(self));
+        self.send_error(e, &mut r)
     }
 
     fn credits(&self) -> u32 {
@@ -412,7 +444,13 @@ impl Conn {
     }
 
     /// Sends the reply the way RFC 8166 §4.3 says (the digest's §7.2).
-    fn reply(&self, xid: u32, out: OutReply, offered: &Offered) -> io::Result<()> {
+    fn reply(
+        &self,
+        xid: u32,
+        out: OutReply,
+        offered: &Offered,
+        slot: &mut Reserved<'_>,
+    ) -> io::Result<()> {
         let mut held = Outgoing::default();
         let OutReply { head, body, .. } = out;
         // Write list: the DDP-eligible results into the Write chunks in order, one per
@@ -463,7 +501,7 @@ impl Conn {
                         None => shared_inline = None,
                     }
                 }
-                None => return self.send_error(err_chunk_for(xid, self.credits())),
+                None => return self.send_error(err_chunk_for(xid, self.credits()), slot),
             }
         }
         let g = results.read();
@@ -499,7 +537,7 @@ impl Conn {
             .invalidate
             .filter(|_| self.th.remote_invalidate && self.cfg.remote_invalidate);
         if inline_hdr.buffer_len() + len <= self.th.reply.min(self.cfg.inline_send) {
-            let sent = self.send(&inline_hdr, &parts, held, inv);
+            let sent = self.send(&inline_hdr, &parts, held, inv, slot);
             drop(parts);
             drop((g, sg));
             // Without Writes the results are done with now (with them, the last region's
@@ -509,7 +547,7 @@ impl Conn {
         }
         // Long Reply (RPCRDMA-34, -54): the message through the Reply chunk.
         let Some(rc) = offered.reply.as_ref() else {
-            return self.send_error(err_chunk_for(xid, self.credits()));
+            return self.send_error(err_chunk_for(xid, self.credits()), slot);
         };
         let mr = Lease::new(
             &self.pool,
@@ -529,7 +567,7 @@ impl Conn {
         }
         drop((g, sg));
         let Some(segs) = self.write_through(mr, rc, &mut held) else {
-            return self.send_error(err_chunk_for(xid, self.credits()));
+            return self.send_error(err_chunk_for(xid, self.credits()), slot);
         };
         let hdr = Repr::nomsg(
             xid,
@@ -540,26 +578,31 @@ impl Conn {
                 reply_chunk: Some(WriteChunk::from(&segs[..])),
             },
         );
-        self.send(&hdr, &[], held, inv)
+        self.send(&hdr, &[], held, inv, slot)
     }
 
-    fn send_error(&self, r: Repr<'_>) -> io::Result<()> {
-        self.send(&r, &[], Outgoing::default(), None)
+    fn send_error(&self, r: Repr<'_>, slot: &mut Reserved<'_>) -> io::Result<()> {
+        self.send(&r, &[], Outgoing::default(), None, slot)
     }
 
-    /// One Send of `hdr` and `payload` from a send slot (waiting for one).
+    /// One Send of `hdr` and `payload` from a send slot: the one reserved, else a free one
+    /// (waiting for one).
     fn send(
         &self,
         hdr: &Repr<'_>,
         parts: &[&[u8]],
         out: Outgoing,
         invalidate: Option<u32>,
+        reserved: &mut Reserved<'_>,
     ) -> io::Result<()> {
         if hdr.buffer_len() + parts.iter().map(|p| p.len()).sum::<usize>() > self.cfg.inline_send {
             return Err(io_err("an RPC-over-RDMA message larger than a Send"));
         }
         let Outgoing { held, mut wrs } = out;
-        let slot = {
+        let slot = if let Some(i) = reserved.slot.take() {
+            self.sends.lock().held.insert(i, held);
+            i
+        } else {
             let mut s = self.sends.lock();
             loop {
                 if self.dead.load(Ordering::Acquire) {
@@ -593,6 +636,29 @@ impl Conn {
             s.free.push(slot);
         }
         posted
+    }
+}
+
+/// A send slot taken before a reply is built, by the connection's own thread: it never
+/// waits for one, being the thread that frees them (their Sends' completions). Back to the
+/// free list if no Send used it.
+struct Reserved<'a> {
+    conn: &'a Conn,
+    slot: Option<usize>,
+}
+
+impl<'a> Reserved<'a> {
+    fn none(conn: &'a Conn) -> Reserved<'a> {
+        Reserved { conn, slot: None }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot.take() {
+            self.conn.sends.lock().free.push(i);
+            self.conn.send_room.notify_one();
+        }
     }
 }
 
