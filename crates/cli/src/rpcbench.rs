@@ -34,6 +34,10 @@ pub struct RpcBenchArgs {
     /// Seconds per test.
     #[arg(short = 'D', long, default_value_t = 2.0)]
     pub duration: f64,
+    /// RoCE path MTU of the RPC connection and of the plain RDMA Write beside it (perf's
+    /// default over loopback).
+    #[arg(long, default_value_t = 4096)]
+    pub mtu: u32,
     /// Calls in flight per connection.
     #[arg(short = 'q', long, default_value_t = 16)]
     pub depth: usize,
@@ -47,6 +51,18 @@ pub struct RpcBenchArgs {
     /// never block) instead of handing each to the server's pool, over both transports.
     #[arg(long)]
     pub inline: bool,
+    /// Which tests to run (NULL calls, large results, large arguments); the plain RDMA
+    /// Write runs with `results`.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "null,results,args"
+    )]
+    pub tests: Vec<RpcTest>,
+    /// After the run: the RDMA client's QP counters and both devices' counters.
+    #[arg(long)]
+    pub counters: bool,
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -54,6 +70,17 @@ pub struct RpcBenchArgs {
     /// `softrdma decode` and tshark; every octet is kept: use a short -D).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+}
+
+/// One of `rpc bench`'s tests.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RpcTest {
+    /// NULL calls with `--depth` in flight.
+    Null,
+    /// Large results through a Write chunk.
+    Results,
+    /// Large arguments through a Read chunk.
+    Args,
 }
 
 /// `softrdma rpc` subcommands.
@@ -101,11 +128,11 @@ fn program(size: usize) -> impl softrdma_rpc::Program {
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Figures {
     /// NULL calls per second.
-    pub null_per_s: f64,
+    pub null_per_s: Option<f64>,
     /// Large-call result bandwidth, Gb/s (results through a Write chunk).
-    pub large_gbps: f64,
+    pub large_gbps: Option<f64>,
     /// Large-argument bandwidth, Gb/s (arguments through a Read chunk).
-    pub args_gbps: f64,
+    pub args_gbps: Option<f64>,
 }
 
 /// Calls `call` with `depth` in flight for `d`; completed calls per second.
@@ -131,23 +158,28 @@ fn rate(
 
 fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
     let d = Duration::from_secs_f64(a.duration);
-    let null = rate(
-        c,
-        a.depth,
-        d,
-        |c| {
-            // A NULL reply is 24 octets: no Reply chunk needed (the ULB's maximum).
-            c.start_with(
-                PROG,
-                1,
-                NULL,
-                &Payload::default(),
-                ReplySpace { max: 64, ddp: None },
-            )
-            .expect("start")
-        },
-        |_| {},
-    )?;
+    let run = |t: RpcTest| a.tests.contains(&t);
+    let gbps = |calls: f64| calls * a.size as f64 * 8.0 / 1e9;
+    let null = run(RpcTest::Null).then(|| {
+        rate(
+            c,
+            a.depth,
+            d,
+            |c| {
+                // A NULL reply is 24 octets: no Reply chunk needed (the ULB's maximum).
+                c.start_with(
+                    PROG,
+                    1,
+                    NULL,
+                    &Payload::default(),
+                    ReplySpace { max: 64, ddp: None },
+                )
+                .expect("start")
+            },
+            |_| {},
+        )
+    });
+    let null = null.transpose()?;
     let size = a.size;
     let space = ReplySpace {
         max: 256,
@@ -155,47 +187,53 @@ fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
     };
     let args = Payload::from((size as u32).to_be_bytes().to_vec());
     let mut bad = 0usize;
-    let large = rate(
-        c,
-        a.large_depth.max(1),
-        d,
-        |c| c.start_with(PROG, 1, FETCH, &args, space).expect("start"),
-        |r| {
-            let n = r
-                .bulk
-                .as_ref()
-                .map_or(r.results.len().saturating_sub(4), |b| b.len());
-            if n != size {
-                bad += 1;
-            }
-        },
-    )?;
+    let large = run(RpcTest::Results).then(|| {
+        rate(
+            c,
+            a.large_depth.max(1),
+            d,
+            |c| c.start_with(PROG, 1, FETCH, &args, space).expect("start"),
+            |r| {
+                let n = r
+                    .bulk
+                    .as_ref()
+                    .map_or(r.results.len().saturating_sub(4), |b| b.len());
+                if n != size {
+                    bad += 1;
+                }
+            },
+        )
+    });
+    let large = large.transpose()?;
     if bad > 0 {
         return Err(format!("{bad} large calls came back short"));
     }
     let data = vec![0xA5u8; size];
     let store = Payload::with_opaque(Vec::new(), &data);
-    let stored = rate(
-        c,
-        a.large_depth.max(1),
-        d,
-        |c| {
-            c.start_with(PROG, 1, STORE, &store, ReplySpace { max: 64, ddp: None })
-                .expect("start")
-        },
-        |r| {
-            if r.results != (size as u32).to_be_bytes() {
-                bad += 1;
-            }
-        },
-    )?;
+    let stored = run(RpcTest::Args).then(|| {
+        rate(
+            c,
+            a.large_depth.max(1),
+            d,
+            |c| {
+                c.start_with(PROG, 1, STORE, &store, ReplySpace { max: 64, ddp: None })
+                    .expect("start")
+            },
+            |r| {
+                if r.results != (size as u32).to_be_bytes() {
+                    bad += 1;
+                }
+            },
+        )
+    });
+    let stored = stored.transpose()?;
     if bad > 0 {
         return Err(format!("{bad} large arguments arrived short"));
     }
     Ok(Figures {
         null_per_s: null,
-        large_gbps: large * size as f64 * 8.0 / 1e9,
-        args_gbps: stored * size as f64 * 8.0 / 1e9,
+        large_gbps: large.map(gbps),
+        args_gbps: stored.map(gbps),
     })
 }
 
@@ -241,6 +279,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     let cfg = RdmaConfig {
         credits: 32,
         max_message: a.size + 4096,
+        roce_pmtu: a.mtu,
         ..RdmaConfig::default()
     };
     let l = Listener::bind(&sctx, "127.0.0.1:0").map_err(|e| e.to_string())?;
@@ -250,12 +289,10 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     let tcp_srv = server
         .serve_tcp(TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
-    let rdma = Client::new(
-        Arc::new(
-            RdmaTransport::connect(&cctx, rdma_srv.local_addr(), cfg).map_err(|e| e.to_string())?,
-        ),
-        a.depth.max(1),
+    let rdma_conn = Arc::new(
+        RdmaTransport::connect(&cctx, rdma_srv.local_addr(), cfg).map_err(|e| e.to_string())?,
     );
+    let rdma = Client::new(rdma_conn.clone(), a.depth.max(1));
     let tcp = Client::new(
         Arc::new(
             TcpTransport::from_stream(
@@ -272,21 +309,38 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     }
     let r = measure(&rdma, a)?;
     let t = measure(&tcp, a)?;
-    drop((rdma, tcp, rdma_srv, tcp_srv));
-    let write = plain_write(a)?;
+    let counters = a.counters.then(|| {
+        let mut s = String::new();
+        s.push_str(&crate::counters::qp(
+            "RPC client",
+            rdma_conn.qp_num(),
+            &rdma_conn.qp_counters(),
+        ));
+        s.push_str(&crate::counters::device(&cctx));
+        s.push_str(&crate::counters::device(&sctx));
+        s
+    });
+    drop((rdma, rdma_conn, tcp, rdma_srv, tcp_srv));
+    let write = if a.tests.contains(&RpcTest::Results) {
+        Some(plain_write(a)?)
+    } else {
+        None
+    };
+    let ratio = |x: Option<f64>, y: Option<f64>| Some(x? / y?);
     if a.json {
         let doc = serde_json::json!({
             "transport": format!("{:?}", a.transport).to_lowercase(),
             "depth": a.depth,
             "size": a.size,
             "inline": a.inline,
+            "mtu": a.mtu,
             "rdma": r,
             "tcp": t,
-            "null_ratio": r.null_per_s / t.null_per_s,
-            "large_ratio": r.large_gbps / t.large_gbps,
+            "null_ratio": ratio(r.null_per_s, t.null_per_s),
+            "large_ratio": ratio(r.large_gbps, t.large_gbps),
             "rdma_write_gbps": write,
-            "large_vs_write": r.large_gbps / write,
-            "args_ratio": r.args_gbps / t.args_gbps,
+            "large_vs_write": ratio(r.large_gbps, write),
+            "args_ratio": ratio(r.args_gbps, t.args_gbps),
         });
         println!("{doc}");
     } else {
@@ -294,33 +348,38 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
             " test                       {:>14} {:>14}   ratio",
             "RPC-over-RDMA", "RPC over TCP"
         );
-        println!(
-            " NULL calls/s (depth {:>3})   {:>14.0} {:>14.0}   {:.2}",
-            a.depth,
-            r.null_per_s,
-            t.null_per_s,
-            r.null_per_s / t.null_per_s
-        );
-        println!(
-            " {:>7}-octet results Gb/s  {:>14.2} {:>14.2}   {:.2}",
-            a.size,
-            r.large_gbps,
-            t.large_gbps,
-            r.large_gbps / t.large_gbps
-        );
-        println!(
-            " {:>7}-octet args Gb/s     {:>14.2} {:>14.2}   {:.2}",
-            a.size,
-            r.args_gbps,
-            t.args_gbps,
-            r.args_gbps / t.args_gbps
-        );
-        println!(
-            " plain RDMA Write Gb/s (perf) {:>12.2} {:>14}   {:.2}  (results / Write)",
-            write,
-            "",
-            r.large_gbps / write
-        );
+        if let (Some(x), Some(y)) = (r.null_per_s, t.null_per_s) {
+            println!(
+                " NULL calls/s (depth {:>3})   {x:>14.0} {y:>14.0}   {:.2}",
+                a.depth,
+                x / y
+            );
+        }
+        if let (Some(x), Some(y)) = (r.large_gbps, t.large_gbps) {
+            println!(
+                " {:>7}-octet results Gb/s  {x:>14.2} {y:>14.2}   {:.2}",
+                a.size,
+                x / y
+            );
+        }
+        if let (Some(x), Some(y)) = (r.args_gbps, t.args_gbps) {
+            println!(
+                " {:>7}-octet args Gb/s     {x:>14.2} {y:>14.2}   {:.2}",
+                a.size,
+                x / y
+            );
+        }
+        if let (Some(x), Some(w)) = (r.large_gbps, write) {
+            println!(
+                " plain RDMA Write Gb/s (perf) {w:>12.2} {:>14}   {:.2}  (results / Write)",
+                "",
+                x / w
+            );
+        }
+    }
+    if let Some(c) = counters {
+        // After the figures, so that scripts reading the JSON line find it first.
+        eprint!("{c}");
     }
     Ok(())
 }
@@ -334,8 +393,12 @@ fn plain_write(a: &RpcBenchArgs) -> Result<f64, String> {
         perf: crate::perf::PerfArgs,
     }
     let transport = format!("{:?}", a.transport).to_lowercase();
-    let (size, secs) = (a.size.to_string(), a.duration.to_string());
-    let p = <P as clap::Parser>::try_parse_from([
+    let (size, secs, mtu) = (
+        a.size.to_string(),
+        a.duration.to_string(),
+        a.mtu.to_string(),
+    );
+    let mut argv = vec![
         "perf",
         "--loopback",
         "--bw",
@@ -347,8 +410,11 @@ fn plain_write(a: &RpcBenchArgs) -> Result<f64, String> {
         &size,
         "-D",
         &secs,
-    ])
-    .map_err(|e| e.to_string())?;
+    ];
+    if a.transport == TransportArg::Roce {
+        argv.extend(["--mtu", &mtu]);
+    }
+    let p = <P as clap::Parser>::try_parse_from(argv).map_err(|e| e.to_string())?;
     let report = crate::perf::run_loopback(&p.perf).map_err(|e| e.to_string())?;
     report
         .bw

@@ -362,8 +362,8 @@ impl Target {
         Ok(f(&mem[r]))
     }
 
-    /// Runs `f` on `len` writable bytes at `at`, under the buffer's write lock and the table
-    /// lock (placement straight from a socket). `f` must not call the `KeyTable`.
+    /// Runs `f` on `len` writable bytes at `at`, under the buffer's write lock, the grant
+    /// validated first (placement straight from a socket). `f` must not call the `KeyTable`.
     pub fn write_with<R>(
         &self,
         at: usize,
@@ -375,10 +375,15 @@ impl Target {
         }
         let r = self.sub(at, len)?;
         let mut mem = self.buffer.write();
-        let table = self.table.read();
-        if !self.grant.holds(&table) {
+        if !self.grant.holds(&self.table.read()) {
             return Err(AccessError::Invalidated);
         }
+        // Validated: the table goes before `f`, which may be a socket read of a whole
+        // FPDU. Holding it would make every registration in the context wait for the
+        // socket, and (the lock preferring writers) every other placement behind that,
+        // as on transmit (`TxBuf::write_with`). The buffer stays write-locked: nobody sees
+        // it half placed, and a region revoked meanwhile is the peer's Write racing its
+        // own invalidation, whose octets the verbs leave undefined.
         Ok(f(&mut mem[r]))
     }
 

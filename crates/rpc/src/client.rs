@@ -1,17 +1,25 @@
 //! The RPC client: blocking calls and many calls in flight on one connection.
 //!
 //! [`Client::start`] sends a call and returns a [`Pending`] to wait on; [`Client::call`] is
-//! `start` then `wait`. One receiving thread per connection matches replies to calls by xid
-//! (RFC 5531 §9: the xid is the only link). At most `max_in_flight` calls are outstanding:
-//! `start` blocks for a free slot, as the Linux client's slot table does.
+//! `start` then `wait`. Replies are matched to calls by xid (RFC 5531 §9: the xid is the
+//! only link). At most `max_in_flight` calls are outstanding: `start` blocks for a free
+//! slot, as the Linux client's slot table does.
+//!
+//! Who reads the connection: a thread waiting for its reply does (leader/follower, as the
+//! verbs layer's caller-driven progress, docs/progress.md). One waiter at a time holds the
+//! *receive role*: it reads the replies, hands the others' to them and leaves with its own;
+//! the next waiter takes the role over. So a reply wakes the thread that waits for it
+//! directly, with no thread in between. A receiving thread per connection takes the role
+//! only when no caller has wanted it for [`GRACE`] (replies to abandoned calls, credits for
+//! senders, a connection nobody waits on), and replaces a lost connection.
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, bounded, select};
 use parking_lot::{Condvar, Mutex};
 
 use crate::buffers::Bulk;
@@ -136,6 +144,15 @@ pub trait ClientTransport: Send + Sync + 'static {
     fn send(&self, call: &OutCall) -> io::Result<()>;
     /// Blocks for the next message from the server; `Ok(None)` at a clean end.
     fn recv(&self) -> io::Result<Option<Incoming>>;
+    /// As [`ClientTransport::recv`], for at most about `timeout`: an error of kind
+    /// [`io::ErrorKind::TimedOut`] when nothing came (the connection is not the worse for
+    /// it).
+    fn recv_timeout(&self, timeout: Duration) -> io::Result<Option<Incoming>>;
+    /// Whether [`ClientTransport::send`] would wait now (no credit, no buffer): a reply
+    /// must be read first.
+    fn send_would_wait(&self) -> bool {
+        false
+    }
     /// Whether the DDP-eligible result of a call with [`ReplySpace::ddp`] comes apart (an
     /// RPC-over-RDMA Write chunk), so that one returned inline breaks the binding
     /// (RPCRDMA-75). Over a stream transport everything is inline.
@@ -206,11 +223,31 @@ struct Slots {
     /// The connection now, and how many connections came before it.
     conn: Arc<dyn ClientTransport>,
     generation: u64,
+    /// The connection now has ended; the receiving thread replaces it (or closes).
+    ended: bool,
+    /// A sender waits for a reply to be read and no caller reads: the receiving thread
+    /// takes the role without waiting for [`GRACE`].
+    urgent: bool,
 }
+
+/// How long callers leave the receive role untaken before the receiving thread takes it:
+/// far longer than a caller takes between two waits (a reply handled, the next call sent),
+/// so that a caller with calls in flight keeps reading its own replies; short enough for
+/// replies nobody waits on (abandoned calls, a connection's end) to be read soon.
+const GRACE: Duration = Duration::from_millis(5);
 
 struct Shared {
     slots: Mutex<Slots>,
     freed: Condvar,
+    /// The receive role: one token, taken by whoever reads the connection.
+    role_tx: Sender<()>,
+    role_rx: Receiver<()>,
+    /// Callers in [`Pending::wait`] that want the role.
+    drivers: AtomicUsize,
+    /// Bumped whenever a caller starts wanting the role.
+    wanted: AtomicU64,
+    /// Wakes the receiving thread (no drivers left, a connection ended, stop).
+    rx_cv: Condvar,
     max_in_flight: usize,
     next_xid: AtomicU32,
     cred: Mutex<Auth>,
@@ -242,6 +279,7 @@ impl Drop for ReceiverThread {
             let s = self.shared.slots.lock();
             s.conn.shutdown();
             self.shared.stop_cv.notify_all();
+            self.shared.rx_cv.notify_all();
         }
         for h in self.handle.lock().drain(..) {
             let _ = h.join();
@@ -262,21 +300,66 @@ impl Pending {
         self.xid
     }
 
-    /// Waits for the reply.
+    /// Waits for the reply, reading the connection meanwhile if no other caller does (the
+    /// receive role, see the module's doc).
     pub fn wait(self) -> Result<Reply, RpcError> {
-        self.rx.recv().unwrap_or(Err(RpcError::Disconnected))
+        self.wait_until(None).unwrap_or(Err(RpcError::Timeout))
     }
 
     /// Waits at most `timeout`; on timeout the call is abandoned (its slot freed, a late
     /// reply dropped).
     pub fn wait_timeout(self, timeout: Duration) -> Result<Reply, RpcError> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(r) => r,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+        match self.wait_until(Some(Instant::now() + timeout)) {
+            Some(r) => r,
+            None => {
                 self.shared.release(self.xid);
                 Err(RpcError::Timeout)
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected),
+        }
+    }
+
+    /// The outcome, or `None` at `deadline`.
+    fn wait_until(&self, deadline: Option<Instant>) -> Option<Outcome> {
+        let s = &self.shared;
+        // Without a deadline, selects still end now and then (a look at the state).
+        let far = Duration::from_secs(3600);
+        loop {
+            match self.rx.try_recv() {
+                Ok(r) => return Some(r),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    return Some(Err(RpcError::Disconnected));
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return None,
+                },
+                None => far,
+            };
+            if !s.readable() {
+                // The receiving thread replaces the connection (or closes): the reply, or
+                // a look at the new connection.
+                match self.rx.recv_timeout(left.min(Duration::from_millis(10))) {
+                    Ok(r) => return Some(r),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        return Some(Err(RpcError::Disconnected));
+                    }
+                }
+            }
+            s.drivers.fetch_add(1, Ordering::AcqRel);
+            s.wanted.fetch_add(1, Ordering::AcqRel);
+            let got = select! {
+                recv(self.rx) -> r => Some(r.unwrap_or(Err(RpcError::Disconnected))),
+                recv(s.role_rx) -> _ => s.drive(&self.rx, deadline),
+                default(left) => None,
+            };
+            s.drivers.fetch_sub(1, Ordering::AcqRel);
+            if got.is_some() {
+                return got;
+            }
         }
     }
 }
@@ -284,6 +367,96 @@ impl Pending {
 impl Shared {
     fn conn(&self) -> Arc<dyn ClientTransport> {
         self.slots.lock().conn.clone()
+    }
+
+    /// The connection may be read: neither ended nor closed.
+    fn readable(&self) -> bool {
+        let s = self.slots.lock();
+        !s.ended && !s.closed
+    }
+
+    /// With the receive role: reads replies and hands them out until `own` has one (the
+    /// role given back), or the connection ends or `deadline` passes (given back, `None`).
+    fn drive(&self, own: &Receiver<Outcome>, deadline: Option<Instant>) -> Option<Outcome> {
+        let out = loop {
+            if let Ok(r) = own.try_recv() {
+                break Some(r);
+            }
+            let (conn, generation) = {
+                let s = self.slots.lock();
+                if s.ended || s.closed {
+                    break None;
+                }
+                (s.conn.clone(), s.generation)
+            };
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => break None,
+                },
+                None => None,
+            };
+            if !self.receive_one(&conn, generation, left) {
+                break None;
+            }
+        };
+        self.release_role();
+        out
+    }
+
+    /// Reads one message from `conn` (connection `generation`), waiting at most `timeout`
+    /// if given, and hands it out; `false` when the connection ended (the receiving thread
+    /// is told).
+    fn receive_one(
+        &self,
+        conn: &Arc<dyn ClientTransport>,
+        generation: u64,
+        timeout: Option<Duration>,
+    ) -> bool {
+        let got = match timeout {
+            Some(t) => conn.recv_timeout(t),
+            None => conn.recv(),
+        };
+        match got {
+            Ok(Some(inc)) => {
+                self.deliver(inc);
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => true,
+            Ok(None) => {
+                self.conn_ended(generation);
+                false
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "RPC client connection ended");
+                self.conn_ended(generation);
+                false
+            }
+        }
+    }
+
+    fn release_role(&self) {
+        // One token: the role was held, so there is room for it.
+        let _ = self.role_tx.try_send(());
+    }
+
+    /// Something must be read before a sender can go on (a slot, a credit): with no caller
+    /// reading, the receiving thread takes the role at once.
+    fn need_reader(&self) {
+        if self.drivers.load(Ordering::Acquire) == 0 {
+            let mut s = self.slots.lock();
+            s.urgent = true;
+            self.rx_cv.notify_all();
+        }
+    }
+
+    /// Connection `generation` ended: the receiving thread replaces it.
+    fn conn_ended(&self, generation: u64) {
+        let mut s = self.slots.lock();
+        if s.generation == generation {
+            s.ended = true;
+        }
+        self.rx_cv.notify_all();
     }
 
     fn release(&self, xid: u32) {
@@ -362,30 +535,72 @@ impl Shared {
         }
         self.freed.notify_all();
         self.stop_cv.notify_all();
+        self.rx_cv.notify_all();
     }
 
-    /// The receiving thread: replies until the connection ends, then (with a
-    /// [`Reconnect`]) a new connection and the calls in flight again, until the client goes.
+    /// The receiving thread: reads replies while no caller wants the receive role, and
+    /// when the connection ends, (with a [`Reconnect`]) makes a new one and sends the calls
+    /// in flight again, until the client goes.
     fn receive(self: &Arc<Self>) {
         loop {
-            let conn = self.conn();
-            loop {
-                match conn.recv() {
-                    Ok(Some(inc)) => self.deliver(inc),
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "RPC client connection ended");
-                        break;
-                    }
-                }
-            }
-            conn.shutdown();
-            drop(conn);
-            if self.stopping.load(Ordering::Acquire) || !self.reconnect_and_resend() {
+            if self.stopping.load(Ordering::Acquire) {
                 break;
             }
+            if self.slots.lock().ended {
+                let conn = self.conn();
+                conn.shutdown();
+                drop(conn);
+                if self.stopping.load(Ordering::Acquire) || !self.reconnect_and_resend() {
+                    break;
+                }
+                continue;
+            }
+            if !self.role_unwanted() {
+                continue;
+            }
+            match self.role_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(()) => {}
+                Err(_) => continue,
+            }
+            // Read until a caller wants the role (it sees the next message itself).
+            loop {
+                let (conn, generation) = {
+                    let s = self.slots.lock();
+                    if s.ended || s.closed {
+                        break;
+                    }
+                    (s.conn.clone(), s.generation)
+                };
+                if !self.receive_one(&conn, generation, None)
+                    || self.drivers.load(Ordering::Acquire) > 0
+                    || self.stopping.load(Ordering::Acquire)
+                {
+                    break;
+                }
+            }
+            self.release_role();
         }
         self.close();
+    }
+
+    /// Whether the receiving thread should take the receive role now: no caller has
+    /// wanted it for a [`GRACE`] period, or a sender needs a reply read. Waits that period
+    /// (checked lazily: callers never wake this thread by just leaving the role).
+    fn role_unwanted(&self) -> bool {
+        let mut s = self.slots.lock();
+        if s.ended || self.stopping.load(Ordering::Acquire) {
+            return false;
+        }
+        let seen = self.wanted.load(Ordering::Acquire);
+        if !s.urgent {
+            self.rx_cv.wait_for(&mut s, GRACE);
+        }
+        if s.ended || self.stopping.load(Ordering::Acquire) {
+            return false;
+        }
+        std::mem::take(&mut s.urgent)
+            || (self.wanted.load(Ordering::Acquire) == seen
+                && self.drivers.load(Ordering::Acquire) == 0)
     }
 
     /// Connects again and retransmits the calls in flight; `false` if no connection came.
@@ -425,6 +640,7 @@ impl Shared {
             let mut s = self.slots.lock();
             s.conn = conn.clone();
             s.generation += 1;
+            s.ended = false;
             let g = s.generation;
             for (&xid, w) in s.waiting.iter_mut() {
                 if w.generation >= g {
@@ -570,14 +786,23 @@ impl Client {
             .unwrap_or(1)
             ^ std::process::id().rotate_left(16);
         let timer = reconnect.as_ref().and_then(|r| r.retransmit_after);
+        let (role_tx, role_rx) = bounded(1);
+        let _ = role_tx.try_send(());
         let shared = Arc::new(Shared {
             slots: Mutex::new(Slots {
                 waiting: HashMap::new(),
                 closed: false,
                 conn: transport,
                 generation: 0,
+                ended: false,
+                urgent: false,
             }),
             freed: Condvar::new(),
+            role_tx,
+            role_rx,
+            drivers: AtomicUsize::new(0),
+            wanted: AtomicU64::new(0),
+            rx_cv: Condvar::new(),
             max_in_flight: max_in_flight.max(1),
             next_xid: AtomicU32::new(seed),
             cred: Mutex::new(Auth::None),
@@ -710,6 +935,10 @@ impl Client {
         let conn = {
             let mut slots = s.slots.lock();
             while !slots.closed && slots.waiting.len() >= s.max_in_flight {
+                if s.drivers.load(Ordering::Acquire) == 0 {
+                    slots.urgent = true;
+                    s.rx_cv.notify_all();
+                }
                 s.freed.wait(&mut slots);
             }
             if slots.closed {
@@ -731,6 +960,12 @@ impl Client {
             );
             slots.conn.clone()
         };
+        if conn.send_would_wait() {
+            s.need_reader();
+        }
+        if conn.send_would_wait() {
+            s.need_reader();
+        }
         if let Err(e) = conn.send(&call) {
             // A lost connection: the receiving thread connects again and retransmits.
             if s.reconnect.is_some() && is_loss(&e) {
@@ -776,5 +1011,207 @@ impl Client {
         let deadline = Instant::now() + timeout;
         let p = self.start(prog, vers, proc, args)?;
         p.wait_timeout(deadline.saturating_duration_since(Instant::now()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{decode_call, encode_reply};
+    use std::thread::ThreadId;
+
+    /// A connection whose server is the test: calls come out on `calls`, replies go in
+    /// through `answer`; every read notes the thread that made it.
+    struct Scripted {
+        calls: Sender<u32>,
+        inbox: Receiver<Option<Vec<u8>>>,
+        readers: Mutex<Vec<ThreadId>>,
+        full: AtomicBool,
+        /// Ends a blocked read (the connection shut down).
+        end: Sender<Option<Vec<u8>>>,
+    }
+
+    fn scripted() -> (Arc<Scripted>, Receiver<u32>, Sender<Option<Vec<u8>>>) {
+        let (calls, calls_rx) = crossbeam_channel::unbounded();
+        let (answer, inbox) = crossbeam_channel::unbounded();
+        let t = Arc::new(Scripted {
+            calls,
+            inbox,
+            readers: Mutex::new(Vec::new()),
+            full: AtomicBool::new(false),
+            end: answer.clone(),
+        });
+        (t, calls_rx, answer)
+    }
+
+    fn reply(xid: u32, body: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        encode_reply(xid, ReplyStatus::Success, &Auth::None, body, &mut m).unwrap();
+        m
+    }
+
+    impl Scripted {
+        fn got(&self, m: Option<Vec<u8>>) -> io::Result<Option<Incoming>> {
+            self.readers.lock().push(std::thread::current().id());
+            Ok(m.map(|msg| Incoming::Reply { msg, bulk: None }))
+        }
+    }
+
+    impl ClientTransport for Scripted {
+        fn send(&self, call: &OutCall) -> io::Result<()> {
+            let (h, _) = decode_call(&call.msg).map_err(|_| io::ErrorKind::InvalidData)?;
+            let _ = self.calls.send(h.xid);
+            Ok(())
+        }
+        fn recv(&self) -> io::Result<Option<Incoming>> {
+            self.got(self.inbox.recv().unwrap_or(None))
+        }
+        fn recv_timeout(&self, timeout: Duration) -> io::Result<Option<Incoming>> {
+            match self.inbox.recv_timeout(timeout) {
+                Ok(m) => self.got(m),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    Err(io::ErrorKind::TimedOut.into())
+                }
+                Err(_) => self.got(None),
+            }
+        }
+        fn send_would_wait(&self) -> bool {
+            self.full.load(Ordering::Acquire)
+        }
+        fn shutdown(&self) {
+            let _ = self.end.send(None);
+        }
+    }
+
+    const T: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn a_waiting_caller_reads_its_own_reply() {
+        let (t, calls, answer) = scripted();
+        let c = Client::new(t.clone(), 8);
+        for round in 0..50u32 {
+            let p = c.start(1, 1, 0, &[]).unwrap();
+            let xid = calls.recv_timeout(T).unwrap();
+            assert_eq!(p.xid(), xid);
+            answer.send(Some(reply(xid, &round.to_be_bytes()))).unwrap();
+            assert_eq!(p.wait().unwrap().results, round.to_be_bytes());
+        }
+        // The receiving thread may have read the first reply (it takes the role when no
+        // caller has wanted it for a while); after that the caller reads, no hand-off.
+        let me = std::thread::current().id();
+        let readers = t.readers.lock().clone();
+        assert_eq!(readers.len(), 50);
+        assert!(
+            readers.iter().filter(|&&r| r == me).count() >= 49,
+            "replies read by other threads: {readers:?}"
+        );
+    }
+
+    #[test]
+    fn the_reader_hands_other_callers_their_replies() {
+        let (t, calls, answer) = scripted();
+        let c = Client::new(t.clone(), 64);
+        // Four threads wait at once; the replies come in the reverse order of the calls,
+        // so whoever reads meets the others' replies first.
+        let (go_tx, go_rx) = bounded::<()>(0);
+        let waiters: Vec<_> = (0..4u32)
+            .map(|i| {
+                let c = c.clone();
+                let go = go_rx.clone();
+                std::thread::spawn(move || {
+                    let p = c.start(1, 1, 0, &i.to_be_bytes()).unwrap();
+                    go.recv().unwrap();
+                    (i, p.xid(), p.wait().unwrap().results)
+                })
+            })
+            .collect();
+        let mut xids: Vec<u32> = (0..4).map(|_| calls.recv_timeout(T).unwrap()).collect();
+        for _ in 0..4 {
+            go_tx.send(()).unwrap();
+        }
+        xids.reverse();
+        for x in &xids {
+            answer.send(Some(reply(*x, &x.to_be_bytes()))).unwrap();
+        }
+        for w in waiters {
+            let (_, xid, results) = w.join().unwrap();
+            assert_eq!(results, xid.to_be_bytes(), "a caller got another's reply");
+        }
+        assert_eq!(c.in_flight(), 0);
+    }
+
+    #[test]
+    fn replies_nobody_waits_for_are_read_and_free_their_slots() {
+        let (t, calls, answer) = scripted();
+        let c = Client::new(t.clone(), 2);
+        let a = c.start(1, 1, 0, &[]).unwrap();
+        let b = c.start(1, 1, 0, &[]).unwrap();
+        for _ in 0..2 {
+            let x = calls.recv_timeout(T).unwrap();
+            answer.send(Some(reply(x, b"ok"))).unwrap();
+        }
+        // Both slots taken and no caller waits: the third call needs a reply read by the
+        // receiving thread to get a slot.
+        let third = c.start(1, 1, 0, &[]).unwrap();
+        let x = calls.recv_timeout(T).unwrap();
+        answer.send(Some(reply(x, b"3"))).unwrap();
+        assert_eq!(third.wait().unwrap().results, b"3");
+        assert_eq!(a.wait().unwrap().results, b"ok");
+        assert_eq!(b.wait().unwrap().results, b"ok");
+    }
+
+    #[test]
+    fn a_sender_short_of_credit_gets_a_reader() {
+        let (t, calls, answer) = scripted();
+        let c = Client::new(t.clone(), 8);
+        // The transport has no credit: a reply must be read before the next send can go,
+        // and no caller waits to read it.
+        t.full.store(true, Ordering::Release);
+        let a = c.start(1, 1, 0, &[]).unwrap();
+        let x = calls.recv_timeout(T).unwrap();
+        answer.send(Some(reply(x, b"a"))).unwrap();
+        let deadline = Instant::now() + T;
+        while t.readers.lock().is_empty() {
+            assert!(Instant::now() < deadline, "nobody read the reply");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let me = std::thread::current().id();
+        assert_ne!(t.readers.lock()[0], me);
+        assert_eq!(a.wait().unwrap().results, b"a");
+    }
+
+    #[test]
+    fn a_caller_reading_for_others_still_times_out() {
+        let (t, calls, answer) = scripted();
+        let c = Client::new(t.clone(), 8);
+        let slow = c.start(1, 1, 0, &[]).unwrap();
+        let other = c.start(1, 1, 0, &[]).unwrap();
+        let _ = calls.recv_timeout(T).unwrap();
+        let x = calls.recv_timeout(T).unwrap();
+        let t0 = Instant::now();
+        assert!(matches!(
+            slow.wait_timeout(Duration::from_millis(50)),
+            Err(RpcError::Timeout)
+        ));
+        assert!(t0.elapsed() < T, "the deadline held while reading");
+        assert_eq!(c.in_flight(), 1, "the abandoned call's slot is free");
+        answer.send(Some(reply(x, b"o"))).unwrap();
+        assert_eq!(other.wait().unwrap().results, b"o");
+    }
+
+    #[test]
+    fn a_connection_end_seen_by_a_caller_fails_the_calls() {
+        let (t, calls, answer) = scripted();
+        let c = Client::new(t.clone(), 8);
+        let p = c.start(1, 1, 0, &[]).unwrap();
+        let q = c.start(1, 1, 0, &[]).unwrap();
+        let _ = (
+            calls.recv_timeout(T).unwrap(),
+            calls.recv_timeout(T).unwrap(),
+        );
+        answer.send(None).unwrap();
+        assert!(matches!(p.wait(), Err(RpcError::Disconnected)));
+        assert!(matches!(q.wait(), Err(RpcError::Disconnected)));
+        assert!(matches!(c.start(1, 1, 0, &[]), Err(RpcError::Disconnected)));
     }
 }

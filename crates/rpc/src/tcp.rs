@@ -2,8 +2,11 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout};
 use parking_lot::Mutex;
 
 use crate::client::{Client, ClientTransport, DEFAULT_MAX_IN_FLIGHT, Incoming, OutCall};
@@ -36,6 +39,16 @@ impl<R: Read> RecordReader<R> {
     /// The next record; `Ok(None)` at an end of stream between records. A record over the
     /// limit, or an end inside one, is an `InvalidData` / `UnexpectedEof` error.
     pub fn read_record(&mut self) -> io::Result<Option<Vec<u8>>> {
+        self.read_record_when(|| Ok(()))
+    }
+
+    /// As [`RecordReader::read_record`], asking `ready` before each read whether to read
+    /// now: its error is returned (e.g. `TimedOut`), what was decoded so far kept for the
+    /// next call.
+    pub fn read_record_when(
+        &mut self,
+        mut ready: impl FnMut() -> io::Result<()>,
+    ) -> io::Result<Option<Vec<u8>>> {
         loop {
             if self.start < self.end {
                 let mut input = &self.buf[self.start..self.end];
@@ -49,7 +62,11 @@ impl<R: Read> RecordReader<R> {
                     return Ok(Some(rec));
                 }
             }
+            // Everything buffered is decoded: the buffer starts over (also if the read
+            // fails, so that a retry does not decode the same octets again).
             self.start = 0;
+            self.end = 0;
+            ready()?;
             self.end = match self.inner.read(&mut self.buf) {
                 Ok(0) if self.decoder.is_idle() => return Ok(None),
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -140,6 +157,28 @@ impl ClientTransport for TcpTransport {
             .map(|msg| Incoming::Reply { msg, bulk: None }))
     }
 
+    fn recv_timeout(&self, timeout: Duration) -> io::Result<Option<Incoming>> {
+        let deadline = Instant::now() + timeout;
+        let ready = || {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+            match nix::poll::poll(
+                &mut fds,
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(0) => Err(io::ErrorKind::TimedOut.into()),
+                Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        };
+        Ok(self
+            .reader
+            .lock()
+            .read_record_when(ready)?
+            .map(|msg| Incoming::Reply { msg, bulk: None }))
+    }
+
     fn shutdown(&self) {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
@@ -152,5 +191,52 @@ impl Client {
             Arc::new(TcpTransport::connect(addr)?),
             DEFAULT_MAX_IN_FLIGHT,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_read_in_pieces_survives_a_timed_out_wait() {
+        let mut wire = Vec::new();
+        encode_record(&[b"first record"], 5, &mut wire);
+        encode_record(&[b"second"], MAX_FRAGMENT, &mut wire);
+        // The stream gives 7 octets per read: the first record spans several reads.
+        struct Trickle(Vec<u8>, usize);
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let n = buf.len().min(7).min(self.0.len() - self.1);
+                buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+                self.1 += n;
+                Ok(n)
+            }
+        }
+        let mut r = RecordReader::new(Trickle(wire, 0), 1 << 20);
+        // Every other wait times out, mid-record included: nothing read is lost or read
+        // twice.
+        let mut turn = 0;
+        let mut ready = || {
+            turn += 1;
+            if turn % 2 == 0 {
+                Err(io::Error::from(io::ErrorKind::TimedOut))
+            } else {
+                Ok(())
+            }
+        };
+        let mut got = Vec::new();
+        let mut timeouts = 0;
+        while got.len() < 2 {
+            match r.read_record_when(&mut ready) {
+                Ok(Some(rec)) => got.push(rec),
+                Ok(None) => panic!("the stream ended early"),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => timeouts += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(timeouts > 2);
+        assert_eq!(got, [b"first record".to_vec(), b"second".to_vec()]);
+        assert_eq!(r.read_record().unwrap(), None);
     }
 }

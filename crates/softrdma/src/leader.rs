@@ -226,6 +226,12 @@ impl<S> Leader<S> {
         KEY.with(|k| self.holder.load(Ordering::Acquire) == *k)
     }
 
+    /// A caller (not the background thread) holds the slot: its turns run the commands,
+    /// new work and timers.
+    pub(crate) fn caller_holds(&self) -> bool {
+        self.holder.load(Ordering::Acquire) != 0 && !self.bg_holds.load(Ordering::Acquire)
+    }
+
     fn standing_down(&self) -> bool {
         self.want.load(Ordering::Acquire) > 0
     }
@@ -279,11 +285,11 @@ impl<S> Leader<S> {
     ) -> bool {
         if self.standing_down() {
             std::thread::park_timeout(STAND_DOWN);
-            return idle();
+            return self.idle_unless_driven(idle);
         }
         let Some(mut slot) = self.slot.try_lock() else {
             std::thread::park_timeout(STAND_DOWN);
-            return idle();
+            return self.idle_unless_driven(idle);
         };
         self.bg_holds.store(true, Ordering::Release);
         let now = Instant::now();
@@ -294,6 +300,14 @@ impl<S> Leader<S> {
         drop(slot);
         self.release();
         t != Turn::Stop
+    }
+
+    /// `idle` while the background thread stands down, unless a caller holds the slot:
+    /// the caller's turns do all of it, and work the background thread took from them
+    /// (a queued Send's transmission) would make a third thread busy on the data path,
+    /// preempting the two that carry it.
+    fn idle_unless_driven(&self, idle: impl FnOnce() -> bool) -> bool {
+        if self.caller_holds() { true } else { idle() }
     }
 
     fn hold<R>(&self, slot: &mut MutexGuard<'_, S>, f: impl FnOnce(&mut S) -> R) -> R {

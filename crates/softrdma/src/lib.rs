@@ -71,8 +71,8 @@ mod tcp;
 
 pub use cm::{ConnRequest, Listener};
 pub use connparams::{
-    AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, FALLBACK_EMSS, FpduSize,
-    IwarpConnection, ListenParams, QpCap,
+    AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, DEFAULT_ROCE_PMTU,
+    FALLBACK_EMSS, FpduSize, IwarpConnection, ListenParams, QpCap,
 };
 pub use cq::{BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BUSY_POLL};
 pub use device::{Context, Device, DeviceCounters, DeviceLimits, Pd, TCP_DEVICE_NAME, Transport};

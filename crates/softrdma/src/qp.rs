@@ -285,6 +285,19 @@ impl Qp {
         }
     }
 
+    /// Posts several receive requests in order (`ibv_post_recv` with a list): one pass of
+    /// the transport for all of them. Stops at the first refused one and returns its index
+    /// with the error (`bad_wr`); the ones before it are posted.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), (usize, Error)> {
+        match &self.inner {
+            Inner::Tcp(q) => q.post_recv_list(self.ctx.tcp().map_err(|e| (0, e))?, wrs),
+            Inner::Roce(q) => self.ctx.roce().map_err(|e| (0, e))?.post_recv_list(q, wrs),
+        }
+    }
+
     /// Local Invalidate of a fast-registered region or a type 2 window of this QP's domain
     /// (`IBV_WR_LOCAL_INV`), in send-queue order: it runs once every send request posted
     /// before it has completed, and this call returns when it ran.

@@ -322,6 +322,54 @@ fn immediate_data() {
     });
 }
 
+/// `Qp::post_recv_list` (`ibv_post_recv` with a list): the requests before a refused one are
+/// posted, in order, and messages land in them; the refused one and those after it are not.
+#[test]
+fn receive_lists_post_up_to_the_first_refused_request() {
+    both(|t| {
+        const LEN: usize = 1000;
+        let (server, client, _) = connect_n(t, 1, 8 * LEN, false);
+        let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
+        let foreign = server.ctx.alloc_pd().alloc_mr(LEN, ACCESS).unwrap();
+        let wrs = vec![
+            RecvWr::new(10, [server.mr.sge(0, LEN as u32)]),
+            RecvWr::new(11, [server.mr.sge(LEN, LEN as u32)]),
+            // Another domain's region: refused (its L_Key is not this QP's PD's).
+            RecvWr::new(12, [foreign.sge(0, LEN as u32)]),
+            RecvWr::new(13, [server.mr.sge(2 * LEN, LEN as u32)]),
+        ];
+        let (bad, _) = sqp.post_recv_list(wrs).unwrap_err();
+        assert_eq!(bad, 2, "{t:?}");
+        for i in 0..2u8 {
+            client
+                .mr
+                .copy_in(i as usize * LEN, &pattern(LEN, i))
+                .unwrap();
+            cqp.post_send(SendWr::send(
+                u64::from(i),
+                vec![client.mr.sge(i as usize * LEN, LEN as u32)],
+            ))
+            .unwrap();
+        }
+        let sends = client.wait(2);
+        assert!(
+            sends.iter().all(|w| w.status == WcStatus::Success),
+            "{t:?} {sends:?}"
+        );
+        let r = server.wait(2);
+        assert_eq!(
+            r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(10, WcStatus::Success), (11, WcStatus::Success)],
+            "{t:?}"
+        );
+        let mem = server.mr.to_vec();
+        assert_eq!(mem[..LEN], pattern(LEN, 0)[..], "{t:?}");
+        assert_eq!(mem[LEN..2 * LEN], pattern(LEN, 1)[..], "{t:?}");
+        // An empty list posts nothing and succeeds.
+        sqp.post_recv_list(Vec::new()).unwrap();
+    });
+}
+
 /// Memory windows: a type 1 window bound over part of a region admits Writes and Reads
 /// inside it only; a type 2 window bound to the server's QP is invalidated locally
 /// (`Qp::invalidate`) and another one by the peer's Send with Invalidate; after either, an

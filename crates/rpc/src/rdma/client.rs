@@ -6,7 +6,8 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
@@ -87,6 +88,11 @@ pub struct RdmaTransport {
     /// Messages decoded from a batch of completions, not yet handed out.
     ready: Mutex<VecDeque<Incoming>>,
     pool: Arc<Buffers>,
+    /// Sends posted, and how often one is signaled.
+    sends: AtomicU64,
+    signal_every: u64,
+    /// Completions of the last wait (kept for its capacity).
+    wcs: Mutex<Vec<WorkCompletion>>,
 }
 
 impl RdmaTransport {
@@ -106,6 +112,7 @@ impl RdmaTransport {
                 addr,
                 ConnectParams {
                     private_data: cfg.private_data(),
+                    roce_pmtu: cfg.roce_pmtu,
                     ..ConnectParams::default()
                 },
             )
@@ -129,6 +136,9 @@ impl RdmaTransport {
             room: Condvar::new(),
             ready: Mutex::new(VecDeque::new()),
             pool: Buffers::new(3 * credits as usize, 8 * cfg.max_message),
+            sends: AtomicU64::new(0),
+            signal_every: u64::from(credits.div_ceil(2)),
+            wcs: Mutex::new(Vec::with_capacity(32)),
         })
     }
 
@@ -145,6 +155,11 @@ impl RdmaTransport {
     /// The connection's QP counters (packets, retransmissions, timeouts, NAKs).
     pub fn qp_counters(&self) -> softrdma::QpCounters {
         self.ep.qp.counters()
+    }
+
+    /// The connection's QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.ep.qp.qp_num()
     }
 
     /// The credits the server grants now.
@@ -202,13 +217,13 @@ impl RdmaTransport {
         }
     }
 
-    /// Turns completions into messages for `recv`.
-    fn on_completion(&self, wc: &WorkCompletion) -> io::Result<()> {
+    /// Turns a completion into a message for `recv` (`msg`: what a Receive delivered).
+    fn on_completion(&self, wc: &WorkCompletion, msg: Option<&[u8]>) -> io::Result<()> {
         match wrid::kind(wc.wr_id) {
             wrid::RECV => {
-                if wc.status != WcStatus::Success {
+                let Some(buf) = msg.filter(|_| wc.status == WcStatus::Success) else {
                     return Err(io_err(format!("receive completed {:?}", wc.status)));
-                }
+                };
                 {
                     let mut st = self.state.lock();
                     st.heard = true;
@@ -218,8 +233,7 @@ impl RdmaTransport {
                         st.stats.remotely_invalidated += 1;
                     }
                 }
-                let buf = self.ep.take_received(self.cfg.inline_recv, wc)?;
-                if let Some(inc) = self.on_message(&buf) {
+                if let Some(inc) = self.on_message(buf) {
                     self.ready.lock().push_back(inc);
                 }
                 Ok(())
@@ -459,6 +473,11 @@ impl ClientTransport for RdmaTransport {
             // In the table before the Send leaves: the reply may come at once.
             st.calls.insert(xid, lent);
         }
+        // Sends are unsignaled but every `signal_every`-th: the reply says the Send buffer
+        // is free again; the signaled ones bound the send queue (RDMA verbs retire
+        // unsignaled requests with a later signaled one).
+        let n = self.sends.fetch_add(1, Ordering::Relaxed);
+        let signaled = n % self.signal_every == self.signal_every - 1;
         let sent = self.ep.send(
             slot,
             self.cfg.inline_send,
@@ -466,6 +485,7 @@ impl ClientTransport for RdmaTransport {
             &[payload],
             wrid::SEND | slot as u64,
             None,
+            signaled,
         );
         if let Err(e) = sent {
             let mut st = self.state.lock();
@@ -480,39 +500,19 @@ impl ClientTransport for RdmaTransport {
     }
 
     fn recv(&self) -> io::Result<Option<Incoming>> {
-        let mut wcs = Vec::with_capacity(32);
-        loop {
-            if let Some(m) = self.ready.lock().pop_front() {
-                return Ok(Some(m));
-            }
-            if self.state.lock().closed {
-                return Ok(None);
-            }
-            wcs.clear();
-            match self.ep.cq.wait(1, 32, Duration::from_millis(200), &mut wcs) {
-                Ok(_) => {}
-                Err(softrdma::Error::Timeout) => {
-                    if self.ep.qp.state().is_dead() {
-                        self.close();
-                        return Ok(None);
-                    }
-                    self.nudge();
-                    continue;
-                }
-                Err(e) => return Err(io_err(e)),
-            }
-            for wc in &wcs {
-                if let Err(e) = self.on_completion(wc) {
-                    self.close();
-                    if wc.status == WcStatus::WorkRequestFlushed || wc.opcode == WcOpcode::Recv {
-                        return Ok(None);
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        self.recv_until(None)
     }
 
+    fn recv_timeout(&self, timeout: Duration) -> io::Result<Option<Incoming>> {
+        self.recv_until(Some(Instant::now() + timeout))
+    }
+
+    fn send_would_wait(&self) -> bool {
+        let st = self.state.lock();
+        !st.closed
+            && (st.unanswered >= st.granted.min(self.cfg.credits.max(1))
+                || st.free_slots.is_empty())
+    }
     fn release(&self, xid: u32) {
         let mut st = self.state.lock();
         // A call given up before its reply keeps its credit and its memory registered
@@ -530,6 +530,68 @@ impl ClientTransport for RdmaTransport {
     fn shutdown(&self) {
         let _ = self.ep.qp.disconnect();
         self.close();
+    }
+}
+
+impl RdmaTransport {
+    /// The next message, waiting until `deadline` at most (then a `TimedOut` error).
+    fn recv_until(&self, deadline: Option<Instant>) -> io::Result<Option<Incoming>> {
+        // One reader at a time (the client's receive role): the vector is reused.
+        let mut wcs = std::mem::take(&mut *self.wcs.lock());
+        let r = self.recv_into(deadline, &mut wcs);
+        *self.wcs.lock() = wcs;
+        r
+    }
+
+    fn recv_into(
+        &self,
+        deadline: Option<Instant>,
+        wcs: &mut Vec<WorkCompletion>,
+    ) -> io::Result<Option<Incoming>> {
+        loop {
+            if let Some(m) = self.ready.lock().pop_front() {
+                return Ok(Some(m));
+            }
+            if self.state.lock().closed {
+                return Ok(None);
+            }
+            // Every 200 ms at most: a look at the QP and the siw nudge.
+            let step = Duration::from_millis(200);
+            let wait = deadline.map_or(step, |d| {
+                d.saturating_duration_since(Instant::now()).min(step)
+            });
+            wcs.clear();
+            match self.ep.cq.wait(1, 32, wait, wcs) {
+                Ok(_) => {}
+                Err(softrdma::Error::Timeout) => {
+                    if self.ep.qp.state().is_dead() {
+                        self.close();
+                        return Ok(None);
+                    }
+                    if wait == step {
+                        self.nudge();
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    continue;
+                }
+                Err(e) => return Err(io_err(e)),
+            }
+            // Every Receive of the batch posted again before any reply frees a credit.
+            let msgs = self.ep.take_received(self.cfg.inline_recv, wcs)?;
+            let mut msgs = msgs.into_iter().peekable();
+            for (k, wc) in wcs.iter().enumerate() {
+                let msg = msgs.next_if(|(at, _)| *at == k).map(|(_, m)| m);
+                if let Err(e) = self.on_completion(wc, msg.as_deref()) {
+                    self.close();
+                    if wc.status == WcStatus::WorkRequestFlushed || wc.opcode == WcOpcode::Recv {
+                        return Ok(None);
+                    }
+                    return Err(e);
+                }
+            }
+        }
     }
 }
 

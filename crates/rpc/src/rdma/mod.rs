@@ -13,7 +13,8 @@ pub use server::RdmaServer;
 use std::io;
 
 use softrdma::{
-    Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WorkCompletion,
+    Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
+    WorkCompletion,
 };
 use softrdma_wire::rpcrdma::Repr;
 use softrdma_wire::rpcrdma::{
@@ -50,10 +51,15 @@ pub struct RdmaConfig {
     /// client registers its chunks remotely invalidatable, a server that sees the flag
     /// invalidates the one handle of a call's chunks with its reply.
     pub remote_invalidate: bool,
+    /// RoCE: the largest path MTU asked for or accepted (the smaller of both ends' is
+    /// used). 1024 by default, what `rdma_cm` picks on a 1500-octet Ethernet link; a link
+    /// with a larger MTU (loopback, jumbo frames) carries 4096.
+    pub roce_pmtu: u32,
 }
 
 impl Default for RdmaConfig {
-    /// 32 credits and 4 KiB inline both ways (what Linux advertises), 4 MiB messages.
+    /// 32 credits and 4 KiB inline both ways (what Linux advertises), 4 MiB messages,
+    /// RoCE path MTU 1024.
     fn default() -> RdmaConfig {
         RdmaConfig {
             credits: 32,
@@ -61,6 +67,7 @@ impl Default for RdmaConfig {
             inline_recv: 4096,
             max_message: 4 << 20,
             remote_invalidate: true,
+            roce_pmtu: softrdma::DEFAULT_ROCE_PMTU,
         }
     }
 }
@@ -179,7 +186,8 @@ impl Endpoint {
     }
 
     /// Writes `hdr` and the payload `parts` (in order) straight into Send buffer `slot` (of
-    /// `size` octets) and posts the Send, signaled, as `wr_id`.
+    /// `size` octets) and posts the Send as `wr_id`, signaled if asked.
+    #[allow(clippy::too_many_arguments)]
     fn send(
         &self,
         slot: usize,
@@ -188,13 +196,19 @@ impl Endpoint {
         parts: &[&[u8]],
         wr_id: u64,
         invalidate: Option<u32>,
+        signaled: bool,
     ) -> io::Result<()> {
         let wr = self.send_wr(slot, size, hdr, parts, wr_id, invalidate)?;
+        let wr = if signaled {
+            wr
+        } else {
+            wr.with_flags(SendFlags::empty())
+        };
         self.qp.post_send(wr).map_err(io_err)
     }
 
-    /// [`Endpoint::send`] without the posting: the Send work request, its buffer filled
-    /// (Send With Invalidate of `invalidate` if given).
+    /// [`Endpoint::send`] without the posting: the Send work request, signaled, its buffer
+    /// filled (Send With Invalidate of `invalidate` if given).
     fn send_wr(
         &self,
         slot: usize,
@@ -231,24 +245,43 @@ impl Endpoint {
         Ok(wr.with_flags(SendFlags::SIGNALED))
     }
 
-    /// The message a Receive completion `wc` delivered (into buffer `index(wc.wr_id)` of
-    /// `size` octets), copied out; the buffer is posted again at once.
-    fn take_received(&self, size: usize, wc: &WorkCompletion) -> io::Result<Vec<u8>> {
-        let i = wrid::index(wc.wr_id) as usize;
-        let mut msg = vec![0u8; (wc.byte_len as usize).min(size)];
-        self.recv_mr.copy_out(i * size, &mut msg).map_err(io_err)?;
-        self.post_recv(size, i)?;
-        Ok(msg)
+    /// The messages that the successful Receive completions among `wcs` delivered (into
+    /// buffers of `size` octets), copied out, each at its completion's index in `wcs`; their
+    /// buffers are posted again, all at once, before any of them is looked at (a credit a
+    /// reply grants, or a reply frees, is backed by a posted Receive, RPCRDMA-05).
+    fn take_received(
+        &self,
+        size: usize,
+        wcs: &[WorkCompletion],
+    ) -> io::Result<Vec<(usize, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let mut repost = Vec::new();
+        for (k, wc) in wcs.iter().enumerate() {
+            if wrid::kind(wc.wr_id) != wrid::RECV || wc.status != WcStatus::Success {
+                continue;
+            }
+            let i = wrid::index(wc.wr_id) as usize;
+            let mut msg = vec![0u8; (wc.byte_len as usize).min(size)];
+            self.recv_mr.copy_out(i * size, &mut msg).map_err(io_err)?;
+            out.push((k, msg));
+            repost.push(self.recv_wr(size, i));
+        }
+        if !repost.is_empty() {
+            self.qp.post_recv_list(repost).map_err(|(_, e)| io_err(e))?;
+        }
+        Ok(out)
     }
 
     /// (Re)posts Receive buffer `i` of `size` octets.
     fn post_recv(&self, size: usize, i: usize) -> io::Result<()> {
-        self.qp
-            .post_recv(RecvWr::new(
-                wrid::RECV | i as u64,
-                vec![self.recv_mr.sge(i * size, size as u32)],
-            ))
-            .map_err(io_err)
+        self.qp.post_recv(self.recv_wr(size, i)).map_err(io_err)
+    }
+
+    fn recv_wr(&self, size: usize, i: usize) -> RecvWr {
+        RecvWr::new(
+            wrid::RECV | i as u64,
+            [self.recv_mr.sge(i * size, size as u32)],
+        )
     }
 }
 

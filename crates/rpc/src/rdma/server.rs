@@ -157,6 +157,7 @@ impl Conn {
             &ep.qp,
             AcceptParams {
                 private_data: cfg.private_data(),
+                roce_pmtu: cfg.roce_pmtu,
                 ..AcceptParams::default()
             },
         )
@@ -194,8 +195,19 @@ impl Conn {
                 }
                 Err(_) => break,
             }
-            for wc in &wcs {
-                if let Err(e) = self.on_completion(wc) {
+            // Every Receive of the batch posted again before any of its calls is answered
+            // (a reply grants credits, each backed by a posted Receive, RPCRDMA-05).
+            let msgs = match self.ep.take_received(self.cfg.inline_recv, &wcs) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer, error = %e, "RPC-over-RDMA connection ends");
+                    break;
+                }
+            };
+            let mut msgs = msgs.into_iter().peekable();
+            for (k, wc) in wcs.iter().enumerate() {
+                let msg = msgs.next_if(|(at, _)| *at == k).map(|(_, m)| m);
+                if let Err(e) = self.on_completion(wc, msg.as_deref()) {
                     tracing::debug!(peer = %self.peer, error = %e, "RPC-over-RDMA connection ends");
                     self.dead.store(true, Ordering::Release);
                     break;
@@ -207,7 +219,7 @@ impl Conn {
         self.send_room.notify_all();
     }
 
-    fn on_completion(self: &Arc<Self>, wc: &WorkCompletion) -> io::Result<()> {
+    fn on_completion(self: &Arc<Self>, wc: &WorkCompletion, msg: Option<&[u8]>) -> io::Result<()> {
         if wc.status != WcStatus::Success {
             // RPCRDMA-65, -68: a failed Read, Write or Send (a bad chunk, a lost peer) ends
             // the connection; the requester retransmits on a new one.
@@ -215,10 +227,10 @@ impl Conn {
         }
         let i = wrid::index(wc.wr_id);
         match wrid::kind(wc.wr_id) {
-            wrid::RECV => {
-                let msg = self.ep.take_received(self.cfg.inline_recv, wc)?;
-                self.on_call(&msg)
-            }
+            wrid::RECV => match msg {
+                Some(m) => self.on_call(m),
+                None => Err(io_err("a Receive completed without its message")),
+            },
             wrid::READ => {
                 let done = {
                     let mut p = self.pulling.lock();
@@ -431,12 +443,17 @@ impl Conn {
         let filled = fill(mr.len(), segs)?;
         let mut off = 0;
         for s in filled.iter().filter(|s| s.length > 0) {
-            out.wrs.push(SendWr::write(
-                wrid::WRITE,
-                vec![mr.sge(off, s.length)],
-                Key(s.handle),
-                s.offset,
-            ));
+            // Unsignaled: the reply's Send after it completes only once it is done (a
+            // failed Write still completes, with its error).
+            out.wrs.push(
+                SendWr::write(
+                    wrid::WRITE,
+                    vec![mr.sge(off, s.length)],
+                    Key(s.handle),
+                    s.offset,
+                )
+                .with_flags(SendFlags::empty()),
+            );
             off += s.length as usize;
         }
         out.held.push(mr);

@@ -1301,11 +1301,26 @@ impl RoceShared {
 
     /// Posts a receive request (in the Error state it completes flushed at once).
     pub(crate) fn post_recv(&self, q: &RoceQpShared, wr: RecvWr) -> Result<(), Error> {
+        self.post_recv_list(q, [wr]).map_err(|(_, e)| e)
+    }
+
+    /// Receive requests in order, up to the first refused one, under one engine lock.
+    pub(crate) fn post_recv_list(
+        &self,
+        q: &RoceQpShared,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), (usize, Error)> {
         let mut e = q.engine.lock();
-        e.qp.post_recv(wr)?;
+        let mut res = Ok(());
+        for (i, wr) in wrs.into_iter().enumerate() {
+            if let Err(err) = e.qp.post_recv(wr) {
+                res = Err((i, err.into()));
+                break;
+            }
+        }
         // Only flushed completions to deliver; a held ACK waits for the next Send.
         self.flush(q, &mut e, Instant::now(), Hold::Ack);
-        Ok(())
+        res
     }
 }
 

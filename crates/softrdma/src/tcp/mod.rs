@@ -173,11 +173,16 @@ impl TcpShared {
     }
 
     /// Interrupts whoever waits on the sockets, and the background thread if it stands
-    /// down, so commands and scheduled QPs are seen.
+    /// down and no caller holds the slot, so commands and scheduled QPs are seen.
     pub(crate) fn wake(&self) {
         // Fails only if the poll instance is gone, i.e. the thread exited.
         let _ = self.waker.wake();
-        self.leader.unpark_background();
+        // A caller holding the slot is interrupted by the waker and runs them in its turn
+        // (were the slot let go meanwhile, the waker's event waits in the poll instance for
+        // the background thread's next look).
+        if !self.leader.caller_holds() {
+            self.leader.unpark_background();
+        }
     }
 
     /// New work requests of `qp`: handed to its engine and sent in this thread when the
@@ -629,22 +634,44 @@ impl TcpQp {
 
     /// Queues a checked receive request.
     pub(crate) fn post_recv(self: &Arc<Self>, drv: &TcpShared, wr: RecvWr) -> Result<(), Error> {
+        self.post_recv_list(drv, [wr]).map_err(|(_, e)| e)
+    }
+
+    /// Queues checked receive requests in order, up to the first refused one; one
+    /// submission to the engine for all of them.
+    pub(crate) fn post_recv_list(
+        self: &Arc<Self>,
+        drv: &TcpShared,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), (usize, Error)> {
         if self.srq.is_some() {
-            return Err(Error::SrqAttached);
+            return Err((0, Error::SrqAttached));
         }
-        let wr = check_recv(wr, self.cap.max_recv_sge, &drv.keys, self.pd)?;
-        {
+        let mut res = Ok(());
+        let mut queued = 0;
+        for (i, wr) in wrs.into_iter().enumerate() {
+            let wr = match check_recv(wr, self.cap.max_recv_sge, &drv.keys, self.pd) {
+                Ok(wr) => wr,
+                Err(e) => {
+                    res = Err((i, e.into()));
+                    break;
+                }
+            };
             let mut sub = self.sub.lock();
             let outstanding =
                 self.rq_posted.load(Ordering::Relaxed) - self.rq_retired.load(Ordering::Acquire);
             if outstanding >= u64::from(self.cap.max_recv_wr) {
-                return Err(PostError::QueueFull.into());
+                res = Err((i, PostError::QueueFull.into()));
+                break;
             }
             sub.rq.push_back(wr);
             self.rq_posted.fetch_add(1, Ordering::Release);
+            queued += 1;
         }
-        drv.submit(self);
-        Ok(())
+        if queued > 0 {
+            drv.submit(self);
+        }
+        res
     }
 
     /// Local Invalidate in send-queue order; returns when it ran.
