@@ -60,6 +60,9 @@ pub struct RpcBenchArgs {
         default_value = "null,results,args"
     )]
     pub tests: Vec<RpcTest>,
+    /// RPC-over-RDMA only: no RPC over TCP beside it, no plain RDMA Write (for profiling).
+    #[arg(long)]
+    pub rdma_only: bool,
     /// After the run: the RDMA client's QP counters and both devices' counters.
     #[arg(long)]
     pub counters: bool,
@@ -308,7 +311,15 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         c.call(PROG, 1, NULL, &[]).map_err(|e| e.to_string())?;
     }
     let r = measure(&rdma, a)?;
-    let t = measure(&tcp, a)?;
+    let t = if a.rdma_only {
+        Figures {
+            null_per_s: None,
+            large_gbps: None,
+            args_gbps: None,
+        }
+    } else {
+        measure(&tcp, a)?
+    };
     let counters = a.counters.then(|| {
         let mut s = String::new();
         s.push_str(&crate::counters::qp(
@@ -321,7 +332,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         s
     });
     drop((rdma, rdma_conn, tcp, rdma_srv, tcp_srv));
-    let write = if a.tests.contains(&RpcTest::Results) {
+    let write = if a.tests.contains(&RpcTest::Results) && !a.rdma_only {
         Some(plain_write(a)?)
     } else {
         None
@@ -348,27 +359,36 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
             " test                       {:>14} {:>14}   ratio",
             "RPC-over-RDMA", "RPC over TCP"
         );
-        if let (Some(x), Some(y)) = (r.null_per_s, t.null_per_s) {
-            println!(
-                " NULL calls/s (depth {:>3})   {x:>14.0} {y:>14.0}   {:.2}",
-                a.depth,
-                x / y
-            );
-        }
-        if let (Some(x), Some(y)) = (r.large_gbps, t.large_gbps) {
-            println!(
-                " {:>7}-octet results Gb/s  {x:>14.2} {y:>14.2}   {:.2}",
-                a.size,
-                x / y
-            );
-        }
-        if let (Some(x), Some(y)) = (r.args_gbps, t.args_gbps) {
-            println!(
-                " {:>7}-octet args Gb/s     {x:>14.2} {y:>14.2}   {:.2}",
-                a.size,
-                x / y
-            );
-        }
+        // A figure not measured (its test not run, or `--rdma-only`) shows as "-".
+        let cell = |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| format!("{v:.prec$}"));
+        let row = |name: String, x: Option<f64>, y: Option<f64>, prec: usize| {
+            if x.is_some() {
+                println!(
+                    " {name:<27} {:>14} {:>14}   {}",
+                    cell(x, prec),
+                    cell(y, prec),
+                    cell(ratio(x, y), 2)
+                );
+            }
+        };
+        row(
+            format!("NULL calls/s (depth {:>3})", a.depth),
+            r.null_per_s,
+            t.null_per_s,
+            0,
+        );
+        row(
+            format!("{:>7}-octet results Gb/s", a.size),
+            r.large_gbps,
+            t.large_gbps,
+            2,
+        );
+        row(
+            format!("{:>7}-octet args Gb/s", a.size),
+            r.args_gbps,
+            t.args_gbps,
+            2,
+        );
         if let (Some(x), Some(w)) = (r.large_gbps, write) {
             println!(
                 " plain RDMA Write Gb/s (perf) {w:>12.2} {:>14}   {:.2}  (results / Write)",

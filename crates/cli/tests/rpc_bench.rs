@@ -37,3 +37,52 @@ fn rpc_bench_runs_on_both_transports() {
         }
     }
 }
+
+/// `--tests` runs only the tests named, `--rdma-only` leaves out RPC over TCP and the plain
+/// Write: the figures not measured are null in the JSON and "-" in the table, and
+/// `--counters` follows the figures with the client QP's counters.
+#[test]
+fn rpc_bench_runs_the_tests_asked_for() {
+    let j = common::softrdma_json(&[
+        "rpc", "bench", "-D", "0.2", "-s", "65536", "--tests", "results", "--json",
+    ]);
+    assert!(j["rdma"]["large_gbps"].as_f64().unwrap_or(0.0) > 0.0, "{j}");
+    assert!(j["rdma_write_gbps"].as_f64().unwrap_or(0.0) > 0.0, "{j}");
+    for k in ["null_per_s", "args_gbps"] {
+        assert!(j["rdma"][k].is_null() && j["tcp"][k].is_null(), "{k}: {j}");
+    }
+    assert!(j["null_ratio"].is_null(), "{j}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args([
+            "rpc",
+            "bench",
+            "-D",
+            "0.2",
+            "--tests",
+            "null",
+            "--rdma-only",
+            "--counters",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.contains("NULL calls/s"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    let n = cells.len();
+    assert_eq!(&cells[n - 2..], ["-", "-"], "{row}");
+    assert!(cells[n - 3].parse::<f64>().unwrap() > 0.0, "{row}");
+    assert!(
+        !text.contains("results Gb/s") && !text.contains("plain RDMA Write"),
+        "{text}"
+    );
+    let counters = String::from_utf8_lossy(&out.stderr);
+    let sent = counters
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("tx_units"))
+        .unwrap_or_else(|| panic!("{counters}"));
+    assert!(sent.trim().parse::<u64>().unwrap() > 0, "{counters}");
+}

@@ -411,7 +411,7 @@ impl Connection {
     /// At most how many octets the next read into a buffer should take (when there is no
     /// [`rx_window`](Self::rx_window)). While large FPDUs arrive (at least
     /// [`rx_direct_min`](ConnectionConfig::rx_direct_min) octets: the one at the head of the
-    /// buffer, or the last one the deframer delivered), the rest of the head FPDU and the next one's
+    /// buffer, or one of the last the deframer delivered), the rest of the head FPDU and the next one's
     /// headers, so that the next payload gets a window instead of being swallowed by a
     /// large read; otherwise no limit.
     pub fn rx_read_limit(&self) -> usize {
@@ -421,7 +421,7 @@ impl Connection {
         if self.direct.is_some() || d.markers() || d.error().is_some() {
             return usize::MAX;
         }
-        let large = d.last_fpdu_len() >= self.cfg.rx_direct_min;
+        let large = d.recent_fpdu_len() >= self.cfg.rx_direct_min;
         match d.head() {
             Some((n, ulpdu)) if large || n >= self.cfg.rx_direct_min => {
                 n - ulpdu.len() + WINDOW_TAIL

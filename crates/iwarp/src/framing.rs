@@ -285,8 +285,11 @@ pub struct Deframer {
     error: Option<LlpError>,
     error_reported: bool,
     delivered: u64,
-    /// Octets of the last FPDU delivered.
-    last_len: usize,
+    /// Octets of the largest FPDU among the last few delivered (see
+    /// [`Deframer::recent_fpdu_len`]), and how many smaller ones may still come before it is
+    /// forgotten.
+    recent_len: usize,
+    recent_left: u8,
     /// A ULPDU taken out from between Markers (without them it is read in place).
     scratch: Vec<u8>,
     /// The head FPDU while its payload goes around the buffer.
@@ -320,7 +323,8 @@ impl Deframer {
             error: None,
             error_reported: false,
             delivered: 0,
-            last_len: 0,
+            recent_len: 0,
+            recent_left: 0,
             scratch: Vec::new(),
             bypass: None,
         }
@@ -369,9 +373,12 @@ impl Deframer {
         self.buf.len() - self.start
     }
 
-    /// Octets of the last FPDU delivered (Markers, PAD and CRC included); 0 before the first.
-    pub fn last_fpdu_len(&self) -> usize {
-        self.last_len
+    /// Octets of the largest of the last FPDUs delivered (Markers, PAD and CRC included): a
+    /// large one is remembered across up to [`RECENT_SMALL`] smaller ones after it, so a
+    /// stream of large FPDUs with a small one between (a reply's Send after its Write)
+    /// still counts as large; 0 before the first.
+    pub fn recent_fpdu_len(&self) -> usize {
+        self.recent_len
     }
 
     /// ULPDUs delivered so far.
@@ -615,9 +622,17 @@ impl Deframer {
         // FPDUs are < 2^17 octets: the truncation is modular, as is the position.
         self.pos = self.pos.wrapping_add(n as u32);
         self.delivered += 1;
-        self.last_len = n;
+        if n >= self.recent_len || self.recent_left == 0 {
+            self.recent_len = n;
+            self.recent_left = RECENT_SMALL;
+        } else {
+            self.recent_left -= 1;
+        }
     }
 }
+
+/// Smaller FPDUs after a large one before [`Deframer::recent_fpdu_len`] forgets it.
+pub const RECENT_SMALL: u8 = 4;
 
 /// Buffered octets of a bypassed FPDU once complete: length field, kept headers, PAD, CRC.
 fn bypass_trailer_end(bp: Bypass) -> usize {

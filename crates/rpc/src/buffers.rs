@@ -68,16 +68,18 @@ impl Buffers {
         }
     }
 
-    /// The smallest kept vector with room for `capacity`.
+    /// The smallest kept vector with room for `capacity`; of equals, the one given back
+    /// last (its memory most likely still in the cache).
     fn take(&self, capacity: usize) -> Option<Vec<u8>> {
         let mut free = self.free.lock();
         let i = free
             .iter()
             .enumerate()
+            .rev()
             .filter(|(_, v)| v.capacity() >= capacity)
             .min_by_key(|(_, v)| v.capacity())
             .map(|(i, _)| i)?;
-        Some(free.swap_remove(i))
+        Some(free.remove(i))
     }
 
     /// Keeps `v` for a later call, if it is worth it and under the ceiling.

@@ -13,7 +13,8 @@
 //! only when no caller has wanted it for [`GRACE`] (replies to abandoned calls, credits for
 //! senders, a connection nobody waits on), and replaces a lost connection.
 
-use std::collections::HashMap;
+// Keys are our own (xids, program numbers): no hashing hostile input.
+use rustc_hash::FxHashMap as HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -471,7 +472,7 @@ impl Shared {
     }
 
     fn deliver(&self, inc: Incoming) {
-        let (msg, bulk) = match inc {
+        let (mut msg, bulk) = match inc {
             Incoming::Reply { msg, bulk } => (msg, bulk),
             Incoming::Refused { xid, why } => {
                 self.fail(xid, RpcError::Transport(why));
@@ -499,7 +500,9 @@ impl Shared {
         let (prog, vers, proc) = w.proc;
         let out = match h.status {
             ReplyStatus::Success => {
-                let results = msg[off..].to_vec();
+                // The message's own memory holds the results (no copy).
+                msg.drain(..off);
+                let results = msg;
                 let binding = self.results.lock().get(&(prog, vers)).cloned();
                 let bulk_at = binding.and_then(|f| f(proc, &results));
                 match eligible_inline(w.ddp_offered, &bulk, bulk_at, &results) {
@@ -790,7 +793,7 @@ impl Client {
         let _ = role_tx.try_send(());
         let shared = Arc::new(Shared {
             slots: Mutex::new(Slots {
-                waiting: HashMap::new(),
+                waiting: HashMap::default(),
                 closed: false,
                 conn: transport,
                 generation: 0,
@@ -809,7 +812,7 @@ impl Client {
             reconnect,
             stopping: AtomicBool::new(false),
             stop_cv: Condvar::new(),
-            results: Mutex::new(HashMap::new()),
+            results: Mutex::new(HashMap::default()),
         });
         let s = shared.clone();
         let mut handles = vec![

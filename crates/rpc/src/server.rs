@@ -1,7 +1,10 @@
 //! The RPC server: programs registered by (program, version), calls dispatched on a pool of
 //! threads, every reply status of RFC 5531 §9 where it applies.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+// Keys are the registry's own: no hashing hostile input (the reply cache keeps SipHash).
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::panic::{AssertUnwindSafe, catch_unwind};

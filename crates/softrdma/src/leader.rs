@@ -171,6 +171,10 @@ pub(crate) struct Leader<S> {
     /// When the background thread's last turn that handled something ended (nanoseconds
     /// after `base`; 0: none yet).
     bg_arrival: AtomicU64,
+    /// When a caller last gave the slot up (nanoseconds after `base`; 0: never).
+    caller_left: AtomicU64,
+    /// How long after that the background thread still stands down ([`STAND_DOWN`]).
+    caller_grace: Duration,
     base: Instant,
 }
 
@@ -196,6 +200,8 @@ impl<S> Leader<S> {
             bg: OnceLock::new(),
             bg_poll: Spin::new(BusyPoll::Adaptive { max: FLOW_POLL }),
             bg_arrival: AtomicU64::new(0),
+            caller_left: AtomicU64::new(0),
+            caller_grace: STAND_DOWN,
             base: Instant::now(),
         }
     }
@@ -214,8 +220,11 @@ impl<S> Leader<S> {
         let _ = self.bg.set(t);
     }
 
-    /// Wakes the background thread if it stands down (a command arrived).
+    /// Wakes the background thread if it stands down (a command arrived, work was queued
+    /// with no caller holding the slot, an async waiter starts): it looks at once, without
+    /// waiting out the stand-down after a caller's last turn.
     pub(crate) fn unpark_background(&self) {
+        self.caller_left.store(0, Ordering::Release);
         if let Some(t) = self.bg.get() {
             t.unpark();
         }
@@ -232,8 +241,18 @@ impl<S> Leader<S> {
         self.holder.load(Ordering::Acquire) != 0 && !self.bg_holds.load(Ordering::Acquire)
     }
 
+    /// Callers drive: one wants or holds the slot, or gave it up less than [`STAND_DOWN`]
+    /// ago. A caller that handles what its wait returned (a reply to send, a call to run)
+    /// comes back in microseconds: the background thread taking the slot meanwhile would
+    /// have to be kicked out again, and its turn, or its look at the driver, would
+    /// compete for the driver's lock with that caller's transmissions.
     fn standing_down(&self) -> bool {
-        self.want.load(Ordering::Acquire) > 0
+        if self.want.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        let left = self.caller_left.load(Ordering::Acquire);
+        left != 0
+            && self.nanos(Instant::now()).saturating_sub(left) < self.caller_grace.as_nanos() as u64
     }
 
     fn nanos(&self, t: Instant) -> u64 {
@@ -307,7 +326,11 @@ impl<S> Leader<S> {
     /// (a queued Send's transmission) would make a third thread busy on the data path,
     /// preempting the two that carry it.
     fn idle_unless_driven(&self, idle: impl FnOnce() -> bool) -> bool {
-        if self.caller_holds() { true } else { idle() }
+        if self.caller_holds() || self.standing_down() {
+            true
+        } else {
+            idle()
+        }
     }
 
     fn hold<R>(&self, slot: &mut MutexGuard<'_, S>, f: impl FnOnce(&mut S) -> R) -> R {
@@ -383,6 +406,8 @@ impl<S> Leader<S> {
                 }
             }
         });
+        self.caller_left
+            .store(self.nanos(Instant::now()).max(1), Ordering::Release);
         self.want.fetch_sub(1, Ordering::AcqRel);
         drop(slot);
         self.release();
@@ -663,6 +688,8 @@ mod tests {
                 Turn::Worked
             }
         ));
+        // The caller left long ago (the background thread stands down right after).
+        l.caller_left.store(0, Ordering::Release);
         let mut polled = None;
         assert!(l.background(
             |_, until| {
@@ -672,5 +699,68 @@ mod tests {
             || true
         ));
         assert_eq!(polled, Some(false));
+    }
+
+    #[test]
+    fn the_background_thread_stands_down_right_after_a_caller() {
+        let mut l = Leader::new(());
+        // A grace no test run outlasts: what happens within it is certain.
+        l.caller_grace = Duration::from_secs(3600);
+        let (_w, weak) = waiter();
+        let done = || true;
+        let turn_idle = |_: &mut (), _| Turn::Idle;
+        assert!(l.drive(
+            weak.clone(),
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            &done,
+            || {},
+            turn_idle
+        ));
+        // Right after the caller's release: no turn, no idle work either (the caller
+        // comes back and does both).
+        let (mut turned, mut idled) = (false, false);
+        assert!(l.background(
+            |_, _| {
+                turned = true;
+                Turn::Idle
+            },
+            || {
+                idled = true;
+                true
+            }
+        ));
+        assert!(!turned && !idled, "turned {turned}, idled {idled}");
+        // An explicit look (a command, work queued with no caller) skips the stand-down.
+        l.unpark_background();
+        assert!(l.background(
+            |_, _| {
+                turned = true;
+                Turn::Idle
+            },
+            || true
+        ));
+        assert!(turned);
+        // After another caller's turn, the stand-down ends with its grace.
+        assert!(l.drive(
+            weak,
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            &done,
+            || {},
+            turn_idle
+        ));
+        l.caller_grace = Duration::ZERO;
+        let mut again = false;
+        assert!(l.background(
+            |_, _| {
+                again = true;
+                Turn::Idle
+            },
+            || true
+        ));
+        assert!(again);
     }
 }

@@ -2,7 +2,10 @@
 //! §7.1): credits, the call forms (short, chunked, long), Write and Reply chunks for the
 //! reply, and the reply's reconstruction.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Keyed by our own xids.
+use rustc_hash::FxHashMap as HashMap;
 use std::io;
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
@@ -126,7 +129,7 @@ impl RdmaTransport {
             state: Mutex::new(State {
                 granted: 1,
                 unanswered: 0,
-                calls: HashMap::new(),
+                calls: HashMap::default(),
                 free_slots: (0..credits as usize).rev().collect(),
                 closed: false,
                 stats: RdmaStats::default(),
@@ -218,7 +221,7 @@ impl RdmaTransport {
     }
 
     /// Turns a completion into a message for `recv` (`msg`: what a Receive delivered).
-    fn on_completion(&self, wc: &WorkCompletion, msg: Option<&[u8]>) -> io::Result<()> {
+    fn on_completion(&self, wc: &WorkCompletion, msg: Option<Vec<u8>>) -> io::Result<()> {
         match wrid::kind(wc.wr_id) {
             wrid::RECV => {
                 let Some(buf) = msg.filter(|_| wc.status == WcStatus::Success) else {
@@ -245,8 +248,9 @@ impl RdmaTransport {
         }
     }
 
-    /// A message from the responder: the reply it carries, or nothing (discarded).
-    fn on_message(&self, buf: &[u8]) -> Option<Incoming> {
+    /// A message from the responder: the reply it carries (in `buf`'s memory, its RPC-over-RDMA
+    /// header dropped), or nothing (discarded).
+    fn on_message(&self, mut buf: Vec<u8>) -> Option<Incoming> {
         let mut st = self.state.lock();
         let lent_of = |m: Option<&Mr>| {
             m.map(|m| Lent {
@@ -255,7 +259,7 @@ impl RdmaTransport {
                 len: m.len(),
             })
         };
-        let (xid, credit, form) = plan_reply(buf, |xid| {
+        let (xid, credit, form) = plan_reply(&buf, |xid| {
             let l = st.calls.get(&xid).filter(|l| !l.answered)?;
             Some((lent_of(l.write.as_deref()), lent_of(l.reply.as_deref())))
         })?;
@@ -292,10 +296,8 @@ impl RdmaTransport {
                 } else {
                     st.stats.replies_inline += 1;
                 }
-                Incoming::Reply {
-                    msg: buf[at..].to_vec(),
-                    bulk,
-                }
+                buf.drain(..at);
+                Incoming::Reply { msg: buf, bulk }
             }
             Ok(ReplyForm::Long { len, write }) => {
                 let (msg, bulk) = match (
@@ -583,7 +585,7 @@ impl RdmaTransport {
             let mut msgs = msgs.into_iter().peekable();
             for (k, wc) in wcs.iter().enumerate() {
                 let msg = msgs.next_if(|(at, _)| *at == k).map(|(_, m)| m);
-                if let Err(e) = self.on_completion(wc, msg.as_deref()) {
+                if let Err(e) = self.on_completion(wc, msg) {
                     self.close();
                     if wc.status == WcStatus::WorkRequestFlushed || wc.opcode == WcOpcode::Recv {
                         return Ok(None);

@@ -237,7 +237,7 @@ impl Endpoint {
                 at += p.len();
             }
         }
-        let sge = vec![self.send_mr.sge(off, len as u32)];
+        let sge = [self.send_mr.sge(off, len as u32)];
         let wr = match invalidate {
             Some(k) => SendWr::send_with_invalidate(wr_id, sge, softrdma::Key(k)),
             None => SendWr::send(wr_id, sge),

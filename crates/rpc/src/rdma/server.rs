@@ -2,7 +2,8 @@
 //! checks and RDMA_ERROR, Read chunks pulled with RDMA Read, the reply through Write and
 //! Reply chunks, a constant grant backed by posted Receives.
 
-use std::collections::HashMap;
+// Keyed by our own slot and pull numbers.
+use rustc_hash::FxHashMap as HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -170,10 +171,10 @@ impl Conn {
             peer,
             sends: Mutex::new(Sends {
                 free: (0..credits as usize).rev().collect(),
-                held: HashMap::new(),
+                held: HashMap::default(),
             }),
             send_room: Condvar::new(),
-            pulling: Mutex::new(HashMap::new()),
+            pulling: Mutex::new(HashMap::default()),
             next_pull: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             pool: pool.clone(),
@@ -448,7 +449,7 @@ impl Conn {
             out.wrs.push(
                 SendWr::write(
                     wrid::WRITE,
-                    vec![mr.sge(off, s.length)],
+                    [mr.sge(off, s.length)],
                     Key(s.handle),
                     s.offset,
                 )
