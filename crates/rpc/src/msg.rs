@@ -338,9 +338,41 @@ pub fn peek(msg: &[u8]) -> Option<(u32, bool)> {
     Some((h.xid(), h.msg_type() == u32::from(MsgType::Reply)))
 }
 
+/// Program, version and procedure of call message `msg`, read from the fixed words before
+/// the credential (RFC 5531 §9: xid, CALL, rpcvers 2, prog, vers, proc); `None` for
+/// anything else. A look for routing only: [`decode_call`] checks the rest.
+pub fn peek_call(msg: &[u8]) -> Option<(u32, u32, u32)> {
+    let w = |i: usize| -> Option<u32> {
+        let b = msg.get(4 * i..4 * i + 4)?;
+        Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    (w(1)? == 0 && w(2)? == 2).then_some((w(3)?, w(4)?, w(5)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peek_call_reads_what_decode_call_decodes() {
+        let h = CallHeader {
+            xid: 9,
+            prog: 100_003,
+            vers: 3,
+            proc: 6,
+            cred: sys(),
+            verf: Auth::None,
+        };
+        let mut m = Vec::new();
+        encode_call(&h, b"args", &mut m).unwrap();
+        assert_eq!(peek_call(&m), Some((100_003, 3, 6)));
+        assert_eq!(peek_call(&m[..23]), None, "cut short");
+        let mut reply = Vec::new();
+        encode_reply(9, ReplyStatus::Success, &Auth::None, b"", &mut reply).unwrap();
+        assert_eq!(peek_call(&reply), None, "a reply");
+        m[11] = 3;
+        assert_eq!(peek_call(&m), None, "RPC version 3");
+    }
 
     fn sys() -> Auth {
         Auth::Sys(AuthSysParams {

@@ -188,7 +188,7 @@ impl Registry {
     /// Whether call message `msg` is for a procedure marked [`Registry::inline`].
     pub fn runs_inline(&self, msg: &[u8]) -> bool {
         !self.inline.is_empty()
-            && decode_call(msg).is_ok_and(|(h, _)| self.inline.contains(&(h.prog, h.vers, h.proc)))
+            && crate::msg::peek_call(msg).is_some_and(|p| self.inline.contains(&p))
     }
 
     /// Declares the Upper-Layer Binding of version `vers` of program `prog` for arguments:
