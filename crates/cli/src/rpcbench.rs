@@ -47,6 +47,9 @@ pub struct RpcBenchArgs {
     /// Large calls in flight (each lends a Write chunk of `size` octets).
     #[arg(long, default_value_t = 4)]
     pub large_depth: usize,
+    /// The server's handler threads (its pool).
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
     /// Run the procedures in the thread that reads the calls (`Registry::inline`: they
     /// never block) instead of handing each to the server's pool, over both transports.
     #[arg(long)]
@@ -270,7 +273,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     let server = Arc::new(Server::new(
         reg,
         ServerConfig {
-            threads: 4,
+            threads: a.threads.max(1),
             max_record: a.size + 4096,
             ..ServerConfig::default()
         },
@@ -344,6 +347,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
             "depth": a.depth,
             "size": a.size,
             "inline": a.inline,
+            "threads": a.threads,
             "mtu": a.mtu,
             "rdma": r,
             "tcp": t,
