@@ -63,9 +63,10 @@ pub struct RpcBenchArgs {
         default_value = "null,results,args"
     )]
     pub tests: Vec<RpcTest>,
-    /// RPC-over-RDMA only: no RPC over TCP beside it, no plain RDMA Write (for profiling).
-    #[arg(long)]
-    pub rdma_only: bool,
+    /// One side only (for profiling): `rdma` leaves out RPC over TCP and the plain RDMA
+    /// Write, `tcp` RPC-over-RDMA and the plain Write.
+    #[arg(long, value_enum)]
+    pub only: Option<RpcSide>,
     /// After the run: the RDMA client's QP counters and both devices' counters.
     #[arg(long)]
     pub counters: bool,
@@ -76,6 +77,15 @@ pub struct RpcBenchArgs {
     /// `softrdma decode` and tshark; every octet is kept: use a short -D).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+}
+
+/// The side `rpc bench --only` runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RpcSide {
+    /// RPC-over-RDMA.
+    Rdma,
+    /// RPC over TCP.
+    Tcp,
 }
 
 /// One of `rpc bench`'s tests.
@@ -313,15 +323,18 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     for c in [&rdma, &tcp] {
         c.call(PROG, 1, NULL, &[]).map_err(|e| e.to_string())?;
     }
-    let r = measure(&rdma, a)?;
-    let t = if a.rdma_only {
-        Figures {
-            null_per_s: None,
-            large_gbps: None,
-            args_gbps: None,
-        }
-    } else {
-        measure(&tcp, a)?
+    let none = Figures {
+        null_per_s: None,
+        large_gbps: None,
+        args_gbps: None,
+    };
+    let r = match a.only {
+        Some(RpcSide::Tcp) => none,
+        _ => measure(&rdma, a)?,
+    };
+    let t = match a.only {
+        Some(RpcSide::Rdma) => none,
+        _ => measure(&tcp, a)?,
     };
     let counters = a.counters.then(|| {
         let mut s = String::new();
@@ -335,7 +348,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         s
     });
     drop((rdma, rdma_conn, tcp, rdma_srv, tcp_srv));
-    let write = if a.tests.contains(&RpcTest::Results) && !a.rdma_only {
+    let write = if a.tests.contains(&RpcTest::Results) && a.only.is_none() {
         Some(plain_write(a)?)
     } else {
         None
@@ -363,10 +376,10 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
             " test                       {:>14} {:>14}   ratio",
             "RPC-over-RDMA", "RPC over TCP"
         );
-        // A figure not measured (its test not run, or `--rdma-only`) shows as "-".
+        // A figure not measured (its test not run, or its side left out) shows as "-".
         let cell = |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| format!("{v:.prec$}"));
         let row = |name: String, x: Option<f64>, y: Option<f64>, prec: usize| {
-            if x.is_some() {
+            if x.is_some() || y.is_some() {
                 println!(
                     " {name:<27} {:>14} {:>14}   {}",
                     cell(x, prec),

@@ -38,7 +38,7 @@ fn rpc_bench_runs_on_both_transports() {
     }
 }
 
-/// `--tests` runs only the tests named, `--rdma-only` leaves out RPC over TCP and the plain
+/// `--tests` runs only the tests named, `--only rdma` leaves out RPC over TCP and the plain
 /// Write: the figures not measured are null in the JSON and "-" in the table, and
 /// `--counters` follows the figures with the client QP's counters.
 #[test]
@@ -60,7 +60,8 @@ fn rpc_bench_runs_the_tests_asked_for() {
             "0.2",
             "--tests",
             "null",
-            "--rdma-only",
+            "--only",
+            "rdma",
             "--counters",
         ])
         .output()

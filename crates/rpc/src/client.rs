@@ -1029,22 +1029,38 @@ mod tests {
         calls: Sender<u32>,
         inbox: Receiver<Option<Vec<u8>>>,
         readers: Mutex<Vec<ThreadId>>,
+        /// Each read's thread, as it happens.
+        read_tx: Sender<ThreadId>,
         full: AtomicBool,
         /// Ends a blocked read (the connection shut down).
         end: Sender<Option<Vec<u8>>>,
     }
 
     fn scripted() -> (Arc<Scripted>, Receiver<u32>, Sender<Option<Vec<u8>>>) {
+        let (t, calls, answer, _) = scripted_with_reads();
+        (t, calls, answer)
+    }
+
+    /// [`scripted`], and the threads that read, as they read.
+    #[allow(clippy::type_complexity)]
+    fn scripted_with_reads() -> (
+        Arc<Scripted>,
+        Receiver<u32>,
+        Sender<Option<Vec<u8>>>,
+        Receiver<ThreadId>,
+    ) {
         let (calls, calls_rx) = crossbeam_channel::unbounded();
         let (answer, inbox) = crossbeam_channel::unbounded();
+        let (read_tx, reads) = crossbeam_channel::unbounded();
         let t = Arc::new(Scripted {
             calls,
             inbox,
             readers: Mutex::new(Vec::new()),
+            read_tx,
             full: AtomicBool::new(false),
             end: answer.clone(),
         });
-        (t, calls_rx, answer)
+        (t, calls_rx, answer, reads)
     }
 
     fn reply(xid: u32, body: &[u8]) -> Vec<u8> {
@@ -1055,7 +1071,9 @@ mod tests {
 
     impl Scripted {
         fn got(&self, m: Option<Vec<u8>>) -> io::Result<Option<Incoming>> {
-            self.readers.lock().push(std::thread::current().id());
+            let me = std::thread::current().id();
+            self.readers.lock().push(me);
+            let _ = self.read_tx.send(me);
             Ok(m.map(|msg| Incoming::Reply { msg, bulk: None }))
         }
     }
@@ -1165,7 +1183,7 @@ mod tests {
 
     #[test]
     fn a_sender_short_of_credit_gets_a_reader() {
-        let (t, calls, answer) = scripted();
+        let (t, calls, answer, reads) = scripted_with_reads();
         let c = Client::new(t.clone(), 8);
         // The transport has no credit: a reply must be read before the next send can go,
         // and no caller waits to read it.
@@ -1173,13 +1191,8 @@ mod tests {
         let a = c.start(1, 1, 0, &[]).unwrap();
         let x = calls.recv_timeout(T).unwrap();
         answer.send(Some(reply(x, b"a"))).unwrap();
-        let deadline = Instant::now() + T;
-        while t.readers.lock().is_empty() {
-            assert!(Instant::now() < deadline, "nobody read the reply");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let me = std::thread::current().id();
-        assert_ne!(t.readers.lock()[0], me);
+        let reader = reads.recv_timeout(T).expect("nobody read the reply");
+        assert_ne!(reader, std::thread::current().id());
         assert_eq!(a.wait().unwrap().results, b"a");
     }
 

@@ -701,25 +701,8 @@ mod tests {
         assert_eq!(polled, Some(false));
     }
 
-    #[test]
-    fn the_background_thread_stands_down_right_after_a_caller() {
-        let mut l = Leader::new(());
-        // A grace no test run outlasts: what happens within it is certain.
-        l.caller_grace = Duration::from_secs(3600);
-        let (_w, weak) = waiter();
-        let done = || true;
-        let turn_idle = |_: &mut (), _| Turn::Idle;
-        assert!(l.drive(
-            weak.clone(),
-            Duration::ZERO,
-            Duration::ZERO,
-            None,
-            &done,
-            || {},
-            turn_idle
-        ));
-        // Right after the caller's release: no turn, no idle work either (the caller
-        // comes back and does both).
+    /// One [`Leader::background`] call: whether it took a turn, whether it did idle work.
+    fn background_once(l: &Leader<()>) -> (bool, bool) {
         let (mut turned, mut idled) = (false, false);
         assert!(l.background(
             |_, _| {
@@ -731,36 +714,37 @@ mod tests {
                 true
             }
         ));
-        assert!(!turned && !idled, "turned {turned}, idled {idled}");
+        (turned, idled)
+    }
+
+    #[test]
+    fn the_background_thread_stands_down_right_after_a_caller() {
+        let mut l = Leader::new(());
+        // A grace no test run outlasts: what happens within it is certain.
+        l.caller_grace = Duration::from_secs(3600);
+        let (_w, weak) = waiter();
+        let done = || true;
+        let drive = |l: &Leader<()>| {
+            assert!(l.drive(
+                weak.clone(),
+                Duration::ZERO,
+                Duration::ZERO,
+                None,
+                &done,
+                || {},
+                |_, _| Turn::Idle
+            ));
+        };
+        drive(&l);
+        // Right after the caller's release: no turn, no idle work either (the caller
+        // comes back and does both).
+        assert_eq!(background_once(&l), (false, false));
         // An explicit look (a command, work queued with no caller) skips the stand-down.
         l.unpark_background();
-        assert!(l.background(
-            |_, _| {
-                turned = true;
-                Turn::Idle
-            },
-            || true
-        ));
-        assert!(turned);
+        assert!(background_once(&l).0);
         // After another caller's turn, the stand-down ends with its grace.
-        assert!(l.drive(
-            weak,
-            Duration::ZERO,
-            Duration::ZERO,
-            None,
-            &done,
-            || {},
-            turn_idle
-        ));
+        drive(&l);
         l.caller_grace = Duration::ZERO;
-        let mut again = false;
-        assert!(l.background(
-            |_, _| {
-                again = true;
-                Turn::Idle
-            },
-            || true
-        ));
-        assert!(again);
+        assert!(background_once(&l).0);
     }
 }
