@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrdma::{Buffer, Context, Device, Listener, RoceConfig};
+use softrdma::{Buffer, BusyPoll, Context, Device, Listener, RoceConfig};
 
 use crate::pcap_out::{PcapTap, with_pcap_or_fail};
 use softrdma_rpc::rdma::{RdmaConfig, RdmaTransport};
@@ -54,6 +54,10 @@ pub struct RpcBenchArgs {
     /// never block) instead of handing each to the server's pool, over both transports.
     #[arg(long)]
     pub inline: bool,
+    /// Busy poll of the RPC-over-RDMA connections' CQs, adaptive up to this many µs
+    /// (`RdmaConfig::busy_poll`; 0: off, the default, as RPC over TCP sleeps in its reads).
+    #[arg(long, default_value_t = 0)]
+    pub busy_poll: u64,
     /// Which tests to run (NULL calls, large results, large arguments); the plain RDMA
     /// Write runs with `results`.
     #[arg(
@@ -296,6 +300,12 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         credits: 32,
         max_message: a.size + 4096,
         roce_pmtu: a.mtu,
+        busy_poll: match a.busy_poll {
+            0 => BusyPoll::Off,
+            us => BusyPoll::Adaptive {
+                max: Duration::from_micros(us),
+            },
+        },
         ..RdmaConfig::default()
     };
     let l = Listener::bind(&sctx, "127.0.0.1:0").map_err(|e| e.to_string())?;
@@ -360,6 +370,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
             "depth": a.depth,
             "size": a.size,
             "inline": a.inline,
+            "busy_poll_us": a.busy_poll,
             "threads": a.threads,
             "mtu": a.mtu,
             "rdma": r,

@@ -682,6 +682,11 @@ impl Connection {
         }
     }
 
+    /// True when [`poll_event`](Self::poll_event) has an event to give.
+    pub fn has_event(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     pub fn poll_event(&mut self) -> Option<ConnEvent> {
         self.events.pop_front()
     }

@@ -771,6 +771,11 @@ impl RdmapEngine {
 
     /// The next completion, in order: send-queue completions in submission order
     /// (RDMAP-81), receive completions in delivery order (RDMAP-62, RDMAP-76).
+    /// Completions or events wait to be polled.
+    pub fn has_output(&self) -> bool {
+        !self.completions.is_empty() || !self.events.is_empty()
+    }
+
     pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
         self.completions.pop_front()
     }

@@ -13,8 +13,8 @@ pub use server::RdmaServer;
 use std::io;
 
 use softrdma::{
-    Access, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
-    WorkCompletion,
+    Access, BusyPoll, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr,
+    WcStatus, WorkCompletion,
 };
 use softrdma_wire::rpcrdma::Repr;
 use softrdma_wire::rpcrdma::{
@@ -55,6 +55,12 @@ pub struct RdmaConfig {
     /// used). 1024 by default, what `rdma_cm` picks on a 1500-octet Ethernet link; a link
     /// with a larger MTU (loopback, jumbo frames) carries 4096.
     pub roce_pmtu: u32,
+    /// How the connection's waits poll their CQ before they sleep. Off by default: the
+    /// waits sleep at once, as RPC over TCP sleeps in its reads. With calls in flight a
+    /// poll only takes the CPU the other end's threads need (on this project's two-core
+    /// loopback benchmark: 15 % fewer NULL calls with the verbs default, adaptive up to
+    /// 50 µs); a client with a core of its own gains latency from one.
+    pub busy_poll: BusyPoll,
 }
 
 impl Default for RdmaConfig {
@@ -68,6 +74,7 @@ impl Default for RdmaConfig {
             max_message: 4 << 20,
             remote_invalidate: true,
             roce_pmtu: softrdma::DEFAULT_ROCE_PMTU,
+            busy_poll: BusyPoll::Off,
         }
     }
 }
@@ -156,6 +163,7 @@ impl Endpoint {
         let cq = ctx
             .create_cq((2 * credits + extra_sends) as usize + 64, None)
             .map_err(io_err)?;
+        cq.set_busy_poll(cfg.busy_poll);
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.cap = QpCap {
             max_send_wr: credits + extra_sends + 16,
@@ -254,17 +262,25 @@ impl Endpoint {
         size: usize,
         wcs: &[WorkCompletion],
     ) -> io::Result<Vec<(usize, Vec<u8>)>> {
-        let mut out = Vec::new();
-        let mut repost = Vec::new();
-        for (k, wc) in wcs.iter().enumerate() {
-            if wrid::kind(wc.wr_id) != wrid::RECV || wc.status != WcStatus::Success {
-                continue;
+        let mut out = Vec::with_capacity(wcs.len());
+        let mut repost = Vec::with_capacity(wcs.len());
+        {
+            // One look at the buffers for the batch; each message copied once, unzeroed.
+            let g = self.recv_mr.read();
+            let base = self.recv_mr.buffer_offset();
+            for (k, wc) in wcs.iter().enumerate() {
+                if wrid::kind(wc.wr_id) != wrid::RECV || wc.status != WcStatus::Success {
+                    continue;
+                }
+                let i = wrid::index(wc.wr_id) as usize;
+                let len = (wc.byte_len as usize).min(size);
+                let at = i
+                    .checked_mul(size)
+                    .filter(|&o| o + size <= self.recv_mr.len())
+                    .ok_or_else(|| io_err("a Receive completed outside the receive buffers"))?;
+                out.push((k, g[base + at..base + at + len].to_vec()));
+                repost.push(self.recv_wr(size, i));
             }
-            let i = wrid::index(wc.wr_id) as usize;
-            let mut msg = vec![0u8; (wc.byte_len as usize).min(size)];
-            self.recv_mr.copy_out(i * size, &mut msg).map_err(io_err)?;
-            out.push((k, msg));
-            repost.push(self.recv_wr(size, i));
         }
         if !repost.is_empty() {
             self.qp.post_recv_list(repost).map_err(|(_, e)| io_err(e))?;

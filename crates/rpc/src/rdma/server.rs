@@ -644,6 +644,9 @@ impl Conn {
                 invalidate,
             )
             .and_then(|send| {
+                if wrs.is_empty() {
+                    return self.ep.qp.post_send(send).map_err(io_err);
+                }
                 wrs.push(send);
                 self.ep.qp.post_send_list(wrs).map_err(|(_, e)| io_err(e))
             });

@@ -41,6 +41,32 @@ use crate::tap::TapSlot;
 
 pub(crate) mod progress;
 
+/// The locked driver (see [`TcpShared::lock_driver`]).
+pub(crate) struct DriverGuard<'a> {
+    ctx: &'a TcpShared,
+    d: Option<parking_lot::MutexGuard<'a, progress::Driver>>,
+}
+
+impl std::ops::Deref for DriverGuard<'_> {
+    type Target = progress::Driver;
+    fn deref(&self) -> &progress::Driver {
+        self.d.as_deref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for DriverGuard<'_> {
+    fn deref_mut(&mut self) -> &mut progress::Driver {
+        self.d.as_deref_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for DriverGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.d.take());
+        self.ctx.run_scheduled();
+    }
+}
+
 /// The state the API layer shares with the progress thread of one iWARP context.
 pub(crate) struct TcpShared {
     pub(crate) keys: Arc<KeyTable>,
@@ -52,6 +78,8 @@ pub(crate) struct TcpShared {
     waker: mio::Waker,
     pub(crate) cmds: Mutex<Vec<Cmd>>,
     pub(crate) ready: Mutex<Vec<Arc<TcpQp>>>,
+    /// Set after a push to `ready`, cleared when the driver takes the list.
+    pub(crate) ready_pending: AtomicBool,
     next_token: AtomicUsize,
     next_qp: AtomicU32,
     /// Cleared when the progress thread exits.
@@ -138,6 +166,7 @@ impl TcpShared {
             waker,
             cmds: Mutex::new(Vec::new()),
             ready: Mutex::new(Vec::new()),
+            ready_pending: AtomicBool::new(false),
             next_token: AtomicUsize::new(progress::FIRST_TOKEN),
             next_qp: AtomicU32::new(1),
             alive: AtomicBool::new(true),
@@ -164,11 +193,47 @@ impl TcpShared {
         Ok(())
     }
 
-    /// Tells the progress thread that `qp` has new work requests (once until it looks).
+    /// Hands `qp`'s new work requests to the driver (once until it looks): run here if the
+    /// driver is free, else by its holder as it lets go (no wake-up of anyone: a thread
+    /// that waits on the sockets does not hold the driver).
     pub(crate) fn schedule(&self, qp: &Arc<TcpQp>) {
         if !qp.scheduled.swap(true, Ordering::AcqRel) {
             self.ready.lock().push(qp.clone());
-            self.wake();
+            self.ready_pending.store(true, Ordering::Relaxed);
+            self.run_scheduled();
+        }
+    }
+
+    /// The driver, locked; whatever is scheduled meanwhile runs as it is let go.
+    pub(crate) fn lock_driver(&self) -> DriverGuard<'_> {
+        DriverGuard {
+            ctx: self,
+            d: Some(self.driver.lock()),
+        }
+    }
+
+    /// [`TcpShared::lock_driver`] if nobody holds it.
+    pub(crate) fn try_lock_driver(&self) -> Option<DriverGuard<'_>> {
+        Some(DriverGuard {
+            ctx: self,
+            d: Some(self.driver.try_lock()?),
+        })
+    }
+
+    /// Runs the ready list if something waits in it and the driver is free. Whoever pushes
+    /// to the list and whoever lets the driver go both come here: with the fence between
+    /// each one's write (the flag, the unlock) and its read (the lock, the flag), one of
+    /// them sees the other's write, so nothing is left in the list unseen.
+    fn run_scheduled(&self) {
+        loop {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.ready_pending.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(mut d) = self.driver.try_lock() else {
+                return;
+            };
+            d.ready(self, Instant::now());
         }
     }
 
@@ -188,7 +253,7 @@ impl TcpShared {
     /// New work requests of `qp`: handed to its engine and sent in this thread when the
     /// driver is free, else by whoever holds it next.
     pub(crate) fn submit(&self, qp: &Arc<TcpQp>) {
-        match self.driver.try_lock() {
+        match self.try_lock_driver() {
             Some(mut d) => d.post(self, qp),
             None => self.schedule(qp),
         }
@@ -211,7 +276,7 @@ impl Progress for TcpShared {
     fn progress(&self, cq: &CqShared) {
         // No slot and no stand-down: the background thread stays on the sockets for an
         // application that polls now and then spins on memory (ib_write_lat's receiver).
-        if let Some(mut d) = self.driver.try_lock() {
+        if let Some(mut d) = self.try_lock_driver() {
             d.sweep(self, cq);
         }
     }
@@ -784,4 +849,60 @@ pub(crate) fn wait_reply<T>(
 /// The progress thread's answer, awaited by a task.
 pub(crate) async fn reply_async<T>(rx: oneshot::Receiver<Result<T, Error>>) -> Result<T, Error> {
     rx.await.unwrap_or(Err(Error::ContextClosed))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{
+        AcceptParams, Access, ConnectParams, Context, Cq, Listener, Pd, Qp, QpInitAttr, RecvWr,
+        SendWr, WcStatus,
+    };
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    fn side() -> (Context, Pd, Cq, Qp) {
+        let ctx = Context::open().unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
+        (ctx, pd, cq, qp)
+    }
+
+    /// A Send posted while another thread holds the driver is queued (the post returns at
+    /// once), and goes out when the holder lets the driver go: nobody has to be woken for
+    /// it.
+    #[test]
+    fn a_post_while_the_driver_is_held_runs_when_it_is_let_go() {
+        let (cctx, cpd, _ccq, cqp) = side();
+        let (sctx, spd, scq, sqp) = side();
+        let smr = spd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        sqp.post_recv(RecvWr::new(1, [smr.sge(0, 64)])).unwrap();
+        let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
+        let addr = l.local_addr();
+        std::thread::scope(|s| {
+            let c = s.spawn(|| cqp.connect(addr, ConnectParams::default()).unwrap());
+            let req = l.accept_timeout(LONG).unwrap();
+            req.accept(&sqp, AcceptParams::default()).unwrap();
+            c.join().unwrap();
+        });
+        let cmr = cpd.alloc_mr(64, Access::empty()).unwrap();
+        cmr.copy_in(0, b"scheduled").unwrap();
+        let shared = cctx.shared.tcp().unwrap().clone();
+        let held = shared.lock_driver();
+        std::thread::scope(|s| {
+            s.spawn(|| cqp.post_send(SendWr::send(7, vec![cmr.sge(0, 9)])).unwrap())
+                .join()
+                .unwrap();
+        });
+        assert_eq!(shared.ready.lock().len(), 1, "queued behind the holder");
+        // Nothing woke the thread that waits on the sockets: letting go runs the list (in
+        // this thread, or in the background thread's turn if it took the driver first).
+        drop(held);
+        let mut wcs = Vec::new();
+        scq.wait(1, 1, LONG, &mut wcs).unwrap();
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+        assert_eq!(&smr.to_vec()[..9], b"scheduled");
+    }
 }

@@ -222,7 +222,7 @@ impl Driver {
 /// then run everything that is ready.
 pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> Turn {
     let now = Instant::now();
-    let mut timeout = ctx.driver.lock().timeout(now);
+    let mut timeout = ctx.lock_driver().timeout(now);
     if let Some(u) = until {
         let left = u.saturating_duration_since(now);
         timeout = Some(timeout.map_or(left, |t| t.min(left)));
@@ -237,7 +237,7 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
         return Turn::Stop;
     }
     let mut worked = Turn::Idle;
-    let mut d = ctx.driver.lock();
+    let mut d = ctx.lock_driver();
     let now = Instant::now();
     d.commands(ctx, now);
     d.ready(ctx, now);
@@ -266,7 +266,7 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
 /// What a turn does besides socket events: connections with more to read, timers, reaping,
 /// commands and new work requests. Also run while the background thread stands down.
 pub(crate) fn idle(ctx: &TcpShared) {
-    let mut d = ctx.driver.lock();
+    let mut d = ctx.lock_driver();
     let now = Instant::now();
     d.commands(ctx, now);
     d.ready(ctx, now);
@@ -361,7 +361,7 @@ impl Driver {
             .get(&qp.qpn)
             .and_then(|t| touch(&mut self.conns, &mut self.touched, *t))
         {
-            c.service(ctx, &mut self.bufs);
+            c.posted(ctx, &mut self.bufs);
         } else if qp.state().is_dead() {
             flush_orphan(ctx, qp);
         }
@@ -661,10 +661,11 @@ impl Driver {
     }
 
     /// QPs with new work requests.
-    fn ready(&mut self, ctx: &TcpShared, _now: Instant) {
+    pub(crate) fn ready(&mut self, ctx: &TcpShared, _now: Instant) {
         // Swapped with a list kept for the purpose, so neither side's capacity is lost
         // (a post that schedules its QP then allocates nothing).
         let mut ready = std::mem::take(&mut self.ready_spare);
+        ctx.ready_pending.store(false, Ordering::Relaxed);
         std::mem::swap(&mut ready, &mut *ctx.ready.lock());
         for qp in ready.drain(..) {
             // Before the connection is up too: receives go in at once.
@@ -1295,11 +1296,36 @@ impl Conn {
         self.check_close();
     }
 
-    /// Submission queues → engine. Before the connection is up only receives go in (sends
-    /// wait for it, and stay queued if it fails).
-    fn submit_to_engine(&mut self, ctx: &TcpShared) {
-        let Some(qp) = self.qp.clone() else {
+    /// New work requests of the application. When only receives went in, to a stream in
+    /// full swing, there is nothing to write, complete or report: no more is done (a
+    /// reader takes receives in before each read, so posting them needs no more).
+    fn posted(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
+        if self.dead || (!self.submit_to_engine(ctx) && self.quiet()) {
             return;
+        }
+        self.service(ctx, bufs);
+    }
+
+    /// Established, in RTS, nothing waiting to be written or reported.
+    fn quiet(&self) -> bool {
+        self.established
+            && self.write_side == WriteSide::Open
+            && self.tx.is_empty()
+            && self.iw.state() == ConnState::Established
+            && !self.iw.wants_transmit()
+            && !self.iw.has_event()
+            && !self.local_waiting
+            && !self.cq_overrun
+            && self.iw.engine().state() == StreamState::Rts
+            && !self.iw.engine().has_output()
+    }
+
+    /// Submission queues → engine. Before the connection is up only receives go in (sends
+    /// wait for it, and stay queued if it fails). Whether anything but accepted receives
+    /// came of it (sends or an invalidation handed over, a request refused).
+    fn submit_to_engine(&mut self, ctx: &TcpShared) -> bool {
+        let Some(qp) = self.qp.clone() else {
+            return false;
         };
         let established = self.established;
         // Scratch queues kept across calls (no allocation per message); the submission
@@ -1336,6 +1362,7 @@ impl Conn {
         }
         // Posting happens without the submission lock: an INLINE copy or a key check must
         // never wait while a poster waits for that lock.
+        let mut handed = !sends.is_empty() || invalidate.is_some();
         let engine = self.iw.engine_mut();
         for wr in recvs.drain(..) {
             let wr_id = wr.wr_id;
@@ -1346,6 +1373,7 @@ impl Conn {
                     self.early_rq.extend(copy);
                 }
                 Err(e) => {
+                    handed = true;
                     qp.rq_retired.fetch_add(1, Ordering::AcqRel);
                     let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
                     self.cq_overrun |= qp.recv_cq.push(&mut v) == Pushed::Overrun;
@@ -1375,6 +1403,7 @@ impl Conn {
                 ctx.schedule(&qp);
             }
         }
+        handed
     }
 
     fn transmit(&mut self, ctx: &TcpShared) {
