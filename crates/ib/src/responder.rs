@@ -154,9 +154,33 @@ enum InProgress {
 
 /// Saved READ / ATOMIC state, FIFO of depth `max_rd_atomic` (IBT-X-13, ib-transport.md §10).
 #[derive(Clone, Copy, Debug)]
+/// A saved READ or ATOMIC; `msn` is the MSN before it.
 enum Resource {
-    Read { psn: u32, count: u32 },
-    Atomic { psn: u32, orig: u64, opcode: Opcode },
+    Read {
+        psn: u32,
+        count: u32,
+        msn: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+        opcode: Opcode,
+        msn: u32,
+    },
+}
+
+impl Resource {
+    fn first_psn(&self) -> u32 {
+        match *self {
+            Resource::Read { psn, .. } | Resource::Atomic { psn, .. } => psn,
+        }
+    }
+
+    fn msn_before(&self) -> u32 {
+        match *self {
+            Resource::Read { msn, .. } | Resource::Atomic { msn, .. } => msn,
+        }
+    }
 }
 
 struct ReadJob {
@@ -820,8 +844,12 @@ impl Responder {
         let psn = pkt.bth.psn & PSN_MASK;
         // EXT-PSN-02: one PSN per response packet (IBT-X-09: at least one).
         let count = read_psn_count(reth.dma_len, self.cfg.pmtu);
+        self.save(Resource::Read {
+            psn,
+            count,
+            msn: self.msn,
+        });
         self.msn = psn_add(self.msn, 1);
-        self.save(Resource::Read { psn, count });
         self.responses.push_back(Pending::Read(ReadJob {
             target,
             psn,
@@ -885,12 +913,13 @@ impl Responder {
             Err(e) => return Verdict::Nak(nak_of(e)),
         };
         let psn = pkt.bth.psn & PSN_MASK;
-        self.msn = psn_add(self.msn, 1);
         self.save(Resource::Atomic {
             psn,
             orig,
             opcode: pkt.bth.opcode,
+            msn: self.msn,
         });
+        self.msn = psn_add(self.msn, 1);
         self.responses.push_back(Pending::AtomicAck {
             psn,
             orig,
@@ -912,7 +941,9 @@ impl Responder {
                 };
                 let count = read_psn_count(reth.dma_len, self.cfg.pmtu);
                 let found = self.resources.iter().any(|r| match *r {
-                    Resource::Read { psn: p, count: c } => {
+                    Resource::Read {
+                        psn: p, count: c, ..
+                    } => {
                         psn_in_window(psn, p, c)
                             && psn_diff(psn_add(psn, count), psn_add(p, c)) <= 0
                     }
@@ -955,6 +986,7 @@ impl Responder {
                         psn: p,
                         orig,
                         opcode,
+                        ..
                     } if p == psn && opcode == pkt.bth.opcode => Some(orig),
                     _ => None,
                 });
@@ -978,11 +1010,27 @@ impl Responder {
                 // Linux rxe stalls for good when that happens (seen against rxe 6.12 with loss).
                 self.counters.duplicates += 1;
                 if pkt.bth.ack_req {
-                    self.push_ack(psn_sub(self.epsn, 1), Syndrome::ACK, self.msn);
+                    let (ack, msn) = self.dup_ack(psn);
+                    self.push_ack(ack, Syndrome::ACK, msn);
                     self.ack_now = true;
                 }
             }
         }
+    }
+
+    /// The PSN and MSN that answer a duplicate SEND/WRITE at `psn`: ePSN − 1, but never at or
+    /// past a READ or ATOMIC executed after it. Its answer may be what the requester lost
+    /// (it is retrying from before it): an ACK covering the request's PSN tells it the
+    /// request is done without its data (Linux rxe then completes a READ with the buffer
+    /// untouched, seen over lossy links). Only its own responses acknowledge it (IBA
+    /// 9.7.5.1.4: an ACK acknowledges every PSN up to its own).
+    fn dup_ack(&self, psn: u32) -> (u32, u32) {
+        self.resources
+            .iter()
+            .find(|r| psn_diff(r.first_psn(), psn) > 0)
+            .map_or((psn_sub(self.epsn, 1), self.msn), |r| {
+                (psn_sub(r.first_psn(), 1), r.msn_before())
+            })
     }
 
     /// Queues an ACK/NAK; a plain ACK replaces a plain ACK at the tail (coalescing: the newer

@@ -285,6 +285,79 @@ fn ibt_x_10_read_reissued_from_the_middle_and_c9_32_completion_order() {
     assert_eq!(s.n[1].recvs.len(), 1, "the SEND executed once");
 }
 
+/// EXT-PSN-03: a SEND and the READ after it, the SEND's ACK and the READ's response both
+/// lost. The requester goes back to the SEND; the duplicate is re-ACKed, but not with ePSN - 1
+/// (the READ's PSN): that ACK would say the READ is done without its data (Linux rxe then
+/// completes it with its buffer untouched, seen against rxe over a lossy link). The READ's own
+/// regenerated response acknowledges it, and the data arrives.
+#[test]
+fn ext_psn_03_duplicate_send_re_ack_stops_before_a_later_read() {
+    let setup = Setup::default();
+    let mut s = rc(&setup, 21);
+    let (k0, k1) = (s.n[0].key, s.n[1].key);
+    let src = pattern(21, 64);
+    s.n[1].fill(50_000, &src);
+    s.n[1]
+        .qp
+        .post_recv(RecvWr::new(9, vec![Sge::new(k1, 0, 100)]))
+        .unwrap();
+    let send_psn = setup.psn[0];
+    let read_psn = psn_add(send_psn, 1);
+    let mut lost = (false, false);
+    s.drop_filter = Some(Box::new(move |from, p| {
+        if from != 1 {
+            return false;
+        }
+        let op = p.bth.opcode.operation();
+        let hit = if op == Operation::Acknowledge && !lost.0 {
+            lost.0 = true;
+            true
+        } else if op.is_response() && op != Operation::Acknowledge && !lost.1 {
+            lost.1 = true;
+            true
+        } else {
+            false
+        };
+        hit
+    }));
+    s.n[0]
+        .qp
+        .post_send(SendWr::send(1, vec![Sge::new(k0, 200_000, 16)]))
+        .unwrap();
+    s.n[0]
+        .qp
+        .post_send(SendWr::read(2, Some(Sge::new(k0, 0, 64)), k1, 50_000))
+        .unwrap();
+    s.run_until(100_000, |s| s.n[0].sends.len() == 2);
+    assert_eq!(
+        summary(&s.n[0].sends),
+        vec![
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::RdmaRead)
+        ]
+    );
+    assert_eq!(s.n[0].read(0, 64), src);
+    assert_eq!(s.n[1].recvs.len(), 1, "the SEND executed once");
+    let sends = s
+        .log
+        .iter()
+        .filter(|r| r.tx && r.from == 0 && r.psn == send_psn)
+        .count();
+    assert!(sends >= 2, "the SEND went out again");
+    // Every plain ACK after the READ arrived stays before the READ's PSN.
+    let acks: Vec<u32> = s
+        .log
+        .iter()
+        .filter(|r| r.tx && r.from == 1 && r.opcode.operation() == Operation::Acknowledge)
+        .map(|r| r.psn)
+        .collect();
+    assert!(acks.len() >= 2, "the duplicate was re-ACKed: {acks:?}");
+    assert!(
+        acks.iter().all(|&a| psn_diff(a, read_psn) < 0),
+        "an ACK covers the READ at {read_psn}: {acks:?}"
+    );
+}
+
 /// IBT-C9-3 (engine part; arming and waking the CQ is the verbs layer's): SE is set on the
 /// last packet of a solicited SEND / WRITE with immediate only, and the receive completion
 /// carries it; an unsolicited SEND's does not.
