@@ -309,7 +309,7 @@ fn ext_psn_03_duplicate_send_re_ack_stops_before_a_later_read() {
             return false;
         }
         let op = p.bth.opcode.operation();
-        let hit = if op == Operation::Acknowledge && !lost.0 {
+        if op == Operation::Acknowledge && !lost.0 {
             lost.0 = true;
             true
         } else if op.is_response() && op != Operation::Acknowledge && !lost.1 {
@@ -317,8 +317,7 @@ fn ext_psn_03_duplicate_send_re_ack_stops_before_a_later_read() {
             true
         } else {
             false
-        };
-        hit
+        }
     }));
     s.n[0]
         .qp
