@@ -19,7 +19,10 @@
 //! * A SEND with Invalidate whose IETH R_Key fails the o9-5.2.2 checks is acknowledged like any
 //!   valid SEND (o9-5.2.1: the ACK does not reflect the invalidation); its receive WQE completes
 //!   with `RemoteInvalidRequest`.
-//! * A duplicate SEND/WRITE is re-ACKed with PSN ePSN − 1 and the current MSN (as rxe).
+//! * A duplicate SEND/WRITE is re-ACKed with PSN ePSN − 1 and the current MSN (as rxe), except
+//!   that the ACK stops before a READ or ATOMIC executed after the duplicate (its PSN − 1, the
+//!   MSN before it): the requester may have lost that request's answer, and rxe takes an ACK
+//!   carrying a READ's PSN for the READ's completion, without its data.
 //! * More than `max_rd_atomic` READ responses still queued (not yet polled) when a new READ or
 //!   ATOMIC arrives: NAK *Invalid Request* (the requester exceeded the negotiated limit).
 //! * MSN counts completed messages; a READ counts when accepted, its responses carry that MSN.
