@@ -63,7 +63,10 @@ impl std::ops::DerefMut for DriverGuard<'_> {
 impl Drop for DriverGuard<'_> {
     fn drop(&mut self) {
         drop(self.d.take());
-        self.ctx.run_scheduled();
+        // Not while unwinding: a second panic in there would abort the process.
+        if !std::thread::panicking() {
+            self.ctx.run_scheduled();
+        }
     }
 }
 
