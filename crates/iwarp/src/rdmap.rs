@@ -769,13 +769,13 @@ impl RdmapEngine {
         Ok(())
     }
 
-    /// The next completion, in order: send-queue completions in submission order
-    /// (RDMAP-81), receive completions in delivery order (RDMAP-62, RDMAP-76).
     /// Completions or events wait to be polled.
     pub fn has_output(&self) -> bool {
         !self.completions.is_empty() || !self.events.is_empty()
     }
 
+    /// The next completion, in order: send-queue completions in submission order
+    /// (RDMAP-81), receive completions in delivery order (RDMAP-62, RDMAP-76).
     pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
         self.completions.pop_front()
     }

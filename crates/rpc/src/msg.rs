@@ -346,7 +346,12 @@ pub fn peek_call(msg: &[u8]) -> Option<(u32, u32, u32)> {
         let b = msg.get(4 * i..4 * i + 4)?;
         Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     };
-    (w(1)? == 0 && w(2)? == 2).then_some((w(3)?, w(4)?, w(5)?))
+    let h = Header::new_checked(msg).ok()?;
+    (h.msg_type() == u32::from(MsgType::Call) && w(2)? == RPC_VERSION).then_some((
+        w(3)?,
+        w(4)?,
+        w(5)?,
+    ))
 }
 
 #[cfg(test)]

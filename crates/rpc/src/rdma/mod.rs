@@ -264,23 +264,15 @@ impl Endpoint {
     ) -> io::Result<Vec<(usize, Vec<u8>)>> {
         let mut out = Vec::with_capacity(wcs.len());
         let mut repost = Vec::with_capacity(wcs.len());
-        {
-            // One look at the buffers for the batch; each message copied once, unzeroed.
-            let g = self.recv_mr.read();
-            let base = self.recv_mr.buffer_offset();
-            for (k, wc) in wcs.iter().enumerate() {
-                if wrid::kind(wc.wr_id) != wrid::RECV || wc.status != WcStatus::Success {
-                    continue;
-                }
-                let i = wrid::index(wc.wr_id) as usize;
-                let len = (wc.byte_len as usize).min(size);
-                let at = i
-                    .checked_mul(size)
-                    .filter(|&o| o + size <= self.recv_mr.len())
-                    .ok_or_else(|| io_err("a Receive completed outside the receive buffers"))?;
-                out.push((k, g[base + at..base + at + len].to_vec()));
-                repost.push(self.recv_wr(size, i));
+        for (k, wc) in wcs.iter().enumerate() {
+            if wrid::kind(wc.wr_id) != wrid::RECV || wc.status != WcStatus::Success {
+                continue;
             }
+            let i = wrid::index(wc.wr_id) as usize;
+            let mut msg = vec![0u8; (wc.byte_len as usize).min(size)];
+            self.recv_mr.copy_out(i * size, &mut msg).map_err(io_err)?;
+            out.push((k, msg));
+            repost.push(self.recv_wr(size, i));
         }
         if !repost.is_empty() {
             self.qp.post_recv_list(repost).map_err(|(_, e)| io_err(e))?;

@@ -236,7 +236,7 @@ impl TcpShared {
             let Some(mut d) = self.driver.try_lock() else {
                 return;
             };
-            d.ready(self, Instant::now());
+            d.ready(self);
         }
     }
 

@@ -240,7 +240,7 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
     let mut d = ctx.lock_driver();
     let now = Instant::now();
     d.commands(ctx, now);
-    d.ready(ctx, now);
+    d.ready(ctx);
     for ev in slot.events.iter() {
         let t = ev.token();
         if t == WAKER {
@@ -269,7 +269,7 @@ pub(crate) fn idle(ctx: &TcpShared) {
     let mut d = ctx.lock_driver();
     let now = Instant::now();
     d.commands(ctx, now);
-    d.ready(ctx, now);
+    d.ready(ctx);
     d.rest(ctx);
 }
 
@@ -661,7 +661,7 @@ impl Driver {
     }
 
     /// QPs with new work requests.
-    pub(crate) fn ready(&mut self, ctx: &TcpShared, _now: Instant) {
+    pub(crate) fn ready(&mut self, ctx: &TcpShared) {
         // Swapped with a list kept for the purpose, so neither side's capacity is lost
         // (a post that schedules its QP then allocates nothing).
         let mut ready = std::mem::take(&mut self.ready_spare);
