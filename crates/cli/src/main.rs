@@ -9,6 +9,9 @@ use clap::{Parser, Subcommand};
 use softrdma_cli::decode;
 use softrdma_cli::{nfs, nfsd, perf, pingpong, rpcbench, rping, udaddy};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "softrdma",

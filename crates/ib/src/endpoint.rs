@@ -243,8 +243,8 @@ pub struct Incoming<'a> {
     pub qpn: u32,
     /// The transport packet, borrowing the datagram.
     pub packet: PacketRepr<'a>,
-    /// The GRH area of a UD receive ([`grh_image`]); filled for every packet, read by UD QPs
-    /// only.
+    /// The GRH area of a UD receive ([`grh_image`]); zero for the other QP types, which
+    /// do not read it.
     pub grh: [u8; GRH_LEN],
     /// The sender's IPv4 Identification recovered from the ICRC (`None` over IPv6); what a
     /// packet capture needs to rebuild the IP header.
@@ -523,10 +523,16 @@ impl RoceEndpoint {
             bump(&c.wrong_source);
             return Err(DropReason::WrongSource);
         }
+        // Only a UD receive reports the GRH (IBA 11.4.1.1); building it is a fifth of the
+        // work on a small packet.
+        let grh = match route.qp_type {
+            QpType::Ud => grh_image(src, self.local, datagram.len()),
+            _ => [0; GRH_LEN],
+        };
         Ok(Incoming {
             qpn,
             packet,
-            grh: grh_image(src, self.local, datagram.len()),
+            grh,
             ipv4_id,
         })
     }

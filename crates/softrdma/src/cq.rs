@@ -11,7 +11,7 @@ use std::future::{Future, poll_fn};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -90,6 +90,9 @@ pub(crate) struct CqShared {
     id: u32,
     capacity: usize,
     state: Mutex<CqState>,
+    /// `state.overrun`, readable without the lock (set once, under it): a push of nothing
+    /// (every driver pass makes one) only asks this.
+    overran: AtomicBool,
     /// Wakes [`Cq::wait`] callers on every push.
     cond: Condvar,
     /// Wakes tasks awaiting the queue ([`Completions`]) on every push.
@@ -136,7 +139,7 @@ impl CqShared {
     /// touched (RFC 5040 §8.1.1 #10, RDMAP-124). Memory stays bounded by the capacity.
     pub(crate) fn push(self: &Arc<Self>, wcs: &mut Vec<WorkCompletion>) -> Pushed {
         if wcs.is_empty() {
-            return match self.state.lock().overrun {
+            return match self.overran.load(Ordering::Acquire) {
                 true => Pushed::Overrun,
                 false => Pushed::Queued,
             };
@@ -165,6 +168,7 @@ impl CqShared {
                 false => Pushed::Queued,
             };
             if s.overrun && !was {
+                self.overran.store(true, Ordering::Release);
                 tracing::warn!(
                     cq = self.id,
                     capacity = self.capacity,
@@ -244,6 +248,7 @@ impl Cq {
                     overflows: 0,
                     overrun: false,
                 }),
+                overran: AtomicBool::new(false),
                 cond: Condvar::new(),
                 ready: Event::new(),
                 channel: channel.map(|c| c.shared.clone()),

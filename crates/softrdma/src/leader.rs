@@ -390,24 +390,27 @@ impl<S> Leader<S> {
             self.want.fetch_sub(1, Ordering::AcqRel);
             return false;
         };
-        self.hold(&mut slot, |s| {
-            let spin_end = Instant::now() + spin;
+        // One clock reading per turn (after it): the next turn's start, the poll's
+        // extension and the time the slot was given up.
+        let left = self.hold(&mut slot, |s| {
+            let mut now = Instant::now();
             // Non-blocking turns first, then sleeping ones, except for `flow` after each
             // arrival.
-            let mut poll_end = spin_end;
+            let mut poll_end = now + spin;
             loop {
-                let now = Instant::now();
                 if done() || until.is_some_and(|u| now >= u) {
-                    break;
+                    break now;
                 }
                 let poll = now < poll_end;
-                if turn(s, if poll { Some(now) } else { until }) == Turn::Worked {
-                    poll_end = poll_end.max(Instant::now() + flow);
+                let t = turn(s, if poll { Some(now) } else { until });
+                now = Instant::now();
+                if t == Turn::Worked {
+                    poll_end = poll_end.max(now + flow);
                 }
             }
         });
         self.caller_left
-            .store(self.nanos(Instant::now()).max(1), Ordering::Release);
+            .store(self.nanos(left).max(1), Ordering::Release);
         self.want.fetch_sub(1, Ordering::AcqRel);
         drop(slot);
         self.release();

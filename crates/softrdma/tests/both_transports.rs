@@ -863,7 +863,11 @@ fn a_cq_overrun_fails_its_qps_only() {
         let mut held = Vec::new();
         assert_eq!(small.poll(16, &mut held), 4, "{t:?}: {held:?}");
         assert!(held.iter().all(|w| w.status == WcStatus::Success), "{t:?}");
-        assert!(small.overflows() >= 4, "{t:?}: {}", small.overflows());
+        // The state changes before the completions land (whoever sees those sees it): the
+        // requests the overrun flushed are counted just after.
+        until("the flushed requests counted as overflows", || {
+            small.overflows() >= 4
+        });
         if t == Transport::Iwarp {
             // The peer hears why: RDMAP, Local Catastrophic, no headers (RFC 5040 §7.2).
             match next_event(&server.ctx) {

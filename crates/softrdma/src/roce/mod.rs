@@ -65,6 +65,9 @@ const SEND_BATCH: usize = 64;
 /// Batches a QP sends from the receive path before the socket is read again.
 const BACKLOG_BATCHES: usize = 4;
 const RECV_BATCH: usize = 32;
+/// Datagrams of one receive batch routed without a heap allocation (a GRO batch may hold
+/// more; those spill).
+const ROUTED_INLINE: usize = 16;
 /// With GRO a receive holds a run of packets: fewer, larger buffers.
 const GRO_BATCH: usize = 8;
 const GRO_BUFFER: usize = 65_536;
@@ -604,10 +607,13 @@ impl RoceShared {
 
     /// Sends each datagram of `group` on its own, with as few `sendmmsg` calls as it takes.
     fn send_each(&self, fd: std::os::fd::RawFd, buf: &[u8], group: &[Transmit]) {
-        let slices: SmallVec<[[IoSlice<'_>; 1]; SEND_BATCH]> = group
-            .iter()
-            .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))])
-            .collect();
+        // Filled in place: a collected array this size would be copied on return.
+        let mut slices: SmallVec<[[IoSlice<'_>; 1]; SEND_BATCH]> = SmallVec::new();
+        slices.extend(
+            group
+                .iter()
+                .map(|t| [IoSlice::new(buf.get(t.range()).unwrap_or(&[]))]),
+        );
         let mut done = 0;
         while done < group.len() {
             let sent = match self.local {
@@ -696,8 +702,8 @@ fn send_group<S: FamilyAddr>(
     slices: &[[IoSlice<'_>; 1]],
     group: &[Transmit],
 ) -> nix::Result<usize> {
-    let addrs: SmallVec<[Option<S>; SEND_BATCH]> =
-        group.iter().map(|t| Some(S::of(t.socket_addr()))).collect();
+    let mut addrs: SmallVec<[Option<S>; SEND_BATCH]> = SmallVec::new();
+    addrs.extend(group.iter().map(|t| Some(S::of(t.socket_addr()))));
     S::with_headers(slices.len(), |hdrs| {
         sendmmsg(fd, hdrs, slices.iter(), &addrs, [], MsgFlags::empty()).map(|r| r.count())
     })
@@ -851,7 +857,7 @@ impl RoceShared {
             // The endpoint checks and routes the whole batch under one read lock; the QPs'
             // engines are locked only after it is released (lock order: engine, endpoint).
             // Each accepted datagram is kept with the index of its QP in `touched`.
-            let mut routed: Vec<(usize, Incoming<'_>)> = Vec::with_capacity(rx.got.len());
+            let mut routed: SmallVec<[(usize, Incoming<'_>); ROUTED_INLINE]> = SmallVec::new();
             let mut mads: Vec<(IpAddr, Incoming<'_>)> = Vec::new();
             {
                 let ep = self.endpoint.read();

@@ -423,6 +423,33 @@ impl Headers {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Opcode(u8);
 
+/// `OpCode[4:0]` to its operation; codes Table 38 leaves undefined map to `Cnp` (never
+/// reached for a validated opcode, and total without panicking).
+const OPERATIONS: [Operation; 32] = {
+    let mut t = [Operation::Cnp; 32];
+    let mut i = 0;
+    while i < Operation::ALL.len() {
+        let op = Operation::ALL[i];
+        // The first operation of a code, as a search of `ALL` would find.
+        if !matches!(op, Operation::Cnp) && matches!(t[op.code() as usize], Operation::Cnp) {
+            t[op.code() as usize] = op;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// [`Opcode::headers`] of every octet.
+const HEADERS: [Headers; 256] = {
+    let mut t = [Headers::NONE; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = Opcode(i as u8).derive_headers();
+        i += 1;
+    }
+    t
+};
+
 macro_rules! opcodes {
     ($($name:ident = $val:expr;)*) => {
         impl Opcode {
@@ -528,28 +555,23 @@ impl Opcode {
         }
     }
 
-    /// `OpCode[4:0]` as an operation.
+    /// `OpCode[4:0]` as an operation (a table lookup: asked several times per packet).
     pub const fn operation(self) -> Operation {
         if self.0 == Opcode::CNP.0 {
             return Operation::Cnp;
         }
-        let code = self.0 & 0x1F;
-        let mut i = 0;
-        while i < Operation::ALL.len() {
-            let op = Operation::ALL[i];
-            if op.code() == code && !matches!(op, Operation::Cnp) {
-                return op;
-            }
-            i += 1;
-        }
-        // Unreachable for a validated opcode; keep total without panicking.
-        Operation::Cnp
+        OPERATIONS[(self.0 & 0x1F) as usize]
     }
 
     /// The headers following the BTH (IBT-C9-2): the operation's headers
     /// plus RDETH (+ DETH on requests) for RD, DETH for UD and XRCETH on
     /// XRC requests.
     pub const fn headers(self) -> Headers {
+        HEADERS[self.0 as usize]
+    }
+
+    /// [`Opcode::headers`] worked out (the table's source).
+    const fn derive_headers(self) -> Headers {
         let op = self.operation();
         let mut h = op.base_headers();
         match self.service() {
