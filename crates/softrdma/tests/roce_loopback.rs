@@ -717,3 +717,79 @@ fn held_acks_leave_without_a_reply_and_at_destruction() {
     assert_eq!(retransmitted(&a), 0);
     drop(ctx);
 }
+
+/// Threads posting on one QP at once: while one of them is in its `sendmmsg` (the engine
+/// let go), another's post leaves its datagrams to that sender and returns. Rounds go on
+/// until that happened; every message of every round arrives, each thread's in the order it
+/// posted them, and every Send completes. Over UC nothing else would send datagrams left
+/// behind (no ACK comes back to flush the QP again): the sender must look again.
+#[test]
+fn posts_during_another_threads_send_leave_their_datagrams_to_it() {
+    for ty in [QpType::Uc, QpType::Rc] {
+        concurrent_posts(ty);
+    }
+}
+
+fn concurrent_posts(ty: QpType) {
+    const THREADS: u64 = 4;
+    const EACH: u64 = 32;
+    const N: u64 = THREADS * EACH;
+    let (a, b) = pair(ty, 1 << 16);
+    let end = std::time::Instant::now() + TIMEOUT;
+    let msg = |round: u64, t: u64, i: u64| {
+        let mut m = [0u8; 24];
+        m[..8].copy_from_slice(&round.to_be_bytes());
+        m[8..16].copy_from_slice(&t.to_be_bytes());
+        m[16..].copy_from_slice(&i.to_be_bytes());
+        m
+    };
+    for round in 0.. {
+        for k in 0..N {
+            b.qp.post_recv(RecvWr::new(k, vec![b.mr.sge(k as usize * 64, 64)]))
+                .unwrap();
+        }
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (a, msg) = (&a, &msg);
+                s.spawn(move || {
+                    for i in 0..EACH {
+                        let off = 32768 + ((t * EACH + i) * 32) as usize;
+                        a.mr.copy_in(off, &msg(round, t, i)).unwrap();
+                        a.qp.post_send(
+                            SendWr::send(t << 32 | i, vec![a.mr.sge(off, 24)])
+                                .with_flags(SendFlags::SIGNALED),
+                        )
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        // Receives complete in arrival order; each thread's messages keep its order.
+        let mut next = [0u64; THREADS as usize];
+        for r in b.wait(N as usize) {
+            assert_eq!((r.status, r.byte_len), (WcStatus::Success, 24), "{r:?}");
+            let m = b.bytes(r.wr_id as usize * 64, 24);
+            let field = |k: usize| u64::from_be_bytes(m[k * 8..k * 8 + 8].try_into().unwrap());
+            let (t, i) = (field(1), field(2));
+            assert_eq!(field(0), round);
+            assert_eq!(
+                i, next[t as usize],
+                "{ty:?}: thread {t}'s messages out of order"
+            );
+            next[t as usize] += 1;
+        }
+        assert_eq!(next, [EACH; THREADS as usize]);
+        let sent = a.wait(N as usize);
+        assert!(
+            sent.iter().all(|w| w.status == WcStatus::Success),
+            "{sent:?}"
+        );
+        if a.ctx.roce_counters().unwrap().tx_handed_over > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "{ty:?}: no post found another thread sending in {round} rounds"
+        );
+    }
+}

@@ -9,7 +9,11 @@
 //! driver only moves datagrams and time: sockets, threads, the clock, the QPs' locks.
 //!
 //! Sending happens in the caller's thread: `post_send` runs the requester and writes the
-//! datagrams at once, so a message leaves without a thread hand-off. One receive thread per
+//! datagrams at once, so a message leaves without a thread hand-off. One thread at a time
+//! sends a QP's datagrams, without its engine lock during the system call; a post that
+//! comes meanwhile leaves its datagrams to that thread, which looks again before it
+//! returns (posts never wait for another thread's `sendmmsg`, and theirs go in its next
+//! batch). One receive thread per
 //! context — or a thread polling a CQ, which drains the socket itself — reads datagrams,
 //! gives them to the endpoint and the accepted ones to their QP's engine, sends what the
 //! engines answer (ACKs, READ responses) and runs the retransmission timers. Bad datagrams
@@ -25,7 +29,7 @@ use std::cell::RefCell;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -34,7 +38,7 @@ use nix::sys::socket::{
     MsgFlags, MultiHeaders, SockaddrIn, SockaddrIn6, SockaddrLike, SockaddrStorage, recvmmsg,
     sendmmsg,
 };
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use smallvec::SmallVec;
 use softrdma_ib::{
     EndpointError, IbQp, Incoming, QpAttr, QpCaps, QpState as IbQpState, QpType, RoceEndpoint,
@@ -190,6 +194,9 @@ pub struct RoceCounters {
     pub gso_sends: u64,
     /// Receives that held a GRO run of packets.
     pub gro_receives: u64,
+    /// Posts (and other flushes) that found another thread sending the QP's datagrams and
+    /// left theirs to it.
+    pub tx_handed_over: u64,
     /// Packets for QP1 that were not a MAD as the GSI takes them (UD Send Only of 256
     /// octets, Q_Key 0x80010000, default P_Key; IBA 13.5.1).
     pub qp1_dropped: u64,
@@ -210,6 +217,7 @@ struct SocketCounters {
     /// GSO super-datagrams sent, GRO runs received.
     gso_sends: AtomicU64,
     gro_receives: AtomicU64,
+    tx_handed_over: AtomicU64,
 }
 
 pub(crate) struct RoceShared {
@@ -260,17 +268,36 @@ pub(crate) struct RoceShared {
 
 struct Engine {
     qp: IbQp,
-    /// Datagrams of one transmit batch, back to back, and where each lies and goes.
-    dgram: Vec<u8>,
-    batch: Vec<Transmit>,
     wcs: Vec<WorkCompletion>,
     /// Send requests the engine accepted.
     posted: u64,
 }
 
+/// A QP's engine, locked.
+type EngineGuard<'a> = MutexGuard<'a, Engine>;
+
+/// The sender's role of a QP: datagrams of one transmit batch, back to back, and where
+/// each lies and goes.
+struct TxBuf {
+    dgram: Vec<u8>,
+    batch: Vec<Transmit>,
+}
+
+/// [`RoceQpShared::tx_pending`]: a flush found the sender busy.
+const TX_PENDING: u8 = 1;
+/// ... and it was to send held ACKs too ([`Hold::Nothing`]).
+const TX_PENDING_ALL: u8 = 2;
+
 pub(crate) struct RoceQpShared {
     qpn: u32,
     engine: Mutex<Engine>,
+    /// Held by the thread that sends this QP's datagrams. It lets the engine go for each
+    /// system call: a thread that posts meanwhile queues its requests and leaves them to
+    /// that sender (lock order: `tx`, then `engine`).
+    tx: Mutex<TxBuf>,
+    /// Set (under the engine lock) by a flush that left its datagrams to the sender; the
+    /// sender looks again after its system call ([`TX_PENDING`], [`TX_PENDING_ALL`]).
+    tx_pending: AtomicU8,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
     /// Told when send requests retire, for local invalidations waiting on them.
@@ -287,7 +314,8 @@ pub(crate) struct RoceQpShared {
 /// Moves the QP's completions to its CQs. A queue that overran puts the QP in Error
 /// (IBA 11.4.2.1): its outstanding requests are flushed, into the other queue if that one
 /// is healthy.
-fn deliver(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) {
+fn deliver(q: &RoceQpShared, e: &mut Engine) {
+    let Engine { qp, wcs, .. } = e;
     if hand_out(q, qp, wcs) && !matches!(qp.state(), IbQpState::Error | IbQpState::Reset) {
         let _ = qp.modify(&QpAttr::state(IbQpState::Error));
         let _ = hand_out(q, qp, wcs);
@@ -418,9 +446,19 @@ impl RoceShared {
     }
 
     /// Moves the QP's completions to the CQs (a waiter on another thread starts on them
-    /// while the datagrams go out), then sends what the QP has to send.
-    fn flush(&self, q: &RoceQpShared, e: &mut Engine, now: Instant, hold: Hold) {
+    /// while the datagrams go out), then sends what the QP has to send — or, when another
+    /// thread is sending this QP's datagrams right now, leaves them to it.
+    fn flush(&self, q: &RoceQpShared, e: &mut EngineGuard<'_>, now: Instant, hold: Hold) {
         self.flush_some(q, e, now, hold, usize::MAX);
+    }
+
+    /// [`flush`](Self::flush) that sends before it returns, waiting for the QP's sender if
+    /// there is one: what must be out before the engine changes state (a held ACK before
+    /// Error drops it).
+    fn flush_now(&self, q: &RoceQpShared, e: &mut EngineGuard<'_>, now: Instant) {
+        deliver(q, e);
+        let mut tx = MutexGuard::unlocked(e, || q.tx.lock());
+        self.transmit(q, e, &mut tx, now, Hold::Nothing, usize::MAX);
     }
 
     /// [`flush`](Self::flush) of at most `batches` batches of datagrams; `true` when the QP
@@ -428,46 +466,81 @@ impl RoceShared {
     fn flush_some(
         &self,
         q: &RoceQpShared,
-        e: &mut Engine,
+        e: &mut EngineGuard<'_>,
         now: Instant,
         hold: Hold,
         batches: usize,
     ) -> bool {
-        let Engine {
-            qp,
-            dgram,
-            batch,
-            wcs,
-            ..
-        } = e;
-        deliver(q, qp, wcs);
+        deliver(q, e);
+        match q.tx.try_lock() {
+            Some(mut tx) => self.transmit(q, e, &mut tx, now, hold, batches),
+            None => {
+                // The sender is in a system call, the engine let go: it looks again when
+                // it comes back, under this lock.
+                let flag = match hold {
+                    Hold::Nothing => TX_PENDING_ALL,
+                    Hold::Ack => TX_PENDING,
+                };
+                q.tx_pending.fetch_max(flag, Ordering::Relaxed);
+                self.counters.tx_handed_over.fetch_add(1, Ordering::Relaxed);
+                if q.invalidating.load(Ordering::Acquire) > 0 {
+                    q.retired.notify_all();
+                }
+                false
+            }
+        }
+    }
+
+    /// The sender's part of a flush: batches of datagrams built under the engine lock and
+    /// sent without it, until the engine has nothing more (or `batches` are out: then
+    /// `true`).
+    fn transmit(
+        &self,
+        q: &RoceQpShared,
+        e: &mut EngineGuard<'_>,
+        tx: &mut TxBuf,
+        now: Instant,
+        mut hold: Hold,
+        batches: usize,
+    ) -> bool {
         let mut more = false;
-        for n in 1.. {
-            dgram.clear();
-            batch.clear();
+        let mut n = 0;
+        loop {
+            if q.tx_pending.swap(0, Ordering::Relaxed) == TX_PENDING_ALL {
+                hold = Hold::Nothing;
+            }
+            tx.dgram.clear();
+            tx.batch.clear();
             {
                 // Not held across the system call: it would keep writers waiting.
                 let ep = self.endpoint.read();
-                while batch.len() < SEND_BATCH {
-                    let Some(t) = ep.poll_transmit_holding(qp, now, dgram, hold == Hold::Ack)
+                while tx.batch.len() < SEND_BATCH {
+                    let Some(t) =
+                        ep.poll_transmit_holding(&mut e.qp, now, &mut tx.dgram, hold == Hold::Ack)
                     else {
                         break;
                     };
-                    batch.push(t);
+                    tx.batch.push(t);
                 }
             }
-            self.send_batch(dgram, batch);
-            if batch.len() < SEND_BATCH {
+            if tx.batch.is_empty() {
                 break;
             }
-            if n >= batches {
+            MutexGuard::unlocked(e, || self.send_batch(&tx.dgram, &tx.batch));
+            // UD and UC sends complete as they leave.
+            deliver(q, e);
+            n += 1;
+            let full = tx.batch.len() == SEND_BATCH;
+            if full && n >= batches {
                 more = true;
                 break;
             }
+            // A flush left its datagrams to this one while the engine was let go.
+            if !full && q.tx_pending.load(Ordering::Relaxed) == 0 {
+                break;
+            }
         }
-        // UD and UC sends complete as they leave.
-        deliver(q, qp, wcs);
-        let held = hold == Hold::Ack && qp.ack_held();
+        let held = hold == Hold::Ack && e.qp.ack_held();
         if held != q.ack_held.load(Ordering::Relaxed) {
             q.ack_held.store(held, Ordering::Release);
             if held {
@@ -1141,6 +1214,7 @@ impl RoceShared {
             qp1_dropped: c.qp1_dropped.load(Ordering::Relaxed),
             gso_sends: c.gso_sends.load(Ordering::Relaxed),
             gro_receives: c.gro_receives.load(Ordering::Relaxed),
+            tx_handed_over: c.tx_handed_over.load(Ordering::Relaxed),
             cm: self.gsi.lock().cm_counters(),
         }
     }
@@ -1179,11 +1253,14 @@ impl RoceShared {
                 ack_held: AtomicBool::new(false),
                 engine: Mutex::new(Engine {
                     qp,
-                    dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
-                    batch: Vec::with_capacity(SEND_BATCH),
                     wcs: Vec::new(),
                     posted: 0,
                 }),
+                tx: Mutex::new(TxBuf {
+                    dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
+                    batch: Vec::with_capacity(SEND_BATCH),
+                }),
+                tx_pending: AtomicU8::new(0),
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
             });
@@ -1202,7 +1279,7 @@ impl RoceShared {
         if let Some(q) = q {
             // The peer gets the ACK of what this QP received, not a retry.
             let mut e = q.engine.lock();
-            self.flush(&q, &mut e, Instant::now(), Hold::Nothing);
+            self.flush_now(&q, &mut e, Instant::now());
         }
         // Then the DREQ, after those ACKs.
         self.cm_forget_qp(qpn);
@@ -1248,7 +1325,7 @@ impl RoceShared {
         }
         if q.ack_held.load(Ordering::Acquire) {
             // Error and Reset drop what is queued: the peer must have its ACK first.
-            self.flush(q, &mut e, Instant::now(), Hold::Nothing);
+            self.flush_now(q, &mut e, Instant::now());
         }
         e.qp.modify(attr)?;
         if let Some(m) = attr.pmtu {
