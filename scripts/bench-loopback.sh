@@ -36,7 +36,7 @@ if [ "$ONLY" != roce ]; then
 fi
 if [ "$ONLY" != iwarp ]; then
   for m in 4096 1024; do
-    CONFIGS+=("roce-65536-mtu$m-udp|--transport roce -s 65536 -m $m --raw-tx off" "roce-65536-mtu$m-raw|--transport roce -s 65536 -m $m --raw-tx auto")
+    CONFIGS+=("roce-65536-mtu$m-udp|--transport roce -s 65536 -m $m --raw-tx off" "roce-65536-mtu$m-raw|--transport roce -s 65536 -m $m --raw-tx required")
   done
 fi
 for i in $(seq "$RUNS"); do

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use softrdma::{Buffer, BusyPoll, Context, Device, Listener, RoceConfig};
 
 use crate::pcap_out::{PcapTap, with_pcap_or_fail};
+use crate::perf::RawTxArg;
+use clap::ValueEnum;
 use softrdma_rpc::rdma::{RdmaConfig, RdmaTransport};
 use softrdma_rpc::tcp::TcpTransport;
 use softrdma_rpc::{
@@ -38,6 +40,10 @@ pub struct RpcBenchArgs {
     /// default over loopback).
     #[arg(long, default_value_t = 4096)]
     pub mtu: u32,
+    /// RoCE: how IPv4 datagrams leave (as `perf --raw-tx`; the plain RDMA Write beside
+    /// the large calls uses the same).
+    #[arg(long, value_enum, default_value_t = RawTxArg::Auto)]
+    pub raw_tx: RawTxArg,
     /// Calls in flight per connection.
     #[arg(short = 'q', long, default_value_t = 16)]
     pub depth: usize,
@@ -258,12 +264,15 @@ fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
 }
 
 /// Server and client contexts on 127.0.0.1 and 127.0.0.2 (RoCE: one free UDP port).
-fn open_pair(t: TransportArg) -> Result<(Context, Context), String> {
+fn open_pair(t: TransportArg, raw_tx: RawTxArg) -> Result<(Context, Context), String> {
     let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::V4);
     let devs = match t {
         TransportArg::Iwarp => [Device::tcp(), Device::tcp()],
         TransportArg::Roce => {
-            let c = RoceConfig::sharing_a_port(&ips).map_err(|e| format!("RoCE ports: {e}"))?;
+            let mut c = RoceConfig::sharing_a_port(&ips).map_err(|e| format!("RoCE ports: {e}"))?;
+            for cfg in &mut c {
+                cfg.raw_tx = raw_tx.into();
+            }
             [Device::roce(c[0]), Device::roce(c[1])]
         }
     };
@@ -292,7 +301,7 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
             ..ServerConfig::default()
         },
     ));
-    let (sctx, cctx) = open_pair(a.transport)?;
+    let (sctx, cctx) = open_pair(a.transport, a.raw_tx)?;
     if let Some(t) = tap {
         t.attach(&cctx)?;
     }
@@ -459,8 +468,13 @@ fn plain_write(a: &RpcBenchArgs) -> Result<f64, String> {
         "-D",
         &secs,
     ];
+    let raw_tx = a
+        .raw_tx
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
     if a.transport == TransportArg::Roce {
-        argv.extend(["--mtu", &mtu]);
+        argv.extend(["--mtu", &mtu, "--raw-tx", &raw_tx]);
     }
     let p = <P as clap::Parser>::try_parse_from(argv).map_err(|e| e.to_string())?;
     let report = crate::perf::run_loopback(&p.perf).map_err(|e| e.to_string())?;

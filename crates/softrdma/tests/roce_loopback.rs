@@ -97,8 +97,22 @@ impl Side {
 }
 
 /// Brings both QPs to RTS facing each other, as ibv_rc_pingpong does after its exchange.
+/// IPv4 leaves through the raw socket where the process may open one (the default,
+/// `RawTx::Auto`, takes the UDP socket), so both send paths stay covered.
 fn pair(ty: QpType, mr_len: usize) -> (Side, Side) {
-    pair_with(ty, mr_len, RawTx::Auto)
+    pair_with(ty, mr_len, raw_if_permitted())
+}
+
+/// `RawTx::Required` where a raw socket opens (`CAP_NET_RAW`), else the UDP socket.
+fn raw_if_permitted() -> RawTx {
+    match socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::RAW,
+        Some(socket2::Protocol::from(255)),
+    ) {
+        Ok(_) => RawTx::Required,
+        Err(_) => RawTx::Off,
+    }
 }
 
 fn pair_with(ty: QpType, mr_len: usize, raw_tx: RawTx) -> (Side, Side) {
@@ -379,7 +393,7 @@ fn uc_send_and_write_every_size() {
 #[test]
 fn uc_64_mib_send_and_write() {
     let need = 400 << 20;
-    let (a, b) = pair_buffers(QpType::Uc, 64 * MIB + 64, RawTx::Auto, need);
+    let (a, b) = pair_buffers(QpType::Uc, 64 * MIB + 64, raw_if_permitted(), need);
     if b.ctx.roce_recv_buffer().unwrap() < need {
         eprintln!(
             "uc_64_mib_send_and_write: no CAP_NET_ADMIN for a {need}-octet socket buffer; not run"
@@ -792,4 +806,88 @@ fn concurrent_posts(ty: QpType) {
             "{ty:?}: no post found another thread sending in {round} rounds"
         );
     }
+}
+
+/// The default send path (`RawTx::Auto`: the UDP socket with `IP_PMTUDISC_DO`) puts ICRCs
+/// on the wire that a strict receiver (rxe, a NIC) accepts: computed over the IPv4 header the
+/// kernel wrote, Identification included — 0 on a lone datagram, 0, 1, 2, ... on the segments
+/// of a GSO run. A raw `IPPROTO_UDP` socket sees every datagram as it arrives, headers and all
+/// (a GSO run unsegmented, over loopback); each must verify exactly. Needs `CAP_NET_RAW`:
+/// without it the test says so and stops (rxe checks the same in scripts/interop-rxe.sh).
+#[test]
+fn default_udp_path_icrcs_verify_exactly_on_the_wire() {
+    use softrdma_wire::icrc::{Endpoints, verify_exact};
+    let Ok(sniff) = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::RAW,
+        Some(socket2::Protocol::UDP),
+    ) else {
+        eprintln!("default_udp_path_icrcs_verify_exactly_on_the_wire: no CAP_NET_RAW; not run");
+        return;
+    };
+    // recv(2) on the raw socket through std's safe wrapper.
+    let sniff: std::net::UdpSocket = sniff.into();
+    sniff
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let (a, b) = pair_with(QpType::Rc, 1 << 20, RawTx::Auto);
+    // Lone datagrams (Sends, ACKs) and runs of equal-size packets (a Write's middles).
+    for (i, size) in [1, 100, 8 * PMTU, 64 * 1024].into_iter().enumerate() {
+        send_recv(&a, &b, size, i as u64 + 1);
+        write(&a, &b, size, i as u64 + 100);
+    }
+    assert!(
+        a.ctx.roce_counters().unwrap().gso_sends > 0,
+        "no GSO run sent"
+    );
+    let ports = [a.addr(), b.addr()];
+    let (mut datagrams, mut segments, mut runs) = (0, 0, 0);
+    let mut buf = vec![0u8; 1 << 17];
+    while let Ok(n) = sniff.recv(&mut buf) {
+        let pkt = &buf[..n];
+        let ihl = usize::from(pkt[0] & 0x0F) * 4;
+        let (ip, udp) = pkt.split_at(ihl);
+        let src = SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15])),
+            u16::from_be_bytes([udp[0], udp[1]]),
+        );
+        let dst = SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19])),
+            u16::from_be_bytes([udp[2], udp[3]]),
+        );
+        if !ports.contains(&src) || !ports.contains(&dst) {
+            continue;
+        }
+        assert_eq!(ip[6] & 0x40, 0x40, "DF not set");
+        let first_id = u16::from_be_bytes([ip[4], ip[5]]);
+        datagrams += 1;
+        let ep = Endpoints::from_socket_addrs(src, dst);
+        // A GSO run arrives whole: its segments are equal in size (the last may be
+        // shorter); the first segment's length is the one whose ICRC verifies.
+        let mut rest = &udp[8..];
+        let mut k = 0u16;
+        let seg = (16..=rest.len())
+            .step_by(4)
+            .find(|&l| verify_exact(&ep, first_id, &rest[..l]))
+            .unwrap_or_else(|| panic!("no exact ICRC in a datagram of {}", rest.len()));
+        while !rest.is_empty() {
+            let l = seg.min(rest.len());
+            assert!(
+                verify_exact(&ep, first_id.wrapping_add(k), &rest[..l]),
+                "segment {k} of a {}-octet datagram",
+                udp.len() - 8
+            );
+            rest = &rest[l..];
+            k += 1;
+            segments += 1;
+        }
+        if k > 1 {
+            runs += 1;
+        }
+    }
+    assert!(
+        datagrams > 0 && runs > 0,
+        "{datagrams} datagrams, {runs} GSO runs seen"
+    );
+    eprintln!("{datagrams} datagrams, {segments} packets, {runs} GSO runs: every ICRC exact");
 }

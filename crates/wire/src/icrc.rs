@@ -422,10 +422,11 @@ const ID_SHIFT: [u8; 16] = {
     t
 };
 
-/// L_n(id) for a payload of `payload_len` octets: what the ICRC of an IPv4
-/// packet changes by when its Identification goes from 0 to `id`.
-#[cfg(test)]
-fn id_syndrome(payload_len: usize, id: u16) -> u32 {
+/// L_n(id) for a payload of `payload_len` octets (BTH .. pad): what the ICRC
+/// of an IPv4 packet changes by (XOR) when its Identification goes from 0 to
+/// `id`. A sender whose kernel numbers the segments of a UDP GSO run (0, 1, 2,
+/// ... after a first ID of 0) fixes each segment's ICRC with it.
+pub fn ipv4_id_syndrome(payload_len: usize, id: u16) -> u32 {
     let op = zeros_op((OCTETS_AFTER_ID + payload_len) as u64);
     multmodp(op, raw_crc(0, &id.to_be_bytes()))
 }
@@ -628,7 +629,7 @@ mod tests {
             assert_eq!(b.len, 16, "L_n injective for len {len}");
             for id in [1u16, 2, 0x8000, 0xFFFF, rng.next() as u16] {
                 let s = icrc_for(&ep, id, &p) ^ base;
-                assert_eq!(s, id_syndrome(len, id), "len {len} id {id:#x}");
+                assert_eq!(s, ipv4_id_syndrome(len, id), "len {len} id {id:#x}");
                 assert_eq!(b.solve(s), Some(id));
             }
             assert_eq!(b.solve(0), Some(0));

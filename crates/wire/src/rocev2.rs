@@ -773,6 +773,9 @@ pub enum UdpChecksum {
     /// RFC 768 checksum over the pseudo-header, UDP header and data (ICRC
     /// included).
     Compute,
+    /// This value as it is: what a capture on the sending host shows when the
+    /// checksum is left to the NIC (a partial sum), re-emitted byte for byte.
+    Given(u16),
 }
 
 /// A RoCEv2 packet parsed from its first IP octet, without judging the
@@ -990,11 +993,18 @@ fn emit_frame(
     }
     let crc = icrc(&buf[..total - ICRC_LEN])?;
     buf[total - ICRC_LEN..total].copy_from_slice(&crc.to_le_bytes());
-    if csum == UdpChecksum::Compute {
-        let c = udp_checksum(&ip, &udp, &buf[t..t + transport_len], crc);
-        // RFC 768: a computed 0 is sent as all ones.
-        udp.checksum = if c == 0 { 0xFFFF } else { c };
-        udp.emit(&mut buf[ip_len..])?;
+    match csum {
+        UdpChecksum::Zero => {}
+        UdpChecksum::Compute => {
+            let c = udp_checksum(&ip, &udp, &buf[t..t + transport_len], crc);
+            // RFC 768: a computed 0 is sent as all ones.
+            udp.checksum = if c == 0 { 0xFFFF } else { c };
+            udp.emit(&mut buf[ip_len..])?;
+        }
+        UdpChecksum::Given(c) => {
+            udp.checksum = c;
+            udp.emit(&mut buf[ip_len..])?;
+        }
     }
     Ok(total)
 }

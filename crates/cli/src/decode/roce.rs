@@ -63,11 +63,21 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
             m.insert("syndrome_code".into(), u8::from(a.syndrome).into());
         }
     }
-    // Whole-packet re-emit: IP + UDP + transport + ICRC, byte for byte.
+    // Whole-packet re-emit: IP + UDP + transport + ICRC, byte for byte. A UDP checksum
+    // that is not the right one was left to the sender's NIC (a capture on the sending
+    // host holds the partial sum, as tcpdump's "bad udp cksum" on locally sent datagrams):
+    // re-emitted as it is, and said so, not counted as an error (RoCEv2 relies on the ICRC).
     let csum = if pkt.udp.checksum == 0 {
         UdpChecksum::Zero
-    } else {
+    } else if pkt.udp_checksum_ok() {
         UdpChecksum::Compute
+    } else {
+        r.check(
+            "udp checksum",
+            None,
+            "not the final one (offloaded by the sender)",
+        );
+        UdpChecksum::Given(pkt.udp.checksum)
     };
     let repr = RoceV2Repr {
         ip: pkt.ip,

@@ -168,12 +168,23 @@ impl std::str::FromStr for FpduArg {
 /// `--raw-tx`: [`softrdma::RawTx`] on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RawTxArg {
-    /// A raw socket if the process may open one.
+    /// The UDP socket where the kernel writes the IPv4 Identification its ICRCs assume,
+    /// else a raw socket if the process may open one.
     Auto,
     /// Always the UDP socket.
     Off,
     /// A raw socket, or fail.
     Required,
+}
+
+impl From<RawTxArg> for softrdma::RawTx {
+    fn from(a: RawTxArg) -> softrdma::RawTx {
+        match a {
+            RawTxArg::Auto => softrdma::RawTx::Auto,
+            RawTxArg::Off => softrdma::RawTx::Off,
+            RawTxArg::Required => softrdma::RawTx::Required,
+        }
+    }
 }
 
 /// `softrdma perf` options (perftest's names where they overlap).
@@ -200,9 +211,10 @@ pub struct PerfArgs {
     /// perf always does.
     #[arg(short = 'R', long = "rdma-cm")]
     pub rdma_cm: bool,
-    /// RoCE: how IPv4 datagrams leave: a raw socket when the process may open one (auto;
-    /// exact ICRCs for rxe and NICs), always the UDP socket (off; softrdma peers, and the
-    /// path where GSO and GRO apply), or a raw socket or fail (required).
+    /// RoCE: how IPv4 datagrams leave: the UDP socket, its ICRCs exact for rxe and NICs
+    /// where the kernel writes the Identification they assume (auto: else a raw socket if
+    /// the process may open one; off: the UDP socket always), or a raw socket, one
+    /// datagram per send and no GSO, or fail (required).
     #[arg(long, value_enum, default_value_t = RawTxArg::Auto)]
     pub raw_tx: RawTxArg,
     /// RoCE: no UDP segmentation offload (GSO on send, GRO on receive) on the UDP socket.
@@ -786,11 +798,7 @@ fn open(args: &PerfArgs, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
         Transport::Roce => {
             let mut cfg = RoceConfig::new(ip);
             cfg.port = port;
-            cfg.raw_tx = match args.raw_tx {
-                RawTxArg::Auto => softrdma::RawTx::Auto,
-                RawTxArg::Off => softrdma::RawTx::Off,
-                RawTxArg::Required => softrdma::RawTx::Required,
-            };
+            cfg.raw_tx = args.raw_tx.into();
             cfg.gso = !args.no_gso;
             Device::roce(cfg)
         }

@@ -265,7 +265,7 @@ impl RoceShared {
             }
         }
         drop(ep);
-        self.send_batch(&dgram, &batch);
+        self.send_batch(&mut dgram, &batch);
     }
 
     fn on_cm_event(&self, now: Instant, ev: CmEvent) {

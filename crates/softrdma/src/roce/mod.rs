@@ -105,22 +105,28 @@ pub struct RoceConfig {
     /// UDP segmentation offload on the UDP socket (where the kernel has it): a run of
     /// equal-size packets to one peer leaves as one super-datagram (`UDP_SEGMENT`), and
     /// received runs come up as one (`UDP_GRO`), each cut back into its packets. Raw-socket
-    /// sends (exact IPv4 ICRCs for rxe) go one datagram each.
+    /// sends go one datagram each.
     pub gso: bool,
 }
 
 /// How IPv4 datagrams leave.
 ///
-/// The ICRC covers the IPv4 Identification, which a UDP socket neither lets us choose nor
-/// tells us (Linux draws it from a hashed per-destination counter). A peer that verifies
-/// ICRCs exactly — Linux rxe, RoCE NICs — needs the IP header we computed it over, so we
-/// send through a raw socket (`IPPROTO_RAW`, needs `CAP_NET_RAW`) with our own header: our
-/// Identification, DF, TTL 64 and the per-QP UDP source port of rxe. Without the capability,
-/// datagrams go through the UDP socket: softrdma peers accept them (their check recovers the
-/// Identification), strict peers drop them. IPv6 has no Identification and always uses UDP.
+/// The ICRC covers the IPv4 Identification, which a UDP socket does not let us choose. A
+/// peer that verifies ICRCs exactly — Linux rxe, RoCE NICs — needs the Identification we
+/// computed it over. Linux gives a datagram of an unconnected UDP socket Identification 0
+/// when the socket asked for strict path MTU discovery (`IP_PMTUDISC_DO`: DF set, never
+/// fragmented locally), and numbers the segments of a GSO super-datagram 0, 1, 2, ...;
+/// otherwise it draws the Identification from a hashed per-destination counter. The
+/// driver sets `IP_PMTUDISC_DO` and computes each ICRC for the Identification the kernel
+/// will write. A raw socket (`IPPROTO_RAW`, needs `CAP_NET_RAW`) sends our own IPv4 header
+/// instead (our Identification, DF, TTL 64, the per-QP UDP source port of rxe), one
+/// datagram per system call and with a route lookup each: far dearer. softrdma peers accept
+/// either (their check recovers the Identification). IPv6 has no Identification and always
+/// uses UDP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RawTx {
-    /// Raw socket if it can be opened, else UDP.
+    /// The UDP socket when the kernel writes the Identification its ICRCs assume
+    /// (`IP_PMTUDISC_DO` could be set); else the raw socket if it can be opened; else UDP.
     #[default]
     Auto,
     /// Always the UDP socket.
@@ -262,6 +268,9 @@ pub(crate) struct RoceShared {
     /// (`UDP_GRO`).
     gso: bool,
     gro: bool,
+    /// The kernel writes IPv4 Identification 0 on our UDP datagrams and numbers a GSO
+    /// run's segments from it (`IP_PMTUDISC_DO` is set; see [`RawTx`]).
+    ipv4_id_known: bool,
     /// Told what the socket sends and receives (set once).
     pub(crate) tap: TapSlot,
 }
@@ -387,8 +396,18 @@ impl RoceShared {
             (false, false)
         };
         let local = socket.local_addr()?;
+        // Strict path MTU discovery: DF set and Identification 0 on every datagram (and
+        // 0, 1, 2, ... on a GSO run's segments), the IDs our ICRCs are computed for
+        // ([`RawTx`]). Packets are never larger than the path MTU the QP was given.
+        let ipv4_id_known = cfg.addr.is_ipv4()
+            && rustix::net::sockopt::set_ip_mtu_discover(
+                &socket,
+                rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+            )
+            .is_ok();
         let raw = match (cfg.raw_tx, cfg.addr) {
             (RawTx::Off, _) | (_, IpAddr::V6(_)) => None,
+            (RawTx::Auto, _) if ipv4_id_known => None,
             (mode, IpAddr::V4(_)) => {
                 let r = socket2::Socket::new(
                     socket2::Domain::IPV4,
@@ -434,6 +453,7 @@ impl RoceShared {
             acks_held: AtomicBool::new(false),
             gso,
             gro,
+            ipv4_id_known,
             tap: TapSlot::default(),
         });
         let weak = Arc::downgrade(&shared);
@@ -526,7 +546,7 @@ impl RoceShared {
             if tx.batch.is_empty() {
                 break;
             }
-            MutexGuard::unlocked(e, || self.send_batch(&tx.dgram, &tx.batch));
+            MutexGuard::unlocked(e, || self.send_batch(&mut tx.dgram, &tx.batch));
             // UD and UC sends complete as they leave.
             deliver(q, e);
             n += 1;
@@ -576,7 +596,7 @@ impl RoceShared {
     /// socket changes allow, each through the socket its [`Transmit::kind`] names. A datagram
     /// the kernel refuses (a full buffer) is counted and left to the transport's
     /// retransmission.
-    fn send_batch(&self, buf: &[u8], batch: &[Transmit]) {
+    fn send_batch(&self, buf: &mut [u8], batch: &[Transmit]) {
         let mut rest = batch;
         while let Some(first) = rest.first() {
             let kind = first.kind;
@@ -598,7 +618,7 @@ impl RoceShared {
     /// Sends `group` (one socket's datagrams, back to back in `buf`): runs of equal-size
     /// datagrams to one peer (the last may be shorter) as GSO super-datagrams, the rest with
     /// `sendmmsg`.
-    fn send_segmented(&self, fd: std::os::fd::RawFd, buf: &[u8], group: &[Transmit]) {
+    fn send_segmented(&self, fd: std::os::fd::RawFd, buf: &mut [u8], group: &[Transmit]) {
         let mut i = 0;
         let mut singles = 0;
         while i < group.len() {
@@ -630,6 +650,13 @@ impl RoceShared {
             if singles > 0 {
                 self.send_each(fd, buf, &group[i - singles..i]);
                 singles = 0;
+            }
+            // Segment k leaves with Identification k, which the ICRC covers: computed for 0,
+            // it changes by that ID's syndrome (exact for peers that check the whole ICRC).
+            if self.ipv4_id_known && first.socket_addr().is_ipv4() {
+                for (k, t) in group[i..j].iter().enumerate().skip(1) {
+                    fix_icrc_for_id(buf.get_mut(t.range()).unwrap_or(&mut []), k as u16);
+                }
             }
             let data = buf.get(first.start..end).unwrap_or(&[]);
             let sent = match self.local {
@@ -711,16 +738,34 @@ impl RoceShared {
     }
 }
 
+/// Makes the ICRC at the end of `datagram` (BTH .. ICRC, computed for IPv4 Identification
+/// 0) the one for Identification `id`.
+fn fix_icrc_for_id(datagram: &mut [u8], id: u16) {
+    let Some(n) = datagram.len().checked_sub(4) else {
+        return;
+    };
+    let (payload, icrc) = datagram.split_at_mut(n);
+    let old = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+    let new = old ^ softrdma_wire::icrc::ipv4_id_syndrome(payload.len(), id);
+    icrc.copy_from_slice(&new.to_le_bytes());
+}
+
 /// A socket address of one family, as `sendmmsg` takes it.
 trait FamilyAddr: SockaddrLike + Copy + Sized {
     fn of(a: SocketAddr) -> Self;
     /// This thread's `sendmmsg` headers for this family, for at least `n` messages.
     fn with_headers<R>(n: usize, f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R;
+    /// This thread's header for one message with a `UDP_SEGMENT` control message.
+    fn with_gso_header<R>(f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R;
 }
 
 impl FamilyAddr for SockaddrIn {
     fn with_headers<R>(n: usize, f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
         with_cached_headers(&HDRS_V4, n, f)
+    }
+
+    fn with_gso_header<R>(f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
+        with_gso_header(&GSO_HDR_V4, f)
     }
 
     fn of(a: SocketAddr) -> Self {
@@ -744,6 +789,10 @@ impl FamilyAddr for SockaddrIn6 {
         with_cached_headers(&HDRS_V6, n, f)
     }
 
+    fn with_gso_header<R>(f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
+        with_gso_header(&GSO_HDR_V6, f)
+    }
+
     fn of(a: SocketAddr) -> Self {
         match a {
             SocketAddr::V6(v6) => v6.into(),
@@ -762,9 +811,15 @@ fn send_gso<S: FamilyAddr>(
     seg: u16,
     to: SocketAddr,
 ) -> nix::Result<usize> {
-    let iov = [IoSlice::new(data)];
+    // Through `sendmmsg` and a kept header: `sendmsg` with a control message allocates
+    // its buffer on every call.
+    let iov = [[IoSlice::new(data)]];
     let cmsg = [nix::sys::socket::ControlMessage::UdpGsoSegments(&seg)];
-    nix::sys::socket::sendmsg(fd, &iov, &cmsg, MsgFlags::empty(), Some(&S::of(to)))
+    let to = [Some(S::of(to))];
+    S::with_gso_header(|hdr| {
+        let mut sent = sendmmsg(fd, hdr, iov.iter(), to, cmsg, MsgFlags::empty())?;
+        Ok(sent.next().map_or(0, |r| r.bytes))
+    })
 }
 
 /// One `sendmmsg` of datagrams to addresses of the socket's family; returns how many left.
@@ -785,10 +840,28 @@ fn send_group<S: FamilyAddr>(
 /// Cached `sendmmsg` headers and how many messages they hold.
 type HdrCache<S> = RefCell<Option<(MultiHeaders<S>, usize)>>;
 
+/// A cached one-message header with room for a `UDP_SEGMENT` control message.
+type GsoHdrCache<S> = RefCell<Option<MultiHeaders<S>>>;
+
 thread_local! {
     /// `sendmmsg` headers of this thread, kept between calls (a send allocates nothing).
     static HDRS_V4: HdrCache<SockaddrIn> = const { RefCell::new(None) };
     static HDRS_V6: HdrCache<SockaddrIn6> = const { RefCell::new(None) };
+    static GSO_HDR_V4: GsoHdrCache<SockaddrIn> = const { RefCell::new(None) };
+    static GSO_HDR_V6: GsoHdrCache<SockaddrIn6> = const { RefCell::new(None) };
+}
+
+/// This thread's GSO header (made on first use), to `f`.
+fn with_gso_header<S: SockaddrLike + Copy, R>(
+    cache: &'static std::thread::LocalKey<GsoHdrCache<S>>,
+    f: impl FnOnce(&mut MultiHeaders<S>) -> R,
+) -> R {
+    let make = || MultiHeaders::<S>::preallocate(1, Some(nix::cmsg_space!(u16)));
+    cache.with(|c| match c.try_borrow_mut() {
+        Ok(mut slot) => f(slot.get_or_insert_with(make)),
+        // Re-entered (cannot happen: `f` only sends): a header of its own.
+        Err(_) => f(&mut make()),
+    })
 }
 
 /// This thread's headers for at least `n` messages (at least a batch), to `f`.
