@@ -19,7 +19,8 @@ pub use endpoint::{
     TxError,
 };
 pub use qp::{
-    CreateError, HeaderCounters, IbQp, ModifyError, QpAttr, QpCaps, QpState, QpType, pkey_matches,
+    ACK_WAITS_PACKETS, CreateError, HeaderCounters, IbQp, ModifyError, QpAttr, QpCaps, QpState,
+    QpType, pkey_matches,
 };
 pub use requester::{Requester, RequesterConfig, RequesterCounters, Tx};
 pub use responder::{Responder, ResponderConfig, ResponderCounters};

@@ -231,7 +231,14 @@ pub struct IbQp {
     srq: Option<Arc<SharedRecvQueue>>,
     /// Last WQE Reached is due (entered Error with an SRQ) and not yet taken.
     last_wqe_reached: bool,
+    /// Request packets sent while a lone positive ACK waited behind them.
+    passed_ack: u32,
 }
+
+/// Request packets a lone positive ACK lets go first at most: a stream of requests that never
+/// pauses (a large Write posted behind another) would otherwise keep it back until the
+/// peer's send queue fills with requests it cannot retire.
+pub const ACK_WAITS_PACKETS: u32 = 16;
 
 /// P_Key matching (IBA 10.9.3): the low 15 bits equal and not both limited members.
 pub fn pkey_matches(a: u16, b: u16) -> bool {
@@ -308,6 +315,7 @@ impl IbQp {
             drained_reported: false,
             srq,
             last_wqe_reached: false,
+            passed_ack: 0,
         }
     }
 
@@ -673,7 +681,8 @@ impl IbQp {
 
     /// Writes the next packet to send into `out` (cleared first): responses first, then
     /// requests — but a lone positive ACK ([`Responder::ack_may_wait`]) goes after the
-    /// requests, so a reply reaches the peer before the ACK of what it answers.
+    /// requests, so a reply reaches the peer before the ACK of what it answers; after at most
+    /// [`ACK_WAITS_PACKETS`] of them.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<Tx> {
         self.poll_transmit_holding(now, out, false)
     }
@@ -704,8 +713,9 @@ impl IbQp {
         if self.state == QpState::Reset || self.state == QpState::Init {
             return None;
         }
-        let lone_ack = self.responder.ack_may_wait();
+        let lone_ack = self.responder.ack_may_wait() && self.passed_ack < ACK_WAITS_PACKETS;
         if !lone_ack && let Some(len) = self.responder.poll_response(out) {
+            self.passed_ack = 0;
             return Some(Tx { len, dest: None });
         }
         if matches!(self.state, QpState::Rts | QpState::Sqd)
@@ -714,10 +724,14 @@ impl IbQp {
             let tx = r.poll_transmit(now, out);
             self.follow_send_queue();
             if tx.is_some() {
+                if lone_ack {
+                    self.passed_ack += 1;
+                }
                 return tx;
             }
         }
         if lone_ack && !hold_ack {
+            self.passed_ack = 0;
             return self
                 .responder
                 .poll_response(out)

@@ -159,3 +159,42 @@ fn a_read_response_is_never_held_and_error_state_holds_nothing() {
     .unwrap();
     assert!(!b.qp.ack_held());
 }
+
+/// A lone ACK waits behind the requests of its flush, but a stream of requests that never
+/// pauses does not keep it back for longer than `ACK_WAITS_PACKETS` packets, held or not:
+/// otherwise the peer's Sends would stay unretired while its replies keep coming, until its
+/// send queue is full.
+#[test]
+fn a_lone_ack_lets_at_most_ack_waits_packets_requests_go_first() {
+    use softrdma_ib::ACK_WAITS_PACKETS;
+    for hold in [false, true] {
+        let [mut a, mut b] = pair();
+        let (ka, kb) = (a.key, b.key);
+        b.qp.post_recv(RecvWr::new(1, vec![Sge::new(kb, 0, 64)]))
+            .unwrap();
+        a.qp.post_send(SendWr::send(10, vec![Sge::new(ka, 0, 64)]))
+            .unwrap();
+        let ping = drain(&mut a, false);
+        deliver(&mut b, &ping);
+        assert!(b.qp.ack_held());
+        // A Write of many packets (PMTU 1024) queued behind the waiting ACK.
+        let len = 1024 * (2 * ACK_WAITS_PACKETS + 8);
+        b.qp.post_send(SendWr::write(20, vec![Sge::new(kb, 0, len)], ka, 0))
+            .unwrap();
+        let out = drain(&mut b, hold);
+        let at = out
+            .iter()
+            .position(|p| p.0 == Operation::Acknowledge)
+            .unwrap_or_else(|| panic!("hold {hold}: no ACK in {:?}", ops(&out)));
+        assert_eq!(at as u32, ACK_WAITS_PACKETS, "hold {hold}: {:?}", ops(&out));
+        assert_eq!(
+            out.iter().filter(|p| p.0 == Operation::Acknowledge).count(),
+            1
+        );
+        deliver(&mut a, &out);
+        let s =
+            a.qp.poll_send_completion()
+                .expect("the ACK retired the Send");
+        assert_eq!((s.wr_id, s.status), (10, WcStatus::Success));
+    }
+}
