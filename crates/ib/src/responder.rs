@@ -155,9 +155,9 @@ enum InProgress {
     },
 }
 
-/// Saved READ / ATOMIC state, FIFO of depth `max_rd_atomic` (IBT-X-13, ib-transport.md §10).
+/// Saved READ / ATOMIC state, FIFO of depth `max_rd_atomic` (IBT-X-13, ib-transport.md §10);
+/// `msn` is the MSN before the request.
 #[derive(Clone, Copy, Debug)]
-/// A saved READ or ATOMIC; `msn` is the MSN before it.
 enum Resource {
     Read {
         psn: u32,

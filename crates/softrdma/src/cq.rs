@@ -41,8 +41,6 @@ struct CqState {
     /// Completions that arrived while the queue held `capacity` entries, or after it
     /// overran: dropped.
     overflows: u64,
-    /// The queue overran: it is in error for good (IBA 11.4.2.1 "CQ overrun").
-    overrun: bool,
 }
 
 /// What [`CqShared::push`] found: the queue overran (now or before), so the pusher's QP
@@ -90,8 +88,9 @@ pub(crate) struct CqShared {
     id: u32,
     capacity: usize,
     state: Mutex<CqState>,
-    /// `state.overrun`, readable without the lock (set once, under it): a push of nothing
-    /// (every driver pass makes one) only asks this.
+    /// The queue overran: it is in error for good (IBA 11.4.2.1 "CQ overrun"). Set once,
+    /// under `state`; read without it (a push of nothing, which every driver pass makes,
+    /// only asks this).
     overran: AtomicBool,
     /// Wakes [`Cq::wait`] callers on every push.
     cond: Condvar,
@@ -148,10 +147,11 @@ impl CqShared {
         let pushed;
         {
             let mut s = self.state.lock();
-            let was = s.overrun;
+            let was = self.overran.load(Ordering::Acquire);
+            let mut overrun = was;
             for wc in wcs.drain(..) {
-                if s.overrun || s.entries.len() >= self.capacity {
-                    s.overrun = true;
+                if overrun || s.entries.len() >= self.capacity {
+                    overrun = true;
                     s.overflows += 1;
                     continue;
                 }
@@ -163,11 +163,11 @@ impl CqShared {
                 };
                 s.entries.push_back(wc);
             }
-            pushed = match s.overrun {
+            pushed = match overrun {
                 true => Pushed::Overrun,
                 false => Pushed::Queued,
             };
-            if s.overrun && !was {
+            if overrun && !was {
                 self.overran.store(true, Ordering::Release);
                 tracing::warn!(
                     cq = self.id,
@@ -246,7 +246,6 @@ impl Cq {
                     entries: VecDeque::new(),
                     arm: Arm::Off,
                     overflows: 0,
-                    overrun: false,
                 }),
                 overran: AtomicBool::new(false),
                 cond: Condvar::new(),
@@ -280,7 +279,7 @@ impl Cq {
 
     /// The queue overran and is in error: no completion is queued any more.
     pub fn is_overrun(&self) -> bool {
-        self.shared.state.lock().overrun
+        self.shared.overran.load(Ordering::Acquire)
     }
 
     /// Completions waiting to be polled.

@@ -431,6 +431,19 @@ pub fn ipv4_id_syndrome(payload_len: usize, id: u16) -> u32 {
     multmodp(op, raw_crc(0, &id.to_be_bytes()))
 }
 
+/// Makes the ICRC at the end of `datagram` (UDP payload: BTH .. ICRC, the ICRC computed
+/// for IPv4 Identification 0) the one for Identification `id`. A datagram shorter than
+/// an ICRC is left as it is.
+pub fn set_ipv4_id(datagram: &mut [u8], id: u16) {
+    let Some(n) = datagram.len().checked_sub(ICRC_LEN) else {
+        return;
+    };
+    let (payload, icrc) = datagram.split_at_mut(n);
+    let old = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+    let new = old ^ ipv4_id_syndrome(payload.len(), id);
+    icrc.copy_from_slice(&new.to_le_bytes());
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Row {
     /// Syndrome contribution, pivot bit cleared in every other row.
@@ -631,6 +644,9 @@ mod tests {
                 let s = icrc_for(&ep, id, &p) ^ base;
                 assert_eq!(s, ipv4_id_syndrome(len, id), "len {len} id {id:#x}");
                 assert_eq!(b.solve(s), Some(id));
+                let mut d = [&p[..], &base.to_le_bytes()].concat();
+                set_ipv4_id(&mut d, id);
+                assert_eq!(d[len..], icrc_for(&ep, id, &p).to_le_bytes(), "len {len}");
             }
             assert_eq!(b.solve(0), Some(0));
         }

@@ -993,18 +993,18 @@ fn emit_frame(
     }
     let crc = icrc(&buf[..total - ICRC_LEN])?;
     buf[total - ICRC_LEN..total].copy_from_slice(&crc.to_le_bytes());
-    match csum {
-        UdpChecksum::Zero => {}
+    let checksum = match csum {
+        UdpChecksum::Zero => None,
         UdpChecksum::Compute => {
             let c = udp_checksum(&ip, &udp, &buf[t..t + transport_len], crc);
             // RFC 768: a computed 0 is sent as all ones.
-            udp.checksum = if c == 0 { 0xFFFF } else { c };
-            udp.emit(&mut buf[ip_len..])?;
+            Some(if c == 0 { 0xFFFF } else { c })
         }
-        UdpChecksum::Given(c) => {
-            udp.checksum = c;
-            udp.emit(&mut buf[ip_len..])?;
-        }
+        UdpChecksum::Given(c) => Some(c),
+    };
+    if let Some(c) = checksum {
+        udp.checksum = c;
+        udp.emit(&mut buf[ip_len..])?;
     }
     Ok(total)
 }

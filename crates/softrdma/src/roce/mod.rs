@@ -655,7 +655,10 @@ impl RoceShared {
             // it changes by that ID's syndrome (exact for peers that check the whole ICRC).
             if self.ipv4_id_known && first.socket_addr().is_ipv4() {
                 for (k, t) in group[i..j].iter().enumerate().skip(1) {
-                    fix_icrc_for_id(buf.get_mut(t.range()).unwrap_or(&mut []), k as u16);
+                    softrdma_wire::icrc::set_ipv4_id(
+                        buf.get_mut(t.range()).unwrap_or(&mut []),
+                        k as u16,
+                    );
                 }
             }
             let data = buf.get(first.start..end).unwrap_or(&[]);
@@ -738,18 +741,6 @@ impl RoceShared {
     }
 }
 
-/// Makes the ICRC at the end of `datagram` (BTH .. ICRC, computed for IPv4 Identification
-/// 0) the one for Identification `id`.
-fn fix_icrc_for_id(datagram: &mut [u8], id: u16) {
-    let Some(n) = datagram.len().checked_sub(4) else {
-        return;
-    };
-    let (payload, icrc) = datagram.split_at_mut(n);
-    let old = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-    let new = old ^ softrdma_wire::icrc::ipv4_id_syndrome(payload.len(), id);
-    icrc.copy_from_slice(&new.to_le_bytes());
-}
-
 /// A socket address of one family, as `sendmmsg` takes it.
 trait FamilyAddr: SockaddrLike + Copy + Sized {
     fn of(a: SocketAddr) -> Self;
@@ -761,11 +752,11 @@ trait FamilyAddr: SockaddrLike + Copy + Sized {
 
 impl FamilyAddr for SockaddrIn {
     fn with_headers<R>(n: usize, f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
-        with_cached_headers(&HDRS_V4, n, f)
+        with_cached_headers(&HDRS_V4, n, false, f)
     }
 
     fn with_gso_header<R>(f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
-        with_gso_header(&GSO_HDR_V4, f)
+        with_cached_headers(&GSO_HDR_V4, 1, true, f)
     }
 
     fn of(a: SocketAddr) -> Self {
@@ -786,11 +777,11 @@ impl FamilyAddr for SockaddrIn {
 
 impl FamilyAddr for SockaddrIn6 {
     fn with_headers<R>(n: usize, f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
-        with_cached_headers(&HDRS_V6, n, f)
+        with_cached_headers(&HDRS_V6, n, false, f)
     }
 
     fn with_gso_header<R>(f: impl FnOnce(&mut MultiHeaders<Self>) -> R) -> R {
-        with_gso_header(&GSO_HDR_V6, f)
+        with_cached_headers(&GSO_HDR_V6, 1, true, f)
     }
 
     fn of(a: SocketAddr) -> Self {
@@ -840,43 +831,31 @@ fn send_group<S: FamilyAddr>(
 /// Cached `sendmmsg` headers and how many messages they hold.
 type HdrCache<S> = RefCell<Option<(MultiHeaders<S>, usize)>>;
 
-/// A cached one-message header with room for a `UDP_SEGMENT` control message.
-type GsoHdrCache<S> = RefCell<Option<MultiHeaders<S>>>;
-
 thread_local! {
     /// `sendmmsg` headers of this thread, kept between calls (a send allocates nothing).
     static HDRS_V4: HdrCache<SockaddrIn> = const { RefCell::new(None) };
     static HDRS_V6: HdrCache<SockaddrIn6> = const { RefCell::new(None) };
-    static GSO_HDR_V4: GsoHdrCache<SockaddrIn> = const { RefCell::new(None) };
-    static GSO_HDR_V6: GsoHdrCache<SockaddrIn6> = const { RefCell::new(None) };
+    /// One message with room for a `UDP_SEGMENT` control message each.
+    static GSO_HDR_V4: HdrCache<SockaddrIn> = const { RefCell::new(None) };
+    static GSO_HDR_V6: HdrCache<SockaddrIn6> = const { RefCell::new(None) };
 }
 
-/// This thread's GSO header (made on first use), to `f`.
-fn with_gso_header<S: SockaddrLike + Copy, R>(
-    cache: &'static std::thread::LocalKey<GsoHdrCache<S>>,
-    f: impl FnOnce(&mut MultiHeaders<S>) -> R,
-) -> R {
-    let make = || MultiHeaders::<S>::preallocate(1, Some(nix::cmsg_space!(u16)));
-    cache.with(|c| match c.try_borrow_mut() {
-        Ok(mut slot) => f(slot.get_or_insert_with(make)),
-        // Re-entered (cannot happen: `f` only sends): a header of its own.
-        Err(_) => f(&mut make()),
-    })
-}
-
-/// This thread's headers for at least `n` messages (at least a batch), to `f`.
+/// This thread's headers for at least `n` messages (at least a batch), each with room for
+/// a `UDP_SEGMENT` control message if `gso`, to `f`.
 fn with_cached_headers<S: SockaddrLike + Copy, R>(
     cache: &'static std::thread::LocalKey<HdrCache<S>>,
     n: usize,
+    gso: bool,
     f: impl FnOnce(&mut MultiHeaders<S>) -> R,
 ) -> R {
+    let make = |cap| MultiHeaders::<S>::preallocate(cap, gso.then(|| nix::cmsg_space!(u16)));
     cache.with(|c| match c.try_borrow_mut() {
         Ok(mut slot) => {
             let (hdrs, cap) = match slot.take() {
                 Some((h, cap)) if cap >= n => (h, cap),
                 _ => {
                     let cap = n.max(SEND_BATCH);
-                    (MultiHeaders::<S>::preallocate(cap, None), cap)
+                    (make(cap), cap)
                 }
             };
             let mut hdrs = hdrs;
@@ -885,7 +864,7 @@ fn with_cached_headers<S: SockaddrLike + Copy, R>(
             r
         }
         // Re-entered (cannot happen: `f` only sends): headers of its own.
-        Err(_) => f(&mut MultiHeaders::<S>::preallocate(n, None)),
+        Err(_) => f(&mut make(n)),
     })
 }
 
