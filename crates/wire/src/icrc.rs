@@ -427,21 +427,61 @@ const ID_SHIFT: [u8; 16] = {
 /// `id`. A sender whose kernel numbers the segments of a UDP GSO run (0, 1, 2,
 /// ... after a first ID of 0) fixes each segment's ICRC with it.
 pub fn ipv4_id_syndrome(payload_len: usize, id: u16) -> u32 {
-    let op = zeros_op((OCTETS_AFTER_ID + payload_len) as u64);
-    multmodp(op, raw_crc(0, &id.to_be_bytes()))
+    Ipv4IdSyndromes::new(payload_len).of(id)
+}
+
+/// [`ipv4_id_syndrome`] for one payload length and many Identifications: the
+/// zero-extension operator (O(log n) products) is computed once, each ID then
+/// costs one product. A GSO run's segments share their length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4IdSyndromes {
+    payload_len: usize,
+    op: u32,
+}
+
+impl Ipv4IdSyndromes {
+    /// The syndromes of payloads of `payload_len` octets (BTH .. pad).
+    pub fn new(payload_len: usize) -> Ipv4IdSyndromes {
+        Ipv4IdSyndromes {
+            payload_len,
+            op: zeros_op((OCTETS_AFTER_ID + payload_len) as u64),
+        }
+    }
+
+    /// The payload length these syndromes are for.
+    pub fn payload_len(&self) -> usize {
+        self.payload_len
+    }
+
+    /// L_n(id).
+    pub fn of(&self, id: u16) -> u32 {
+        multmodp(self.op, raw_crc(0, &id.to_be_bytes()))
+    }
+
+    /// Makes the ICRC at the end of `datagram` (UDP payload: BTH .. ICRC, computed for
+    /// Identification 0) the one for `id`. A datagram whose payload is not of this
+    /// length gets its own syndrome; one shorter than an ICRC is left as it is.
+    pub fn set(&self, datagram: &mut [u8], id: u16) {
+        let Some(n) = datagram.len().checked_sub(ICRC_LEN) else {
+            return;
+        };
+        let syndrome = if n == self.payload_len {
+            self.of(id)
+        } else {
+            ipv4_id_syndrome(n, id)
+        };
+        let icrc = &mut datagram[n..];
+        let old = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+        icrc.copy_from_slice(&(old ^ syndrome).to_le_bytes());
+    }
 }
 
 /// Makes the ICRC at the end of `datagram` (UDP payload: BTH .. ICRC, the ICRC computed
 /// for IPv4 Identification 0) the one for Identification `id`. A datagram shorter than
 /// an ICRC is left as it is.
 pub fn set_ipv4_id(datagram: &mut [u8], id: u16) {
-    let Some(n) = datagram.len().checked_sub(ICRC_LEN) else {
-        return;
-    };
-    let (payload, icrc) = datagram.split_at_mut(n);
-    let old = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-    let new = old ^ ipv4_id_syndrome(payload.len(), id);
-    icrc.copy_from_slice(&new.to_le_bytes());
+    let n = datagram.len().saturating_sub(ICRC_LEN);
+    Ipv4IdSyndromes::new(n).set(datagram, id);
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -645,8 +685,21 @@ mod tests {
                 assert_eq!(s, ipv4_id_syndrome(len, id), "len {len} id {id:#x}");
                 assert_eq!(b.solve(s), Some(id));
                 let mut d = [&p[..], &base.to_le_bytes()].concat();
+                let fixed = icrc_for(&ep, id, &p).to_le_bytes();
+                let mut e = d.clone();
                 set_ipv4_id(&mut d, id);
-                assert_eq!(d[len..], icrc_for(&ep, id, &p).to_le_bytes(), "len {len}");
+                assert_eq!(d[len..], fixed, "len {len}");
+                // A run's syndromes: of its own length, and of a shorter last segment.
+                let run = Ipv4IdSyndromes::new(len);
+                assert_eq!(run.of(id), s);
+                let mut f = e.clone();
+                run.set(&mut f, id);
+                Ipv4IdSyndromes::new(len + 1).set(&mut e, id);
+                assert_eq!(
+                    (&f[len..], &e[len..]),
+                    (&fixed[..], &fixed[..]),
+                    "len {len}"
+                );
             }
             assert_eq!(b.solve(0), Some(0));
         }

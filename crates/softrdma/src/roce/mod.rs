@@ -654,11 +654,11 @@ impl RoceShared {
             // Segment k leaves with Identification k, which the ICRC covers: computed for 0,
             // it changes by that ID's syndrome (exact for peers that check the whole ICRC).
             if self.ipv4_id_known && first.socket_addr().is_ipv4() {
+                let ids = softrdma_wire::icrc::Ipv4IdSyndromes::new(
+                    seg.saturating_sub(softrdma_wire::rocev2::ICRC_LEN),
+                );
                 for (k, t) in group[i..j].iter().enumerate().skip(1) {
-                    softrdma_wire::icrc::set_ipv4_id(
-                        buf.get_mut(t.range()).unwrap_or(&mut []),
-                        k as u16,
-                    );
+                    ids.set(buf.get_mut(t.range()).unwrap_or(&mut []), k as u16);
                 }
             }
             let data = buf.get(first.start..end).unwrap_or(&[]);
