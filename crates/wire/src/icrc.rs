@@ -431,20 +431,28 @@ pub fn ipv4_id_syndrome(payload_len: usize, id: u16) -> u32 {
 }
 
 /// [`ipv4_id_syndrome`] for one payload length and many Identifications: the
-/// zero-extension operator (O(log n) products) is computed once, each ID then
-/// costs one product. A GSO run's segments share their length.
+/// syndromes of the 16 ID bits, computed once (the zero-extension operator, one
+/// product, shifts); an ID's is then the XOR of its bits'. A GSO run's segments
+/// share their length, and so do most runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv4IdSyndromes {
     payload_len: usize,
-    op: u32,
+    /// `bits[j]`: L_n(1 << j).
+    bits: [u32; 16],
 }
 
 impl Ipv4IdSyndromes {
     /// The syndromes of payloads of `payload_len` octets (BTH .. pad).
     pub fn new(payload_len: usize) -> Ipv4IdSyndromes {
+        let op = zeros_op((OCTETS_AFTER_ID + payload_len) as u64);
+        // L_n(bit 7) * t^k for k = 0..=15.
+        let mut pow = [multmodp(op, raw_crc(0, &[0, 0x80])); 16];
+        for k in 1..16 {
+            pow[k] = mul_t(pow[k - 1]);
+        }
         Ipv4IdSyndromes {
             payload_len,
-            op: zeros_op((OCTETS_AFTER_ID + payload_len) as u64),
+            bits: ID_SHIFT.map(|shift| pow[shift as usize]),
         }
     }
 
@@ -455,7 +463,12 @@ impl Ipv4IdSyndromes {
 
     /// L_n(id).
     pub fn of(&self, id: u16) -> u32 {
-        multmodp(self.op, raw_crc(0, &id.to_be_bytes()))
+        let (mut s, mut rest) = (0, id);
+        while rest != 0 {
+            s ^= self.bits[rest.trailing_zeros() as usize];
+            rest &= rest - 1;
+        }
+        s
     }
 
     /// Makes the ICRC at the end of `datagram` (UDP payload: BTH .. ICRC, computed for
@@ -502,22 +515,16 @@ struct Basis {
 }
 
 impl Basis {
-    /// O(log n) products for the zero-extension operator, one more and 15
-    /// shifts for the 16 vectors, then a 16 x 32 elimination.
+    /// The 16 ID bits' syndromes, then a 16 x 32 elimination.
     fn for_payload_len(payload_len: usize) -> Basis {
-        let op = zeros_op((OCTETS_AFTER_ID + payload_len) as u64);
-        // L_n(bit 7) * t^k for k = 0..=15: one product, then shifts.
-        let mut pow = [multmodp(op, raw_crc(0, &[0, 0x80])); 16];
-        for k in 1..16 {
-            pow[k] = mul_t(pow[k - 1]);
-        }
+        let bits = Ipv4IdSyndromes::new(payload_len).bits;
         let mut b = Basis {
             rows: [Row::default(); 16],
             len: 0,
         };
-        for (j, &shift) in ID_SHIFT.iter().enumerate() {
+        for (j, &vec) in bits.iter().enumerate() {
             let mut r = Row {
-                vec: pow[shift as usize],
+                vec,
                 pivot: 0,
                 id: 1 << j,
             };

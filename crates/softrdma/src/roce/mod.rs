@@ -46,7 +46,7 @@ use softrdma_ib::{
 };
 use softrdma_memory::{KeyTable, PdId};
 use softrdma_verbs_types::{RecvWr, SendWr, SharedRecvQueue, WorkCompletion};
-use softrdma_wire::icrc::IcrcVerifier;
+use softrdma_wire::icrc::{IcrcVerifier, Ipv4IdSyndromes};
 use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 
 pub(crate) mod cm;
@@ -654,11 +654,10 @@ impl RoceShared {
             // Segment k leaves with Identification k, which the ICRC covers: computed for 0,
             // it changes by that ID's syndrome (exact for peers that check the whole ICRC).
             if self.ipv4_id_known && first.socket_addr().is_ipv4() {
-                let ids = softrdma_wire::icrc::Ipv4IdSyndromes::new(
-                    seg.saturating_sub(softrdma_wire::rocev2::ICRC_LEN),
-                );
                 for (k, t) in group[i..j].iter().enumerate().skip(1) {
-                    ids.set(buf.get_mut(t.range()).unwrap_or(&mut []), k as u16);
+                    let d = buf.get_mut(t.range()).unwrap_or(&mut []);
+                    id_syndromes(d.len().saturating_sub(softrdma_wire::rocev2::ICRC_LEN))
+                        .set(d, k as u16);
                 }
             }
             let data = buf.get(first.start..end).unwrap_or(&[]);
@@ -865,6 +864,37 @@ fn with_cached_headers<S: SockaddrLike + Copy, R>(
         }
         // Re-entered (cannot happen: `f` only sends): headers of its own.
         Err(_) => f(&mut make(n)),
+    })
+}
+
+/// Segment lengths whose Identification syndromes a thread keeps: a Write stream's runs
+/// have a few (the first packet's with its RETH, the middle ones', a shorter last one).
+const ID_SYNDROME_LENGTHS: usize = 4;
+
+thread_local! {
+    /// The Identification syndromes of this thread's latest GSO segment lengths, the most
+    /// recent first.
+    static ID_SYNDROMES: RefCell<[Option<Ipv4IdSyndromes>; ID_SYNDROME_LENGTHS]> =
+        const { RefCell::new([None; ID_SYNDROME_LENGTHS]) };
+}
+
+/// The Identification syndromes of segments of `payload_len` octets, from the thread's
+/// few latest lengths when there (computing them costs O(log n) products).
+fn id_syndromes(payload_len: usize) -> Ipv4IdSyndromes {
+    ID_SYNDROMES.with_borrow_mut(|kept| {
+        let at = kept
+            .iter()
+            .position(|s| s.is_some_and(|s| s.payload_len() == payload_len));
+        let s = match at {
+            Some(i) => kept[i].take(),
+            None => None,
+        }
+        .unwrap_or_else(|| Ipv4IdSyndromes::new(payload_len));
+        // Most recent first: the one found (or made) moves to the front.
+        let end = at.unwrap_or(ID_SYNDROME_LENGTHS - 1);
+        kept[..=end].rotate_right(1);
+        kept[0] = Some(s);
+        s
     })
 }
 
@@ -1550,4 +1580,21 @@ fn out_of_resources(e: EndpointError) -> Error {
 /// The IPv4 address of an IPv4-mapped GID, or the IPv6 address of any other.
 pub fn gid_to_ip(gid: &[u8; 16]) -> IpAddr {
     softrdma_wire::rocev2::gid_to_ip(gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_syndromes_are_those_of_the_length_asked() {
+        // More lengths than are kept, revisited in several orders.
+        let lens = [4124, 4108, 1000, 4124, 12, 4108, 4124, 33, 77, 4124, 1000];
+        for _ in 0..3 {
+            for &len in &lens {
+                let s = id_syndromes(len);
+                assert_eq!(s, Ipv4IdSyndromes::new(len), "len {len}");
+            }
+        }
+    }
 }
