@@ -319,7 +319,7 @@ lossy_cm_cases() {
     --guest "rping -s -P -a $GUEST_ROCE -C 2 -S 64 -V > /tmp/rps.out 2>&1 & p=\$!; i=0; while [ \$(grep -c 'DISCONNECT EVENT' /tmp/rps.out) -lt $n ] && [ \$i -lt 850 ]; do sleep 1; i=\$((i + 1)); done; kill \$p; cat /tmp/rps.out" \
     --host "ok=0; for i in \$(seq $n); do $BIN rping -c --transport roce -a $GUEST_ROCE -C 2 -S 64 -V -v -d --timeout 60 > $OUT/cm-lossy-run.out 2>&1 && grep -q 'client: 2 pings, 2 verified' $OUT/cm-lossy-run.out && ok=\$((ok + 1)); cat $OUT/cm-lossy-run.out; done; echo connects ok \$ok of $n"
   run_case "cm-lossy-guest-client" "check_lossy_connects_guest" --host-first --delay 2 --timeout 900 \
-    --host "$BIN rping -s -P --transport roce -a $HOST_ROCE -C 2 -S 64 -V -v -d --timeout 15 > $OUT/cm-lossy-srv.out 2>&1 & p=\$!; i=0; while [ \$(grep -c 'DISCONNECT EVENT\|server failed' $OUT/cm-lossy-srv.out) -lt $n ] && [ \$i -lt 850 ]; do sleep 1; i=\$((i + 1)); done; kill \$p; cat $OUT/cm-lossy-srv.out" \
+    --host ": > $OUT/cm-lossy-srv.out; $BIN rping -s -P --transport roce -a $HOST_ROCE -C 2 -S 64 -V -v -d --timeout 15 >> $OUT/cm-lossy-srv.out 2>&1 & p=\$!; i=0; while [ \$(grep -c 'DISCONNECT EVENT\|server failed' $OUT/cm-lossy-srv.out) -lt $n ] && [ \$i -lt 850 ]; do sleep 1; i=\$((i + 1)); done; kill \$p; cat $OUT/cm-lossy-srv.out" \
     --guest "ok=0; for i in \$(seq $n); do rping -c -a $HOST_ROCE -C 2 -S 64 -V -v > /tmp/rpc.out 2>&1 && [ \$(grep -c 'ping data: rdma-ping-' /tmp/rpc.out) = 2 ] && ok=\$((ok + 1)); cat /tmp/rpc.out; done; echo connects ok \$ok of $n"
   loss_off
   LOSS=$saved
