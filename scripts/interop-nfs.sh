@@ -13,8 +13,12 @@
 # must show Read chunks (WRITE), Write chunks (READ) and Reply chunks (READDIRPLUS), and
 # replies by Send With Invalidate (RFC 8797 remote invalidation, which we advertise).
 #
+# With --rxe the RDMA cases run over RoCE: `softrdma nfs --transport roce` from 10.77.0.1 to
+# the nfsd at 10.77.0.2 over rxe0 (our connection manager speaks the IB CM on QP1 to the
+# kernel's rdma_cm), cases named rxe-rdma-...; TCP cases go to 10.77.0.2 as well.
+#
 # Usage: scripts/interop-nfs.sh [--sizes "0 1 4095 4096 1048577 67108864"] [--protos "rdma tcp"]
-#                               [--no-build] [--out DIR]
+#                               [--rxe] [--no-build] [--out DIR]
 # Needs root and /dev/net/tun. Prints PASS/FAIL per case and a summary; exit 0 only if all pass.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,12 +28,14 @@ NS=${NETNS:-rdmavm}
 SIZES="0 1 4095 4096 1048577 67108864"
 PROTOS="rdma tcp"
 BUILD=1
+RXE=0
 OUT=$ROOT/target/interop-nfs
 while [ $# -gt 0 ]; do
   case "$1" in
     --sizes) SIZES=$2; shift ;;
     --protos) PROTOS=$2; shift ;;
     --no-build) BUILD=0 ;;
+    --rxe) RXE=1 ;;
     --out) OUT=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -65,13 +71,14 @@ rpc.nfsd 4
 echo "rdma 20049" > /proc/fs/nfsd/portlist
 cat /proc/fs/nfsd/portlist'
 vm_exec "$V" "$SETUP" 120 >"$OUT/server-setup.log" 2>&1 || { cat "$OUT/server-setup.log"; say "server setup failed"; exit 1; }
-SERVER=10.77.1.2
+SERVER=10.77.1.2 TRANSPORT=iwarp TAG=""
+[ $RXE = 1 ] && SERVER=10.77.0.2 TRANSPORT=roce TAG="rxe-"
 URL=nfs://$SERVER/export
 
 for proto in $PROTOS; do
-  P="--proto $proto -q"
+  P="--proto $proto --transport $TRANSPORT -q"
   for size in $SIZES; do
-    name=$proto-put-$size
+    name=$TAG$proto-put-$size
     src=$OUT/src-$size back=$OUT/back-$size
     head -c "$size" /dev/urandom > "$src"
     [ "$proto" = rdma ] && cap_start "$OUT/$name.pcap"
@@ -91,7 +98,7 @@ for proto in $PROTOS; do
     record "$name" $ok "$why"
   done
   # ls: every file with its size.
-  name=$proto-ls
+  name=$TAG$proto-ls
   [ "$proto" = rdma ] && cap_start "$OUT/$name.pcap"
   ok=1 why=""
   if H "$BIN" nfs $P ls "$URL" >"$OUT/$name.log" 2>&1; then
@@ -102,13 +109,13 @@ for proto in $PROTOS; do
   [ "$proto" = rdma ] && cap_stop
   record "$name" $ok "$why"
   # A file the guest wrote, read back; its md5 is the guest's.
-  name=$proto-guest-file
+  name=$TAG$proto-guest-file
   gm=$(vm_exec "$V" "dd if=/dev/urandom of=/export/g-$proto bs=1000 count=777 2>/dev/null; md5sum < /export/g-$proto" 60 | awk '{print $1}')
   if H "$BIN" nfs $P get "$URL/g-$proto" "$OUT/g-$proto" >"$OUT/$name.log" 2>&1 &&
      [ "$(md5sum < "$OUT/g-$proto" | awk '{print $1}')" = "$gm" ]; then record "$name" 1 ""
   else record "$name" 0 "the guest's file did not come back intact ($(tail -1 "$OUT/$name.log"))"; fi
   # rm: gone for us and for the guest.
-  name=$proto-rm
+  name=$TAG$proto-rm
   ok=1 why=""
   for f in $(for s in $SIZES; do echo "f-$proto-$s"; done) "g-$proto"; do
     H "$BIN" nfs $P rm "$URL/$f" >>"$OUT/$name.log" 2>&1 || { ok=0; why="rm $f failed"; }
@@ -123,8 +130,8 @@ done
 
 # The RDMA captures show every chunk type in use.
 if echo "$PROTOS" | grep -qw rdma; then
-  name=rdma-chunks
-  for f in "$OUT"/rdma-*.pcap; do "$BIN" decode -v "$f"; done > "$OUT/chunks.txt" 2>&1
+  name=${TAG}rdma-chunks
+  for f in "$OUT"/${TAG}rdma-*.pcap; do "$BIN" decode -v "$f"; done > "$OUT/chunks.txt" 2>&1
   ok=1 why=""
   for k in "read list\|read_list\|Read chunk" "write list\|write_list\|Write chunk" "reply chunk\|reply_chunk\|Reply chunk"; do
     grep -qi "$k" "$OUT/chunks.txt" || { ok=0; why="no message with ${k%%\\*} in the captures"; }
@@ -132,9 +139,11 @@ if echo "$PROTOS" | grep -qw rdma; then
   record "$name" $ok "$why"
   # RFC 8797: we advertise remote invalidation; nfsd answers calls whose chunks share one
   # handle with Send With Invalidate of it, and the next call still works.
-  name=rdma-remote-invalidate
+  name=${TAG}rdma-remote-invalidate
   ok=1 why=""
-  grep -q "Send with Invalidate .*invalidate 0x" "$OUT/chunks.txt" ||
+  # iWARP's decode says "Send with Invalidate ... invalidate 0x..", RoCE's "Send Only (or
+  # Last) with Invalidate ... invalidate R_Key 0x..".
+  grep -qE "Send( Only| Last)? with Invalidate .*invalidate (R_Key )?0x" "$OUT/chunks.txt" ||
     { ok=0; why="no reply came by Send With Invalidate"; }
   record "$name" $ok "$why"
 fi

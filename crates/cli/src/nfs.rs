@@ -22,8 +22,8 @@ pub struct NfsArgs {
     /// RPC transport: rdma (NFS/RDMA, port 20049) or tcp (port 2049 or rpcbind's).
     #[arg(long, value_enum, default_value = "rdma", global = true)]
     pub proto: ProtoArg,
-    /// RDMA device: iwarp (TCP) or roce (RoCEv2; needs a peer with softrdma's connection
-    /// manager until the IB CM exists).
+    /// RDMA device: iwarp (TCP) or roce (RoCEv2; connects through the IB CM, as
+    /// librdmacm peers such as the kernel's nfsd over rxe expect).
     #[arg(long, value_enum, default_value = "iwarp", global = true)]
     pub transport: TransportArg,
     /// The server's MOUNT port over TCP, instead of asking rpcbind (as mount's
