@@ -61,6 +61,47 @@ only_capture_gaps() {
   gaps=$((gaps + $(sed -n 's/.*: \([0-9]*\) more TCP gaps$/\1/p' "$1" | awk '{ s += $1 } END { print s + 0 }')))
   [ -n "$bad" ] && [ "$bad" -le "$gaps" ]
 }
+# ---- loss both ways on one of the VM's links ---------------------------------------------
+# The host kernel lacks sch_netem, so netem goes on the guest's netdev (guest -> host); host ->
+# guest is an nft rule in NS's output hook (what softrdma sends leaves through it), counting
+# what it drops. Without nft here the loss is one way only, and NOTES says so.
+LOSS_TABLE=softrdma_loss
+# net_loss_on VM NETDEV DEST PCT [MATCH]: PCT % of the packets dropped both ways, host -> guest
+# those to DEST that also match the nft expression MATCH; 1 (and nothing left on) on failure.
+net_loss_on() {
+  local vm=$1 dev=$2 dest=$3 pct=$4 match=${5:-}
+  vm_exec "$vm" "tc qdisc replace dev $dev root netem loss ${pct}%" 20 >/dev/null 2>&1 ||
+    { say "netem on the guest's $dev failed"; return 1; }
+  if ! command -v nft >/dev/null 2>&1; then
+    NOTES+=("loss on guest -> host only (no nft on this host for host -> guest)")
+    return 0
+  fi
+  H nft -f - <<EOF && return 0
+table inet $LOSS_TABLE {
+  chain out {
+    type filter hook output priority 0;
+    ip daddr $dest $match numgen random mod 100 < $pct counter drop
+  }
+}
+EOF
+  say "nft loss rule failed"
+  net_loss_off "$vm" "$dev"
+  return 1
+}
+# net_loss_off VM NETDEV: the loss of net_loss_on gone (VM empty: the host's rule only).
+net_loss_off() {
+  [ -n "$1" ] && [ -n "$2" ] && vm_exec "$1" "tc qdisc del dev $2 root" 20 >/dev/null 2>&1
+  command -v nft >/dev/null 2>&1 && H nft delete table inet $LOSS_TABLE 2>/dev/null
+  return 0
+}
+# net_loss_counts VM NETDEV: "GUEST->HOST HOST->GUEST" packets dropped so far (netem's and the
+# rule's counters).
+net_loss_counts() {
+  local g h
+  g=$(vm_exec "$1" "tc -s qdisc show dev $2" 20 2>/dev/null | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
+  h=$(H nft list table inet $LOSS_TABLE 2>/dev/null | sed -n 's/.*counter packets \([0-9]*\) .*/\1/p' | head -1)
+  echo "${g:-0} ${h:-0}"
+}
 # summary NAME: every result, the notes, the totals; the exit status.
 summary() {
   echo

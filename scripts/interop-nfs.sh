@@ -17,8 +17,11 @@
 # the nfsd at 10.77.0.2 over rxe0 (our connection manager speaks the IB CM on QP1 to the
 # kernel's rdma_cm), cases named rxe-rdma-...; TCP cases go to 10.77.0.2 as well.
 #
+# --loss PCT drops PCT % of the packets both ways for the whole run (netem on the guest's
+# netdev, an nft rule on the host side), cases named [rxe-]lossPCT-...
+#
 # Usage: scripts/interop-nfs.sh [--sizes "0 1 4095 4096 1048577 67108864"] [--protos "rdma tcp"]
-#                               [--rxe] [--no-build] [--out DIR]
+#                               [--rxe] [--loss PCT] [--no-build] [--out DIR]
 # Needs root and /dev/net/tun. Prints PASS/FAIL per case and a summary; exit 0 only if all pass.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,6 +32,7 @@ SIZES="0 1 4095 4096 1048577 67108864"
 PROTOS="rdma tcp"
 BUILD=1
 RXE=0
+LOSS=0
 OUT=$ROOT/target/interop-nfs
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +40,7 @@ while [ $# -gt 0 ]; do
     --protos) PROTOS=$2; shift ;;
     --no-build) BUILD=0 ;;
     --rxe) RXE=1 ;;
+    --loss) LOSS=$2; shift ;;
     --out) OUT=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -53,7 +58,7 @@ say() { echo "[interop-nfs $(date +%T)] $*" >&2; }
 . "$ROOT/scripts/interop-lib.sh"
 
 V=$STATE/runs/nfs-interop-$(date +%Y%m%d-%H%M%S)
-cleanup() { cap_stop; vm_quit "$V" 2>/dev/null; }
+cleanup() { cap_stop; [ "$LOSS" != 0 ] && net_loss_off "$V" "${NETDEV:-}"; vm_quit "$V" 2>/dev/null; }
 trap cleanup EXIT
 "$VMDIR/build-image.sh" >"$OUT/build.log" 2>&1 || { say "VM image build failed"; exit 1; }
 say "booting the VM"
@@ -71,9 +76,14 @@ rpc.nfsd 4
 echo "rdma 20049" > /proc/fs/nfsd/portlist
 cat /proc/fs/nfsd/portlist'
 vm_exec "$V" "$SETUP" 120 >"$OUT/server-setup.log" 2>&1 || { cat "$OUT/server-setup.log"; say "server setup failed"; exit 1; }
-SERVER=10.77.1.2 TRANSPORT=iwarp TAG=""
-[ $RXE = 1 ] && SERVER=10.77.0.2 TRANSPORT=roce TAG="rxe-"
+# siw's network (eth1, 10.77.1.0/24), or rxe's with --rxe (eth0, 10.77.0.0/24).
+SERVER=10.77.1.2 NETDEV=eth1 TRANSPORT=iwarp TAG=""
+[ $RXE = 1 ] && SERVER=10.77.0.2 NETDEV=eth0 TRANSPORT=roce TAG="rxe-"
 URL=nfs://$SERVER/export
+if [ "$LOSS" != 0 ]; then
+  net_loss_on "$V" "$NETDEV" "$SERVER" "$LOSS" || { say "could not set up the loss"; exit 1; }
+  TAG="${TAG}loss$LOSS-"
+fi
 
 for proto in $PROTOS; do
   P="--proto $proto --transport $TRANSPORT -q"

@@ -104,26 +104,8 @@ else
   GUEST=10.77.1.2 HOST_IP=10.77.1.1 KERNEL_IP=10.77.1.3 NETDEV=eth1
   NFSD_FLAGS=""
 fi
-loss_on() {
-  vm_exec "$V" "tc qdisc replace dev $NETDEV root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
-    { say "netem in the guest failed"; return 1; }
-  if command -v nft >/dev/null 2>&1; then
-    H nft -f - <<EOF || say "nft loss rule failed (guest-side loss only)"
-table inet softrdma_loss {
-  chain out {
-    type filter hook output priority 0;
-    ip daddr $GUEST numgen random mod 100 < $LOSS drop
-  }
-}
-EOF
-  else
-    NOTES+=("loss on guest -> host only (no nft on this host for host -> guest)")
-  fi
-}
-loss_off() {
-  command -v nft >/dev/null 2>&1 && H nft delete table inet softrdma_loss 2>/dev/null
-  return 0
-}
+loss_on() { net_loss_on "$V" "$NETDEV" "$GUEST" "$LOSS"; }
+loss_off() { net_loss_off "$V" "$NETDEV"; }
 
 V=$STATE/runs/nfsd-interop-$(date +%Y%m%d-%H%M%S)
 V2=""

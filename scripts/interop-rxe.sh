@@ -409,29 +409,11 @@ perftest_cases() {  # PREFIX TIMEOUT
 # egress (guest -> host: our responder sees gaps, our requester loses ACKs); host -> guest
 # drops only if nft exists here (numgen in the rdmavm namespace).
 VMRUN=""
-loss_on() {
-  vm_exec "$VMRUN" "tc qdisc replace dev eth0 root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
-    { say "netem in the guest failed"; return 1; }
-  if command -v nft >/dev/null 2>&1; then
-    ip netns exec "$NS" nft -f - <<EOF || say "nft loss rule failed (guest-side loss only)"
-table inet softrdma_loss {
-  chain out {
-    type filter hook output priority 0;
-    ip daddr $GUEST_ROCE udp dport 4791 numgen random mod 100 < $LOSS drop
-  }
-}
-EOF
-  fi
-}
-loss_off() {
-  [ -n "$VMRUN" ] && vm_exec "$VMRUN" "tc qdisc del dev eth0 root" 20 >/dev/null 2>&1
-  command -v nft >/dev/null 2>&1 && ip netns exec "$NS" nft delete table inet softrdma_loss 2>/dev/null
-  return 0
-}
+loss_on() { net_loss_on "$VMRUN" eth0 "$GUEST_ROCE" "$LOSS" "udp dport 4791"; }
+loss_off() { net_loss_off "$VMRUN" eth0; }
 
 lossy_cases() {
   if ! loss_on; then record "lossy (netem ${LOSS}%)" fail "could not set up the loss"; return; fi
-  [ -n "$(command -v nft)" ] || NOTES+=("lossy cases: loss on guest -> host only (no nft on this host for host -> guest)")
   pp_cases "lossy-" "$LOSSY_TIMEOUT"
   # Our requester against rxe's responder with loss both ways: multi-packet READs re-issued
   # from the missing response (rxe replays them as Middle/Last), WRITE go-back, ATOMIC replay.

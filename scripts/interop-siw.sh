@@ -293,32 +293,12 @@ between() { awk -v a="$1" -v b="$2" 'index($0, b) == 1 { on = 0 } on; $0 == a { 
 VMRUN="" SIWDEV="" LOSS_ON=""
 loss_on() {
   [ -n "$SIWDEV" ] || { say "the guest's siw netdev is unknown"; return 1; }
-  vm_exec "$VMRUN" "tc qdisc replace dev $SIWDEV root netem loss ${LOSS}%" 20 >/dev/null 2>&1 ||
-    { say "netem on the guest's $SIWDEV failed"; return 1; }
-  H nft -f - <<EOF || { say "nft loss rule failed"; loss_off; return 1; }
-table inet softrdma_siw_loss {
-  chain out {
-    type filter hook output priority 0;
-    ip daddr $GUEST_SIW meta l4proto tcp numgen random mod 100 < $LOSS counter drop
-  }
+  net_loss_on "$VMRUN" "$SIWDEV" "$GUEST_SIW" "$LOSS" "meta l4proto tcp" && LOSS_ON=1
 }
-EOF
-  LOSS_ON=1
-}
-loss_off() {
-  [ -n "$VMRUN" ] && [ -n "$SIWDEV" ] && vm_exec "$VMRUN" "tc qdisc del dev $SIWDEV root" 20 >/dev/null 2>&1
-  command -v nft >/dev/null 2>&1 && H nft delete table inet softrdma_siw_loss 2>/dev/null
-  LOSS_ON=""
-  return 0
-}
-# loss_counts: "GUEST->HOST HOST->GUEST" packets the loss dropped so far (netem's and the
-# rule's counters), so each lossy case can show the loss it met.
-loss_counts() {
-  local g h
-  g=$(vm_exec "$VMRUN" "tc -s qdisc show dev $SIWDEV" 20 2>/dev/null | sed -n 's/.*(dropped \([0-9]*\),.*/\1/p' | head -1)
-  h=$(H nft list table inet softrdma_siw_loss 2>/dev/null | sed -n 's/.*counter packets \([0-9]*\) .*/\1/p' | head -1)
-  echo "${g:-0} ${h:-0}"
-}
+loss_off() { net_loss_off "$VMRUN" "$SIWDEV"; LOSS_ON=""; }
+# loss_counts: "GUEST->HOST HOST->GUEST" packets the loss dropped so far, so each lossy case
+# can show the loss it met.
+loss_counts() { net_loss_counts "$VMRUN" "$SIWDEV"; }
 
 lossy_names() {
   local s t
