@@ -613,6 +613,19 @@ fn fpdu_sizes() {
         conn.iwarp().unwrap().mulpdu as u32 + 6 <= conn.iwarp().unwrap().emss,
         "{conn:?}"
     );
+    // Over loopback the EMSS is the MTU's (an IPv4 datagram's at most 65,535 octets, less
+    // IPv4, TCP and timestamps), not the half window the kernel first bounds its MSS by
+    // (32 KiB on a 64 KiB `lo`).
+    let lo_mtu: u32 = std::fs::read_to_string("/sys/class/net/lo/mtu")
+        .ok()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    if lo_mtu > 0 {
+        assert!(
+            conn.iwarp().unwrap().emss >= lo_mtu.min(65535).saturating_sub(52),
+            "lo MTU {lo_mtu}: {conn:?}"
+        );
+    }
 }
 
 /// MPA-71, MPA-67: the responder rejects with private data; the initiator sees it and its

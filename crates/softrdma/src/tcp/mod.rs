@@ -369,10 +369,41 @@ pub(crate) fn prepare_stream(stream: &TcpStream) -> Result<u32, Error> {
 
 /// The connected socket's EMSS (the fallback if the system does not say).
 pub(crate) fn emss(sock: socket2::SockRef<'_>) -> u32 {
-    sock.tcp_mss()
+    let mss = sock
+        .tcp_mss()
         .ok()
         .filter(|&m| m > 0)
-        .unwrap_or(FALLBACK_EMSS)
+        .unwrap_or(FALLBACK_EMSS);
+    loopback_mss(&sock).map_or(mss, |m| m.max(mss))
+}
+
+/// IP and TCP headers with the timestamp option, which Linux puts on every segment.
+const TCP_IP_HEADERS: [u32; 2] = [20 + 20 + 12, 40 + 20 + 12];
+
+/// The MSS of a loopback connection's MTU. The kernel first bounds a connection's MSS by
+/// half the peer's largest window so far (32 KiB on `lo`, whose MTU is 64 KiB) and reaches
+/// the MTU's within the first window: FPDUs sized at connect time would stay half of every
+/// later segment. No router clamps a loopback path, so its MTU is the one to go by.
+fn loopback_mss(sock: &socket2::SockRef<'_>) -> Option<u32> {
+    let peer = sock.peer_addr().ok()?.as_socket()?;
+    let ip = match peer.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer.ip(), Into::into),
+        v4 => v4,
+    };
+    if !ip.is_loopback() {
+        return None;
+    }
+    let (mtu, headers) = match peer {
+        SocketAddr::V4(_) => (
+            rustix::net::sockopt::ip_mtu(&**sock).ok()?,
+            TCP_IP_HEADERS[0],
+        ),
+        SocketAddr::V6(_) => (
+            rustix::net::sockopt::ipv6_mtu(&**sock).ok()?,
+            TCP_IP_HEADERS[1],
+        ),
+    };
+    mtu.checked_sub(headers)
 }
 
 /// Where the progress thread answers a `connect` or an `accept`: a blocked caller or a task.
