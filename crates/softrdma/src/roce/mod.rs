@@ -885,11 +885,9 @@ fn id_syndromes(payload_len: usize) -> Ipv4IdSyndromes {
         let at = kept
             .iter()
             .position(|s| s.is_some_and(|s| s.payload_len() == payload_len));
-        let s = match at {
-            Some(i) => kept[i].take(),
-            None => None,
-        }
-        .unwrap_or_else(|| Ipv4IdSyndromes::new(payload_len));
+        let s = at
+            .and_then(|i| kept[i].take())
+            .unwrap_or_else(|| Ipv4IdSyndromes::new(payload_len));
         // Most recent first: the one found (or made) moves to the front.
         let end = at.unwrap_or(ID_SYNDROME_LENGTHS - 1);
         kept[..=end].rotate_right(1);

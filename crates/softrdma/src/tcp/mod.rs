@@ -377,8 +377,8 @@ pub(crate) fn emss(sock: socket2::SockRef<'_>) -> u32 {
     loopback_mss(&sock).map_or(mss, |m| m.max(mss))
 }
 
-/// IP and TCP headers with the timestamp option, which Linux puts on every segment.
-const TCP_IP_HEADERS: [u32; 2] = [20 + 20 + 12, 40 + 20 + 12];
+/// A TCP header with the timestamp option, which Linux puts on every segment.
+const TCP_HEADER_WITH_TIMESTAMPS: u32 = 20 + 12;
 
 /// The MSS of a loopback connection's MTU. The kernel first bounds a connection's MSS by
 /// half the peer's largest window so far (32 KiB on `lo`, whose MTU is 64 KiB) and reaches
@@ -393,17 +393,11 @@ fn loopback_mss(sock: &socket2::SockRef<'_>) -> Option<u32> {
     if !ip.is_loopback() {
         return None;
     }
-    let (mtu, headers) = match peer {
-        SocketAddr::V4(_) => (
-            rustix::net::sockopt::ip_mtu(&**sock).ok()?,
-            TCP_IP_HEADERS[0],
-        ),
-        SocketAddr::V6(_) => (
-            rustix::net::sockopt::ipv6_mtu(&**sock).ok()?,
-            TCP_IP_HEADERS[1],
-        ),
+    let (mtu, ip_header) = match peer {
+        SocketAddr::V4(_) => (rustix::net::sockopt::ip_mtu(&**sock).ok()?, 20),
+        SocketAddr::V6(_) => (rustix::net::sockopt::ipv6_mtu(&**sock).ok()?, 40),
     };
-    mtu.checked_sub(headers)
+    mtu.checked_sub(ip_header + TCP_HEADER_WITH_TIMESTAMPS)
 }
 
 /// Where the progress thread answers a `connect` or an `accept`: a blocked caller or a task.
