@@ -182,12 +182,15 @@ fn rate(
     Ok(done as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
+/// One test's figure over client `c`: NULL calls per second, or Gb/s of large results or
+/// arguments.
+fn measure(c: &Client, a: &RpcBenchArgs, test: RpcTest) -> Result<f64, String> {
     let d = Duration::from_secs_f64(a.duration);
-    let run = |t: RpcTest| a.tests.contains(&t);
     let gbps = |calls: f64| calls * a.size as f64 * 8.0 / 1e9;
-    let null = run(RpcTest::Null).then(|| {
-        rate(
+    let size = a.size;
+    let mut bad = 0usize;
+    match test {
+        RpcTest::Null => rate(
             c,
             a.depth,
             d,
@@ -203,64 +206,56 @@ fn measure(c: &Client, a: &RpcBenchArgs) -> Result<Figures, String> {
                 .expect("start")
             },
             |_| {},
-        )
-    });
-    let null = null.transpose()?;
-    let size = a.size;
-    let space = ReplySpace {
-        max: 256,
-        ddp: Some(size),
-    };
-    let args = Payload::from((size as u32).to_be_bytes().to_vec());
-    let mut bad = 0usize;
-    let large = run(RpcTest::Results).then(|| {
-        rate(
-            c,
-            a.large_depth.max(1),
-            d,
-            |c| c.start_with(PROG, 1, FETCH, &args, space).expect("start"),
-            |r| {
-                let n = r
-                    .bulk
-                    .as_ref()
-                    .map_or(r.results.len().saturating_sub(4), |b| b.len());
-                if n != size {
-                    bad += 1;
-                }
-            },
-        )
-    });
-    let large = large.transpose()?;
-    if bad > 0 {
-        return Err(format!("{bad} large calls came back short"));
+        ),
+        RpcTest::Results => {
+            let space = ReplySpace {
+                max: 256,
+                ddp: Some(size),
+            };
+            let args = Payload::from((size as u32).to_be_bytes().to_vec());
+            let calls = rate(
+                c,
+                a.large_depth.max(1),
+                d,
+                |c| c.start_with(PROG, 1, FETCH, &args, space).expect("start"),
+                |r| {
+                    let n = r
+                        .bulk
+                        .as_ref()
+                        .map_or(r.results.len().saturating_sub(4), |b| b.len());
+                    if n != size {
+                        bad += 1;
+                    }
+                },
+            )?;
+            match bad {
+                0 => Ok(gbps(calls)),
+                _ => Err(format!("{bad} large calls came back short")),
+            }
+        }
+        RpcTest::Args => {
+            let data = vec![0xA5u8; size];
+            let store = Payload::with_opaque(Vec::new(), &data);
+            let calls = rate(
+                c,
+                a.large_depth.max(1),
+                d,
+                |c| {
+                    c.start_with(PROG, 1, STORE, &store, ReplySpace { max: 64, ddp: None })
+                        .expect("start")
+                },
+                |r| {
+                    if r.results != (size as u32).to_be_bytes() {
+                        bad += 1;
+                    }
+                },
+            )?;
+            match bad {
+                0 => Ok(gbps(calls)),
+                _ => Err(format!("{bad} large arguments arrived short")),
+            }
+        }
     }
-    let data = vec![0xA5u8; size];
-    let store = Payload::with_opaque(Vec::new(), &data);
-    let stored = run(RpcTest::Args).then(|| {
-        rate(
-            c,
-            a.large_depth.max(1),
-            d,
-            |c| {
-                c.start_with(PROG, 1, STORE, &store, ReplySpace { max: 64, ddp: None })
-                    .expect("start")
-            },
-            |r| {
-                if r.results != (size as u32).to_be_bytes() {
-                    bad += 1;
-                }
-            },
-        )
-    });
-    let stored = stored.transpose()?;
-    if bad > 0 {
-        return Err(format!("{bad} large arguments arrived short"));
-    }
-    Ok(Figures {
-        null_per_s: null,
-        large_gbps: large.map(gbps),
-        args_gbps: stored.map(gbps),
-    })
 }
 
 /// Server and client contexts on 127.0.0.1 and 127.0.0.2 (RoCE: one free UDP port).
@@ -347,14 +342,34 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         large_gbps: None,
         args_gbps: None,
     };
-    let r = match a.only {
-        Some(RpcSide::Tcp) => none,
-        _ => measure(&rdma, a)?,
-    };
-    let t = match a.only {
-        Some(RpcSide::Rdma) => none,
-        _ => measure(&tcp, a)?,
-    };
+    let (mut r, mut t, mut write) = (none, none, None);
+    // Test by test, each figure next to the ones it is set against: this machine's speed
+    // drifts by more than the differences measured from one half-minute to the next.
+    for test in [RpcTest::Null, RpcTest::Results, RpcTest::Args] {
+        if !a.tests.contains(&test) {
+            continue;
+        }
+        if test == RpcTest::Results && a.only.is_none() {
+            // `perf` runs its raw TCP stream first: its RDMA Write ends where the calls
+            // begin.
+            write = Some(plain_write(a)?);
+        }
+        let x = match a.only {
+            Some(RpcSide::Tcp) => None,
+            _ => Some(measure(&rdma, a, test)?),
+        };
+        let y = match a.only {
+            Some(RpcSide::Rdma) => None,
+            _ => Some(measure(&tcp, a, test)?),
+        };
+        for (f, v) in [(&mut r, x), (&mut t, y)] {
+            match test {
+                RpcTest::Null => f.null_per_s = v,
+                RpcTest::Results => f.large_gbps = v,
+                RpcTest::Args => f.args_gbps = v,
+            }
+        }
+    }
     let counters = a.counters.then(|| {
         let mut s = String::new();
         s.push_str(&crate::counters::qp(
@@ -367,11 +382,6 @@ fn bench(a: &RpcBenchArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         s
     });
     drop((rdma, rdma_conn, tcp, rdma_srv, tcp_srv));
-    let write = if a.tests.contains(&RpcTest::Results) && a.only.is_none() {
-        Some(plain_write(a)?)
-    } else {
-        None
-    };
     let ratio = |x: Option<f64>, y: Option<f64>| Some(x? / y?);
     if a.json {
         let doc = serde_json::json!({
