@@ -609,7 +609,9 @@ impl Connection {
             }
         }
         let largest = usize::from(framer.mulpdu());
-        while fits(out, framer.encoded_len(largest)) {
+        // Most calls find nothing to send (a transmit pass looks again after each write):
+        // no FPDU is opened and rewound for them.
+        while self.engine.wants_transmit() && fits(out, framer.encoded_len(largest)) {
             let framed = match framer.open(out) {
                 // Without Markers the engine writes the ULPDU into its FPDU.
                 Some(o) => {
