@@ -189,24 +189,26 @@ fn measure(c: &Client, a: &RpcBenchArgs, test: RpcTest) -> Result<f64, String> {
     let gbps = |calls: f64| calls * a.size as f64 * 8.0 / 1e9;
     let size = a.size;
     let mut bad = 0usize;
-    match test {
-        RpcTest::Null => rate(
-            c,
-            a.depth,
-            d,
-            |c| {
-                // A NULL reply is 24 octets: no Reply chunk needed (the ULB's maximum).
-                c.start_with(
-                    PROG,
-                    1,
-                    NULL,
-                    &Payload::default(),
-                    ReplySpace { max: 64, ddp: None },
-                )
-                .expect("start")
-            },
-            |_| {},
-        ),
+    let (calls, short) = match test {
+        RpcTest::Null => {
+            return rate(
+                c,
+                a.depth,
+                d,
+                |c| {
+                    // A NULL reply is 24 octets: no Reply chunk needed (the ULB's maximum).
+                    c.start_with(
+                        PROG,
+                        1,
+                        NULL,
+                        &Payload::default(),
+                        ReplySpace { max: 64, ddp: None },
+                    )
+                    .expect("start")
+                },
+                |_| {},
+            );
+        }
         RpcTest::Results => {
             let space = ReplySpace {
                 max: 256,
@@ -228,10 +230,7 @@ fn measure(c: &Client, a: &RpcBenchArgs, test: RpcTest) -> Result<f64, String> {
                     }
                 },
             )?;
-            match bad {
-                0 => Ok(gbps(calls)),
-                _ => Err(format!("{bad} large calls came back short")),
-            }
+            (calls, "large calls came back short")
         }
         RpcTest::Args => {
             let data = vec![0xA5u8; size];
@@ -250,11 +249,12 @@ fn measure(c: &Client, a: &RpcBenchArgs, test: RpcTest) -> Result<f64, String> {
                     }
                 },
             )?;
-            match bad {
-                0 => Ok(gbps(calls)),
-                _ => Err(format!("{bad} large arguments arrived short")),
-            }
+            (calls, "large arguments arrived short")
         }
+    };
+    match bad {
+        0 => Ok(gbps(calls)),
+        n => Err(format!("{n} {short}")),
     }
 }
 
