@@ -128,6 +128,10 @@ pub fn bye(addr: SocketAddr) -> io::Result<()> {
 /// waits on all of them with epoll (as the iWARP driver's background thread does). The time
 /// runs until every octet was read. What the kernel itself does with `n` connections: how
 /// much of softrdma's fall from one QP to many is the kernel's own.
+///
+/// Each connection writes from its own `size`-octet slot and is read into its own slot, as
+/// each QP of the RDMA rows Writes from and into its own: with many connections the memory
+/// touched per round is as large (and as cold) on both sides of the comparison.
 pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
@@ -147,16 +151,22 @@ pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
         let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLET, i as u64);
         epoll.add(r.as_fd(), ev).map_err(io::Error::from)?;
     }
-    let mut buf = PageBuf::zeroed(size.max(1) as usize);
-    buf.as_mut_slice().fill(0x5a);
+    let slot = size.max(1) as usize;
+    let mut src = PageBuf::zeroed(slot * n as usize);
+    for (i, s) in src.as_mut_slice().chunks_mut(slot).enumerate() {
+        s.fill(slot_octet(i));
+    }
+    let mut dst = PageBuf::zeroed(slot * n as usize);
     let start = Instant::now();
     let (rounds, read) = std::thread::scope(|s| -> Result<(u64, u64), PerfError> {
-        let reader = s.spawn(|| -> io::Result<u64> {
-            let mut rbuf = PageBuf::zeroed(64 * 1024);
+        let dst = &mut dst;
+        let reader = s.spawn(move || -> io::Result<u64> {
             let mut events = vec![EpollEvent::empty(); 256];
             let (mut total, mut open) = (0u64, readers.len());
             // An ended socket may be reported again (its hang-up after its last read).
             let mut ended = vec![false; readers.len()];
+            // Where the next octets of each connection land in its slot.
+            let mut at = vec![0usize; readers.len()];
             while open > 0 {
                 let k = match epoll.wait(&mut events, EpollTimeout::from(1000u16)) {
                     Ok(k) => k,
@@ -171,13 +181,17 @@ pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
                     let mut r = &readers[i];
                     // Edge-triggered: read until the socket is empty or ended.
                     loop {
-                        match r.read(rbuf.as_mut_slice()) {
+                        let into = &mut dst.as_mut_slice()[i * slot..][at[i]..slot];
+                        match r.read(into) {
                             Ok(0) => {
                                 ended[i] = true;
                                 open -= 1;
                                 break;
                             }
-                            Ok(m) => total += m as u64,
+                            Ok(m) => {
+                                total += m as u64;
+                                at[i] = (at[i] + m) % slot;
+                            }
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                             Err(e) => return Err(e),
@@ -190,8 +204,8 @@ pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
         let mut done = 0u64;
         let wrote = (|| -> io::Result<()> {
             while !limit.reached(done, start) {
-                for mut w in &writers {
-                    w.write_all(buf.as_slice())?;
+                for (mut w, from) in writers.iter().zip(src.as_slice().chunks(slot)) {
+                    w.write_all(from)?;
                 }
                 done += 1;
             }
@@ -217,7 +231,17 @@ pub fn rounds(n: u32, size: u32, limit: Limit) -> Result<Bw, PerfError> {
             "raw TCP scale baseline: read {read} octets of {want}"
         )));
     }
+    if rounds > 0 && dst.as_slice() != src.as_slice() {
+        return Err(PerfError::Protocol(
+            "raw TCP scale baseline: a connection's slot does not hold what it wrote".into(),
+        ));
+    }
     Ok(Bw::new(rounds * u64::from(n), size, elapsed))
+}
+
+/// The octet connection `i` of [`rounds`] writes (neighbours differ).
+fn slot_octet(i: usize) -> u8 {
+    (i % 251) as u8 ^ 0x5a
 }
 
 #[cfg(test)]
@@ -225,7 +249,8 @@ mod tests {
     use super::*;
 
     /// The scale baseline moves every octet it writes, one write per connection per round,
-    /// for one connection and for many, by count and by time.
+    /// for one connection and for many, by count and by time, each connection's octets into
+    /// its own slot (`rounds` fails when a slot differs from what its connection wrote).
     #[test]
     fn raw_scale_rounds_read_every_octet() {
         for (n, size) in [(1u32, 4096u32), (16, 4096), (64, 1000)] {
