@@ -1282,8 +1282,18 @@ impl Conn {
         if self.dead {
             return;
         }
+        self.submit_to_engine(ctx);
+        self.serve_submitted(ctx, bufs);
+    }
+
+    /// [`Conn::service`] right after the submission queues went to the engine: a second
+    /// look at them would find only what was posted since, and a post made while this
+    /// thread holds the driver is run from the ready list as it lets go.
+    fn serve_submitted(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
+        if self.dead {
+            return;
+        }
         loop {
-            self.submit_to_engine(ctx);
             self.transmit(ctx);
             self.events(ctx);
             self.collect(ctx, bufs);
@@ -1293,6 +1303,7 @@ impl Conn {
             if !again || self.dead {
                 break;
             }
+            self.submit_to_engine(ctx);
         }
         self.check_close();
     }
@@ -1304,7 +1315,7 @@ impl Conn {
         if self.dead || (!self.submit_to_engine(ctx) && self.quiet()) {
             return;
         }
-        self.service(ctx, bufs);
+        self.serve_submitted(ctx, bufs);
     }
 
     /// Established, in RTS, nothing waiting to be written or reported.
