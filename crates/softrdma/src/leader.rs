@@ -161,6 +161,8 @@ pub(crate) struct Leader<S> {
     want: AtomicUsize,
     /// The thread holding the slot (a hash of its id; 0: none).
     holder: AtomicU64,
+    /// The holder pushed a completion while a waiter was registered ([`Leader::woke_itself`]).
+    self_woken: AtomicBool,
     /// CQs whose waiters found the slot held by another caller: told when it is free.
     pending: Mutex<Vec<Weak<dyn Waiter>>>,
     bg: OnceLock<Thread>,
@@ -196,6 +198,7 @@ impl<S> Leader<S> {
             bg_holds: AtomicBool::new(false),
             want: AtomicUsize::new(0),
             holder: AtomicU64::new(0),
+            self_woken: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             bg: OnceLock::new(),
             bg_poll: Spin::new(BusyPoll::Adaptive { max: FLOW_POLL }),
@@ -228,6 +231,20 @@ impl<S> Leader<S> {
         if let Some(t) = self.bg.get() {
             t.unpark();
         }
+    }
+
+    /// The holder pushed a completion to a CQ that a thread waits on. A wake-up would only
+    /// reach the holder itself, and the waiter may be the holder: work its own turn ran
+    /// before blocking (a post scheduled while another thread had the driver) may be what
+    /// it waits for, after it last looked. So the holder's next wait does not sleep.
+    pub(crate) fn woke_itself(&self) {
+        self.self_woken.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Leader::woke_itself`] was called since the last look: if so, the turn
+    /// about to block polls without sleeping instead.
+    pub(crate) fn take_self_wake(&self) -> bool {
+        self.self_woken.load(Ordering::Relaxed) && self.self_woken.swap(false, Ordering::AcqRel)
     }
 
     /// The calling thread holds the slot.

@@ -1130,6 +1130,8 @@ impl Progress for RoceShared {
     fn wake(&self) {
         if !self.leader.is_holder() {
             self.wake_pipe.signal();
+        } else {
+            self.leader.woke_itself();
         }
     }
 
@@ -1187,6 +1189,10 @@ impl RoceShared {
         };
         if let Some(u) = until {
             wait = wait.min(u.saturating_duration_since(now));
+        }
+        // The timers may have completed what this thread waits for.
+        if self.leader.take_self_wake() {
+            wait = Duration::ZERO;
         }
         let ms = wait.as_micros().div_ceil(1000).min(1000) as u16;
         let mut fds = [

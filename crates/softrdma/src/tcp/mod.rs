@@ -312,6 +312,8 @@ impl Progress for TcpShared {
     fn wake(&self) {
         if !self.leader.is_holder() {
             let _ = self.waker.wake();
+        } else {
+            self.leader.woke_itself();
         }
     }
 }

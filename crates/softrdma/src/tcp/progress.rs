@@ -222,10 +222,15 @@ impl Driver {
 /// then run everything that is ready.
 pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> Turn {
     let now = Instant::now();
+    // Letting the driver go runs posts scheduled meanwhile, in this thread: their
+    // completions may be what this thread waits for (`Leader::woke_itself`).
     let mut timeout = ctx.lock_driver().timeout(now);
     if let Some(u) = until {
         let left = u.saturating_duration_since(now);
         timeout = Some(timeout.map_or(left, |t| t.min(left)));
+    }
+    if ctx.leader.take_self_wake() {
+        timeout = Some(Duration::ZERO);
     }
     if let Err(e) = slot.poll.poll(&mut slot.events, timeout)
         && e.kind() != io::ErrorKind::Interrupted
