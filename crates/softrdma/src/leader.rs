@@ -161,7 +161,7 @@ pub(crate) struct Leader<S> {
     want: AtomicUsize,
     /// The thread holding the slot (a hash of its id; 0: none).
     holder: AtomicU64,
-    /// The holder pushed a completion while a waiter was registered ([`Leader::woke_itself`]).
+    /// The holder pushed a completion while a waiter was registered ([`Leader::wake`]).
     self_woken: AtomicBool,
     /// CQs whose waiters found the slot held by another caller: told when it is free.
     pending: Mutex<Vec<Weak<dyn Waiter>>>,
@@ -233,16 +233,21 @@ impl<S> Leader<S> {
         }
     }
 
-    /// The holder pushed a completion to a CQ that a thread waits on. A wake-up would only
-    /// reach the holder itself, and the waiter may be the holder: work its own turn ran
-    /// before blocking (a post scheduled while another thread had the driver) may be what
-    /// it waits for, after it last looked. So the holder's next wait does not sleep.
-    pub(crate) fn woke_itself(&self) {
-        self.self_woken.store(true, Ordering::Release);
+    /// A completion was pushed to a CQ that a thread waits on: `interrupt` the thread that
+    /// waits on the sockets, unless that is the caller. Then the waiter may be the holder
+    /// itself, and what its own turn ran before blocking (a post scheduled while another
+    /// thread had the driver) may be what it waits for, after it last looked: its next
+    /// wait does not sleep instead ([`Leader::take_self_wake`]).
+    pub(crate) fn wake(&self, interrupt: impl FnOnce()) {
+        if self.is_holder() {
+            self.self_woken.store(true, Ordering::Release);
+        } else {
+            interrupt();
+        }
     }
 
-    /// Whether [`Leader::woke_itself`] was called since the last look: if so, the turn
-    /// about to block polls without sleeping instead.
+    /// Whether the holder woke itself ([`Leader::wake`]) since the last look: if so, the
+    /// turn about to block polls without sleeping instead.
     pub(crate) fn take_self_wake(&self) -> bool {
         self.self_woken.load(Ordering::Relaxed) && self.self_woken.swap(false, Ordering::AcqRel)
     }

@@ -1128,11 +1128,7 @@ impl Progress for RoceShared {
     }
 
     fn wake(&self) {
-        if !self.leader.is_holder() {
-            self.wake_pipe.signal();
-        } else {
-            self.leader.woke_itself();
-        }
+        self.leader.wake(|| self.wake_pipe.signal());
     }
 
     fn progress(&self, _cq: &CqShared) {

@@ -310,11 +310,9 @@ impl Progress for TcpShared {
     }
 
     fn wake(&self) {
-        if !self.leader.is_holder() {
+        self.leader.wake(|| {
             let _ = self.waker.wake();
-        } else {
-            self.leader.woke_itself();
-        }
+        });
     }
 }
 

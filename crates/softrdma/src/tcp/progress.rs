@@ -223,7 +223,7 @@ impl Driver {
 pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> Turn {
     let now = Instant::now();
     // Letting the driver go runs posts scheduled meanwhile, in this thread: their
-    // completions may be what this thread waits for (`Leader::woke_itself`).
+    // completions may be what this thread waits for (`Leader::wake`).
     let mut timeout = ctx.lock_driver().timeout(now);
     if let Some(u) = until {
         let left = u.saturating_duration_since(now);
