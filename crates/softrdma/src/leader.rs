@@ -535,6 +535,36 @@ mod tests {
         )
     }
 
+    /// A push by the thread that holds the slot interrupts nobody (it would be itself) and
+    /// makes its next wait a poll, once; anyone else's push interrupts the holder.
+    #[test]
+    fn a_wake_from_the_holder_marks_it_instead_of_interrupting() {
+        let l = Leader::new(());
+        let interrupts = Cell::new(0);
+        l.wake(|| interrupts.set(interrupts.get() + 1));
+        assert_eq!(interrupts.get(), 1);
+        assert!(!l.take_self_wake());
+        let (_w, weak) = waiter();
+        let seen = Cell::new(None);
+        assert!(l.drive(
+            weak,
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            &|| seen.get().is_some(),
+            || {},
+            |_, _| {
+                l.wake(|| interrupts.set(interrupts.get() + 1));
+                seen.set(Some((l.take_self_wake(), l.take_self_wake())));
+                Turn::Idle
+            },
+        ));
+        assert_eq!(seen.get(), Some((true, false)), "marked once");
+        assert_eq!(interrupts.get(), 1, "the holder did not interrupt itself");
+        l.wake(|| interrupts.set(interrupts.get() + 1));
+        assert_eq!(interrupts.get(), 2, "the slot let go: back to interrupting");
+    }
+
     #[test]
     fn an_arrival_makes_the_caller_poll_for_the_flow_then_sleep() {
         let flow = Duration::from_millis(2);

@@ -92,7 +92,16 @@ pub(crate) struct TcpShared {
     pub(crate) tap: TapSlot,
     /// The device's counters ([`IwarpDeviceCounters`]).
     pub(crate) stats: DeviceStats,
+    /// Tests: run once at the start of a caller's turn ([`progress::turn`]).
+    #[cfg(test)]
+    pub(crate) turn_hook: Mutex<Option<TurnHook>>,
+    /// Tests: how long that turn's poll was allowed to block.
+    #[cfg(test)]
+    pub(crate) hooked_poll: Mutex<Option<Option<Duration>>>,
 }
+
+#[cfg(test)]
+pub(crate) type TurnHook = Box<dyn FnOnce(&TcpShared) + Send>;
 
 /// What an iWARP context counted over all its connections (a snapshot of
 /// [`Context::counters`](crate::Context::counters)); each QP's own are its
@@ -176,6 +185,10 @@ impl TcpShared {
             thread: Mutex::new(None),
             tap: TapSlot::default(),
             stats: DeviceStats::default(),
+            #[cfg(test)]
+            turn_hook: Mutex::new(None),
+            #[cfg(test)]
+            hooked_poll: Mutex::new(None),
         });
         let weak: Weak<TcpShared> = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()
@@ -260,6 +273,13 @@ impl TcpShared {
             Some(mut d) => d.post(self, qp),
             None => self.schedule(qp),
         }
+    }
+
+    /// Runs the test hook if one is set; whether it ran.
+    #[cfg(test)]
+    pub(crate) fn run_turn_hook(&self) -> bool {
+        let hook = self.turn_hook.lock().take();
+        hook.map(|h| h(self)).is_some()
     }
 
     pub(crate) fn token(&self) -> mio::Token {
@@ -884,8 +904,8 @@ mod tests {
     use std::time::Duration;
 
     use crate::{
-        AcceptParams, Access, ConnectParams, Context, Cq, Listener, Pd, Qp, QpInitAttr, RecvWr,
-        SendWr, WcStatus,
+        AcceptParams, Access, BusyPoll, ConnectParams, Context, Cq, Listener, Pd, Qp, QpInitAttr,
+        RecvWr, SendWr, WcStatus,
     };
 
     const LONG: Duration = Duration::from_secs(60);
@@ -932,5 +952,50 @@ mod tests {
         scq.wait(1, 1, LONG, &mut wcs).unwrap();
         assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
         assert_eq!(&smr.to_vec()[..9], b"scheduled");
+    }
+
+    /// A post scheduled while another thread held the driver runs when the waiter's own
+    /// turn lets the driver go, just before it blocks: the completion its own thread pushed
+    /// makes that turn poll instead of sleeping until the wait's deadline (30 s stalls in
+    /// `perf -q 1`).
+    #[test]
+    fn a_completion_the_waiter_pushes_itself_before_it_blocks_is_seen_at_once() {
+        let (cctx, cpd, ccq, cqp) = side();
+        let (sctx, spd, scq, sqp) = side();
+        let smr = spd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        sqp.post_recv(RecvWr::new(1, [smr.sge(0, 64)])).unwrap();
+        let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
+        let addr = l.local_addr();
+        std::thread::scope(|s| {
+            let c = s.spawn(|| cqp.connect(addr, ConnectParams::default()).unwrap());
+            let req = l.accept_timeout(LONG).unwrap();
+            req.accept(&sqp, AcceptParams::default()).unwrap();
+            c.join().unwrap();
+        });
+        let cmr = cpd.alloc_mr(64, Access::empty()).unwrap();
+        cmr.copy_in(0, b"own turn").unwrap();
+        let sge = cmr.sge(0, 8);
+        let cqp = std::sync::Arc::new(cqp);
+        let q = cqp.clone();
+        let shared = cctx.shared.tcp().unwrap().clone();
+        ccq.set_busy_poll(BusyPoll::Off);
+        *shared.turn_hook.lock() = Some(Box::new(move |ctx| {
+            // As if another thread had the driver: the post waits in the ready list.
+            let held = ctx.driver.lock();
+            q.post_send(SendWr::send(7, [sge])).unwrap();
+            assert_eq!(ctx.ready.lock().len(), 1, "queued behind the holder");
+            drop(held);
+        }));
+        let mut wcs = Vec::new();
+        ccq.wait(1, 1, LONG, &mut wcs).unwrap();
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (7, WcStatus::Success));
+        assert_eq!(
+            *shared.hooked_poll.lock(),
+            Some(Some(Duration::ZERO)),
+            "the turn that ran the post blocked"
+        );
+        wcs.clear();
+        scq.wait(1, 1, LONG, &mut wcs).unwrap();
+        assert_eq!(&smr.to_vec()[..8], b"own turn");
     }
 }

@@ -221,6 +221,8 @@ impl Driver {
 /// One turn with the slot: wait on the sockets at most until `until` (and the next timer),
 /// then run everything that is ready.
 pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> Turn {
+    #[cfg(test)]
+    let hooked = ctx.leader.caller_holds() && ctx.run_turn_hook();
     let now = Instant::now();
     // Letting the driver go runs posts scheduled meanwhile, in this thread: their
     // completions may be what this thread waits for (`Leader::wake`).
@@ -231,6 +233,10 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
     }
     if ctx.leader.take_self_wake() {
         timeout = Some(Duration::ZERO);
+    }
+    #[cfg(test)]
+    if hooked {
+        *ctx.hooked_poll.lock() = Some(timeout);
     }
     if let Err(e) = slot.poll.poll(&mut slot.events, timeout)
         && e.kind() != io::ErrorKind::Interrupted
