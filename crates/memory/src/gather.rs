@@ -187,6 +187,12 @@ impl TxBuf {
         self.pieces.push_back(Piece::Tag(tag));
     }
 
+    /// Nothing queued and no tag to hand over: one idle queue is as good as another of the
+    /// same settings.
+    pub fn is_idle(&self) -> bool {
+        self.pieces.is_empty() && self.staged.is_empty() && self.passed.is_none()
+    }
+
     /// The last tag written past since the previous call.
     pub fn take_passed(&mut self) -> Option<u64> {
         self.passed.take()

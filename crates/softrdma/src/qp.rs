@@ -215,7 +215,10 @@ impl Qp {
     /// The engine's counters.
     pub fn counters(&self) -> QpCounters {
         match &self.inner {
-            Inner::Tcp(q) => *q.counters.lock(),
+            Inner::Tcp(q) => match self.ctx.tcp() {
+                Ok(drv) => drv.lock_driver().qp_counters(q),
+                Err(_) => *q.counters.lock(),
+            },
             Inner::Roce(q) => q.counters(),
         }
     }

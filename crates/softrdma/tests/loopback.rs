@@ -929,6 +929,8 @@ fn disconnect_flushes() {
         .unwrap();
     assert_ok(&client.wait(1)[0], 1, WcOpcode::Send, 10);
     assert_ok(&server.wait(1)[0], 0, WcOpcode::Recv, 10);
+    let (sent, got) = (client.qp.counters(), server.qp.counters());
+    assert!(sent.tx_units >= 1 && got.rx_units >= 1, "{sent:?} {got:?}");
     client.qp.disconnect().unwrap();
     let cw = client.wait(5);
     let sw = server.wait(4);
@@ -956,6 +958,9 @@ fn disconnect_flushes() {
         }
     }
     assert_eq!(server.qp.state(), QpState::Error);
+    // The connection is gone; the QP kept its counters.
+    let kept = server.qp.counters();
+    assert!(kept.rx_units >= got.rx_units, "{kept:?} {got:?}");
     // Posting on a dead QP completes at once, flushed.
     server.qp.post_recv(RecvWr::new(77, vec![])).unwrap();
     let w = server.wait(1);

@@ -103,6 +103,7 @@ proptest! {
         let (_t, src, _) = sources();
         let mut copy = Vec::new();
         let mut tx = TxBuf::new().with_min_reference(min_ref);
+        let mut spare = TxBuf::new().with_min_reference(min_ref);
         let mut wire = Vec::new();
         let mut next_tag = 0;
         let mut pending: Vec<(u64, usize)> = Vec::new();
@@ -140,6 +141,11 @@ proptest! {
             let due = pending.iter().filter(|(_, at)| *at <= wire.len()).map(|(t, _)| *t).max();
             prop_assert_eq!(tx.take_passed(), due);
             pending.retain(|(_, at)| *at > wire.len());
+            // An idle queue may be traded for another idle one (a driver's spare) unnoticed.
+            prop_assert_eq!(tx.is_idle(), tx.is_empty());
+            if tx.is_idle() {
+                std::mem::swap(&mut tx, &mut spare);
+            }
         }
         let mut all = |iov: &[std::io::IoSlice<'_>]| {
             Ok::<_, ()>(iov.iter().map(|s| { wire.extend_from_slice(s); s.len() }).sum())
@@ -149,6 +155,20 @@ proptest! {
         prop_assert_eq!(tx.references(), 0);
         prop_assert_eq!(tx.take_passed(), pending.last().map(|(t, _)| *t));
     }
+}
+
+/// A tag recorded on an empty queue is passed at once: the queue is not idle until it is
+/// taken.
+#[test]
+fn a_tag_not_taken_keeps_the_queue_busy() {
+    let mut tx = TxBuf::new();
+    assert!(tx.is_idle());
+    tx.push_tag(3);
+    assert!(!tx.is_idle() && tx.is_empty());
+    assert_eq!(tx.take_passed(), Some(3));
+    assert!(tx.is_idle());
+    tx.staged().extend_from_slice(b"hdr");
+    assert!(!tx.is_idle());
 }
 
 /// A reference is re-validated when written (RDMAP-120): once its key is revoked the write

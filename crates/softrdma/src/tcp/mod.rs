@@ -634,6 +634,7 @@ pub(crate) struct TcpQp {
     /// Negotiated ORD (`u32::MAX` before the connection).
     pub(crate) ord: AtomicU32,
     pub(crate) conn: Mutex<Option<ConnectionInfo>>,
+    /// Its counters once its connection let it go (before, the engine has them).
     pub(crate) counters: Mutex<QpCounters>,
     pub(crate) last_event: Mutex<Option<QpEvent>>,
 }
@@ -702,19 +703,30 @@ impl TcpQp {
             .map_err(|(_, e)| e)
     }
 
-    /// Checks and queues send requests in order, then hands them to the engine at once (one
-    /// write for the lot, not one per message); stops at the first refused one and returns
-    /// its index. Those queued before it are sent.
+    /// Checks send requests in order and hands them to the engine, then writes the lot at
+    /// once (one write, not one per message); stops at the first refused one and returns
+    /// its index. Those before it are sent.
+    ///
+    /// With the driver free and nothing queued before them they go to the engine
+    /// directly; otherwise they wait in the submission queue for whoever holds the driver.
     pub(crate) fn post_send_list(
         self: &Arc<Self>,
         drv: &TcpShared,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, Error)> {
         let lim = send_limits(self.cap.max_send_sge, self.cap.max_inline_data);
+        let mut wrs = wrs.into_iter().enumerate();
+        if let Some(mut d) = drv.try_lock_driver()
+            && let Some(res) = d.post_sends(drv, self, &mut wrs, |wr, direct| {
+                self.admit(drv, &lim, wr, direct)
+            })
+        {
+            return res;
+        }
         let mut res = Ok(());
         let mut queued = 0;
-        for (i, wr) in wrs.into_iter().enumerate() {
-            if let Err(e) = self.queue_send(drv, &lim, wr) {
+        for (i, wr) in wrs {
+            if let Err(e) = self.admit(drv, &lim, wr, false) {
                 res = Err((i, e));
                 break;
             }
@@ -726,7 +738,15 @@ impl TcpQp {
         res
     }
 
-    fn queue_send(&self, drv: &TcpShared, lim: &SendLimits, mut wr: SendWr) -> Result<(), Error> {
+    /// Checks a send request and accounts for it: returned for the engine when `direct`
+    /// and nothing waits in the submission queue before it, else queued there.
+    pub(crate) fn admit(
+        &self,
+        drv: &TcpShared,
+        lim: &SendLimits,
+        mut wr: SendWr,
+        direct: bool,
+    ) -> Result<Option<CheckedSend>, Error> {
         if self.sq_sig_all {
             wr.flags |= SendFlags::SIGNALED;
         }
@@ -740,9 +760,12 @@ impl TcpQp {
         if outstanding >= u64::from(self.cap.max_send_wr) {
             return Err(PostError::QueueFull.into());
         }
-        sub.sq.push_back(SqItem::Send(wr));
         self.sq_posted.fetch_add(1, Ordering::Release);
-        Ok(())
+        if direct && sub.sq.is_empty() {
+            return Ok(Some(wr));
+        }
+        sub.sq.push_back(SqItem::Send(wr));
+        Ok(None)
     }
 
     /// Queues a checked receive request.

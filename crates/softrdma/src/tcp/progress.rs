@@ -36,7 +36,7 @@ use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
 use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
 use softrdma_memory::{PdId, QpId, TxBuf, TxSink};
 use softrdma_verbs_types::{
-    CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
+    CheckedRecv, CheckedSend, PostError, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::leader::Turn;
@@ -82,6 +82,9 @@ struct Bufs {
     rx: Vec<u8>,
     send_wcs: Vec<WorkCompletion>,
     recv_wcs: Vec<WorkCompletion>,
+    /// The transmit queue a connection with nothing queued writes through
+    /// ([`Conn::transmit`]).
+    tx: TxBuf,
 }
 
 struct Conn {
@@ -213,6 +216,7 @@ impl Driver {
                 rx: vec![0u8; RX_CHUNK],
                 send_wcs: Vec::new(),
                 recv_wcs: Vec::new(),
+                tx: TxBuf::new(),
             },
         }
     }
@@ -377,6 +381,54 @@ impl Driver {
         } else if qp.state().is_dead() {
             flush_orphan(ctx, qp);
         }
+    }
+
+    /// Send requests of `qp` posted while this thread holds the driver: `admit(wr, true)`
+    /// checks each and returns it unless it had to queue behind others; those go to the
+    /// engine here, without a trip through the submission queue, then out. `None` (and
+    /// nothing taken from `wrs`) when the QP has no established connection: they queue.
+    pub(crate) fn post_sends(
+        &mut self,
+        ctx: &TcpShared,
+        qp: &Arc<TcpQp>,
+        wrs: &mut impl Iterator<Item = (usize, SendWr)>,
+        mut admit: impl FnMut(SendWr, bool) -> Result<Option<CheckedSend>, Error>,
+    ) -> Option<Result<(), (usize, Error)>> {
+        let t = *self.qp_conn.get(&qp.qpn)?;
+        let c = self.conns.get(&t)?;
+        if c.dead || !c.established || !c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp)) {
+            return None;
+        }
+        let c = touch(&mut self.conns, &mut self.touched, t)?;
+        let (mut res, mut handed, mut queued) = (Ok(()), false, false);
+        for (i, wr) in wrs {
+            match admit(wr, true) {
+                Ok(Some(wr)) => {
+                    c.hand_send(qp, wr);
+                    handed = true;
+                }
+                Ok(None) => queued = true,
+                Err(e) => {
+                    res = Err((i, e));
+                    break;
+                }
+            }
+        }
+        if queued {
+            c.posted(ctx, &mut self.bufs);
+        } else if handed {
+            c.serve_submitted(ctx, &mut self.bufs);
+        }
+        Some(res)
+    }
+
+    /// `qp`'s counters: its connection's engine's while it has one, else those it kept.
+    pub(crate) fn qp_counters(&self, qp: &Arc<TcpQp>) -> QpCounters {
+        self.qp_conn
+            .get(&qp.qpn)
+            .and_then(|t| self.conns.get(t))
+            .filter(|c| c.established && c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp)))
+            .map_or_else(|| *qp.counters.lock(), Conn::counters)
     }
 
     fn timeout(&mut self, now: Instant) -> Option<Duration> {
@@ -570,7 +622,7 @@ impl Driver {
                     } else {
                         c.dead = true;
                     }
-                    c.qp = None;
+                    c.detach_qp();
                 }
                 let mut sub = qp.sub.lock();
                 sub.sq.clear();
@@ -799,7 +851,7 @@ impl Driver {
             if c.write_side != WriteSide::Closed {
                 c.tap_fin();
             }
-            if let Some(qp) = c.qp.take() {
+            if let Some(qp) = c.detach_qp() {
                 if self.qp_conn.get(&qp.qpn) == Some(&t) {
                     self.qp_conn.remove(&qp.qpn);
                 }
@@ -1305,7 +1357,7 @@ impl Conn {
             return;
         }
         loop {
-            self.transmit(ctx);
+            self.transmit(ctx, &mut bufs.tx);
             self.events(ctx);
             self.collect(ctx, bufs);
             // A queue overran: the Terminate and the flushes go out now.
@@ -1404,16 +1456,7 @@ impl Conn {
             }
         }
         for wr in sends.drain(..) {
-            let wr_id = wr.wr_id;
-            let opcode = wr.opcode.wc_opcode();
-            match engine.post_checked(wr) {
-                Ok(()) => self.sq_in_engine += 1,
-                Err(e) => {
-                    qp.sq_retired.fetch_add(1, Ordering::AcqRel);
-                    let mut v = vec![error_wc(wr_id, post_error_status(&e), opcode)];
-                    self.cq_overrun |= qp.send_cq.push(&mut v) == Pushed::Overrun;
-                }
-            }
+            self.hand_send(&qp, wr);
         }
         self.sends = sends;
         self.recvs = recvs;
@@ -1429,15 +1472,40 @@ impl Conn {
         handed
     }
 
-    fn transmit(&mut self, ctx: &TcpShared) {
+    /// One send request to the engine; refused, it completes in error at once.
+    fn hand_send(&mut self, qp: &TcpQp, wr: CheckedSend) {
+        let wr_id = wr.wr_id;
+        let opcode = wr.opcode.wc_opcode();
+        match self.iw.engine_mut().post_checked(wr) {
+            Ok(()) => self.sq_in_engine += 1,
+            Err(e) => {
+                qp.sq_retired.fetch_add(1, Ordering::AcqRel);
+                let mut v = vec![error_wc(wr_id, post_error_status(&e), opcode)];
+                self.cq_overrun |= qp.send_cq.push(&mut v) == Pushed::Overrun;
+            }
+        }
+    }
+
+    /// Frames and writes what the engine has to send. An idle transmit queue trades places
+    /// with the driver's `spare` for it: the spare's memory is in cache from the last
+    /// connection that wrote, this one's, among a thousand connections, is not. It goes
+    /// back unless octets stay queued (the socket was full).
+    fn transmit(&mut self, ctx: &TcpShared, spare: &mut TxBuf) {
+        let borrowed = self.tx.is_idle();
+        if borrowed {
+            std::mem::swap(&mut self.tx, spare);
+        }
         loop {
             self.fill_tx();
             let more = !self.tx.is_empty() && self.flush_tx(ctx);
             // Sends whose last octet is written complete (RDMAP-80).
             self.iw.transmitted(&mut self.tx);
             if !more {
-                return;
+                break;
             }
+        }
+        if borrowed && self.tx.is_idle() {
+            std::mem::swap(&mut self.tx, spare);
         }
     }
 
@@ -1572,11 +1640,22 @@ impl Conn {
                 event: ev,
             });
         }
-        let counters = QpCounters::from_iwarp(engine.counters());
-        let mut c = qp.counters.lock();
-        if *c != counters {
-            *c = counters;
+    }
+
+    /// The engine's counters; read when asked (`Qp::counters`), and kept in the QP when the
+    /// connection lets it go: copying them after every message touched several cold lines
+    /// per QP.
+    fn counters(&self) -> QpCounters {
+        QpCounters::from_iwarp(self.iw.engine().counters())
+    }
+
+    /// Lets the QP go, its counters kept.
+    fn detach_qp(&mut self) -> Option<Arc<TcpQp>> {
+        let qp = self.qp.take()?;
+        if self.established {
+            *qp.counters.lock() = self.counters();
         }
+        Some(qp)
     }
 
     /// Shuts the write side once a dead stream's last octets are out; a connection whose
