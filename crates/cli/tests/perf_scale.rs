@@ -97,3 +97,32 @@ fn a_list_from_the_binary() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--qp") && err.contains("1..=65536"), "{err}");
 }
+
+/// ISSUE12-DONE-4, memory: a thousand idle connected RC QPs cost at most 64 KiB each, on
+/// both transports (the RSS the connections added, in a process of its own; two QPs per
+/// connection over loopback). A RoCE QP once kept a 270 KB batch of datagrams from birth.
+#[test]
+fn idle_qps_stay_small() {
+    const PER_QP: u64 = 64 * 1024;
+    for transport in ["iwarp", "roce"] {
+        let v = common::softrdma_json(&[
+            "perf",
+            "--loopback",
+            "--transport",
+            transport,
+            "-q",
+            "1024",
+            "-n",
+            "1",
+            "--json",
+        ]);
+        let row = &v["scale"][0];
+        assert_eq!(row["qps"], 1024, "{v}");
+        let idle = row["idle_bytes_per_connection"].as_u64().unwrap();
+        let ends = row["ends_here"].as_u64().unwrap();
+        assert!(
+            idle <= ends * PER_QP,
+            "{transport}: {idle} octets per idle connection ({ends} QPs)"
+        );
+    }
+}

@@ -292,6 +292,15 @@ struct TxBuf {
     batch: Vec<Transmit>,
 }
 
+thread_local! {
+    /// The datagrams a thread builds and sends for a QP ([`RoceShared::transmit`]): one per
+    /// sending thread, not one per QP (a batch is 270 KB; a thousand idle QPs held one each).
+    static TX_SCRATCH: std::cell::RefCell<TxBuf> = std::cell::RefCell::new(TxBuf {
+        dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
+        batch: Vec::with_capacity(SEND_BATCH),
+    });
+}
+
 /// [`RoceQpShared::tx_pending`]: a flush found the sender busy.
 const TX_PENDING: u8 = 1;
 /// ... and it was to send held ACKs too ([`Hold::Nothing`]).
@@ -303,7 +312,7 @@ pub(crate) struct RoceQpShared {
     /// Held by the thread that sends this QP's datagrams. It lets the engine go for each
     /// system call: a thread that posts meanwhile queues its requests and leaves them to
     /// that sender (lock order: `tx`, then `engine`).
-    tx: Mutex<TxBuf>,
+    tx: Mutex<()>,
     /// Set (under the engine lock) by a flush that left its datagrams to the sender; the
     /// sender looks again after its system call ([`TX_PENDING`], [`TX_PENDING_ALL`]).
     tx_pending: AtomicU8,
@@ -477,8 +486,8 @@ impl RoceShared {
     /// Error drops it).
     fn flush_now(&self, q: &RoceQpShared, e: &mut EngineGuard<'_>, now: Instant) {
         deliver(q, e);
-        let mut tx = MutexGuard::unlocked(e, || q.tx.lock());
-        self.transmit(q, e, &mut tx, now, Hold::Nothing, usize::MAX);
+        let _sender = MutexGuard::unlocked(e, || q.tx.lock());
+        self.transmit(q, e, now, Hold::Nothing, usize::MAX);
     }
 
     /// [`flush`](Self::flush) of at most `batches` batches of datagrams; `true` when the QP
@@ -493,7 +502,7 @@ impl RoceShared {
     ) -> bool {
         deliver(q, e);
         match q.tx.try_lock() {
-            Some(mut tx) => self.transmit(q, e, &mut tx, now, hold, batches),
+            Some(_sender) => self.transmit(q, e, now, hold, batches),
             None => {
                 // The sender is in a system call, the engine let go: it looks again when
                 // it comes back, under this lock.
@@ -511,10 +520,31 @@ impl RoceShared {
         }
     }
 
-    /// The sender's part of a flush: batches of datagrams built under the engine lock and
-    /// sent without it, until the engine has nothing more (or `batches` are out: then
-    /// `true`).
+    /// The sender's part of a flush (the caller holds `q.tx`): batches of datagrams built
+    /// under the engine lock and sent without it, until the engine has nothing more (or
+    /// `batches` are out: then `true`).
     fn transmit(
+        &self,
+        q: &RoceQpShared,
+        e: &mut EngineGuard<'_>,
+        now: Instant,
+        hold: Hold,
+        batches: usize,
+    ) -> bool {
+        TX_SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut tx) => self.transmit_with(q, e, &mut tx, now, hold, batches),
+            // Sending for another QP further up this thread's stack.
+            Err(_) => {
+                let mut tx = TxBuf {
+                    dgram: Vec::new(),
+                    batch: Vec::new(),
+                };
+                self.transmit_with(q, e, &mut tx, now, hold, batches)
+            }
+        })
+    }
+
+    fn transmit_with(
         &self,
         q: &RoceQpShared,
         e: &mut EngineGuard<'_>,
@@ -1338,10 +1368,7 @@ impl RoceShared {
                     wcs: Vec::new(),
                     posted: 0,
                 }),
-                tx: Mutex::new(TxBuf {
-                    dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
-                    batch: Vec::with_capacity(SEND_BATCH),
-                }),
+                tx: Mutex::new(()),
                 tx_pending: AtomicU8::new(0),
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
