@@ -927,8 +927,8 @@ mod tests {
     use std::time::Duration;
 
     use crate::{
-        AcceptParams, Access, BusyPoll, ConnectParams, Context, Cq, Listener, Pd, Qp, QpInitAttr,
-        RecvWr, SendWr, WcStatus,
+        AcceptParams, Access, BusyPoll, ConnectParams, Context, Cq, Listener, Mr, Pd, Qp,
+        QpInitAttr, RecvWr, SendWr, WcStatus,
     };
 
     const LONG: Duration = Duration::from_secs(60);
@@ -941,23 +941,30 @@ mod tests {
         (ctx, pd, cq, qp)
     }
 
-    /// A Send posted while another thread holds the driver is queued (the post returns at
-    /// once), and goes out when the holder lets the driver go: nobody has to be woken for
-    /// it.
-    #[test]
-    fn a_post_while_the_driver_is_held_runs_when_it_is_let_go() {
-        let (cctx, cpd, _ccq, cqp) = side();
+    /// A server side `client` is connected to, with a 64-octet receive posted: the side
+    /// (kept alive), its CQ and the receive's region.
+    fn serve(client: &Qp) -> ((Context, Pd, Qp), Cq, Mr) {
         let (sctx, spd, scq, sqp) = side();
         let smr = spd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
         sqp.post_recv(RecvWr::new(1, [smr.sge(0, 64)])).unwrap();
         let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
         let addr = l.local_addr();
         std::thread::scope(|s| {
-            let c = s.spawn(|| cqp.connect(addr, ConnectParams::default()).unwrap());
+            let c = s.spawn(|| client.connect(addr, ConnectParams::default()).unwrap());
             let req = l.accept_timeout(LONG).unwrap();
             req.accept(&sqp, AcceptParams::default()).unwrap();
             c.join().unwrap();
         });
+        ((sctx, spd, sqp), scq, smr)
+    }
+
+    /// A Send posted while another thread holds the driver is queued (the post returns at
+    /// once), and goes out when the holder lets the driver go: nobody has to be woken for
+    /// it.
+    #[test]
+    fn a_post_while_the_driver_is_held_runs_when_it_is_let_go() {
+        let (cctx, cpd, _ccq, cqp) = side();
+        let (_server, scq, smr) = serve(&cqp);
         let cmr = cpd.alloc_mr(64, Access::empty()).unwrap();
         cmr.copy_in(0, b"scheduled").unwrap();
         let shared = cctx.shared.tcp().unwrap().clone();
@@ -984,17 +991,7 @@ mod tests {
     #[test]
     fn a_completion_the_waiter_pushes_itself_before_it_blocks_is_seen_at_once() {
         let (cctx, cpd, ccq, cqp) = side();
-        let (sctx, spd, scq, sqp) = side();
-        let smr = spd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-        sqp.post_recv(RecvWr::new(1, [smr.sge(0, 64)])).unwrap();
-        let l = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
-        let addr = l.local_addr();
-        std::thread::scope(|s| {
-            let c = s.spawn(|| cqp.connect(addr, ConnectParams::default()).unwrap());
-            let req = l.accept_timeout(LONG).unwrap();
-            req.accept(&sqp, AcceptParams::default()).unwrap();
-            c.join().unwrap();
-        });
+        let (_server, scq, smr) = serve(&cqp);
         let cmr = cpd.alloc_mr(64, Access::empty()).unwrap();
         cmr.copy_in(0, b"own turn").unwrap();
         let sge = cmr.sge(0, 8);
