@@ -613,6 +613,27 @@ pub(crate) struct Submissions {
     pub(crate) rq: VecDeque<CheckedRecv>,
 }
 
+/// Accounts for a checked request under its submission queue's lock (`posted`, `retired`,
+/// the queue's depth): returned for the engine when `direct` and nothing waits before it,
+/// else queued (`wrap`ped).
+fn enqueue<T, Q>(
+    queue: &mut VecDeque<Q>,
+    (posted, retired, depth): (&AtomicU64, &AtomicU64, u32),
+    wr: T,
+    wrap: impl FnOnce(T) -> Q,
+    direct: bool,
+) -> Result<Option<T>, Error> {
+    if posted.load(Ordering::Relaxed) - retired.load(Ordering::Acquire) >= u64::from(depth) {
+        return Err(PostError::QueueFull.into());
+    }
+    posted.fetch_add(1, Ordering::Release);
+    if direct && queue.is_empty() {
+        return Ok(Some(wr));
+    }
+    queue.push_back(wrap(wr));
+    Ok(None)
+}
+
 pub(crate) struct TcpQp {
     pub(crate) qpn: u32,
     pub(crate) pd: PdId,
@@ -706,27 +727,35 @@ impl TcpQp {
     /// Checks send requests in order and hands them to the engine, then writes the lot at
     /// once (one write, not one per message); stops at the first refused one and returns
     /// its index. Those before it are sent.
-    ///
-    /// With the driver free and nothing queued before them they go to the engine
-    /// directly; otherwise they wait in the submission queue for whoever holds the driver.
     pub(crate) fn post_send_list(
         self: &Arc<Self>,
         drv: &TcpShared,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, Error)> {
         let lim = send_limits(self.cap.max_send_sge, self.cap.max_inline_data);
+        self.post_list(drv, wrs, |wr, direct| self.admit(drv, &lim, wr, direct))
+    }
+
+    /// Posts checked requests in order, up to the first refused one. With the driver free
+    /// and nothing queued before them they go to the engine directly; otherwise they wait
+    /// in the submission queue for whoever holds the driver (`admit(wr, direct)` checks one
+    /// and returns it for the engine, or queues it).
+    fn post_list<W, C: progress::Hand>(
+        self: &Arc<Self>,
+        drv: &TcpShared,
+        wrs: impl IntoIterator<Item = W>,
+        admit: impl Fn(W, bool) -> Result<Option<C>, Error>,
+    ) -> Result<(), (usize, Error)> {
         let mut wrs = wrs.into_iter().enumerate();
         if let Some(mut d) = drv.try_lock_driver()
-            && let Some(res) = d.post_sends(drv, self, &mut wrs, |wr, direct| {
-                self.admit(drv, &lim, wr, direct)
-            })
+            && let Some(res) = d.post_direct(drv, self, &mut wrs, &admit)
         {
             return res;
         }
         let mut res = Ok(());
         let mut queued = 0;
         for (i, wr) in wrs {
-            if let Err(e) = self.admit(drv, &lim, wr, false) {
+            if let Err(e) = admit(wr, false) {
                 res = Err((i, e));
                 break;
             }
@@ -755,17 +784,8 @@ impl TcpQp {
         }
         let wr = check_send(wr, lim, &drv.keys, self.pd)?;
         let mut sub = self.sub.lock();
-        let outstanding =
-            self.sq_posted.load(Ordering::Relaxed) - self.sq_retired.load(Ordering::Acquire);
-        if outstanding >= u64::from(self.cap.max_send_wr) {
-            return Err(PostError::QueueFull.into());
-        }
-        self.sq_posted.fetch_add(1, Ordering::Release);
-        if direct && sub.sq.is_empty() {
-            return Ok(Some(wr));
-        }
-        sub.sq.push_back(SqItem::Send(wr));
-        Ok(None)
+        let room = (&self.sq_posted, &self.sq_retired, self.cap.max_send_wr);
+        enqueue(&mut sub.sq, room, wr, SqItem::Send, direct)
     }
 
     /// Queues a checked receive request.
@@ -773,8 +793,7 @@ impl TcpQp {
         self.post_recv_list(drv, [wr]).map_err(|(_, e)| e)
     }
 
-    /// Queues checked receive requests in order, up to the first refused one; one
-    /// submission to the engine for all of them.
+    /// Checks and posts receive requests in order, up to the first refused one.
     pub(crate) fn post_recv_list(
         self: &Arc<Self>,
         drv: &TcpShared,
@@ -783,31 +802,20 @@ impl TcpQp {
         if self.srq.is_some() {
             return Err((0, Error::SrqAttached));
         }
-        let mut res = Ok(());
-        let mut queued = 0;
-        for (i, wr) in wrs.into_iter().enumerate() {
-            let wr = match check_recv(wr, self.cap.max_recv_sge, &drv.keys, self.pd) {
-                Ok(wr) => wr,
-                Err(e) => {
-                    res = Err((i, e.into()));
-                    break;
-                }
-            };
-            let mut sub = self.sub.lock();
-            let outstanding =
-                self.rq_posted.load(Ordering::Relaxed) - self.rq_retired.load(Ordering::Acquire);
-            if outstanding >= u64::from(self.cap.max_recv_wr) {
-                res = Err((i, PostError::QueueFull.into()));
-                break;
-            }
-            sub.rq.push_back(wr);
-            self.rq_posted.fetch_add(1, Ordering::Release);
-            queued += 1;
-        }
-        if queued > 0 {
-            drv.submit(self);
-        }
-        res
+        self.post_list(drv, wrs, |wr, direct| self.admit_recv(drv, wr, direct))
+    }
+
+    /// [`TcpQp::admit`] for a receive request.
+    fn admit_recv(
+        &self,
+        drv: &TcpShared,
+        wr: RecvWr,
+        direct: bool,
+    ) -> Result<Option<CheckedRecv>, Error> {
+        let wr = check_recv(wr, self.cap.max_recv_sge, &drv.keys, self.pd)?;
+        let mut sub = self.sub.lock();
+        let room = (&self.rq_posted, &self.rq_retired, self.cap.max_recv_wr);
+        enqueue(&mut sub.rq, room, wr, |wr| wr, direct)
     }
 
     /// Local Invalidate in send-queue order; returns when it ran.

@@ -36,7 +36,7 @@ use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
 use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
 use softrdma_memory::{PdId, QpId, TxBuf, TxSink};
 use softrdma_verbs_types::{
-    CheckedRecv, CheckedSend, PostError, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::leader::Turn;
@@ -87,7 +87,7 @@ struct Bufs {
     tx: TxBuf,
 }
 
-struct Conn {
+pub(crate) struct Conn {
     token: Token,
     stream: TcpStream,
     local: SocketAddr,
@@ -383,16 +383,16 @@ impl Driver {
         }
     }
 
-    /// Send requests of `qp` posted while this thread holds the driver: `admit(wr, true)`
-    /// checks each and returns it unless it had to queue behind others; those go to the
-    /// engine here, without a trip through the submission queue, then out. `None` (and
-    /// nothing taken from `wrs`) when the QP has no established connection: they queue.
-    pub(crate) fn post_sends(
+    /// Requests of `qp` posted while this thread holds the driver: `admit(wr, true)` checks
+    /// each and returns it unless it had to queue behind others; those go to the engine
+    /// here, without a trip through the submission queue, and out. `None` (and nothing taken
+    /// from `wrs`) when the QP has no established connection: they queue.
+    pub(crate) fn post_direct<W, C: Hand>(
         &mut self,
         ctx: &TcpShared,
         qp: &Arc<TcpQp>,
-        wrs: &mut impl Iterator<Item = (usize, SendWr)>,
-        mut admit: impl FnMut(SendWr, bool) -> Result<Option<CheckedSend>, Error>,
+        wrs: &mut impl Iterator<Item = (usize, W)>,
+        admit: impl Fn(W, bool) -> Result<Option<C>, Error>,
     ) -> Option<Result<(), (usize, Error)>> {
         let t = *self.qp_conn.get(&qp.qpn)?;
         let c = self.conns.get(&t)?;
@@ -400,11 +400,11 @@ impl Driver {
             return None;
         }
         let c = touch(&mut self.conns, &mut self.touched, t)?;
-        let (mut res, mut handed, mut queued) = (Ok(()), false, false);
+        let (mut res, mut handed, mut serve, mut queued) = (Ok(()), false, false, false);
         for (i, wr) in wrs {
             match admit(wr, true) {
                 Ok(Some(wr)) => {
-                    c.hand_send(qp, wr);
+                    serve |= wr.hand(c, qp);
                     handed = true;
                 }
                 Ok(None) => queued = true,
@@ -416,7 +416,7 @@ impl Driver {
         }
         if queued {
             c.posted(ctx, &mut self.bufs);
-        } else if handed {
+        } else if serve || (handed && !c.quiet()) {
             c.serve_submitted(ctx, &mut self.bufs);
         }
         Some(res)
@@ -866,6 +866,26 @@ impl Driver {
                 }
             }
         }
+    }
+}
+
+/// A checked request a connection's engine takes ([`Driver::post_direct`]).
+pub(crate) trait Hand {
+    /// Into `c`'s engine; `true` when the connection must be served (a send to write, a
+    /// refused request's completion).
+    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool;
+}
+
+impl Hand for CheckedSend {
+    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool {
+        c.hand_send(qp, self);
+        true
+    }
+}
+
+impl Hand for CheckedRecv {
+    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool {
+        c.hand_recv(qp, self)
     }
 }
 
@@ -1438,22 +1458,8 @@ impl Conn {
         // Posting happens without the submission lock: an INLINE copy or a key check must
         // never wait while a poster waits for that lock.
         let mut handed = !sends.is_empty() || invalidate.is_some();
-        let engine = self.iw.engine_mut();
         for wr in recvs.drain(..) {
-            let wr_id = wr.wr_id;
-            let copy = (!established).then(|| wr.clone());
-            match engine.post_checked_recv(wr) {
-                Ok(()) => {
-                    self.rq_in_engine += 1;
-                    self.early_rq.extend(copy);
-                }
-                Err(e) => {
-                    handed = true;
-                    qp.rq_retired.fetch_add(1, Ordering::AcqRel);
-                    let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
-                    self.cq_overrun |= qp.recv_cq.push(&mut v) == Pushed::Overrun;
-                }
-            }
+            handed |= self.hand_recv(&qp, wr);
         }
         for wr in sends.drain(..) {
             self.hand_send(&qp, wr);
@@ -1470,6 +1476,26 @@ impl Conn {
             }
         }
         handed
+    }
+
+    /// One receive request to the engine (before the connection is up, a copy is kept in
+    /// `early_rq`); refused, it completes in error at once (then `true`).
+    fn hand_recv(&mut self, qp: &TcpQp, wr: CheckedRecv) -> bool {
+        let wr_id = wr.wr_id;
+        let copy = (!self.established).then(|| wr.clone());
+        match self.iw.engine_mut().post_checked_recv(wr) {
+            Ok(()) => {
+                self.rq_in_engine += 1;
+                self.early_rq.extend(copy);
+                false
+            }
+            Err(e) => {
+                qp.rq_retired.fetch_add(1, Ordering::AcqRel);
+                let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
+                self.cq_overrun |= qp.recv_cq.push(&mut v) == Pushed::Overrun;
+                true
+            }
+        }
     }
 
     /// One send request to the engine; refused, it completes in error at once.
