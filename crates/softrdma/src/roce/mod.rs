@@ -287,6 +287,7 @@ type EngineGuard<'a> = MutexGuard<'a, Engine>;
 
 /// The sender's role of a QP: datagrams of one transmit batch, back to back, and where
 /// each lies and goes.
+#[derive(Default)]
 struct TxBuf {
     dgram: Vec<u8>,
     batch: Vec<Transmit>,
@@ -299,6 +300,15 @@ thread_local! {
         dgram: Vec::with_capacity(SEND_BATCH * MAX_DATAGRAM),
         batch: Vec::with_capacity(SEND_BATCH),
     });
+}
+
+/// `f` with this thread's [`TX_SCRATCH`]; a fresh buffer while it is in use further up the
+/// stack (a send for another QP).
+fn with_tx_scratch<R>(f: impl FnOnce(&mut TxBuf) -> R) -> R {
+    TX_SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut tx) => f(&mut tx),
+        Err(_) => f(&mut TxBuf::default()),
+    })
 }
 
 /// [`RoceQpShared::tx_pending`]: a flush found the sender busy.
@@ -487,7 +497,7 @@ impl RoceShared {
     fn flush_now(&self, q: &RoceQpShared, e: &mut EngineGuard<'_>, now: Instant) {
         deliver(q, e);
         let _sender = MutexGuard::unlocked(e, || q.tx.lock());
-        self.transmit(q, e, now, Hold::Nothing, usize::MAX);
+        with_tx_scratch(|tx| self.transmit(q, e, tx, now, Hold::Nothing, usize::MAX));
     }
 
     /// [`flush`](Self::flush) of at most `batches` batches of datagrams; `true` when the QP
@@ -502,7 +512,7 @@ impl RoceShared {
     ) -> bool {
         deliver(q, e);
         match q.tx.try_lock() {
-            Some(_sender) => self.transmit(q, e, now, hold, batches),
+            Some(_sender) => with_tx_scratch(|tx| self.transmit(q, e, tx, now, hold, batches)),
             None => {
                 // The sender is in a system call, the engine let go: it looks again when
                 // it comes back, under this lock.
@@ -520,31 +530,10 @@ impl RoceShared {
         }
     }
 
-    /// The sender's part of a flush (the caller holds `q.tx`): batches of datagrams built
-    /// under the engine lock and sent without it, until the engine has nothing more (or
+    /// The sender's part of a flush (the caller holds `q.tx`; `tx` is scratch): batches of
+    /// datagrams built under the engine lock and sent without it, until the engine has nothing more (or
     /// `batches` are out: then `true`).
     fn transmit(
-        &self,
-        q: &RoceQpShared,
-        e: &mut EngineGuard<'_>,
-        now: Instant,
-        hold: Hold,
-        batches: usize,
-    ) -> bool {
-        TX_SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut tx) => self.transmit_with(q, e, &mut tx, now, hold, batches),
-            // Sending for another QP further up this thread's stack.
-            Err(_) => {
-                let mut tx = TxBuf {
-                    dgram: Vec::new(),
-                    batch: Vec::new(),
-                };
-                self.transmit_with(q, e, &mut tx, now, hold, batches)
-            }
-        })
-    }
-
-    fn transmit_with(
         &self,
         q: &RoceQpShared,
         e: &mut EngineGuard<'_>,

@@ -769,7 +769,7 @@ impl TcpQp {
 
     /// Checks a send request and accounts for it: returned for the engine when `direct`
     /// and nothing waits in the submission queue before it, else queued there.
-    pub(crate) fn admit(
+    fn admit(
         &self,
         drv: &TcpShared,
         lim: &SendLimits,

@@ -394,11 +394,7 @@ impl Driver {
         wrs: &mut impl Iterator<Item = (usize, W)>,
         admit: impl Fn(W, bool) -> Result<Option<C>, Error>,
     ) -> Option<Result<(), (usize, Error)>> {
-        let t = *self.qp_conn.get(&qp.qpn)?;
-        let c = self.conns.get(&t)?;
-        if c.dead || !c.established || !c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp)) {
-            return None;
-        }
+        let t = self.established_conn(qp).filter(|t| !self.conns[t].dead)?;
         let c = touch(&mut self.conns, &mut self.touched, t)?;
         let (mut res, mut handed, mut serve, mut queued) = (Ok(()), false, false, false);
         for (i, wr) in wrs {
@@ -424,11 +420,15 @@ impl Driver {
 
     /// `qp`'s counters: its connection's engine's while it has one, else those it kept.
     pub(crate) fn qp_counters(&self, qp: &Arc<TcpQp>) -> QpCounters {
-        self.qp_conn
-            .get(&qp.qpn)
-            .and_then(|t| self.conns.get(t))
-            .filter(|c| c.established && c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp)))
-            .map_or_else(|| *qp.counters.lock(), Conn::counters)
+        self.established_conn(qp)
+            .map_or_else(|| *qp.counters.lock(), |t| self.conns[&t].counters())
+    }
+
+    /// The established connection that carries `qp`.
+    fn established_conn(&self, qp: &Arc<TcpQp>) -> Option<Token> {
+        let t = *self.qp_conn.get(&qp.qpn)?;
+        let c = self.conns.get(&t)?;
+        (c.established && c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp))).then_some(t)
     }
 
     fn timeout(&mut self, now: Instant) -> Option<Duration> {
