@@ -173,3 +173,11 @@ fn target_bounds() {
     assert_eq!(at.fetch_add(4, 1).unwrap_err(), AccessError::Alignment);
     assert!(format!("{at:?}").contains("Target"));
 }
+
+/// Every checked work request carries its targets by value through the post path: they
+/// stay within one cache line.
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn a_target_fits_a_cache_line() {
+    assert!(std::mem::size_of::<Target>() <= 64);
+}
