@@ -584,6 +584,31 @@ fn rpcrdma_02_04_credits_bound_the_calls_in_flight() {
     });
 }
 
+/// RPCRDMA-05: with one credit each way, every call's reply and the next call find a posted
+/// Receive, though consumed Receive buffers are posted again only several at a time.
+#[test]
+fn rpcrdma_05_one_credit_many_calls_in_a_row() {
+    both(|t| {
+        let one = RdmaConfig {
+            credits: 1,
+            ..RdmaConfig::default()
+        };
+        let r = rig(t, one);
+        let (c, tr) = r.client(one);
+        for i in 0..40usize {
+            c.call(PROG, 1, proc::NULL, &[]).unwrap();
+            let data = pattern(100 + i, i as u8);
+            let args = Payload::with_opaque(vec![0, 0, 0, 1], &data);
+            let got = c
+                .call_with(PROG, 1, proc::SUM, &args, ReplySpace::default())
+                .unwrap();
+            assert_eq!(&got.results[8..16], &sum(&data).to_be_bytes(), "{t:?} {i}");
+        }
+        assert_eq!(tr.granted(), 1);
+        assert_eq!(tr.stats().errors, 0, "{t:?}");
+    });
+}
+
 /// Many calls in flight from several threads, every form mixed, every result checked.
 #[test]
 fn mixed_calls_in_flight() {
