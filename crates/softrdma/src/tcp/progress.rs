@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -1558,7 +1558,7 @@ impl Conn {
                 ..
             } = self;
             let r = self.tx.write_with(|iov| {
-                let r = stream.write_vectored(iov);
+                let r = crate::net::send_vectored(stream, iov);
                 if let Ok(n) = r {
                     DeviceStats::add(&ctx.stats.octets_tx, n);
                     if let (Some(t), 1..) = (tap, n) {
