@@ -37,6 +37,8 @@
 #
 # Options: --sizes "100 4096"  --ud-sizes "1 100 1024"  --count N (pingpong -n, default 100)
 #          --perf-size N (default 65536)  --perf-count N (default 100)  --loss PCT (default 2)
+#          --perf-more-sizes "2 4097 1048576" (the Write, Read and Send perftest cases again at
+#                              these sizes, named ...-s<size>; not under loss)
 #          --rping-sizes "26 64 4096 65535"  --rping-count N (default 10)  --cm-loss PCT (default 5)
 #          --cm-connects N (default 20)  --no-cm
 #          --no-perftest  --no-lossy  --no-build  --only REGEX (case names)
@@ -58,6 +60,8 @@ SIZES="100 4096"
 UD_SIZES="1 100 1024"
 COUNT=100
 PERF_SIZE=65536 PERF_COUNT=100
+# The smallest message, one over a page, 1 MiB (multi-packet at every path MTU).
+PERF_MORE_SIZES="2 4097 1048576"
 LOSS=2
 PP_TIMEOUT=120 LOSSY_TIMEOUT=300 PERF_TIMEOUT=240
 PERFTEST=1 LOSSY=1 BUILD_BIN=1 SELFCHECK=0 ONLY=""
@@ -69,6 +73,7 @@ while [ $# -gt 0 ]; do
     --ud-sizes) UD_SIZES=$2; shift ;;
     --count) COUNT=$2; shift ;;
     --perf-size) PERF_SIZE=$2; shift ;;
+    --perf-more-sizes) PERF_MORE_SIZES=$2; shift ;;
     --perf-count) PERF_COUNT=$2; shift ;;
     --loss) LOSS=$2; shift ;;
     --timeout) PP_TIMEOUT=$2; LOSSY_TIMEOUT=$2; PERF_TIMEOUT=$2; shift ;;
@@ -246,11 +251,12 @@ check_perftest_r() {  # the guest's perftest printed its result line; our server
     { echo "no perftest result line"; return 1; }
   section "$1" host | grep -q "perftest session done" || { echo "softrdma perf --perftest did not finish its session"; return 1; }
 }
-check_perftest_r_client() {  # both printed a result line for 65536 octets x 200
+R_SIZE=65536
+check_perftest_r_client() {  # both printed a result line for R_SIZE octets x 200
   local side
   for side in guest host; do
-    section "$1" $side | grep -qE '^ *65536[[:space:]]+200[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+' ||
-      { echo "no result line from the $side"; return 1; }
+    section "$1" $side | grep -qE "^ *$R_SIZE[[:space:]]+200[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+" ||
+      { echo "no result line for $R_SIZE octets from the $side"; return 1; }
   done
 }
 check_udaddy() {  # both sides moved their messages
@@ -287,15 +293,21 @@ cm_cases() {
       --host "$BIN rping -s --transport roce -a $HOST_ROCE -C $RPING_COUNT -S $s -V -v -d" \
       --guest "rping -c -a $HOST_ROCE -C $RPING_COUNT -S $s -V -v"
   done
-  for t in ib_write_bw ib_read_bw ib_send_bw; do
-    run_case "$t-R-host-server" check_perftest_r --host-first --delay 2 --timeout 180 \
-      --host "$BIN perf --server --perftest --transport roce -B $HOST_ROCE -p $OOB_PORT" \
-      --guest "$t -d rxe0 -x $GIDX -R -F -s 65536 -n 200 -p $OOB_PORT $HOST_ROCE"
-    local op=${t#ib_}; op=${op%_bw}
-    run_case "$t-R-guest-server" check_perftest_r_client --guest-first --wait-port "$OOB_PORT" --timeout 180 \
-      --guest "$t -d rxe0 -x $GIDX -R -F -s 65536 -n 200 -p $OOB_PORT" \
-      --host "$BIN perf --perftest -R --transport roce --test $op -p $OOB_PORT -s 65536 -n 200 $GUEST_ROCE"
+  local z n
+  for z in 65536 $PERF_MORE_SIZES; do
+    n=""; [ "$z" = 65536 ] || n="-s$z"
+    R_SIZE=$z
+    for t in ib_write_bw ib_read_bw ib_send_bw; do
+      run_case "$t-R-host-server$n" check_perftest_r --host-first --delay 2 --timeout 180 \
+        --host "$BIN perf --server --perftest --transport roce -B $HOST_ROCE -p $OOB_PORT" \
+        --guest "$t -d rxe0 -x $GIDX -R -F -s $z -n 200 -p $OOB_PORT $HOST_ROCE"
+      local op=${t#ib_}; op=${op%_bw}
+      run_case "$t-R-guest-server$n" check_perftest_r_client --guest-first --wait-port "$OOB_PORT" --timeout 180 \
+        --guest "$t -d rxe0 -x $GIDX -R -F -s $z -n 200 -p $OOB_PORT" \
+        --host "$BIN perf --perftest -R --transport roce --test $op -p $OOB_PORT -s $z -n 200 $GUEST_ROCE"
+    done
   done
+  R_SIZE=65536
   run_case "udaddy-guest-server" check_udaddy --guest-first --wait-port 7174 --timeout 120 \
     --guest "udaddy" --host "$BIN udaddy -s $GUEST_ROCE"
   run_case "udaddy-host-server" check_udaddy --host-first --delay 2 --timeout 120 \
@@ -392,8 +404,8 @@ pp_cases() {  # PREFIX TIMEOUT
   done
 }
 
-perftest_cases() {  # PREFIX TIMEOUT
-  local p=$1 to=$2 t
+perftest_cases() {  # PREFIX TIMEOUT [MORE-SIZES: Write and Read again, named ...-s<size>]
+  local p=$1 to=$2 t z size=$PERF_SIZE
   for t in write read atomic; do
     if ! have_perf_roce; then
       selected "$p""ib_${t}_bw-guest-server" &&
@@ -402,6 +414,13 @@ perftest_cases() {  # PREFIX TIMEOUT
     fi
     run_case "$p""ib_${t}_bw-guest-server" check_perf --guest-first --wait-port "$OOB_PORT" --timeout "$to" \
       --guest "$(guest_perf "$t")" --host "$(host_perf "$t")"
+    [ "$t" = atomic ] && continue
+    for z in ${3:-}; do
+      PERF_SIZE=$z
+      run_case "$p""ib_${t}_bw-guest-server-s$z" check_perf --guest-first --wait-port "$OOB_PORT" --timeout "$to" \
+        --guest "$(guest_perf "$t")" --host "$(host_perf "$t")"
+      PERF_SIZE=$size
+    done
   done
 }
 
@@ -474,7 +493,7 @@ if start_vm; then
   else
     pp_cases "" "$PP_TIMEOUT"
     own_capture_case
-    [ "$PERFTEST" = 1 ] && perftest_cases "" "$PERF_TIMEOUT"
+    [ "$PERFTEST" = 1 ] && perftest_cases "" "$PERF_TIMEOUT" "$PERF_MORE_SIZES"
     [ "$CM" = 1 ] && cm_cases
     [ "$CM" = 1 ] && [ "$LOSSY" = 1 ] && lossy_cm_cases
     [ "$LOSSY" = 1 ] && lossy_cases

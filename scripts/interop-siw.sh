@@ -10,6 +10,8 @@
 #   rping-s-S<size>        guest rping -c     vs  softrdma rping -s (-C 10 -S size -V)
 #   ib_{write,read,send}_bw  guest ib_*_bw -R  vs  softrdma perf --server --perftest
 #   ib_{write,read}_bw-R-guest-server  guest ib_*_bw -R server  vs  softrdma perf --perftest -R
+#                          (65536-octet messages; the same cases with -s<size> appended run
+#                          the other sizes of --perf-sizes)
 #   rping-c-S1000-own-pcap our client's own --pcap capture decodes strictly, holds the
 #                          messages the bridge saw, and its --counters match the exchange
 #   crc-...                the rping cases again against siw built with SIW_MPA_CRC=1
@@ -36,6 +38,7 @@
 # network namespace and taps); takes a few minutes under TCG.
 #
 # Options: --sizes "26 64 ..."  --count N  --no-crc  --no-perftest  --no-build
+#          --perf-sizes "65536 2 ..." (perftest message sizes; the lossy cases run 65536)
 #          --only REGEX (case names)  --out DIR (logs and pcaps; default target/interop-siw)
 #          --mtu N (the VM's NIC and the bridge, e.g. 9000: jumbo frames, larger FPDUs)
 #          --rx-direct-min N (softrdma reads payloads of N octets and more straight into
@@ -59,6 +62,8 @@ COUNT=10
 CRC=1 PERFTEST=1 BUILD_BIN=1 MTU=""
 LOSS=2 LOSSY=1 LOSSY_SIZES="64 4096 65535" LOSSY_COUNT=100 LOSSY_TIMEOUT=300
 KILL=1 KILL_AFTER=20
+# perftest message sizes: the smallest, one over a page, over a 64 KiB FPDU's worth, 1 MiB.
+PERF_SIZES="65536 2 4097 1048576"
 # Per-case limits of the plain cases (the lossy ones raise them).
 RPING_TIMEOUT=120 PERF_TIMEOUT=180
 OUT=$REPO/target/interop-siw
@@ -68,6 +73,7 @@ while [ $# -gt 0 ]; do
     --count) COUNT=$2; shift ;;
     --no-crc) CRC=0 ;;
     --no-perftest) PERFTEST=0 ;;
+    --perf-sizes) PERF_SIZES=$2; shift ;;
     --no-build) BUILD_BIN=0 ;;
     --only) ONLY=$2; shift ;;
     --out) OUT=$2; shift ;;
@@ -213,12 +219,13 @@ rping_cases() {  # CASE-PREFIX CHECK-PREFIX [EXTRA-FLAGS-OF-OUR-CLIENT]
   done
 }
 
-check_perftest_client() {  # both printed a result line for 65536 octets x 200
+PERF_SIZE=65536
+check_perftest_client() {  # both printed a result line for PERF_SIZE octets x 200
   local side
   for side in guest host; do
     awk -v want="=== $side " 'index($0, "=== ") == 1 { on = (index($0, want) == 1); next } on' "$1" |
-      grep -qE '^ *65536[[:space:]]+200[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+' ||
-      { echo "no result line from the $side"; return 1; }
+      grep -qE "^ *$PERF_SIZE[[:space:]]+200[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+" ||
+      { echo "no result line for $PERF_SIZE octets from the $side"; return 1; }
   done
 }
 
@@ -232,21 +239,26 @@ g_close_race() {
   echo "[ \$r != 0 ] && awk '/^[[:space:]]*[0-9]+[[:space:]]+[0-9]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+/ { t = 1 } /Bad wc status 2/ && t { b = 1 } /^Failed to close connection between server and client/ && b { f = 1 } END { exit !f }' $1 && { echo \"--- siw close race: exit \$r after the result line\"; r=0; }"
 }
 
-perftest_cases() {  # [CASE-PREFIX]
-  local p=${1:-} t
-  for t in ib_write_bw ib_read_bw ib_send_bw; do
-    run_case "$p$t-R" check_perftest --host-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
-      --host "$BIN perf --server --perftest -B $HOST_SIW -p 18515" \
-      --guest "$t -d siw0 -R -F -s 65536 -n 200 $HOST_SIW"
-  done
-  # Our client of perftest's rdma_cm servers (Send over iWARP would need perftest's credit
-  # scheme on the client side, which ours does not keep).
-  for t in write read; do
-    run_case "${p}ib_${t}_bw-R-guest-server" check_perftest_client --guest-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
-      --guest "ib_${t}_bw -d siw0 -R -F -s 65536 -n 200 > /tmp/psrv.out 2>&1; r=\$?; cat /tmp/psrv.out
+perftest_cases() {  # [CASE-PREFIX [SIZES]]: 65536-octet cases keep their plain names
+  local p=${1:-} t z n
+  for z in ${2:-$PERF_SIZES}; do
+    n=""; [ "$z" = 65536 ] || n="-s$z"
+    PERF_SIZE=$z
+    for t in ib_write_bw ib_read_bw ib_send_bw; do
+      run_case "$p$t-R$n" check_perftest --host-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
+        --host "$BIN perf --server --perftest -B $HOST_SIW -p 18515" \
+        --guest "$t -d siw0 -R -F -s $z -n 200 $HOST_SIW"
+    done
+    # Our client of perftest's rdma_cm servers (Send over iWARP would need perftest's credit
+    # scheme on the client side, which ours does not keep).
+    for t in write read; do
+      run_case "${p}ib_${t}_bw-R-guest-server$n" check_perftest_client --guest-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
+        --guest "ib_${t}_bw -d siw0 -R -F -s $z -n 200 > /tmp/psrv.out 2>&1; r=\$?; cat /tmp/psrv.out
 $(g_close_race /tmp/psrv.out); exit \$r" \
-      --host "$BIN perf --perftest -R --test $t -p 18515 -s 65536 -n 200 $GUEST_SIW"
+        --host "$BIN perf --perftest -R --test $t -p 18515 -s $z -n 200 $GUEST_SIW"
+    done
   done
+  PERF_SIZE=65536
 }
 
 start_vm() {  # BUILD-DIR
@@ -322,7 +334,7 @@ lossy_cases() {
   local sizes=$SIZES count=$COUNT rt=$RPING_TIMEOUT pt=$PERF_TIMEOUT
   SIZES=$LOSSY_SIZES COUNT=$LOSSY_COUNT RPING_TIMEOUT=$LOSSY_TIMEOUT PERF_TIMEOUT=$LOSSY_TIMEOUT
   rping_cases "lossy-" "softrdma_"
-  [ "$PERFTEST" = 1 ] && perftest_cases "lossy-"
+  [ "$PERFTEST" = 1 ] && perftest_cases "lossy-" 65536
   SIZES=$sizes COUNT=$count RPING_TIMEOUT=$rt PERF_TIMEOUT=$pt
   loss_off
 }
