@@ -585,7 +585,7 @@ fn rpcrdma_02_04_credits_bound_the_calls_in_flight() {
 }
 
 /// RPCRDMA-05: with one credit each way, every call's reply and the next call find a posted
-/// Receive, though consumed Receive buffers are posted again only several at a time.
+/// Receive (each consumed Receive buffer is posted again before its message is looked at).
 #[test]
 fn rpcrdma_05_one_credit_many_calls_in_a_row() {
     both(|t| {

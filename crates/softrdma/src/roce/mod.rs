@@ -531,8 +531,8 @@ impl RoceShared {
     }
 
     /// The sender's part of a flush (the caller holds `q.tx`; `tx` is scratch): batches of
-    /// datagrams built under the engine lock and sent without it, until the engine has nothing more (or
-    /// `batches` are out: then `true`).
+    /// datagrams built under the engine lock and sent without it, until the engine has
+    /// nothing more (or `batches` are out: then `true`).
     fn transmit(
         &self,
         q: &RoceQpShared,
