@@ -1209,6 +1209,12 @@ impl RoceShared {
         if self.leader.take_self_wake() {
             wait = Duration::ZERO;
         }
+        if wait.is_zero() {
+            // A turn that may not wait reads the socket at once: a poll first would be a
+            // system call that says only what `recvmmsg` finds out anyway. A wake-up left in
+            // the pipe meanwhile ends the next wait that may block.
+            return self.drain_now(hold);
+        }
         let ms = wait.as_micros().div_ceil(1000).min(1000) as u16;
         let mut fds = [
             PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
@@ -1222,17 +1228,20 @@ impl RoceShared {
             self.wake_pipe.clear();
         }
         if fds[0].any().unwrap_or(false) {
-            let _g = self.rx_lock.lock();
-            let n = CALLER_RX.with(|c| {
-                let mut c = c.borrow_mut();
-                let rx = self.rx_bufs(&mut c);
-                self.drain_socket(rx, hold)
-            });
-            if n > 0 {
-                return Turn::Worked;
-            }
+            return self.drain_now(hold);
         }
         Turn::Idle
+    }
+
+    /// Reads and processes what the socket holds, without waiting.
+    fn drain_now(&self, hold: Hold) -> Turn {
+        let _g = self.rx_lock.lock();
+        let n = CALLER_RX.with(|c| {
+            let mut c = c.borrow_mut();
+            let rx = self.rx_bufs(&mut c);
+            self.drain_socket(rx, hold)
+        });
+        if n > 0 { Turn::Worked } else { Turn::Idle }
     }
 }
 
