@@ -26,6 +26,8 @@ const NULL: u32 = 0;
 const FETCH: u32 = 1;
 /// Arguments: an opaque (DDP-eligible); results: its length.
 const STORE: u32 = 2;
+/// The octets FETCH returns.
+const FILL: u8 = 0x5A;
 
 /// `softrdma rpc bench` arguments.
 #[derive(clap::Args, Debug)]
@@ -119,7 +121,7 @@ pub enum RpcCmd {
 fn program(size: usize) -> impl softrdma_rpc::Program {
     // The results are served from memory the program keeps, as an in-memory service
     // serves them: over RDMA they are written from there (no copy per call).
-    let data = Buffer::adopt(vec![0x5Au8; size]);
+    let data = Buffer::adopt(vec![FILL; size]);
     move |ctx: &CallContext<'_>, args: &[u8]| -> Result<Payload, ProcError> {
         match ctx.header.proc {
             NULL => Ok(Payload::default()),
@@ -148,6 +150,33 @@ fn program(size: usize) -> impl softrdma_rpc::Program {
             _ => Err(ProcError::ProcUnavail),
         }
     }
+}
+
+/// Whether a FETCH reply carries `size` octets of the program's data: an XDR `opaque<>`,
+/// its length word in the results, its data there too (with its XDR padding, RPC over TCP
+/// or an inline reply) or apart (an RPC-over-RDMA Write chunk, which carries no padding,
+/// RFC 8166 §3.4.4). Its first and last octets are looked at, not all of them: the figure
+/// is a bandwidth.
+fn fetched_whole(r: &softrdma_rpc::Reply, size: usize) -> bool {
+    let len = r
+        .results
+        .get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    let data = match &r.bulk {
+        Some(b) if r.results.len() == 4 => Some(&b[..]),
+        Some(_) => None,
+        None if r.results.len() == 4 + softrdma_wire::xdr::padded_len(size) => {
+            r.results.get(4..4 + size)
+        }
+        None => None,
+    };
+    len == Some(size)
+        && data.is_some_and(|d| {
+            d.len() == size
+                && [d.first(), d.last()]
+                    .iter()
+                    .all(|o| o.is_none_or(|&o| o == FILL))
+        })
 }
 
 /// One measured figure per transport.
@@ -221,11 +250,7 @@ fn measure(c: &Client, a: &RpcBenchArgs, test: RpcTest) -> Result<f64, String> {
                 d,
                 |c| c.start_with(PROG, 1, FETCH, &args, space).expect("start"),
                 |r| {
-                    let n = r
-                        .bulk
-                        .as_ref()
-                        .map_or(r.results.len().saturating_sub(4), |b| b.len());
-                    if n != size {
+                    if !fetched_whole(&r, size) {
                         bad += 1;
                     }
                 },
