@@ -168,6 +168,9 @@ fn run_decode(
     for e in &out.stream_errors {
         eprintln!("softrdma decode: {e}");
     }
+    for n in &out.notes {
+        eprintln!("softrdma decode: note: {n}");
+    }
     if let Some(c) = &out.cut {
         eprintln!("softrdma decode: {}: {c}", file.display());
     }

@@ -7,9 +7,10 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use pcap_file::DataLink;
 use pcap_file::pcap::PcapReader;
+use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption;
 use pcap_file::pcapng::{Block, PcapNgReader};
+use pcap_file::{DataLink, TsResolution};
 
 /// Why a capture file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -214,15 +215,27 @@ fn read_pcap(path: &str, r: impl Read, tally: &Tally) -> Result<Capture, Capture
     let mut rd = PcapReader::new(r).map_err(|e| corrupt(path, 0, e))?;
     let header = rd.header();
     let mut frames = Vec::new();
-    while let Some(pkt) = rd.next_packet() {
+    // Raw records: pcap-file's checked ones refuse an original length above the file's
+    // snap length, which is what every frame of a `tcpdump -s N` capture has.
+    while let Some(pkt) = rd.next_raw_packet() {
         let number = frames.len() as u64 + 1;
+        let frac_nanos = |frac: u32| match header.ts_resolution {
+            TsResolution::MicroSecond => u64::from(frac) * 1_000,
+            TsResolution::NanoSecond => u64::from(frac),
+        };
         let pkt = match pkt {
-            Ok(p) => p,
+            Ok(p) if frac_nanos(p.ts_frac) < 1_000_000_000 => p,
+            Ok(_) => {
+                let e = "a timestamp's fraction is a second or more";
+                let cut = Some(tally.cut(number - 1, e));
+                return Ok(Capture { frames, cut });
+            }
             Err(e) => {
                 let cut = Some(tally.cut(number - 1, e));
                 return Ok(Capture { frames, cut });
             }
         };
+        let timestamp = Duration::new(u64::from(pkt.ts_sec), frac_nanos(pkt.ts_frac) as u32);
         let link = Link::from_datalink(header.datalink).ok_or_else(|| CaptureError::Linktype {
             path: path.to_string(),
             frame: number,
@@ -230,13 +243,38 @@ fn read_pcap(path: &str, r: impl Read, tally: &Tally) -> Result<Capture, Capture
         })?;
         frames.push(Frame {
             number,
-            timestamp: pkt.timestamp,
+            timestamp,
             link,
             sliced: (pkt.data.len() as u64) < u64::from(pkt.orig_len),
             data: pkt.data.into_owned(),
         });
     }
     Ok(Capture { frames, cut: None })
+}
+
+/// Timestamp ticks per second of a pcapng interface: its if_tsresol option (a power of 10,
+/// or of 2 with the high bit set), 10^6 without one (pcapng §4.2).
+fn tsresol(options: &[InterfaceDescriptionOption<'_>]) -> u128 {
+    let r = options.iter().find_map(|o| match o {
+        InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
+        _ => None,
+    });
+    match r {
+        None => 1_000_000,
+        Some(r) if r & 0x80 != 0 => 1u128.checked_shl(u32::from(r & 0x7F)).unwrap_or(0),
+        Some(r) => 10u128.checked_pow(u32::from(r)).unwrap_or(0),
+    }
+}
+
+/// `ticks` at `per_second` as a duration (a resolution beyond u128 as zero).
+fn ticks_to_duration(ticks: u64, per_second: u128) -> Duration {
+    if per_second == 0 {
+        return Duration::ZERO;
+    }
+    let t = u128::from(ticks);
+    let secs = u64::try_from(t / per_second).unwrap_or(u64::MAX);
+    let nanos = (t % per_second) * 1_000_000_000 / per_second;
+    Duration::new(secs, nanos as u32)
 }
 
 fn read_pcapng(path: &str, r: impl Read, tally: &Tally) -> Result<Capture, CaptureError> {
@@ -251,27 +289,30 @@ fn read_pcapng(path: &str, r: impl Read, tally: &Tally) -> Result<Capture, Captu
                 return Ok(Capture { frames, cut });
             }
         };
-        let (iface, timestamp, orig_len, data): (u32, Duration, u32, Vec<u8>) = match block {
+        // Timestamps in units of the interface's if_tsresol (pcap-file hands the raw count
+        // over as nanoseconds).
+        let (iface, ticks, orig_len, data): (u32, u64, u32, Vec<u8>) = match block {
             Block::EnhancedPacket(b) => (
                 b.interface_id,
-                b.timestamp,
+                u64::try_from(b.timestamp.as_nanos()).unwrap_or(u64::MAX),
                 b.original_len,
                 b.data.into_owned(),
             ),
-            Block::SimplePacket(b) => (0, Duration::ZERO, b.original_len, b.data.into_owned()),
+            Block::SimplePacket(b) => (0, 0, b.original_len, b.data.into_owned()),
             Block::Packet(b) => (
                 u32::from(b.interface_id),
-                Duration::from_micros(b.timestamp),
+                b.timestamp,
                 b.original_len,
                 b.data.into_owned(),
             ),
             _ => continue,
         };
-        let linktype = rd
+        let idb = rd
             .interfaces()
             .get(iface as usize)
-            .map(|i| i.linktype)
             .ok_or_else(|| corrupt(path, number - 1, "packet names an undeclared interface"))?;
+        let linktype = idb.linktype;
+        let timestamp = ticks_to_duration(ticks, tsresol(&idb.options));
         let link = Link::from_datalink(linktype).ok_or_else(|| CaptureError::Linktype {
             path: path.to_string(),
             frame: number,
@@ -286,4 +327,59 @@ fn read_pcapng(path: &str, r: impl Read, tally: &Tally) -> Result<Capture, Captu
         });
     }
     Ok(Capture { frames, cut: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pcap_file::pcapng::PcapNgWriter;
+    use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+    use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
+
+    /// A pcapng image of one Ethernet frame stamped `ticks` on an interface with `resol`.
+    fn one_frame(resol: Option<u8>, ticks: u64) -> Vec<u8> {
+        let mut w = PcapNgWriter::new(Vec::new()).unwrap();
+        w.write_pcapng_block(InterfaceDescriptionBlock {
+            linktype: DataLink::ETHERNET,
+            snaplen: 0,
+            options: resol
+                .map(InterfaceDescriptionOption::IfTsResol)
+                .into_iter()
+                .collect(),
+        })
+        .unwrap();
+        w.write_pcapng_block(EnhancedPacketBlock {
+            interface_id: 0,
+            // Written as the raw count, as it is read.
+            timestamp: Duration::from_nanos(ticks),
+            original_len: 60,
+            data: std::borrow::Cow::Owned(vec![0u8; 60]),
+            options: Vec::new(),
+        })
+        .unwrap();
+        w.into_inner()
+    }
+
+    /// pcapng timestamps count in the interface's if_tsresol: microseconds by default
+    /// (what dumpcap and editcap write), a power of ten or of two when said.
+    #[test]
+    fn pcapng_timestamps_follow_if_tsresol() {
+        let t = 1_795_900_000_123_456u64;
+        for (resol, ticks, want) in [
+            (None, t, Duration::new(1_795_900_000, 123_456_000)),
+            (Some(6), t, Duration::new(1_795_900_000, 123_456_000)),
+            (Some(9), t, Duration::new(1_795_900, 123_456)),
+            (Some(3), 5_250, Duration::new(5, 250_000_000)),
+            (
+                Some(0x80 | 10),
+                3 * 1024 + 512,
+                Duration::new(3, 500_000_000),
+            ),
+        ] {
+            let img = one_frame(resol, ticks);
+            let c = read_frames_from("<test>", &img[..]).unwrap();
+            assert_eq!(c.frames.len(), 1);
+            assert_eq!(c.frames[0].timestamp, want, "if_tsresol {resol:?}");
+        }
+    }
 }

@@ -12,7 +12,7 @@ use softrdma_wire::mpa;
 use softrdma_wire::rdmap;
 
 use super::record::Record;
-use super::tcp::{Delivered, HalfStream};
+use super::tcp::{Delivered, HalfStream, Segment};
 use super::{Ctx, rpc};
 
 /// Holes reported one by one per direction; more are counted.
@@ -62,6 +62,12 @@ struct Direction {
     gaps: Vec<Gap>,
     /// Holes beyond [`MAX_GAP_REPORTS`].
     more_gaps: u64,
+    /// The last hole was left by a segment the capture cut at its snap length (such holes
+    /// are not in `gaps`: the capture chose not to keep those octets).
+    in_cut_hole: bool,
+    /// Stream offset where an FPDU is known to start: the end of one a cut left, or of a
+    /// startup frame a cut left (its lengths were kept).
+    sync_at: Option<u64>,
     /// The capture has ended: nothing more will arrive.
     ended: bool,
 }
@@ -98,6 +104,8 @@ impl Default for Direction {
             resync: None,
             gaps: Vec::new(),
             more_gaps: 0,
+            in_cut_hole: false,
+            sync_at: None,
             ended: false,
         }
     }
@@ -140,8 +148,17 @@ impl Direction {
     }
 
     /// The capture lost `lost` octets just before stream offset `start`: drop what was
-    /// buffered (an FPDU the hole cuts), and look for an FPDU after it.
-    fn hole(&mut self, start: u64, lost: u64) {
+    /// buffered (an FPDU the hole cuts), and look for an FPDU after it. `cut`: the octets
+    /// were cut off a segment by the capture's snap length; the FPDU they belong to, if
+    /// the buffer starts one, is returned as far as its headers were kept.
+    fn hole(&mut self, start: u64, lost: u64, cut: bool) -> Option<Record> {
+        let cut_fpdu = match self.mode {
+            Mode::Fpdu { markers } if cut => self.cut_fpdu(markers).map(|(r, end)| {
+                self.sync_at = Some(end);
+                r
+            }),
+            _ => None,
+        };
         let dropped = self.buf.len() as u64;
         let after_frame = self.ranges.back().map_or(0, |d| d.frame);
         let advance = start.saturating_sub(self.buf_off);
@@ -150,13 +167,24 @@ impl Direction {
         // fpdu_pos follows the stream across the hole: Markers sit at fixed offsets.
         self.fpdu_pos = self.fpdu_pos.wrapping_add(advance as u32);
         match self.mode {
-            Mode::Unknown | Mode::Stream | Mode::Stopped => return,
+            Mode::Unknown | Mode::Stream | Mode::Stopped => return None,
             // The startup frame cut: there is no telling what was negotiated; record marks
             // have no pattern to find again.
             Mode::Startup | Mode::OncRpc => self.mode = Mode::Stopped,
+            // Where the next FPDU starts is known when what the hole cut said its length
+            // and ends at or after the hole; else it is looked for at segment starts.
             Mode::AwaitNegotiation | Mode::Fpdu { .. } => {
-                self.resync = Some(VecDeque::new());
+                if cut && self.sync_at.is_some_and(|at| at >= start) {
+                    self.resync = None;
+                } else {
+                    self.sync_at = None;
+                    self.resync = Some(VecDeque::new());
+                }
             }
+        }
+        self.in_cut_hole = cut;
+        if cut {
+            return cut_fpdu;
         }
         let gap = Gap {
             at: start.saturating_sub(lost),
@@ -170,11 +198,90 @@ impl Direction {
         } else {
             self.more_gaps += 1;
         }
+        None
+    }
+
+    /// The FPDU at the front of the buffer, which the capture cut at its snap length: its
+    /// MPA length and DDP/RDMAP headers, when they were kept and parse; the rest (payload,
+    /// PAD, CRC) cannot be checked. The front is an FPDU's start when the deframer is in
+    /// step, or, after a hole, at a segment start (FPDUs are aligned to segments, RFC 5044
+    /// §8, as siw and softrdma send them). Not with Markers, which sit inside FPDUs.
+    fn cut_fpdu(&mut self, markers: bool) -> Option<(Record, u64)> {
+        let at_start = match &self.resync {
+            None => true,
+            Some(starts) => starts.front() == Some(&self.buf_off),
+        };
+        if markers || !at_start || self.buf.len() < mpa::ULPDU_LENGTH_LEN {
+            return None;
+        }
+        let ulpdu_len = usize::from(u16::from_be_bytes([self.buf[0], self.buf[1]]));
+        let kept = self.buf.get(2..self.buf.len().min(2 + ulpdu_len))?;
+        // The whole RDMAP header if it was kept, else the DDP header and RDMAP's control
+        // octet (a Read Request's or a Terminate's fixed fields cut).
+        let (summary, ddp, control, ctl_octet) = match rdmap::Segment::parse(kept) {
+            Ok(seg) => (
+                format!("{} [cut]", super::summary::segment(&seg)),
+                serde_json::to_value(seg.ddp).ok()?,
+                serde_json::to_value(seg.control).ok()?,
+                u8::from(seg.control.opcode),
+            ),
+            Err(_) => {
+                let ddp = softrdma_wire::ddp::Repr::parse(kept).ok()?;
+                let ctl = match ddp {
+                    softrdma_wire::ddp::Repr::Tagged { rsvd_ulp, .. } => rsvd_ulp,
+                    softrdma_wire::ddp::Repr::Untagged { rsvd_ulp, .. } => rsvd_ulp[0],
+                };
+                let control = rdmap::Control::from_octet(ctl).ok()?;
+                (
+                    format!(
+                        "{} [cut inside its RDMAP header]",
+                        super::summary::opcode_name(control.opcode)
+                    ),
+                    serde_json::to_value(ddp).ok()?,
+                    serde_json::to_value(control).ok()?,
+                    u8::from(control.opcode),
+                )
+            }
+        };
+        let fpdu_len = mpa::fpdu_len(ulpdu_len);
+        let mut r = self.record(self.buf_off + self.buf.len() as u64, "iWARP");
+        r.summary = summary;
+        r.layer("mpa", serde_json::json!({ "ulpdu_len": ulpdu_len }));
+        r.layer("ddp", ddp);
+        r.layer("rdmap", serde_json::json!({ "control": control }));
+        opcode_code(&mut r, ctl_octet);
+        r.check(
+            "captured",
+            None,
+            format!(
+                "{} of {fpdu_len} octets of this FPDU: payload and CRC not verified",
+                self.buf.len()
+            ),
+        );
+        Some((r, self.buf_off + fpdu_len as u64))
+    }
+
+    /// Drops what lies before `sync_at`, where an FPDU is known to start (past a cut);
+    /// `true` once there.
+    fn skip_to_sync(&mut self) -> bool {
+        let Some(at) = self.sync_at else {
+            return false;
+        };
+        let n = usize::try_from(at.saturating_sub(self.buf_off))
+            .map_or(self.buf.len(), |n| n.min(self.buf.len()));
+        self.consume(n);
+        self.fpdu_pos = self.fpdu_pos.wrapping_add(n as u32);
+        if self.buf_off >= at {
+            self.sync_at = None;
+            return true;
+        }
+        false
     }
 
     /// Skip `n` octets that cannot be decoded while resynchronising.
     fn drop_unsynced(&mut self, n: usize) {
-        if self.more_gaps == 0
+        if !self.in_cut_hole
+            && self.more_gaps == 0
             && let Some(g) = self.gaps.last_mut()
         {
             g.dropped += n as u64;
@@ -193,9 +300,7 @@ impl Connection {
         &mut self,
         ctx: &Ctx,
         dir: usize,
-        seq: u32,
-        syn: bool,
-        payload: &[u8],
+        seg: Segment<'_>,
         out: &mut Vec<Record>,
     ) {
         let d = &mut self.dirs[dir];
@@ -203,7 +308,9 @@ impl Connection {
             d.src.clone_from(&ctx.src);
             d.dst.clone_from(&ctx.dst);
         }
-        let chunks = d.half.segment(ctx.frame, ctx.time, seq, syn, payload);
+        let chunks =
+            d.half
+                .segment_cut(ctx.frame, ctx.time, seg.seq, seg.syn, seg.payload, seg.len);
         self.deliver(ctx.sends, dir, chunks, out);
     }
 
@@ -220,7 +327,13 @@ impl Connection {
             if range.lost_before > 0 {
                 // Decode what is whole before the hole first.
                 self.process(sends, dir, out);
-                self.dirs[dir].hole(start, range.lost_before);
+                let cut = range.cut_before == range.lost_before;
+                if cut && self.dirs[dir].mode == Mode::Startup {
+                    self.cut_startup(dir, out);
+                }
+                if let Some(r) = self.dirs[dir].hole(start, range.lost_before, cut) {
+                    out.push(r);
+                }
             }
             let d = &mut self.dirs[dir];
             if matches!(d.mode, Mode::Stream | Mode::Stopped) {
@@ -249,6 +362,16 @@ impl Connection {
                 let chunks = self.dirs[dir].half.skip_gap();
                 self.deliver(sends, dir, chunks, out);
             }
+            // The last segment was cut: what it started is decoded as far as it was kept.
+            if let Some((end, cut)) = self.dirs[dir].half.take_trailing_cut() {
+                self.process(sends, dir, out);
+                if self.dirs[dir].mode == Mode::Startup {
+                    self.cut_startup(dir, out);
+                }
+                if let Some(r) = self.dirs[dir].hole(end, cut, true) {
+                    out.push(r);
+                }
+            }
             self.dirs[dir].ended = true;
             self.process(sends, dir, out);
         }
@@ -268,6 +391,9 @@ impl Connection {
                     }
                     None => false,
                 },
+                Mode::Fpdu { .. } if self.dirs[dir].sync_at.is_some() => {
+                    self.dirs[dir].skip_to_sync()
+                }
                 Mode::Fpdu { markers } if self.dirs[dir].resync.is_some() => {
                     self.resync(dir, markers)
                 }
@@ -376,28 +502,29 @@ impl Connection {
                     r.layer("mpa_rev2", p);
                 }
                 r.reemit(&bytes, |buf| f.emit(buf), f.buffer_len());
-                d.frame = Some(f.kind);
-                match f.kind {
-                    mpa::FrameKind::Request => {
-                        self.request = Some((dir, f.m, f.c));
-                    }
-                    mpa::FrameKind::Reply => {
-                        self.reply = Some((dir, f.m, f.c));
-                    }
-                }
+                out.push(r);
+                self.dirs[dir].consume(len);
+                self.started(dir, &f);
             }
             Err(e) => {
                 r.summary = "malformed MPA startup frame".into();
                 r.error(e);
                 d.mode = Mode::Stopped;
                 out.push(r);
-                return true;
             }
         }
-        out.push(r);
+        true
+    }
+
+    /// Direction `dir` sent startup frame `f`: FPDUs follow once both frames are known.
+    fn started(&mut self, dir: usize, f: &mpa::FrameRepr<'_>) {
         let d = &mut self.dirs[dir];
-        d.consume(len);
+        d.frame = Some(f.kind);
         d.mode = Mode::AwaitNegotiation;
+        match f.kind {
+            mpa::FrameKind::Request => self.request = Some((dir, f.m, f.c)),
+            mpa::FrameKind::Reply => self.reply = Some((dir, f.m, f.c)),
+        }
         if let (Some((i, req_m, req_c)), Some((_, rep_m, rep_c))) = (self.request, self.reply) {
             self.negotiated = Some(Negotiated {
                 initiator: i,
@@ -406,7 +533,42 @@ impl Connection {
                 crc: req_c || rep_c,
             });
         }
-        true
+    }
+
+    /// The startup frame at the front of `dir`'s buffer, which the capture cut at its snap
+    /// length: its 20-octet header says what the FPDUs after it carry (Markers, CRC); its
+    /// Private Data is kept as far as it was captured.
+    fn cut_startup(&mut self, dir: usize, out: &mut Vec<Record>) {
+        let d = &mut self.dirs[dir];
+        let Some(head) = d.buf.get(..mpa::FRAME_HEADER_LEN) else {
+            return;
+        };
+        let h = mpa::Frame::new_unchecked(head);
+        let Ok(kind) = h.kind() else {
+            return;
+        };
+        let total = h.total_len();
+        let bytes = d.buf.clone();
+        let f = mpa::FrameRepr {
+            kind,
+            m: h.m(),
+            c: h.c(),
+            r: h.r(),
+            res: h.res(),
+            rev: h.rev(),
+            private_data: &bytes[mpa::FRAME_HEADER_LEN..bytes.len().min(total)],
+        };
+        let mut r = d.record(d.buf_off + bytes.len() as u64, "MPA");
+        r.summary = format!("{} [cut]", super::summary::mpa_frame(&f));
+        r.layer("mpa", f);
+        r.check(
+            "captured",
+            None,
+            format!("{} of {total} octets of this frame", bytes.len()),
+        );
+        out.push(r);
+        self.dirs[dir].sync_at = Some(self.dirs[dir].buf_off + total as u64);
+        self.started(dir, &f);
     }
 
     fn fpdu(&mut self, sends: bool, dir: usize, markers: bool, out: &mut Vec<Record>) -> bool {
@@ -516,7 +678,8 @@ impl Connection {
             match plausible(&d.buf, d.fpdu_pos, markers, crc, d.ended, &mut scratch) {
                 Some(true) => {
                     let (frame, _) = d.frame_of(s + 1);
-                    if d.more_gaps == 0
+                    if !d.in_cut_hole
+                        && d.more_gaps == 0
                         && let Some(g) = d.gaps.last_mut()
                     {
                         g.resumed = Some((frame, s));
@@ -534,6 +697,21 @@ impl Connection {
         };
         d.ulpdu = scratch;
         found
+    }
+
+    /// What the capture's snap length kept from being decoded, one line per direction.
+    pub(crate) fn finish_notes(&self) -> Vec<String> {
+        self.dirs
+            .iter()
+            .filter(|d| d.half.cut_octets > 0)
+            .map(|d| {
+                format!(
+                    "{} → {}: {} octets of {} segments not captured (cut at the capture's snap \
+                     length): what they carried was not decoded",
+                    d.src, d.dst, d.half.cut_octets, d.half.cut_segments
+                )
+            })
+            .collect()
     }
 
     /// Problems visible only at the end of the capture: the holes, one line each.
@@ -599,6 +777,17 @@ fn plausible(
     verdict.or(ended.then_some(false))
 }
 
+/// The raw RDMAP opcode beside the decoded one (what tshark shows).
+fn opcode_code(r: &mut Record, code: u8) {
+    if let Some(c) = r
+        .layer_mut("rdmap")
+        .and_then(|m| m.get_mut("control"))
+        .and_then(|c| c.as_object_mut())
+    {
+        c.insert("opcode_code".into(), code.into());
+    }
+}
+
 /// DDP + RDMAP, and RPC-over-RDMA inside a Send; `keep_send`: [`super::Options::sends`].
 fn decode_ulpdu(r: &mut Record, u: &[u8], keep_send: bool) {
     match rdmap::Segment::parse(u) {
@@ -609,13 +798,7 @@ fn decode_ulpdu(r: &mut Record, u: &[u8], keep_send: bool) {
                 "rdmap",
                 serde_json::json!({ "control": seg.control, "body": seg.body }),
             );
-            if let Some(c) = r
-                .layer_mut("rdmap")
-                .and_then(|m| m.get_mut("control"))
-                .and_then(|c| c.as_object_mut())
-            {
-                c.insert("opcode_code".into(), u8::from(seg.control.opcode).into());
-            }
+            opcode_code(r, u8::from(seg.control.opcode));
             r.reemit(u, |b| seg.emit(b), seg.buffer_len());
             if keep_send {
                 r.send = super::summary::send_segment(&seg);
@@ -678,7 +861,17 @@ mod tests {
             let mut b = vec![0; f.buffer_len()];
             f.emit(&mut b).unwrap();
             let frame = if same_frame { 1 } else { 1 + dir as u64 };
-            c.segment(&ctx(frame), dir, seq, false, &b, out);
+            c.segment(
+                &ctx(frame),
+                dir,
+                Segment {
+                    seq,
+                    syn: false,
+                    payload: &b,
+                    len: b.len(),
+                },
+                out,
+            );
         }
         c
     }
@@ -700,7 +893,17 @@ mod tests {
             let mut b = vec![0; 2 * u.len() + 64];
             let n = mpa::encode_fpdu(&[u], pos, markers, crc, &mut b).unwrap();
             if !lost.contains(&i) {
-                c.segment(&ctx(10 + i as u64), 0, seq, false, &b[..n], &mut out);
+                c.segment(
+                    &ctx(10 + i as u64),
+                    0,
+                    Segment {
+                        seq,
+                        syn: false,
+                        payload: &b[..n],
+                        len: n,
+                    },
+                    &mut out,
+                );
             }
             seq = seq.wrapping_add(n as u32);
             pos = pos.wrapping_add(n as u32);
@@ -758,7 +961,17 @@ mod tests {
         // Octets start..start+100 lost; then the fake, then two real FPDUs.
         let mut seq = start + 100;
         for (i, seg) in [fake, real(7), real(8)].iter().enumerate() {
-            c.segment(&ctx(20 + i as u64), 0, seq, false, seg, &mut out);
+            c.segment(
+                &ctx(20 + i as u64),
+                0,
+                Segment {
+                    seq,
+                    syn: false,
+                    payload: seg,
+                    len: seg.len(),
+                },
+                &mut out,
+            );
             seq += seg.len() as u32;
         }
         c.finish(false, &mut out);
@@ -788,7 +1001,17 @@ mod tests {
                 b[n - 1] ^= 1; // the FPDU after the hole: its CRC does not check
             }
             if i != 1 {
-                c.segment(&ctx(10 + i as u64), 0, seq, false, &b[..n], &mut out);
+                c.segment(
+                    &ctx(10 + i as u64),
+                    0,
+                    Segment {
+                        seq,
+                        syn: false,
+                        payload: &b[..n],
+                        len: n,
+                    },
+                    &mut out,
+                );
             }
             seq += n as u32;
         }

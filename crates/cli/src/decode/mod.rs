@@ -52,6 +52,9 @@ pub struct Output {
     /// Problems not tied to one message (e.g. a TCP gap never filled inside an MPA stream,
     /// with where deframing resumed after it).
     pub stream_errors: Vec<String>,
+    /// What could not be decoded because the capture did not keep it (frames cut at its
+    /// snap length): said, not counted as errors.
+    pub notes: Vec<String>,
     /// Where the capture stopped before its end (a file cut short); everything before it was
     /// decoded.
     pub cut: Option<capture::Cut>,
@@ -132,6 +135,7 @@ struct Decoder {
     conns: HashMap<(Endpoint, Endpoint), iwarp::Connection>,
     records: Vec<Record>,
     stream_errors: Vec<String>,
+    notes: Vec<String>,
 }
 
 impl Decoder {
@@ -143,6 +147,7 @@ impl Decoder {
             conns: HashMap::new(),
             records: Vec::new(),
             stream_errors: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -150,17 +155,30 @@ impl Decoder {
         self.frames += 1;
         let t0 = *self.t0.get_or_insert(f.timestamp);
         let time = f.timestamp.saturating_sub(t0).as_secs_f64();
-        let pkt = match net::slice(f.link, &f.data) {
+        let pkt = match net::slice(f.link, &f.data, f.sliced) {
             Ok(p) => p,
             Err(e) => {
                 let mut r = Record::new(f.number, time, "?".into(), "?".into(), "frame");
-                r.summary = "undecodable frame".into();
-                r.error(e);
+                if f.sliced {
+                    // The capture's snap length cut it inside its headers: a note.
+                    r.summary = "frame cut inside its headers".into();
+                    r.check("captured", None, e.to_string());
+                } else {
+                    r.summary = "undecodable frame".into();
+                    r.error(e);
+                }
                 self.records.push(r);
                 return;
             }
         };
-        let NetPacket::Ip { src, dst, ip, l4 } = pkt else {
+        let NetPacket::Ip {
+            src,
+            dst,
+            ip,
+            cut,
+            l4,
+        } = pkt
+        else {
             if self.opts.all {
                 let mut r = Record::new(f.number, time, "-".into(), "-".into(), "link");
                 r.summary = "not IP".into();
@@ -183,7 +201,10 @@ impl Decoder {
                     sends: self.opts.sends,
                 };
                 if dst_port == roce::ROCEV2_PORT || self.opts.roce_ports.contains(&dst_port) {
-                    self.records.push(roce::decode(&ctx, ip, dst_port));
+                    self.records.push(match cut {
+                        None => roce::decode(&ctx, ip, dst_port),
+                        Some(wire) => roce::decode_cut(&ctx, payload, ip.len(), wire),
+                    });
                 } else if self.opts.all {
                     let mut r = Record::new(ctx.frame, time, ctx.src, ctx.dst, "UDP");
                     r.summary = format!("{} octets", payload.len());
@@ -198,6 +219,7 @@ impl Decoder {
                 fin,
                 rst,
                 payload,
+                len,
             } => {
                 let a = (src, src_port);
                 let b = (dst, dst_port);
@@ -211,7 +233,17 @@ impl Decoder {
                 };
                 let conn = self.conns.entry(key).or_default();
                 let before = self.records.len();
-                conn.segment(&ctx, dir, seq, syn, payload, &mut self.records);
+                conn.segment(
+                    &ctx,
+                    dir,
+                    tcp::Segment {
+                        seq,
+                        syn,
+                        payload,
+                        len,
+                    },
+                    &mut self.records,
+                );
                 if self.opts.all && self.records.len() == before {
                     let mut r = Record::new(ctx.frame, time, ctx.src, ctx.dst, "TCP");
                     let flags = [(syn, "SYN"), (fin, "FIN"), (rst, "RST")]
@@ -220,7 +252,7 @@ impl Decoder {
                         .map(|(_, n)| *n)
                         .collect::<Vec<_>>()
                         .join(",");
-                    r.summary = format!("seq {seq} len {} {flags}", payload.len());
+                    r.summary = format!("seq {seq} len {len} {flags}");
                     self.records.push(r);
                 }
             }
@@ -249,6 +281,7 @@ impl Decoder {
                 c.finish(self.opts.sends, &mut self.records);
                 // Each names its direction.
                 self.stream_errors.extend(c.finish_errors());
+                self.notes.extend(c.finish_notes());
             }
         }
         self.records.sort_by_key(|r| r.frame);
@@ -257,6 +290,7 @@ impl Decoder {
             frames: self.frames,
             records: self.records,
             stream_errors: self.stream_errors,
+            notes: self.notes,
             cut: None,
         }
     }

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use etherparse::{Ipv4Slice, Ipv6Slice, TcpSlice, UdpSlice};
+use etherparse::{Ipv4Slice, Ipv6Slice, LaxIpv4Slice, LaxIpv6Slice, TcpSlice, UdpSlice};
 
 use super::capture::Link;
 
@@ -23,7 +23,10 @@ pub enum L4<'a> {
         syn: bool,
         fin: bool,
         rst: bool,
+        /// The payload as captured (all of it unless the frame was cut).
         payload: &'a [u8],
+        /// The payload's length on the wire.
+        len: usize,
     },
     Udp {
         src_port: u16,
@@ -45,8 +48,11 @@ pub enum NetPacket<'a> {
     Ip {
         src: IpAddr,
         dst: IpAddr,
-        /// The whole IP packet (header through payload, link padding removed).
+        /// The whole IP packet (header through payload, link padding removed), or as much
+        /// of it as the capture kept.
         ip: &'a [u8],
+        /// The IP packet's length on the wire when the capture cut it short (snap length).
+        cut: Option<usize>,
         l4: L4<'a>,
     },
     /// Not IP (ARP, LLDP, RoCE v1, ...): the EtherType, if any.
@@ -109,12 +115,32 @@ fn link_payload(link: Link, d: &[u8]) -> Result<(Option<u16>, &[u8]), NetError> 
     }
 }
 
-/// Slice one frame down to its transport payload.
-pub fn slice(link: Link, data: &[u8]) -> Result<NetPacket<'_>, NetError> {
+/// Slice one frame down to its transport payload. `sliced`: the capture kept less of the
+/// frame than was sent (its snap length); the packet's own lengths then say what is missing
+/// instead of making the frame malformed.
+pub fn slice(link: Link, data: &[u8], sliced: bool) -> Result<NetPacket<'_>, NetError> {
     let (ethertype, rest) = link_payload(link, data)?;
-    let (src, dst, ip, proto, payload, fragment) = match ethertype {
+    let ip_err = |e: &dyn std::fmt::Display| NetError::Ip(e.to_string());
+    // (src, dst, IP packet as captured, its length on the wire, protocol, payload as
+    // captured, first fragment or none)
+    let (src, dst, ip, wire_len, proto, payload, fragment) = match ethertype {
+        Some(ETH_P_IPV4) if sliced => {
+            let (s, _) = LaxIpv4Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
+            let h = s.header();
+            let wire = usize::from(h.total_len());
+            let frag = s.is_payload_fragmented() && h.fragments_offset().value() != 0;
+            (
+                IpAddr::from(h.source_addr()),
+                IpAddr::from(h.destination_addr()),
+                &rest[..wire.min(rest.len())],
+                wire,
+                s.payload().ip_number.0,
+                s.payload().payload,
+                frag,
+            )
+        }
         Some(ETH_P_IPV4) => {
-            let s = Ipv4Slice::from_slice(rest).map_err(|e| NetError::Ip(e.to_string()))?;
+            let s = Ipv4Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
             let h = s.header();
             let total = usize::from(h.total_len()).min(rest.len());
             let frag = s.is_payload_fragmented() && h.fragments_offset().value() != 0;
@@ -122,13 +148,28 @@ pub fn slice(link: Link, data: &[u8]) -> Result<NetPacket<'_>, NetError> {
                 IpAddr::from(h.source_addr()),
                 IpAddr::from(h.destination_addr()),
                 &rest[..total],
+                total,
                 h.protocol().0,
                 s.payload().payload,
                 frag,
             )
         }
+        Some(ETH_P_IPV6) if sliced => {
+            let (s, _) = LaxIpv6Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
+            let h = s.header();
+            let wire = 40 + usize::from(h.payload_length());
+            (
+                IpAddr::from(h.source_addr()),
+                IpAddr::from(h.destination_addr()),
+                &rest[..wire.min(rest.len())],
+                wire,
+                s.payload().ip_number.0,
+                s.payload().payload,
+                s.is_payload_fragmented(),
+            )
+        }
         Some(ETH_P_IPV6) => {
-            let s = Ipv6Slice::from_slice(rest).map_err(|e| NetError::Ip(e.to_string()))?;
+            let s = Ipv6Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
             let h = s.header();
             let total = (40 + usize::from(h.payload_length())).min(rest.len());
             let frag = s.is_payload_fragmented();
@@ -136,6 +177,7 @@ pub fn slice(link: Link, data: &[u8]) -> Result<NetPacket<'_>, NetError> {
                 IpAddr::from(h.source_addr()),
                 IpAddr::from(h.destination_addr()),
                 &rest[..total],
+                total,
                 s.payload().ip_number.0,
                 s.payload().payload,
                 frag,
@@ -143,6 +185,9 @@ pub fn slice(link: Link, data: &[u8]) -> Result<NetPacket<'_>, NetError> {
         }
         other => return Ok(NetPacket::NonIp { ethertype: other }),
     };
+    let cut = (ip.len() < wire_len).then_some(wire_len);
+    // The transport payload's length on the wire: what the capture lacks comes off its end.
+    let missing = wire_len - ip.len();
     let l4 = if fragment {
         L4::Fragment
     } else {
@@ -157,10 +202,16 @@ pub fn slice(link: Link, data: &[u8]) -> Result<NetPacket<'_>, NetError> {
                     fin: t.fin(),
                     rst: t.rst(),
                     payload: t.payload(),
+                    len: t.payload().len() + missing,
                 }
             }
             17 => {
-                let u = UdpSlice::from_slice(payload).map_err(|e| NetError::Udp(e.to_string()))?;
+                let u = if cut.is_some() {
+                    UdpSlice::from_slice_lax(payload)
+                } else {
+                    UdpSlice::from_slice(payload)
+                }
+                .map_err(|e| NetError::Udp(e.to_string()))?;
                 let len = usize::from(u.length()).clamp(8, payload.len());
                 L4::Udp {
                     src_port: u.source_port(),
@@ -172,5 +223,11 @@ pub fn slice(link: Link, data: &[u8]) -> Result<NetPacket<'_>, NetError> {
             p => L4::Other { protocol: p },
         }
     };
-    Ok(NetPacket::Ip { src, dst, ip, l4 })
+    Ok(NetPacket::Ip {
+        src,
+        dst,
+        ip,
+        cut,
+        l4,
+    })
 }

@@ -51,18 +51,7 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
             return r;
         }
     };
-    r.summary = summary::ib_packet(&ib);
-    r.layer("ib", ib);
-    if let Some(a) = ib.aeth {
-        // The raw syndrome octet beside the decoded one (what tshark shows).
-        if let Some(m) = r
-            .layer_mut("ib")
-            .and_then(|m| m.get_mut("aeth"))
-            .and_then(|a| a.as_object_mut())
-        {
-            m.insert("syndrome_code".into(), u8::from(a.syndrome).into());
-        }
-    }
+    ib_layer(&mut r, &ib);
     // Whole-packet re-emit: IP + UDP + transport + ICRC, byte for byte. A UDP checksum
     // that is not the right one was left to the sender's NIC (a capture on the sending
     // host holds the partial sum, as tcpdump's "bad udp cksum" on locally sent datagrams):
@@ -113,6 +102,46 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
         serde_json::json!({ "field": pkt.icrc, "computed": pkt.computed_icrc }),
     );
     r
+}
+
+/// A RoCEv2 packet the capture cut short (its snap length): `transport` is what it kept of
+/// the UDP payload, `captured` of the `wire` octets of the IP packet. The headers it kept are
+/// decoded; the payload and the ICRC, which it did not keep, cannot be verified: a note on
+/// the record, not an error (the capture's choice, not the sender's fault).
+pub(crate) fn decode_cut(ctx: &Ctx, transport: &[u8], captured: usize, wire: usize) -> Record {
+    let mut r = Record::new(
+        ctx.frame,
+        ctx.time,
+        ctx.src.clone(),
+        ctx.dst.clone(),
+        "RoCEv2",
+    );
+    match PacketRepr::parse_headers(transport) {
+        Ok((ib, _)) => ib_layer(&mut r, &ib),
+        Err(e) => r.summary = format!("RoCEv2 packet cut inside its headers ({e})"),
+    }
+    r.check(
+        "captured",
+        None,
+        format!("{captured} of {wire} octets of the IP packet: payload and ICRC not verified"),
+    );
+    r
+}
+
+/// The record's summary and "ib" layer from the IB transport headers.
+fn ib_layer(r: &mut Record, ib: &PacketRepr<'_>) {
+    r.summary = summary::ib_packet(ib);
+    r.layer("ib", *ib);
+    if let Some(a) = ib.aeth {
+        // The raw syndrome octet beside the decoded one (what tshark shows).
+        if let Some(m) = r
+            .layer_mut("ib")
+            .and_then(|m| m.get_mut("aeth"))
+            .and_then(|a| a.as_object_mut())
+        {
+            m.insert("syndrome_code".into(), u8::from(a.syndrome).into());
+        }
+    }
 }
 
 /// A packet of a Send message (IBA 9.4.1: First, Middle, Last or Only), whole.

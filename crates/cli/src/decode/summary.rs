@@ -84,7 +84,7 @@ fn last_flag(last: bool) -> &'static str {
     if last { " L" } else { "" }
 }
 
-fn opcode_name(op: rdmap::Opcode) -> &'static str {
+pub(crate) fn opcode_name(op: rdmap::Opcode) -> &'static str {
     match op {
         rdmap::Opcode::RdmaWrite => "RDMA Write",
         rdmap::Opcode::RdmaReadRequest => "RDMA Read Request",

@@ -29,14 +29,29 @@ pub struct Delivered {
     pub end: u64,
     /// Octets the capture lost just before this range (a hole skipped); 0 normally.
     pub lost_before: u64,
+    /// Of `lost_before`, the octets a segment carried beyond what the capture kept of it
+    /// (its snap length), not segments it missed.
+    pub cut_before: u64,
+}
+
+/// One TCP segment of a connection as the capture holds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<'a> {
+    pub seq: u32,
+    pub syn: bool,
+    /// The payload as captured.
+    pub payload: &'a [u8],
+    /// The payload's length on the wire (more than `payload` when the frame was cut).
+    pub len: usize,
 }
 
 #[derive(Debug, Default)]
 pub struct HalfStream {
     /// Sequence number of the next octet to deliver.
     next_seq: Option<u32>,
-    /// Segments ahead of `next_seq`, by sequence number: (frame, time, payload).
-    pending: BTreeMap<u32, (u64, f64, Vec<u8>)>,
+    /// Segments ahead of `next_seq`, by sequence number: (frame, time, the payload as
+    /// captured, its length on the wire).
+    pending: BTreeMap<u32, (u64, f64, Vec<u8>, usize)>,
     pending_octets: u64,
     /// Stream offset of `next_seq`: octets delivered plus octets lost in skipped holes.
     delivered: u64,
@@ -44,6 +59,11 @@ pub struct HalfStream {
     pub lost_octets: u64,
     /// A hole just skipped, reported with the next range delivered.
     lost_before: u64,
+    /// Of `lost_before`, octets cut off segments by the capture's snap length.
+    cut_before: u64,
+    /// Octets cut off segments by the capture's snap length, and the segments, all told.
+    pub cut_octets: u64,
+    pub cut_segments: u64,
     /// Octets that arrived again after delivery (retransmissions).
     pub duplicate_octets: u64,
     pub fin: bool,
@@ -60,28 +80,49 @@ impl HalfStream {
         syn: bool,
         payload: &[u8],
     ) -> Vec<(Delivered, Vec<u8>)> {
+        self.segment_cut(frame, time, seq, syn, payload, payload.len())
+    }
+
+    /// [`HalfStream::segment`] of a segment of `len` octets of which the capture kept the
+    /// first `payload.len()` (its snap length). Once the kept octets are in order, the rest
+    /// is skipped as a hole the range after it reports ([`Delivered::cut_before`]).
+    pub fn segment_cut(
+        &mut self,
+        frame: u64,
+        time: f64,
+        seq: u32,
+        syn: bool,
+        payload: &[u8],
+        len: usize,
+    ) -> Vec<(Delivered, Vec<u8>)> {
         if syn {
             // The SYN takes one sequence number; data (if any) follows it.
             if self.next_seq.is_none() {
                 self.next_seq = Some(seq.wrapping_add(1));
             }
-            if payload.is_empty() {
-                return Vec::new();
-            }
         }
         let seq = if syn { seq.wrapping_add(1) } else { seq };
-        if payload.is_empty() {
+        let len = len.max(payload.len());
+        if len == 0 {
             return Vec::new();
+        }
+        if len > payload.len() {
+            self.cut_segments += 1;
+            self.cut_octets += (len - payload.len()) as u64;
         }
         let next = *self.next_seq.get_or_insert(seq);
         let mut out = Vec::new();
         let d = seq.wrapping_sub(next) as i32;
         if d > 0 {
             // Ahead of a gap: hold it (keep the longer copy if seen twice).
-            let e = self.pending.entry(seq).or_insert((frame, time, Vec::new()));
-            if payload.len() > e.2.len() {
-                self.pending_octets += (payload.len() - e.2.len()) as u64;
-                *e = (frame, time, payload.to_vec());
+            let e = self
+                .pending
+                .entry(seq)
+                .or_insert((frame, time, Vec::new(), 0));
+            if payload.len() > e.2.len() || (payload.len() == e.2.len() && len > e.3) {
+                self.pending_octets += payload.len() as u64;
+                self.pending_octets -= e.2.len() as u64;
+                *e = (frame, time, payload.to_vec(), len);
             }
             while self.pending_octets > MAX_PENDING_OCTETS
                 || self.pending.len() > MAX_PENDING_SEGMENTS
@@ -90,37 +131,59 @@ impl HalfStream {
             }
             return out;
         }
-        self.accept(frame, time, (-i64::from(d)) as usize, payload, &mut out);
+        self.accept(
+            frame,
+            time,
+            (-i64::from(d)) as usize,
+            payload,
+            len,
+            &mut out,
+        );
         self.drain_pending(&mut out);
         out
     }
 
+    /// Delivers what `payload` (the kept octets of a segment of `len` on the wire, starting
+    /// `skip` octets before the next one due) adds to the stream; octets the capture did
+    /// not keep past it are skipped as a cut.
     fn accept(
         &mut self,
         frame: u64,
         time: f64,
         skip: usize,
         payload: &[u8],
+        len: usize,
         out: &mut Vec<(Delivered, Vec<u8>)>,
     ) {
-        if skip >= payload.len() {
+        if skip >= len {
             self.duplicate_octets += payload.len() as u64;
             return;
         }
-        self.duplicate_octets += skip as u64;
-        let fresh = &payload[skip..];
-        self.delivered += fresh.len() as u64;
-        let next = self.next_seq.unwrap_or(0);
-        self.next_seq = Some(next.wrapping_add(fresh.len() as u32));
-        out.push((
-            Delivered {
-                frame,
-                time,
-                end: self.delivered,
-                lost_before: std::mem::take(&mut self.lost_before),
-            },
-            fresh.to_vec(),
-        ));
+        self.duplicate_octets += skip.min(payload.len()) as u64;
+        if let Some(fresh) = payload.get(skip..).filter(|f| !f.is_empty()) {
+            self.delivered += fresh.len() as u64;
+            let next = self.next_seq.unwrap_or(0);
+            self.next_seq = Some(next.wrapping_add(fresh.len() as u32));
+            out.push((
+                Delivered {
+                    frame,
+                    time,
+                    end: self.delivered,
+                    lost_before: std::mem::take(&mut self.lost_before),
+                    cut_before: std::mem::take(&mut self.cut_before),
+                },
+                fresh.to_vec(),
+            ));
+        }
+        // The rest of the segment on the wire, which the capture did not keep.
+        let missing = (len - skip.max(payload.len())) as u64;
+        if missing > 0 {
+            let next = self.next_seq.unwrap_or(0);
+            self.next_seq = Some(next.wrapping_add(missing as u32));
+            self.delivered += missing;
+            self.lost_before += missing;
+            self.cut_before += missing;
+        }
     }
 
     fn drain_pending(&mut self, out: &mut Vec<(Delivered, Vec<u8>)>) {
@@ -133,12 +196,12 @@ impl HalfStream {
                 .copied()
                 .find(|&s| (s.wrapping_sub(next) as i32) <= 0);
             let Some(s) = ready else { return };
-            let Some((frame, time, data)) = self.pending.remove(&s) else {
+            let Some((frame, time, data, len)) = self.pending.remove(&s) else {
                 return;
             };
             self.pending_octets -= data.len() as u64;
             let skip = next.wrapping_sub(s) as usize;
-            self.accept(frame, time, skip, &data, out);
+            self.accept(frame, time, skip, &data, len, out);
         }
     }
 
@@ -167,6 +230,16 @@ impl HalfStream {
         out
     }
 
+    /// Octets cut off the last segment delivered (its snap length) that no later range
+    /// reported: the stream ended there. Taken once.
+    pub fn take_trailing_cut(&mut self) -> Option<(u64, u64)> {
+        if self.cut_before == 0 || self.cut_before != self.lost_before || self.has_gap() {
+            return None;
+        }
+        self.lost_before = 0;
+        Some((self.delivered, std::mem::take(&mut self.cut_before)))
+    }
+
     /// A hole is open: segments are held behind it.
     pub fn has_gap(&self) -> bool {
         !self.pending.is_empty()
@@ -183,6 +256,40 @@ mod tests {
 
     fn bytes(chunks: Vec<(Delivered, Vec<u8>)>) -> Vec<u8> {
         chunks.into_iter().flat_map(|(_, b)| b).collect()
+    }
+
+    /// A segment cut by the capture's snap length: its kept octets are delivered, the rest
+    /// is a hole the next range reports as cut, in order or held out of order; a cut at the
+    /// end of the stream is taken once at the end.
+    #[test]
+    fn cut_segments_leave_holes_said_to_be_cut() {
+        let mut h = HalfStream::default();
+        h.segment(1, 0.0, 99, true, &[]);
+        // 10 octets on the wire, 4 kept.
+        assert_eq!(bytes(h.segment_cut(2, 0.0, 100, false, b"abcd", 10)), b"abcd");
+        let next = h.segment_cut(3, 0.0, 110, false, b"xy", 2);
+        assert_eq!(next.len(), 1);
+        assert_eq!((next[0].0.lost_before, next[0].0.cut_before), (6, 6));
+        assert_eq!(next[0].0.end, 12);
+        // Out of order: a cut segment held behind a lost one, then the lost one again.
+        let held = h.segment_cut(5, 0.0, 120, false, b"ef", 8);
+        assert!(held.is_empty());
+        let got = h.segment_cut(4, 0.0, 112, false, b"12345678", 8);
+        assert_eq!(bytes(got), b"12345678ef");
+        let tail = h.segment_cut(6, 0.0, 128, false, b"z", 1);
+        assert_eq!((tail[0].0.lost_before, tail[0].0.cut_before), (6, 6));
+        assert_eq!((h.cut_segments, h.cut_octets), (2, 12));
+        // A real loss and a cut before the same range: not a cut.
+        let mut h = HalfStream::default();
+        h.segment_cut(1, 0.0, 0, false, b"ab", 5);
+        h.segment_cut(3, 0.0, 9, false, b"c", 1);
+        let after = h.skip_gap();
+        assert_eq!((after[0].0.lost_before, after[0].0.cut_before), (7, 3));
+        // Cut at the end.
+        let mut h = HalfStream::default();
+        h.segment_cut(1, 0.0, 0, false, b"ab", 5);
+        assert_eq!(h.take_trailing_cut(), Some((5, 3)));
+        assert_eq!(h.take_trailing_cut(), None);
     }
 
     #[test]

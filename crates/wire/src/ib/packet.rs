@@ -71,6 +71,31 @@ impl<'a> PacketRepr<'a> {
     /// syndrome; `Malformed` when PadCnt exceeds what follows the headers
     /// or an opcode without payload carries one.
     pub fn parse(buf: &'a [u8]) -> Result<Self> {
+        let (mut p, off) = Self::parse_headers(buf)?;
+        let rest = &buf[off..];
+        let pad_len = p.bth.pad_cnt as usize;
+        if rest.len() < pad_len {
+            return Err(Error::Malformed {
+                layer: Layer::Bth,
+                reason: "PadCnt exceeds the octets after the headers",
+            });
+        }
+        let (payload, pad_octets) = rest.split_at(rest.len() - pad_len);
+        if !p.bth.opcode.headers().payload && !payload.is_empty() {
+            return Err(Error::Malformed {
+                layer: Layer::Bth,
+                reason: "payload on an opcode that carries none",
+            });
+        }
+        p.payload = payload;
+        p.pad[..pad_len].copy_from_slice(pad_octets);
+        Ok(p)
+    }
+
+    /// Parses BTH and the extended headers its OpCode names, and returns them (with an
+    /// empty payload) and their length: what a capture cut short of the payload still
+    /// tells. Errors as [`PacketRepr::parse`] for the headers.
+    pub fn parse_headers(buf: &'a [u8]) -> Result<(Self, usize)> {
         let bth = BthRepr::parse(buf)?;
         let h = bth.opcode.headers();
         need(Layer::IbExt, buf, BTH_LEN + h.len())?;
@@ -96,38 +121,24 @@ impl<'a> PacketRepr<'a> {
         let atomic_ack_eth = take!(h.atomic_ack_eth, AtomicAckEthRepr, ATOMIC_ACK_ETH_LEN);
         let immdt = take!(h.immdt, ImmDtRepr, IMMDT_LEN);
         let ieth = take!(h.ieth, IethRepr, IETH_LEN);
-        let rest = &buf[off..];
-        let pad_len = bth.pad_cnt as usize;
-        if rest.len() < pad_len {
-            return Err(Error::Malformed {
-                layer: Layer::Bth,
-                reason: "PadCnt exceeds the octets after the headers",
-            });
-        }
-        let (payload, pad_octets) = rest.split_at(rest.len() - pad_len);
-        if !h.payload && !payload.is_empty() {
-            return Err(Error::Malformed {
-                layer: Layer::Bth,
-                reason: "payload on an opcode that carries none",
-            });
-        }
-        let mut pad = [0u8; 3];
-        pad[..pad_len].copy_from_slice(pad_octets);
-        Ok(PacketRepr {
-            bth,
-            rdeth,
-            deth,
-            xrceth,
-            feth,
-            reth,
-            atomic_eth,
-            aeth,
-            atomic_ack_eth,
-            immdt,
-            ieth,
-            payload,
-            pad,
-        })
+        Ok((
+            PacketRepr {
+                bth,
+                rdeth,
+                deth,
+                xrceth,
+                feth,
+                reth,
+                atomic_eth,
+                aeth,
+                atomic_ack_eth,
+                immdt,
+                ieth,
+                payload: &[],
+                pad: [0; 3],
+            },
+            off,
+        ))
     }
 
     /// The headers present in this repr.
@@ -251,6 +262,35 @@ mod tests {
 
     fn transport(pkt: &[u8]) -> &[u8] {
         &pkt[T..pkt.len() - 4]
+    }
+
+    /// A capture cut anywhere after the headers still gives them; cut inside them, the
+    /// error names the truncation.
+    #[test]
+    fn headers_of_a_cut_packet() {
+        for pkt in ALL.iter().map(|(_, p)| *p) {
+            let t = transport(pkt);
+            let whole = PacketRepr::parse(t).unwrap();
+            let n = whole.header_len();
+            for cut in n..=t.len() {
+                let (h, off) = PacketRepr::parse_headers(&t[..cut]).unwrap();
+                assert_eq!(off, n);
+                assert_eq!(
+                    PacketRepr {
+                        payload: whole.payload,
+                        pad: whole.pad,
+                        ..h
+                    },
+                    whole
+                );
+            }
+            for cut in 0..n {
+                assert!(matches!(
+                    PacketRepr::parse_headers(&t[..cut]),
+                    Err(Error::Truncated { .. })
+                ));
+            }
+        }
     }
 
     fn roundtrip(pkt: &[u8]) -> PacketRepr<'_> {
