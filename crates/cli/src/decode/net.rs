@@ -2,7 +2,9 @@
 
 use std::net::IpAddr;
 
-use etherparse::{Ipv4Slice, Ipv6Slice, LaxIpv4Slice, LaxIpv6Slice, TcpSlice, UdpSlice};
+use etherparse::{
+    Ipv4HeaderSlice, Ipv4Slice, Ipv6Slice, LaxIpv4Slice, LaxIpv6Slice, TcpSlice, UdpSlice,
+};
 
 use super::capture::Link;
 
@@ -124,63 +126,58 @@ pub fn slice(link: Link, data: &[u8], sliced: bool) -> Result<NetPacket<'_>, Net
     // (src, dst, IP packet as captured, its length on the wire, protocol, payload as
     // captured, first fragment or none)
     let (src, dst, ip, wire_len, proto, payload, fragment) = match ethertype {
-        Some(ETH_P_IPV4) if sliced => {
-            let (s, _) = LaxIpv4Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
-            let h = s.header();
+        Some(ETH_P_IPV4) => {
+            // Checked lengths, or, cut, the header's own (the payload what was kept).
+            let (proto, payload, fragmented) = if sliced {
+                let (s, _) = LaxIpv4Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
+                let p = s.payload();
+                (p.ip_number.0, p.payload, s.is_payload_fragmented())
+            } else {
+                let s = Ipv4Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
+                let p = s.payload();
+                (p.ip_number.0, p.payload, s.is_payload_fragmented())
+            };
+            let h = Ipv4HeaderSlice::from_slice(rest).map_err(|e| ip_err(&e))?;
             let wire = usize::from(h.total_len());
-            let frag = s.is_payload_fragmented() && h.fragments_offset().value() != 0;
             (
                 IpAddr::from(h.source_addr()),
                 IpAddr::from(h.destination_addr()),
                 &rest[..wire.min(rest.len())],
                 wire,
-                s.payload().ip_number.0,
-                s.payload().payload,
-                frag,
+                proto,
+                payload,
+                fragmented && h.fragments_offset().value() != 0,
             )
         }
-        Some(ETH_P_IPV4) => {
-            let s = Ipv4Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
-            let h = s.header();
-            let total = usize::from(h.total_len()).min(rest.len());
-            let frag = s.is_payload_fragmented() && h.fragments_offset().value() != 0;
-            (
-                IpAddr::from(h.source_addr()),
-                IpAddr::from(h.destination_addr()),
-                &rest[..total],
-                total,
-                h.protocol().0,
-                s.payload().payload,
-                frag,
-            )
-        }
-        Some(ETH_P_IPV6) if sliced => {
-            let (s, _) = LaxIpv6Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
-            let h = s.header();
+        Some(ETH_P_IPV6) => {
+            let (h, proto, payload, fragmented) = if sliced {
+                let (s, _) = LaxIpv6Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
+                let p = s.payload();
+                (
+                    s.header(),
+                    p.ip_number.0,
+                    p.payload,
+                    s.is_payload_fragmented(),
+                )
+            } else {
+                let s = Ipv6Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
+                let p = s.payload();
+                (
+                    s.header(),
+                    p.ip_number.0,
+                    p.payload,
+                    s.is_payload_fragmented(),
+                )
+            };
             let wire = 40 + usize::from(h.payload_length());
             (
                 IpAddr::from(h.source_addr()),
                 IpAddr::from(h.destination_addr()),
                 &rest[..wire.min(rest.len())],
                 wire,
-                s.payload().ip_number.0,
-                s.payload().payload,
-                s.is_payload_fragmented(),
-            )
-        }
-        Some(ETH_P_IPV6) => {
-            let s = Ipv6Slice::from_slice(rest).map_err(|e| ip_err(&e))?;
-            let h = s.header();
-            let total = (40 + usize::from(h.payload_length())).min(rest.len());
-            let frag = s.is_payload_fragmented();
-            (
-                IpAddr::from(h.source_addr()),
-                IpAddr::from(h.destination_addr()),
-                &rest[..total],
-                total,
-                s.payload().ip_number.0,
-                s.payload().payload,
-                frag,
+                proto,
+                payload,
+                fragmented,
             )
         }
         other => return Ok(NetPacket::NonIp { ethertype: other }),

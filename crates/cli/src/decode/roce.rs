@@ -14,13 +14,7 @@ pub(crate) const ROCEV2_PORT: u16 = rocev2::ROCEV2_UDP_PORT;
 /// Decode one RoCEv2 packet; `ip` is the whole IP packet.
 /// `port`: the UDP destination port, 4791 or one decoded as RoCEv2 (`--roce-port`).
 pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
-    let mut r = Record::new(
-        ctx.frame,
-        ctx.time,
-        ctx.src.clone(),
-        ctx.dst.clone(),
-        "RoCEv2",
-    );
+    let mut r = record(ctx);
     let pkt = match RoceV2Packet::parse_on_port(ip, port) {
         Ok(p) => p,
         Err(e) => {
@@ -109,13 +103,7 @@ pub(crate) fn decode(ctx: &Ctx, ip: &[u8], port: u16) -> Record {
 /// decoded; the payload and the ICRC, which it did not keep, cannot be verified: a note on
 /// the record, not an error (the capture's choice, not the sender's fault).
 pub(crate) fn decode_cut(ctx: &Ctx, transport: &[u8], captured: usize, wire: usize) -> Record {
-    let mut r = Record::new(
-        ctx.frame,
-        ctx.time,
-        ctx.src.clone(),
-        ctx.dst.clone(),
-        "RoCEv2",
-    );
+    let mut r = record(ctx);
     match PacketRepr::parse_headers(transport) {
         Ok((ib, _)) => ib_layer(&mut r, &ib),
         Err(e) => r.summary = format!("RoCEv2 packet cut inside its headers ({e})"),
@@ -126,6 +114,17 @@ pub(crate) fn decode_cut(ctx: &Ctx, transport: &[u8], captured: usize, wire: usi
         format!("{captured} of {wire} octets of the IP packet: payload and ICRC not verified"),
     );
     r
+}
+
+/// A RoCEv2 record of the frame `ctx` names.
+fn record(ctx: &Ctx) -> Record {
+    Record::new(
+        ctx.frame,
+        ctx.time,
+        ctx.src.clone(),
+        ctx.dst.clone(),
+        "RoCEv2",
+    )
 }
 
 /// The record's summary and "ib" layer from the IB transport headers.

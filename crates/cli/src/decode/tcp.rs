@@ -266,7 +266,10 @@ mod tests {
         let mut h = HalfStream::default();
         h.segment(1, 0.0, 99, true, &[]);
         // 10 octets on the wire, 4 kept.
-        assert_eq!(bytes(h.segment_cut(2, 0.0, 100, false, b"abcd", 10)), b"abcd");
+        assert_eq!(
+            bytes(h.segment_cut(2, 0.0, 100, false, b"abcd", 10)),
+            b"abcd"
+        );
         let next = h.segment_cut(3, 0.0, 110, false, b"xy", 2);
         assert_eq!(next.len(), 1);
         assert_eq!((next[0].0.lost_before, next[0].0.cut_before), (6, 6));
