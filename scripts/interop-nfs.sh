@@ -9,7 +9,8 @@
 #   ls           softrdma nfs ls lists every file with its size
 #   guest-file   a file the guest wrote is read back; its md5 is the guest's
 #   rm           softrdma nfs rm removes them; ls and the guest agree
-# Each RDMA case's capture decodes with `softrdma decode --strict`, and the run's captures
+# Each RDMA case's capture decodes with `softrdma decode --strict` (whole, and cut at 128 octets
+# a frame as `tcpdump -s 128` takes it, with editcap), and the run's captures
 # must show Read chunks (WRITE), Write chunks (READ) and Reply chunks (READDIRPLUS), and
 # replies by Send With Invalidate (RFC 8797 remote invalidation, which we advertise).
 #

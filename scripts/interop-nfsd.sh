@@ -18,7 +18,8 @@
 #   P-dd-64MiB        throughput: the guest's dd of 64 MiB to and from the mount (MB/s)
 # With --kernel, a second VM (id 2, 10.77.1.3) runs the kernel's nfsd (as tests/nfs-rdma.sh
 # sets it up) and the same dd runs against it from VM 1: kernel-P-dd-64MiB, for comparison.
-# Every case's capture decodes with `softrdma decode --strict`.
+# Every case's capture decodes with `softrdma decode --strict`, whole and cut at 128 octets a
+# frame as `tcpdump -s 128` takes it (with editcap).
 #
 # With --rxe the same runs over RoCE: `softrdma nfsd --transport roce` on 10.77.0.1, the
 # guest mounting 10.77.0.1 over rxe0 (the kernel's xprtrdma connects with rdma_cm over the IB

@@ -30,7 +30,8 @@
 #
 # Every case runs with -c (validate): the pingpong client zeroes byte 0 of each 4 KiB page, the
 # server checks those bytes and prints "invalid data in page N" (its exit status stays 0, so
-# the output is checked). Each case's bridge capture is decoded with `softrdma decode --strict`.
+# the output is checked). Each case's bridge capture is decoded with `softrdma decode --strict`,
+# whole and cut at 128 octets a frame as `tcpdump -s 128` takes it (with editcap).
 # Prints PASS/FAIL/SKIP per case and a summary; exits 0 only if every case passed. A case whose
 # softrdma subcommand does not exist yet is SKIPped (and the run does not count as passed).
 # Needs root and /dev/net/tun (the VM's network namespace and taps).
@@ -144,6 +145,10 @@ decode_check() {
   local log=$OUT/$1.decode dropped
   if "$BIN" decode --strict "$2" >"$log" 2>&1; then
     say "$1: decode --strict ok ($(tail -1 "$log"))"
+    if ! snaplen_check "$2" "$OUT/$1"; then
+      say "$1: cut at 128 octets a frame, decode --strict failed, see $OUT/$1.s128.decode"
+      return 1
+    fi
     return 0
   fi
   dropped=$(case_drops "$3")

@@ -33,7 +33,8 @@
 #                          through the guest's siw NIC), against our perftest server / client;
 #                          then a new session completes
 #
-# Each case's bridge capture is decoded with `softrdma decode --strict`. Prints PASS/FAIL per
+# Each case's bridge capture is decoded with `softrdma decode --strict`, whole and cut at 128
+# octets a frame as `tcpdump -s 128` takes it (with editcap). Prints PASS/FAIL per
 # case and a summary; exits 0 only if every case passed. Needs root and /dev/net/tun (the VM's
 # network namespace and taps); takes a few minutes under TCG.
 #
@@ -138,6 +139,10 @@ decode_check() {
   local log=$OUT/$1.decode dropped
   if "$BIN" decode --strict "$2" >"$log" 2>&1; then
     say "$1: decode --strict ok ($(tail -1 "$log"))"
+    if ! snaplen_check "$2" "$OUT/$1"; then
+      say "$1: cut at 128 octets a frame, decode --strict failed, see $OUT/$1.s128.decode"
+      return 1
+    fi
     return 0
   fi
   dropped=$(case_drops "$3")

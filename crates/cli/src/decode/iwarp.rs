@@ -155,6 +155,16 @@ impl Direction {
         let cut_fpdu = match self.mode {
             Mode::Fpdu { markers } if cut => self.cut_fpdu(markers).map(|(r, end)| {
                 self.sync_at = Some(end);
+                // Found while looking for an FPDU after a segment the capture lost: the
+                // deframing resumed there.
+                if self.resync.is_some()
+                    && !self.in_cut_hole
+                    && self.more_gaps == 0
+                    && let Some(g) = self.gaps.last_mut()
+                    && g.resumed.is_none()
+                {
+                    g.resumed = Some((r.frame, self.buf_off));
+                }
                 r
             }),
             _ => None,
