@@ -10,7 +10,7 @@ use std::io::Cursor;
 use std::path::Path;
 
 use etherparse::{SlicedPacket, TransportSlice};
-use pcap_file::pcap::{PcapReader, PcapWriter};
+use pcap_file::pcap::PcapReader;
 use serde_json::Value;
 use softrdma_cli::decode::{Options, Output, Record, decode_bytes};
 
@@ -42,23 +42,6 @@ fn segments(img: &[u8]) -> Vec<Segment> {
         }
     }
     v
-}
-
-/// `img` without the frames numbered in `drop`.
-fn without(img: &[u8], drop: &[u64]) -> Vec<u8> {
-    let mut rd = PcapReader::new(Cursor::new(img)).unwrap();
-    let mut out = Vec::new();
-    let mut w = PcapWriter::with_header(&mut out, rd.header()).unwrap();
-    let mut frame = 0;
-    while let Some(p) = rd.next_packet() {
-        frame += 1;
-        let p = p.unwrap();
-        if !drop.contains(&frame) {
-            w.write_packet(&p).unwrap();
-        }
-    }
-    w.into_writer();
-    out
 }
 
 /// What identifies an FPDU's message apart from the frame: direction, ULPDU_Length and
@@ -109,7 +92,7 @@ fn check_gap(name: &str, img: &[u8], whole: &Output, drop: &[&Segment]) -> (usiz
     let frames: Vec<u64> = drop.iter().map(|s| s.frame).collect();
     let lost: usize = drop.iter().map(|s| s.len).sum();
     let what = format!("{name} without frames {frames:?}");
-    let gapped_img = without(img, &frames);
+    let gapped_img = common::without(img, &frames);
     let gapped = decode_bytes(&gapped_img, &Options::default()).unwrap();
     // Frame numbers of the whole capture in the gapped one.
     let renumber = |f: u64| f - frames.iter().filter(|&&d| d < f).count() as u64;

@@ -45,8 +45,15 @@ fn decode(img: &[u8]) -> Output {
 /// the DDP header and RDMAP control (without it: an FPDU over two segments is the later
 /// frame's when whole, the earlier one's when the capture kept only its headers).
 fn keys(out: &Output, proto: &str) -> BTreeMap<(u64, String, String), usize> {
+    keys_of(out.records.iter(), proto)
+}
+
+fn keys_of<'a>(
+    records: impl Iterator<Item = &'a Record>,
+    proto: &str,
+) -> BTreeMap<(u64, String, String), usize> {
     let mut m = BTreeMap::new();
-    for r in out.records.iter().filter(|r| r.proto == proto) {
+    for r in records.filter(|r| r.proto == proto) {
         let k = match proto {
             "RoCEv2" => {
                 // The headers only: a whole packet's "ib" layer also holds its payload.
@@ -170,6 +177,62 @@ fn iwarp_fpdus_survive_a_snap_length() {
     // first one's headers: found in part, never invented.
     check("siw-ib_read_bw.pcap", &[96, 200], false);
     check("nfs3-rdma-siw.pcap", &[96, 200], false);
+}
+
+/// A capture that began after the connection did (no handshake, no MPA startup frames, as
+/// when tcpdump is started after an NFS mount): FPDUs are found by their headers from the
+/// first segment on, with the CRC when one checks, and every FPDU of the whole capture after
+/// that point is decoded; a note says how.
+#[test]
+fn iwarp_captured_from_the_middle_of_a_connection() {
+    for (name, crc) in [
+        ("siw-ib_write_bw.pcap", false),
+        ("siw-crc-ib_write_bw.pcap", true),
+        ("siw-rping.pcap", false),
+        ("nfs3-rdma-siw.pcap", false),
+    ] {
+        let img = std::fs::read(common::captures_dir().join(name)).unwrap();
+        let whole = decode(&img);
+        // Every frame up to the last MPA startup frame is gone.
+        let last_startup = whole
+            .records
+            .iter()
+            .filter(|r| r.proto == "MPA")
+            .map(|r| r.frame)
+            .max()
+            .unwrap();
+        let gone: Vec<u64> = (1..=last_startup).collect();
+        let got = decode(&common::without(&img, &gone));
+        let bad: Vec<&Record> = got.records.iter().filter(|r| !r.clean()).collect();
+        assert!(
+            bad.is_empty(),
+            "{name}: {:?}",
+            bad.first().map(|r| r.line())
+        );
+        assert!(
+            got.stream_errors.is_empty(),
+            "{name}: {:?}",
+            got.stream_errors
+        );
+        let want = keys_of(
+            whole.records.iter().filter(|r| r.frame > last_startup),
+            "iWARP",
+        );
+        assert!(!want.is_empty(), "{name}");
+        assert_eq!(keys(&got, "iWARP"), want, "{name}");
+        let how = if crc {
+            "each CRC checking"
+        } else {
+            "without a CRC"
+        };
+        assert!(
+            got.notes
+                .iter()
+                .any(|n| n.contains("startup frames are not in the capture") && n.contains(how)),
+            "{name}: {:?}",
+            got.notes
+        );
+    }
 }
 
 /// Whole frames decode as before: a capture that cut nothing has no notes.

@@ -68,6 +68,9 @@ struct Direction {
     /// Stream offset where an FPDU is known to start: the end of one a cut left, or of a
     /// startup frame a cut left (its lengths were kept).
     sync_at: Option<u64>,
+    /// FPDUs found without the startup frames (the capture began after them), and whether
+    /// a CRC checked on them.
+    inferred: Option<bool>,
     /// The capture has ended: nothing more will arrive.
     ended: bool,
 }
@@ -106,6 +109,7 @@ impl Default for Direction {
             more_gaps: 0,
             in_cut_hole: false,
             sync_at: None,
+            inferred: None,
             ended: false,
         }
     }
@@ -442,10 +446,58 @@ impl Connection {
                     d.mode = Mode::OncRpc;
                     d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
                 }
-                Some(false) => d.mode = Mode::Stream,
+                Some(false) => return self.infer_fpdus(dir),
             }
         }
         true
+    }
+
+    /// A stream that starts with neither an MPA startup frame nor an ONC RPC record: the
+    /// capture may have begun after the connection did. FPDUs are looked for at its first
+    /// octets (a segment start: FPDUs are aligned to segments) as after a hole: with a CRC
+    /// that checks, else without one when the FPDU after the first parses too. Markers are
+    /// taken to be off. `false`: more octets needed to tell.
+    fn infer_fpdus(&mut self, dir: usize) -> bool {
+        let known = self.negotiated.map(|n| n.crc);
+        let d = &mut self.dirs[dir];
+        let mut scratch = std::mem::take(&mut d.ulpdu);
+        scratch.resize(usize::from(u16::MAX) + 1, 0);
+        let mut verdict = Some(None);
+        for crc in [true, false] {
+            if known.is_some_and(|k| k != crc) {
+                continue;
+            }
+            match plausible(&d.buf, d.fpdu_pos, false, crc, d.ended, &mut scratch) {
+                Some(true) => {
+                    verdict = Some(Some(crc));
+                    break;
+                }
+                Some(false) => {}
+                None => {
+                    verdict = None;
+                    break;
+                }
+            }
+        }
+        d.ulpdu = scratch;
+        match verdict {
+            None => false,
+            Some(None) => {
+                d.mode = Mode::Stream;
+                true
+            }
+            Some(Some(crc)) => {
+                d.mode = Mode::Fpdu { markers: false };
+                d.inferred = Some(crc);
+                self.negotiated.get_or_insert(Negotiated {
+                    initiator: dir,
+                    req_m: false,
+                    rep_m: false,
+                    crc,
+                });
+                true
+            }
+        }
     }
 
     /// Whole ONC RPC records; the decoder keeps a record's start until its end is in.
@@ -711,17 +763,30 @@ impl Connection {
 
     /// What the capture's snap length kept from being decoded, one line per direction.
     pub(crate) fn finish_notes(&self) -> Vec<String> {
-        self.dirs
-            .iter()
-            .filter(|d| d.half.cut_octets > 0)
-            .map(|d| {
-                format!(
+        let mut v = Vec::new();
+        for d in &self.dirs {
+            if let Some(crc) = d.inferred {
+                v.push(format!(
+                    "{} → {}: the MPA startup frames are not in the capture (it began later): \
+                     FPDUs found by their headers, {}, Markers taken to be off",
+                    d.src,
+                    d.dst,
+                    if crc {
+                        "each CRC checking"
+                    } else {
+                        "without a CRC"
+                    }
+                ));
+            }
+            if d.half.cut_octets > 0 {
+                v.push(format!(
                     "{} → {}: {} octets of {} segments not captured (cut at the capture's snap \
                      length): what they carried was not decoded",
                     d.src, d.dst, d.half.cut_octets, d.half.cut_segments
-                )
-            })
-            .collect()
+                ));
+            }
+        }
+        v
     }
 
     /// Problems visible only at the end of the capture: the holes, one line each.

@@ -155,3 +155,21 @@ pub fn nfsd_ports(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> 
     }
     (rdma.unwrap_or_default(), tcp.unwrap_or_default())
 }
+
+/// pcap image `img` without the frames numbered (from 1) in `drop`.
+pub fn without(img: &[u8], drop: &[u64]) -> Vec<u8> {
+    use pcap_file::pcap::{PcapReader, PcapWriter};
+    let mut rd = PcapReader::new(std::io::Cursor::new(img)).unwrap();
+    let mut out = Vec::new();
+    let mut w = PcapWriter::with_header(&mut out, rd.header()).unwrap();
+    let mut frame = 0;
+    while let Some(p) = rd.next_packet() {
+        frame += 1;
+        let p = p.unwrap();
+        if !drop.contains(&frame) {
+            w.write_packet(&p).unwrap();
+        }
+    }
+    w.into_writer();
+    out
+}
