@@ -203,13 +203,7 @@ fn tcp_gap_resynchronises_and_finds_what_tshark_finds() {
         let (src, dst) = by_dir.iter().max_by_key(|(_, n)| **n).unwrap().0.clone();
         let port = |a: &str| a.rsplit(':').next().unwrap().parse::<u16>().unwrap();
         let ports = (port(&src), port(&dst));
-        let startup = whole
-            .records
-            .iter()
-            .filter(|r| r.proto == "MPA")
-            .map(|r| r.frame)
-            .max()
-            .unwrap();
+        let startup = common::last_startup_frame(&whole);
         let segs = segments(&img);
         let segs: Vec<&Segment> = segs
             .iter()

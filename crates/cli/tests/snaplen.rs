@@ -78,6 +78,21 @@ fn keys_of<'a>(
     m
 }
 
+/// No record failed a check and no stream error was reported.
+fn assert_clean(got: &Output, what: &str) {
+    let bad: Vec<&Record> = got.records.iter().filter(|r| !r.clean()).collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: {:?}",
+        bad.first().map(|r| r.line())
+    );
+    assert!(
+        got.stream_errors.is_empty(),
+        "{what}: {:?}",
+        got.stream_errors
+    );
+}
+
 fn check(name: &str, snaps: &[usize], exact: bool) {
     let img = std::fs::read(common::captures_dir().join(name)).unwrap();
     let whole = decode(&img);
@@ -92,17 +107,7 @@ fn check(name: &str, snaps: &[usize], exact: bool) {
         let what = format!("{name} cut at {snap}");
         let (img_cut, n_cut) = cut(&img, snap);
         let got = decode(&img_cut);
-        let bad: Vec<&Record> = got.records.iter().filter(|r| !r.clean()).collect();
-        assert!(
-            bad.is_empty(),
-            "{what}: {:?}",
-            bad.first().map(|r| r.line())
-        );
-        assert!(
-            got.stream_errors.is_empty(),
-            "{what}: {:?}",
-            got.stream_errors
-        );
+        assert_clean(&got, &what);
         let found = keys(&got, proto);
         let invented: Vec<_> = found
             .iter()
@@ -194,26 +199,10 @@ fn iwarp_captured_from_the_middle_of_a_connection() {
         let img = std::fs::read(common::captures_dir().join(name)).unwrap();
         let whole = decode(&img);
         // Every frame up to the last MPA startup frame is gone.
-        let last_startup = whole
-            .records
-            .iter()
-            .filter(|r| r.proto == "MPA")
-            .map(|r| r.frame)
-            .max()
-            .unwrap();
+        let last_startup = common::last_startup_frame(&whole);
         let gone: Vec<u64> = (1..=last_startup).collect();
         let got = decode(&common::without(&img, &gone));
-        let bad: Vec<&Record> = got.records.iter().filter(|r| !r.clean()).collect();
-        assert!(
-            bad.is_empty(),
-            "{name}: {:?}",
-            bad.first().map(|r| r.line())
-        );
-        assert!(
-            got.stream_errors.is_empty(),
-            "{name}: {:?}",
-            got.stream_errors
-        );
+        assert_clean(&got, name);
         let want = keys_of(
             whole.records.iter().filter(|r| r.frame > last_startup),
             "iWARP",

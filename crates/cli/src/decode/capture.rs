@@ -217,19 +217,20 @@ fn read_pcap(path: &str, r: impl Read, tally: &Tally) -> Result<Capture, Capture
     let mut frames = Vec::new();
     // Raw records: pcap-file's checked ones refuse an original length above the file's
     // snap length, which is what every frame of a `tcpdump -s N` capture has.
+    let frac_nanos = |frac: u32| match header.ts_resolution {
+        TsResolution::MicroSecond => u64::from(frac) * 1_000,
+        TsResolution::NanoSecond => u64::from(frac),
+    };
     while let Some(pkt) = rd.next_raw_packet() {
         let number = frames.len() as u64 + 1;
-        let frac_nanos = |frac: u32| match header.ts_resolution {
-            TsResolution::MicroSecond => u64::from(frac) * 1_000,
-            TsResolution::NanoSecond => u64::from(frac),
-        };
-        let pkt = match pkt {
-            Ok(p) if frac_nanos(p.ts_frac) < 1_000_000_000 => p,
-            Ok(_) => {
-                let e = "a timestamp's fraction is a second or more";
-                let cut = Some(tally.cut(number - 1, e));
-                return Ok(Capture { frames, cut });
+        let pkt = match pkt.map_err(|e| e.to_string()).and_then(|p| {
+            if frac_nanos(p.ts_frac) < 1_000_000_000 {
+                Ok(p)
+            } else {
+                Err("a timestamp's fraction is a second or more".to_string())
             }
+        }) {
+            Ok(p) => p,
             Err(e) => {
                 let cut = Some(tally.cut(number - 1, e));
                 return Ok(Capture { frames, cut });

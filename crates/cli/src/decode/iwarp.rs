@@ -322,9 +322,7 @@ impl Connection {
             d.src.clone_from(&ctx.src);
             d.dst.clone_from(&ctx.dst);
         }
-        let chunks =
-            d.half
-                .segment_cut(ctx.frame, ctx.time, seg.seq, seg.syn, seg.payload, seg.len);
+        let chunks = d.half.segment_cut(ctx.frame, ctx.time, seg);
         self.deliver(ctx.sends, dir, chunks, out);
     }
 
@@ -342,12 +340,7 @@ impl Connection {
                 // Decode what is whole before the hole first.
                 self.process(sends, dir, out);
                 let cut = range.cut_before == range.lost_before;
-                if cut && self.dirs[dir].mode == Mode::Startup {
-                    self.cut_startup(dir, out);
-                }
-                if let Some(r) = self.dirs[dir].hole(start, range.lost_before, cut) {
-                    out.push(r);
-                }
+                self.hole(dir, start, range.lost_before, cut, out);
             }
             let d = &mut self.dirs[dir];
             if matches!(d.mode, Mode::Stream | Mode::Stopped) {
@@ -369,6 +362,17 @@ impl Connection {
         }
     }
 
+    /// [`Direction::hole`] of direction `dir`; a startup frame a cut left is decoded as far
+    /// as it was kept first, and so is an FPDU.
+    fn hole(&mut self, dir: usize, start: u64, lost: u64, cut: bool, out: &mut Vec<Record>) {
+        if cut && self.dirs[dir].mode == Mode::Startup {
+            self.cut_startup(dir, out);
+        }
+        if let Some(r) = self.dirs[dir].hole(start, lost, cut) {
+            out.push(r);
+        }
+    }
+
     /// The capture has ended: give up the holes still open, and decode what lies behind them.
     pub(crate) fn finish(&mut self, sends: bool, out: &mut Vec<Record>) {
         for dir in 0..2 {
@@ -379,12 +383,7 @@ impl Connection {
             // The last segment was cut: what it started is decoded as far as it was kept.
             if let Some((end, cut)) = self.dirs[dir].half.take_trailing_cut() {
                 self.process(sends, dir, out);
-                if self.dirs[dir].mode == Mode::Startup {
-                    self.cut_startup(dir, out);
-                }
-                if let Some(r) = self.dirs[dir].hole(end, cut, true) {
-                    out.push(r);
-                }
+                self.hole(dir, end, cut, true, out);
             }
             self.dirs[dir].ended = true;
             self.process(sends, dir, out);
@@ -893,6 +892,16 @@ fn decode_ulpdu(r: &mut Record, u: &[u8], keep_send: bool) {
 mod tests {
     use super::*;
 
+    /// A segment captured whole.
+    fn whole(seq: u32, payload: &[u8]) -> Segment<'_> {
+        Segment {
+            seq,
+            syn: false,
+            payload,
+            len: payload.len(),
+        }
+    }
+
     fn ctx(frame: u64) -> Ctx {
         Ctx {
             frame,
@@ -936,17 +945,7 @@ mod tests {
             let mut b = vec![0; f.buffer_len()];
             f.emit(&mut b).unwrap();
             let frame = if same_frame { 1 } else { 1 + dir as u64 };
-            c.segment(
-                &ctx(frame),
-                dir,
-                Segment {
-                    seq,
-                    syn: false,
-                    payload: &b,
-                    len: b.len(),
-                },
-                out,
-            );
+            c.segment(&ctx(frame), dir, whole(seq, &b), out);
         }
         c
     }
@@ -968,17 +967,7 @@ mod tests {
             let mut b = vec![0; 2 * u.len() + 64];
             let n = mpa::encode_fpdu(&[u], pos, markers, crc, &mut b).unwrap();
             if !lost.contains(&i) {
-                c.segment(
-                    &ctx(10 + i as u64),
-                    0,
-                    Segment {
-                        seq,
-                        syn: false,
-                        payload: &b[..n],
-                        len: n,
-                    },
-                    &mut out,
-                );
+                c.segment(&ctx(10 + i as u64), 0, whole(seq, &b[..n]), &mut out);
             }
             seq = seq.wrapping_add(n as u32);
             pos = pos.wrapping_add(n as u32);
@@ -1036,17 +1025,7 @@ mod tests {
         // Octets start..start+100 lost; then the fake, then two real FPDUs.
         let mut seq = start + 100;
         for (i, seg) in [fake, real(7), real(8)].iter().enumerate() {
-            c.segment(
-                &ctx(20 + i as u64),
-                0,
-                Segment {
-                    seq,
-                    syn: false,
-                    payload: seg,
-                    len: seg.len(),
-                },
-                &mut out,
-            );
+            c.segment(&ctx(20 + i as u64), 0, whole(seq, seg), &mut out);
             seq += seg.len() as u32;
         }
         c.finish(false, &mut out);
@@ -1076,17 +1055,7 @@ mod tests {
                 b[n - 1] ^= 1; // the FPDU after the hole: its CRC does not check
             }
             if i != 1 {
-                c.segment(
-                    &ctx(10 + i as u64),
-                    0,
-                    Segment {
-                        seq,
-                        syn: false,
-                        payload: &b[..n],
-                        len: n,
-                    },
-                    &mut out,
-                );
+                c.segment(&ctx(10 + i as u64), 0, whole(seq, &b[..n]), &mut out);
             }
             seq += n as u32;
         }

@@ -80,21 +80,34 @@ impl HalfStream {
         syn: bool,
         payload: &[u8],
     ) -> Vec<(Delivered, Vec<u8>)> {
-        self.segment_cut(frame, time, seq, syn, payload, payload.len())
+        let len = payload.len();
+        self.segment_cut(
+            frame,
+            time,
+            Segment {
+                seq,
+                syn,
+                payload,
+                len,
+            },
+        )
     }
 
-    /// [`HalfStream::segment`] of a segment of `len` octets of which the capture kept the
-    /// first `payload.len()` (its snap length). Once the kept octets are in order, the rest
-    /// is skipped as a hole the range after it reports ([`Delivered::cut_before`]).
+    /// [`HalfStream::segment`] of a segment of `seg.len` octets of which the capture kept
+    /// `seg.payload`, the first ones (its snap length). Once the kept octets are in order,
+    /// the rest is skipped as a hole the range after it reports ([`Delivered::cut_before`]).
     pub fn segment_cut(
         &mut self,
         frame: u64,
         time: f64,
-        seq: u32,
-        syn: bool,
-        payload: &[u8],
-        len: usize,
+        seg: Segment<'_>,
     ) -> Vec<(Delivered, Vec<u8>)> {
+        let Segment {
+            seq,
+            syn,
+            payload,
+            len,
+        } = seg;
         if syn {
             // The SYN takes one sequence number; data (if any) follows it.
             if self.next_seq.is_none() {
@@ -254,6 +267,16 @@ impl HalfStream {
 mod tests {
     use super::*;
 
+    /// A segment of `len` octets on the wire, of which `payload` was captured.
+    fn cut(seq: u32, payload: &[u8], len: usize) -> Segment<'_> {
+        Segment {
+            seq,
+            syn: false,
+            payload,
+            len,
+        }
+    }
+
     fn bytes(chunks: Vec<(Delivered, Vec<u8>)>) -> Vec<u8> {
         chunks.into_iter().flat_map(|(_, b)| b).collect()
     }
@@ -266,31 +289,28 @@ mod tests {
         let mut h = HalfStream::default();
         h.segment(1, 0.0, 99, true, &[]);
         // 10 octets on the wire, 4 kept.
-        assert_eq!(
-            bytes(h.segment_cut(2, 0.0, 100, false, b"abcd", 10)),
-            b"abcd"
-        );
-        let next = h.segment_cut(3, 0.0, 110, false, b"xy", 2);
+        assert_eq!(bytes(h.segment_cut(2, 0.0, cut(100, b"abcd", 10))), b"abcd");
+        let next = h.segment_cut(3, 0.0, cut(110, b"xy", 2));
         assert_eq!(next.len(), 1);
         assert_eq!((next[0].0.lost_before, next[0].0.cut_before), (6, 6));
         assert_eq!(next[0].0.end, 12);
         // Out of order: a cut segment held behind a lost one, then the lost one again.
-        let held = h.segment_cut(5, 0.0, 120, false, b"ef", 8);
+        let held = h.segment_cut(5, 0.0, cut(120, b"ef", 8));
         assert!(held.is_empty());
-        let got = h.segment_cut(4, 0.0, 112, false, b"12345678", 8);
+        let got = h.segment_cut(4, 0.0, cut(112, b"12345678", 8));
         assert_eq!(bytes(got), b"12345678ef");
-        let tail = h.segment_cut(6, 0.0, 128, false, b"z", 1);
+        let tail = h.segment_cut(6, 0.0, cut(128, b"z", 1));
         assert_eq!((tail[0].0.lost_before, tail[0].0.cut_before), (6, 6));
         assert_eq!((h.cut_segments, h.cut_octets), (2, 12));
         // A real loss and a cut before the same range: not a cut.
         let mut h = HalfStream::default();
-        h.segment_cut(1, 0.0, 0, false, b"ab", 5);
-        h.segment_cut(3, 0.0, 9, false, b"c", 1);
+        h.segment_cut(1, 0.0, cut(0, b"ab", 5));
+        h.segment_cut(3, 0.0, cut(9, b"c", 1));
         let after = h.skip_gap();
         assert_eq!((after[0].0.lost_before, after[0].0.cut_before), (7, 3));
         // Cut at the end.
         let mut h = HalfStream::default();
-        h.segment_cut(1, 0.0, 0, false, b"ab", 5);
+        h.segment_cut(1, 0.0, cut(0, b"ab", 5));
         assert_eq!(h.take_trailing_cut(), Some((5, 3)));
         assert_eq!(h.take_trailing_cut(), None);
     }

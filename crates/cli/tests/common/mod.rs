@@ -173,3 +173,13 @@ pub fn without(img: &[u8], drop: &[u64]) -> Vec<u8> {
     w.into_writer();
     out
 }
+
+/// The frame of the last MPA startup frame (Request or Reply) a decode found.
+pub fn last_startup_frame(out: &softrdma_cli::decode::Output) -> u64 {
+    out.records
+        .iter()
+        .filter(|r| r.proto == "MPA")
+        .map(|r| r.frame)
+        .max()
+        .expect("an MPA startup frame")
+}
