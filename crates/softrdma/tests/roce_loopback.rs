@@ -808,6 +808,64 @@ fn concurrent_posts(ty: QpType) {
     }
 }
 
+/// A post of 64 KiB or more, made while another thread waits on the CQ (and so on the
+/// socket), is sent by that thread: it takes the QP's ACKs, so one thread sends the QP's
+/// datagrams. A small post leaves from the thread that posts it. Either way every octet
+/// arrives and every request completes.
+#[test]
+fn large_posts_while_another_thread_waits_are_sent_by_the_waiter() {
+    // (size, count): the small ones many, so that the waiter waits during most of them.
+    const LARGE: (usize, usize) = (96 * 1024, 16);
+    const SMALL: (usize, usize) = (1024, 128);
+    let (a, b) = pair(QpType::Rc, LARGE.0 * LARGE.1);
+    let deferred = || a.ctx.roce_counters().unwrap().tx_deferred;
+    let end = std::time::Instant::now() + TIMEOUT;
+    for round in 0u64.. {
+        for (size, n) in [LARGE, SMALL] {
+            let before = deferred();
+            let data: Vec<Vec<u8>> = (0..n)
+                .map(|i| pattern(size, round << 32 | (size as u64) << 12 | i as u64))
+                .collect();
+            for (i, d) in data.iter().enumerate() {
+                a.mr.copy_in(i * size, d).unwrap();
+            }
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| a.wait(n));
+                for i in 0..n {
+                    a.qp.post_send(
+                        SendWr::write(
+                            i as u64,
+                            vec![a.mr.sge(i * size, size as u32)],
+                            b.mr.rkey(),
+                            b.mr.addr(i * size),
+                        )
+                        .with_flags(SendFlags::SIGNALED),
+                    )
+                    .unwrap();
+                }
+                let wcs = waiter.join().unwrap();
+                assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+            });
+            for (i, d) in data.iter().enumerate() {
+                assert!(
+                    b.bytes(i * size, size) == *d,
+                    "{size}-octet Write {i} differs"
+                );
+            }
+            if size == SMALL.0 {
+                assert_eq!(deferred(), before, "a {size}-octet post was deferred");
+            }
+        }
+        if deferred() > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "no large post was left to the waiting thread in {round} rounds"
+        );
+    }
+}
+
 /// The default send path (`RawTx::Auto`: the UDP socket with `IP_PMTUDISC_DO`) puts ICRCs
 /// on the wire that a strict receiver (rxe, a NIC) accepts: computed over the IPv4 header the
 /// kernel wrote, Identification included — 0 on a lone datagram, 0, 1, 2, ... on the segments

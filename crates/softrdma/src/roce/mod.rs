@@ -45,7 +45,7 @@ use softrdma_ib::{
     SocketKind, Transmit,
 };
 use softrdma_memory::{KeyTable, PdId};
-use softrdma_verbs_types::{RecvWr, SendWr, SharedRecvQueue, WorkCompletion};
+use softrdma_verbs_types::{RecvWr, SendWr, SharedRecvQueue, WorkCompletion, WrOpcode};
 use softrdma_wire::icrc::{IcrcVerifier, Ipv4IdSyndromes};
 use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 
@@ -203,6 +203,9 @@ pub struct RoceCounters {
     /// Posts (and other flushes) that found another thread sending the QP's datagrams and
     /// left theirs to it.
     pub tx_handed_over: u64,
+    /// Posts of 64 KiB or more to a QP still sending, left to the thread waiting on the
+    /// socket (which takes the QP's ACKs) to send.
+    pub tx_deferred: u64,
     /// Packets for QP1 that were not a MAD as the GSI takes them (UD Send Only of 256
     /// octets, Q_Key 0x80010000, default P_Key; IBA 13.5.1).
     pub qp1_dropped: u64,
@@ -224,6 +227,7 @@ struct SocketCounters {
     gso_sends: AtomicU64,
     gro_receives: AtomicU64,
     tx_handed_over: AtomicU64,
+    tx_deferred: AtomicU64,
 }
 
 pub(crate) struct RoceShared {
@@ -273,6 +277,11 @@ pub(crate) struct RoceShared {
     ipv4_id_known: bool,
     /// Told what the socket sends and receives (set once).
     pub(crate) tap: TapSlot,
+    /// QPs whose posted requests wait for the slot's holder to send them
+    /// ([`RoceShared::defer`]); each at most once ([`RoceQpShared::tx_queued`]).
+    tx_ready: Mutex<Vec<Arc<RoceQpShared>>>,
+    /// `tx_ready` may hold something: every turn looks, most find nothing.
+    tx_ready_any: AtomicBool,
 }
 
 struct Engine {
@@ -316,6 +325,10 @@ const TX_PENDING: u8 = 1;
 /// ... and it was to send held ACKs too ([`Hold::Nothing`]).
 const TX_PENDING_ALL: u8 = 2;
 
+/// A post of at least this many octets to a QP still sending, made while another thread
+/// waits on the socket, is sent by that thread ([`RoceShared::post_send`]).
+const DEFER_OCTETS: u64 = 64 * 1024;
+
 pub(crate) struct RoceQpShared {
     qpn: u32,
     engine: Mutex<Engine>,
@@ -337,6 +350,8 @@ pub(crate) struct RoceQpShared {
     /// Its engine holds back a positive ACK for the reply the caller is about to post
     /// ([`RoceShared::flush`] with [`Hold::Ack`]).
     ack_held: AtomicBool,
+    /// On [`RoceShared::tx_ready`].
+    tx_queued: AtomicBool,
 }
 
 /// Moves the QP's completions to its CQs. A queue that overran puts the QP in Error
@@ -474,6 +489,8 @@ impl RoceShared {
             gro,
             ipv4_id_known,
             tap: TapSlot::default(),
+            tx_ready: Mutex::new(Vec::new()),
+            tx_ready_any: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&shared);
         let h = std::thread::Builder::new()
@@ -1131,7 +1148,7 @@ impl Progress for RoceShared {
         until: Option<Instant>,
         done: &dyn Fn() -> bool,
     ) -> bool {
-        self.leader.drive(
+        let drove = self.leader.drive(
             waiter,
             spin,
             flow,
@@ -1139,7 +1156,11 @@ impl Progress for RoceShared {
             done,
             || self.wake_pipe.signal(),
             |timers, until| self.turn(timers, until, Hold::Ack),
-        )
+        );
+        // What a post left to this thread after its last turn (see `defer`).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.send_ready(Instant::now());
+        drove
     }
 
     fn nudge(&self) {
@@ -1194,6 +1215,7 @@ impl RoceShared {
     /// every QP.
     fn turn(&self, timers: &mut Instant, until: Option<Instant>, hold: Hold) -> Turn {
         let now = Instant::now();
+        self.send_ready(now);
         let mut wait = if until.is_some_and(|u| u <= now) && now < *timers {
             self.release_acks(now);
             Duration::ZERO
@@ -1226,6 +1248,7 @@ impl RoceShared {
         }
         if fds[1].any().unwrap_or(false) {
             self.wake_pipe.clear();
+            self.send_ready(Instant::now());
         }
         if fds[0].any().unwrap_or(false) {
             return self.drain_now(hold);
@@ -1257,6 +1280,7 @@ fn socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
 impl RoceShared {
     /// Sends held ACKs and fires due timers; returns how long until the next one.
     fn run_timers(&self, now: Instant) -> Duration {
+        self.send_ready(now);
         self.release_acks(now);
         let mut next = now + IDLE_WAIT;
         if let Some(t) = self.gsi_timeout() {
@@ -1287,6 +1311,7 @@ impl RoceShared {
 impl RoceShared {
     /// The context is closed: the receive thread stops and lets go of the driver.
     pub(crate) fn shutdown(&self) {
+        self.send_ready(Instant::now());
         self.release_acks(Instant::now());
         self.linger();
         self.alive.store(false, Ordering::Release);
@@ -1325,6 +1350,7 @@ impl RoceShared {
             gso_sends: c.gso_sends.load(Ordering::Relaxed),
             gro_receives: c.gro_receives.load(Ordering::Relaxed),
             tx_handed_over: c.tx_handed_over.load(Ordering::Relaxed),
+            tx_deferred: c.tx_deferred.load(Ordering::Relaxed),
             cm: self.gsi.lock().cm_counters(),
         }
     }
@@ -1361,6 +1387,7 @@ impl RoceShared {
                 invalidating: AtomicUsize::new(0),
                 awaiting_rtu: AtomicBool::new(false),
                 ack_held: AtomicBool::new(false),
+                tx_queued: AtomicBool::new(false),
                 engine: Mutex::new(Engine {
                     qp,
                     wcs: Vec::new(),
@@ -1449,23 +1476,80 @@ impl RoceShared {
 
     /// Posts send requests and sends what may leave now (one lock, one flush); stops at the
     /// first refused one and returns its index.
+    ///
+    /// A large post to a QP that is still sending, made while another caller waits on the
+    /// socket, is left to that caller (woken to send it): the thread that takes the QP's
+    /// ACKs, which open its window, then sends the whole stream, instead of taking turns at
+    /// the QP's sender and its cache lines with the threads that post (a server's pool
+    /// workers posting replies' Writes while the connection's thread waits for the next
+    /// call). Small posts, and posts to an idle QP, leave at once: there a wake-up would
+    /// cost more than it saves.
     pub(crate) fn post_send(
         &self,
-        q: &RoceQpShared,
+        q: &Arc<RoceQpShared>,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, Error)> {
         let mut e = q.engine.lock();
+        let sending = e.qp.sq_outstanding() > 0;
         let mut res = Ok(());
+        let mut octets = 0u64;
         for (i, wr) in wrs.into_iter().enumerate() {
+            if !matches!(wr.opcode, WrOpcode::RdmaRead { .. }) {
+                octets += wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>();
+            }
             if let Err(err) = e.qp.post_send(wr) {
                 res = Err((i, err.into()));
                 break;
             }
             e.posted += 1;
         }
+        if sending
+            && octets >= DEFER_OCTETS
+            && self.leader.caller_holds()
+            && !self.leader.is_holder()
+        {
+            deliver(q, &mut e);
+            drop(e);
+            self.defer(q);
+            return res;
+        }
         // A held ACK goes after the requests (IbQp::poll_transmit), in the same batch.
         self.flush(q, &mut e, Instant::now(), Hold::Nothing);
         res
+    }
+
+    /// Leaves `q`'s transmission to the caller holding the slot, and wakes it; sends at once
+    /// if that caller has let the slot go meanwhile.
+    fn defer(&self, q: &Arc<RoceQpShared>) {
+        if !q.tx_queued.swap(true, Ordering::AcqRel) {
+            self.tx_ready.lock().push(q.clone());
+            self.tx_ready_any.store(true, Ordering::Relaxed);
+        }
+        self.counters.tx_deferred.fetch_add(1, Ordering::Relaxed);
+        self.wake_pipe.signal();
+        // Either the holder, letting go, finds `q` on the list (`block` looks after
+        // `drive`), or this thread sees that it let go (the fence pairs with `block`'s).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !self.leader.caller_holds() {
+            self.send_ready(Instant::now());
+        }
+    }
+
+    /// Sends for the QPs [`defer`](Self::defer) left to this thread.
+    fn send_ready(&self, now: Instant) {
+        if !self.tx_ready_any.load(Ordering::Relaxed) {
+            return;
+        }
+        let ready = {
+            let mut r = self.tx_ready.lock();
+            self.tx_ready_any.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *r)
+        };
+        for q in ready {
+            q.tx_queued.store(false, Ordering::Release);
+            let mut e = q.engine.lock();
+            self.flush(&q, &mut e, now, Hold::Nothing);
+        }
     }
 
     /// Local Invalidate in send-queue order (`IBV_WR_LOCAL_INV`): waits until every send
