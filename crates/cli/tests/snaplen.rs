@@ -252,3 +252,186 @@ fn a_frame_cut_inside_its_headers_is_a_note() {
         assert!(r.summary.contains("cut inside its headers"), "{}", r.line());
     }
 }
+
+/// An ONC RPC record (RFC 5531 §11): its mark, then `msg`.
+fn rpc_record(msg: Vec<u8>) -> Vec<u8> {
+    let mut r = (0x8000_0000u32 | msg.len() as u32).to_be_bytes().to_vec();
+    r.extend(msg);
+    r
+}
+
+/// An NFSv3 call of `proc` with AUTH_NONE and `args` octets of arguments (RFC 5531 §9).
+fn nfs_call(xid: u32, proc: u32, args: usize) -> Vec<u8> {
+    let mut m: Vec<u8> = [xid, 0, 2, 100_003, 3, proc, 0, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_be_bytes())
+        .collect();
+    m.extend((0..args).map(|i| i as u8));
+    rpc_record(m)
+}
+
+/// An accepted, successful reply with `results` octets of results.
+fn nfs_reply(xid: u32, results: usize) -> Vec<u8> {
+    let mut m: Vec<u8> = [xid, 1, 0, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_be_bytes())
+        .collect();
+    m.extend((0..results).map(|i| (i * 7) as u8));
+    rpc_record(m)
+}
+
+/// NFS over TCP as a capture holds it: `segments` (true: client to server) in order, each
+/// direction's sequence numbers following its octets.
+fn tcp_capture(segments: &[(bool, Vec<u8>)]) -> Vec<u8> {
+    use etherparse::PacketBuilder;
+    use pcap_file::pcap::PcapPacket;
+    let mut out = Vec::new();
+    let header = PcapHeader {
+        datalink: pcap_file::DataLink::ETHERNET,
+        ..PcapHeader::default()
+    };
+    let mut w = PcapWriter::with_header(&mut out, header).unwrap();
+    let (client, server) = (([10, 0, 0, 1], 801), ([10, 0, 0, 2], 2049));
+    let mut seq = [1_000u32, 900_000];
+    for (i, (to_server, payload)) in segments.iter().enumerate() {
+        let (src, dst, k) = match to_server {
+            true => (client, server, 0),
+            false => (server, client, 1),
+        };
+        let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv4(src.0, dst.0, 64)
+            .tcp(src.1, dst.1, seq[k], 65_535)
+            .ack(seq[1 - k]);
+        let mut frame = Vec::new();
+        b.write(&mut frame, payload).unwrap();
+        let t = std::time::Duration::from_millis(i as u64);
+        w.write_packet(&PcapPacket::new(t, frame.len() as u32, &frame))
+            .unwrap();
+        seq[k] = seq[k].wrapping_add(payload.len() as u32);
+    }
+    w.into_writer();
+    out
+}
+
+/// Each ONC RPC message a decode found: (its direction, xid, whether a call).
+fn rpc_messages(out: &Output) -> Vec<(String, u32, bool)> {
+    out.records
+        .iter()
+        .filter(|r| r.proto == "RPC")
+        .map(|r| {
+            let m = r
+                .layers
+                .get("rpc")
+                .unwrap_or_else(|| panic!("{}", r.line()));
+            let call = r.summary.contains(" Call ");
+            (r.src.clone(), m["xid"].as_u64().unwrap() as u32, call)
+        })
+        .collect()
+}
+
+/// ONC RPC records over TCP stay in step through segments cut at the snap length: a record
+/// mark says where the next record starts, so a cut inside a record loses nothing after it;
+/// a cut over a mark loses that record only, and the next one starting a segment is found
+/// again. Each record is decoded as far as its header was kept (its XID, a call's
+/// procedure, a reply named after its call), with no error.
+#[test]
+fn onc_rpc_records_over_tcp_stay_in_step_through_cut_segments() {
+    let write = nfs_call(2, 7, 4_000);
+    let mut two = nfs_call(3, 1, 24);
+    two.extend(nfs_call(4, 1, 24));
+    let segments = vec![
+        (true, nfs_call(1, 6, 160)),
+        (false, nfs_reply(1, 120)),
+        // One record over three segments.
+        (true, write[..1448].to_vec()),
+        (true, write[1448..2896].to_vec()),
+        (true, write[2896..].to_vec()),
+        (false, nfs_reply(2, 8)),
+        // Two records in one segment: the cut takes the second one's mark.
+        (true, two),
+        (true, nfs_call(5, 1, 24)),
+        (false, nfs_reply(3, 100)),
+        (false, nfs_reply(4, 100)),
+        (false, nfs_reply(5, 100)),
+    ];
+    let img = tcp_capture(&segments);
+    let whole = decode(&img);
+    let all = rpc_messages(&whole);
+    assert_eq!(all.len(), 10, "{all:?}");
+    assert!(whole.records.iter().all(|r| r.clean()));
+    // Ethernet 14 + IPv4 20 + TCP 20: 42 octets of each segment kept; every segment is
+    // longer but the second reply's (36 octets), which stays whole.
+    let (cut_img, n) = cut(&img, 96);
+    assert_eq!(n, segments.len() - 1);
+    let got = decode(&cut_img);
+    let want: Vec<_> = all
+        .iter()
+        .filter(|(_, xid, call)| !(*xid == 4 && *call))
+        .cloned()
+        .collect();
+    assert_eq!(rpc_messages(&got), want);
+    for r in got.records.iter().filter(|r| r.proto == "RPC") {
+        assert!(r.clean(), "{}", r.line());
+        let whole = r.layers["rpc"]["xid"] == 2 && !r.summary.contains(" Call ");
+        assert_eq!(r.summary.ends_with("[cut]"), !whole, "{}", r.line());
+        assert_eq!(
+            r.checks.iter().any(|c| c.what == "captured"),
+            !whole,
+            "{}",
+            r.line()
+        );
+    }
+    let summary = |xid: u32, call: bool| {
+        got.records
+            .iter()
+            .find(|r| {
+                r.layers.get("rpc").is_some_and(|m| m["xid"] == xid)
+                    && r.summary.contains(" Call ") == call
+            })
+            .map(|r| r.summary.clone())
+            .unwrap()
+    };
+    assert!(
+        summary(2, true).starts_with("NFS V3 WRITE Call"),
+        "{}",
+        summary(2, true)
+    );
+    assert!(
+        summary(2, false).starts_with("NFS V3 WRITE Reply"),
+        "{}",
+        summary(2, false)
+    );
+    // The call lost to the cut: its reply stays unnamed.
+    assert!(
+        summary(4, false).starts_with("RPC Reply"),
+        "{}",
+        summary(4, false)
+    );
+    assert!(got.stream_errors.is_empty(), "{:?}", got.stream_errors);
+    assert!(!got.notes.is_empty());
+
+    // A segment lost in the middle of the long record (not cut: gone): the record is
+    // decoded as far as it was captured, every record after it as before.
+    let lost = decode(&common::without(&img, &[4]));
+    assert_eq!(rpc_messages(&lost), all);
+    let write_call = lost
+        .records
+        .iter()
+        .find(|r| r.summary.starts_with("NFS V3 WRITE Call"))
+        .unwrap();
+    assert!(
+        write_call
+            .checks
+            .iter()
+            .any(|c| c.what == "captured" && c.detail.starts_with("1444 of 4040 octets")),
+        "{}",
+        write_call.verbose()
+    );
+    assert_eq!(lost.stream_errors.len(), 1, "{:?}", lost.stream_errors);
+    assert!(
+        lost.stream_errors[0].contains("1448 octets not captured")
+            && lost.stream_errors[0].contains("kept in step"),
+        "{}",
+        lost.stream_errors[0]
+    );
+}

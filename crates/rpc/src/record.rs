@@ -68,6 +68,17 @@ impl RecordDecoder {
         matches!(self.state, State::Mark { n: 0, .. }) && self.record.is_empty()
     }
 
+    /// Octets of the record assembled so far, and what is left of the fragment being read
+    /// (`None` between fragments, its mark not yet whole): what a reader of a capture that
+    /// lost octets needs to know whether it is still in step.
+    pub fn progress(&self) -> (usize, Option<usize>) {
+        let left = match self.state {
+            State::Body { remaining, .. } => Some(remaining),
+            State::Mark { .. } => None,
+        };
+        (self.record.len(), left)
+    }
+
     /// Consumes octets from the front of `input` until a record is complete (returned) or
     /// `input` is empty (`None`). Call again with the rest of `input` for the next record.
     pub fn decode(&mut self, input: &mut &[u8]) -> Result<Option<Vec<u8>>, RecordError> {
@@ -190,6 +201,24 @@ mod tests {
         let got = decode_all(&mut d, &wire).unwrap();
         assert_eq!(got, vec![rec, vec![], b"abc".to_vec()]);
         assert!(d.is_idle());
+    }
+
+    #[test]
+    fn progress_says_where_in_a_fragment_the_decoder_is() {
+        let mut wire = Vec::new();
+        encode_record(&[&[9; 250]], 100, &mut wire);
+        let mut d = RecordDecoder::new(4096);
+        assert_eq!(d.progress(), (0, None));
+        // The first mark and 30 octets of its fragment; then half of the next mark.
+        let mut input = &wire[..34];
+        assert_eq!(d.decode(&mut input), Ok(None));
+        assert_eq!(d.progress(), (30, Some(70)));
+        let mut input = &wire[34..106];
+        assert_eq!(d.decode(&mut input), Ok(None));
+        assert_eq!(d.progress(), (100, None));
+        let mut input = &wire[106..];
+        assert_eq!(d.decode(&mut input), Ok(Some(vec![9; 250])));
+        assert_eq!(d.progress(), (0, None));
     }
 
     #[test]

@@ -55,8 +55,11 @@ struct Direction {
     /// The endpoints, as records show them.
     src: String,
     dst: String,
-    /// Reassembles ONC RPC records, in [`Mode::OncRpc`].
+    /// Reassembles ONC RPC records, in [`Mode::OncRpc`] (`None` while looking for one after
+    /// a hole over a record mark).
     records: Option<RecordDecoder>,
+    /// The record being reassembled lost octets to a hole: how many of it were kept before.
+    rpc_cut: Option<usize>,
     /// Looking for an FPDU after a hole: the segment starts (stream offsets) to try.
     resync: Option<VecDeque<u64>>,
     gaps: Vec<Gap>,
@@ -88,6 +91,8 @@ struct Gap {
     dropped: u64,
     /// The frame and stream offset where deframing resumed.
     resumed: Option<(u64, u64)>,
+    /// It lay inside an ONC RPC record fragment: the records after it stayed in step.
+    in_step: bool,
 }
 
 impl Default for Direction {
@@ -104,6 +109,7 @@ impl Default for Direction {
             src: String::new(),
             dst: String::new(),
             records: None,
+            rpc_cut: None,
             resync: None,
             gaps: Vec::new(),
             more_gaps: 0,
@@ -173,6 +179,10 @@ impl Direction {
             }),
             _ => None,
         };
+        let (rpc_cut, in_step) = match self.mode {
+            Mode::OncRpc => self.rpc_hole(start, lost),
+            _ => (None, false),
+        };
         let dropped = self.buf.len() as u64;
         let after_frame = self.ranges.back().map_or(0, |d| d.frame);
         let advance = start.saturating_sub(self.buf_off);
@@ -182,9 +192,15 @@ impl Direction {
         self.fpdu_pos = self.fpdu_pos.wrapping_add(advance as u32);
         match self.mode {
             Mode::Unknown | Mode::Stream | Mode::Stopped => return None,
-            // The startup frame cut: there is no telling what was negotiated; record marks
-            // have no pattern to find again.
-            Mode::Startup | Mode::OncRpc => self.mode = Mode::Stopped,
+            // The startup frame cut: there is no telling what was negotiated.
+            Mode::Startup => self.mode = Mode::Stopped,
+            // A hole over a record mark: records are looked for at segment starts.
+            Mode::OncRpc if !in_step => {
+                self.records = None;
+                self.rpc_cut = None;
+                self.resync = Some(VecDeque::new());
+            }
+            Mode::OncRpc => {}
             // Where the next FPDU starts is known when what the hole cut said its length
             // and ends at or after the hole; else it is looked for at segment starts.
             Mode::AwaitNegotiation | Mode::Fpdu { .. } => {
@@ -198,7 +214,7 @@ impl Direction {
         }
         self.in_cut_hole = cut;
         if cut {
-            return cut_fpdu;
+            return cut_fpdu.or(rpc_cut);
         }
         let gap = Gap {
             at: start.saturating_sub(lost),
@@ -206,13 +222,48 @@ impl Direction {
             after_frame,
             dropped,
             resumed: None,
+            in_step,
         };
         if self.gaps.len() < MAX_GAP_REPORTS {
             self.gaps.push(gap);
         } else {
             self.more_gaps += 1;
         }
-        None
+        rpc_cut
+    }
+
+    /// A hole of `lost` octets before stream offset `start` in ONC RPC records. Inside a
+    /// fragment, whose length says where the next mark is, the reassembly stays in step: the
+    /// hole's octets go in as zeros and the record is decoded only as far as it was kept.
+    /// Returns the record the hole ends, if it ends one, and whether the reassembly is
+    /// still in step (`false`: the next mark was in the hole, or it began in one).
+    fn rpc_hole(&mut self, start: u64, lost: u64) -> (Option<Record>, bool) {
+        const ZEROS: [u8; 4096] = [0; 4096];
+        let Some(dec) = self.records.as_mut() else {
+            return (None, false);
+        };
+        let (kept, left) = dec.progress();
+        let Some(left) = left else {
+            return (None, false);
+        };
+        let kept = *self.rpc_cut.get_or_insert(kept);
+        let fill = usize::try_from(lost).map_or(left, |l| l.min(left));
+        let mut whole = None;
+        let mut n = fill;
+        while n > 0 && whole.is_none() {
+            let mut zeros = &ZEROS[..n.min(ZEROS.len())];
+            n -= zeros.len();
+            // Inside a fragment's body: nothing to refuse.
+            whole = dec.decode(&mut zeros).ok().flatten();
+        }
+        let in_step = fill as u64 == lost;
+        let Some(rec) = whole else {
+            return (None, in_step);
+        };
+        self.rpc_cut = None;
+        let mut r = self.record(start.saturating_sub(lost), "RPC");
+        rpc::decode_cut_record(&mut r, &rec[..kept.min(rec.len())], rec.len());
+        (Some(r), in_step)
     }
 
     /// The FPDU at the front of the buffer, which the capture cut at its snap length: its
@@ -290,6 +341,52 @@ impl Direction {
             return true;
         }
         false
+    }
+
+    /// Looks for where decoding resumes after a hole: the first segment start whose octets
+    /// `plausible(buf, fpdu_pos, ended)` takes (`None`: more octets needed), what lies before
+    /// it dropped. `true` once found.
+    fn resync_by(&mut self, mut plausible: impl FnMut(&[u8], u32, bool) -> Option<bool>) -> bool {
+        loop {
+            let buf_off = self.buf_off;
+            let next = match self.resync.as_mut() {
+                None => return false,
+                Some(starts) => {
+                    while starts.front().is_some_and(|&s| s < buf_off) {
+                        starts.pop_front();
+                    }
+                    starts.front().copied()
+                }
+            };
+            let Some(s) = next else {
+                // No segment starts in what is buffered: none of it can be decoded.
+                let n = self.buf.len();
+                self.drop_unsynced(n);
+                return false;
+            };
+            let before =
+                usize::try_from(s - self.buf_off).map_or(self.buf.len(), |n| n.min(self.buf.len()));
+            self.drop_unsynced(before);
+            match plausible(&self.buf, self.fpdu_pos, self.ended) {
+                Some(true) => {
+                    let (frame, _) = self.frame_of(s + 1);
+                    if !self.in_cut_hole
+                        && self.more_gaps == 0
+                        && let Some(g) = self.gaps.last_mut()
+                    {
+                        g.resumed = Some((frame, s));
+                    }
+                    self.resync = None;
+                    return true;
+                }
+                Some(false) => {
+                    if let Some(starts) = self.resync.as_mut() {
+                        starts.pop_front();
+                    }
+                }
+                None => return false, // more octets needed
+            }
+        }
     }
 
     /// Skip `n` octets that cannot be decoded while resynchronising.
@@ -411,6 +508,14 @@ impl Connection {
                     self.resync(dir, markers)
                 }
                 Mode::Fpdu { markers } => self.fpdu(sends, dir, markers, out),
+                Mode::OncRpc if self.dirs[dir].resync.is_some() => {
+                    let d = &mut self.dirs[dir];
+                    let found = d.resync_by(|buf, _, _| rpc::is_record_stream(buf));
+                    if found {
+                        d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
+                    }
+                    found
+                }
                 Mode::OncRpc => self.rpc_records(dir, out),
                 Mode::Stream | Mode::Stopped => {
                     let d = &mut self.dirs[dir];
@@ -522,7 +627,12 @@ impl Connection {
         let (base, progressed) = (d.buf_off, !whole.is_empty() || failed.is_some());
         for (end, rec) in whole {
             let mut r = d.record(base + end as u64, "RPC");
-            rpc::decode_record(&mut r, &rec);
+            match d.rpc_cut.take() {
+                Some(kept) => {
+                    rpc::decode_cut_record(&mut r, &rec[..kept.min(rec.len())], rec.len())
+                }
+                None => rpc::decode_record(&mut r, &rec),
+            }
             out.push(r);
         }
         if let Some(e) = failed {
@@ -717,45 +827,8 @@ impl Connection {
         let d = &mut self.dirs[dir];
         let mut scratch = std::mem::take(&mut d.ulpdu);
         scratch.resize(usize::from(u16::MAX) + 1, 0);
-        let found = loop {
-            let buf_off = d.buf_off;
-            let next = match d.resync.as_mut() {
-                None => break false,
-                Some(starts) => {
-                    while starts.front().is_some_and(|&s| s < buf_off) {
-                        starts.pop_front();
-                    }
-                    starts.front().copied()
-                }
-            };
-            let Some(s) = next else {
-                // No segment starts in what is buffered: none of it can be decoded.
-                let n = d.buf.len();
-                d.drop_unsynced(n);
-                break false;
-            };
-            let before = usize::try_from(s - d.buf_off).map_or(d.buf.len(), |n| n.min(d.buf.len()));
-            d.drop_unsynced(before);
-            match plausible(&d.buf, d.fpdu_pos, markers, crc, d.ended, &mut scratch) {
-                Some(true) => {
-                    let (frame, _) = d.frame_of(s + 1);
-                    if !d.in_cut_hole
-                        && d.more_gaps == 0
-                        && let Some(g) = d.gaps.last_mut()
-                    {
-                        g.resumed = Some((frame, s));
-                    }
-                    d.resync = None;
-                    break true;
-                }
-                Some(false) => {
-                    if let Some(starts) = d.resync.as_mut() {
-                        starts.pop_front();
-                    }
-                }
-                None => break false, // more octets needed
-            }
-        };
+        let found =
+            d.resync_by(|buf, pos, ended| plausible(buf, pos, markers, crc, ended, &mut scratch));
         d.ulpdu = scratch;
         found
     }
@@ -793,9 +866,14 @@ impl Connection {
         let mut v = Vec::new();
         for d in &self.dirs {
             for g in &d.gaps {
+                let what = match d.mode {
+                    Mode::OncRpc => "ONC RPC records",
+                    _ => "FPDUs",
+                };
                 let resumed = match g.resumed {
+                    _ if g.in_step => format!("{what} kept in step (it lay inside one)"),
                     Some((frame, at)) => {
-                        format!("FPDUs resynchronised at frame {frame} (stream offset {at})")
+                        format!("{what} resynchronised at frame {frame} (stream offset {at})")
                     }
                     None => "not resynchronised".into(),
                 };

@@ -73,6 +73,67 @@ pub(crate) fn decode_record(r: &mut Record, rec: &[u8]) {
     }
 }
 
+/// An ONC RPC record of `total` octets of which the capture kept only the first (`kept`),
+/// the rest cut by its snap length or lost: its header as far as it was kept — the whole
+/// message header, else the XID and a call's program, version and procedure, which is what
+/// pairs a reply with its call and names both.
+pub(crate) fn decode_cut_record(r: &mut Record, kept: &[u8], total: usize) {
+    r.check(
+        "captured",
+        None,
+        format!(
+            "{} of {total} octets of this record: the rest not decoded",
+            kept.len()
+        ),
+    );
+    if let Ok((m, mlen)) = onc_rpc::Repr::parse(kept) {
+        message_layer(r, &m, kept, mlen, &[]);
+        r.summary = format!("{} [cut]", rpc_summary(&m, r.rpc.as_ref()));
+        return;
+    }
+    let word = |i: usize| {
+        kept.get(4 * i..4 * i + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    // RFC 5531 §9: xid, msg_type; a call's rpcvers, prog, vers, proc.
+    match (word(0), word(1)) {
+        (Some(xid), Some(0)) => {
+            let call = match (word(3), word(4), word(5)) {
+                (Some(prog), Some(vers), Some(proc)) => Some((prog, vers, proc)),
+                _ => None,
+            };
+            r.layer(
+                "rpc",
+                serde_json::json!({ "xid": xid, "msg_type": "call", "call": call }),
+            );
+            r.summary = match call {
+                Some((prog, vers, proc)) => {
+                    r.rpc = Some(RpcMessage {
+                        xid,
+                        call,
+                        compound: None,
+                    });
+                    format!("{} Call xid {xid:#010x} [cut]", label(prog, vers, proc))
+                }
+                None => format!("RPC Call xid {xid:#010x} [cut inside its header]"),
+            };
+        }
+        (Some(xid), Some(1)) => {
+            r.layer(
+                "rpc",
+                serde_json::json!({ "xid": xid, "msg_type": "reply" }),
+            );
+            r.rpc = Some(RpcMessage {
+                xid,
+                call: None,
+                compound: None,
+            });
+            r.summary = format!("{UNNAMED_REPLY} xid {xid:#010x} [cut]");
+        }
+        _ => r.summary = "ONC RPC record [cut before its header]".into(),
+    }
+}
+
 /// The message's layer and what pairs it; `reduced`: offsets in `wire` of data items that
 /// travel in read chunks.
 fn message_layer(r: &mut Record, m: &onc_rpc::Repr<'_>, wire: &[u8], len: usize, reduced: &[u32]) {
