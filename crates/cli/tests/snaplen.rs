@@ -253,10 +253,10 @@ fn a_frame_cut_inside_its_headers_is_a_note() {
     }
 }
 
-/// An ONC RPC record (RFC 5531 §11): its mark, then `msg`.
+/// `msg` as one ONC RPC record (RFC 5531 §11).
 fn rpc_record(msg: Vec<u8>) -> Vec<u8> {
-    let mut r = (0x8000_0000u32 | msg.len() as u32).to_be_bytes().to_vec();
-    r.extend(msg);
+    let mut r = Vec::new();
+    softrdma_rpc::record::encode_record(&[&msg], softrdma_rpc::record::MAX_FRAGMENT, &mut r);
     r
 }
 

@@ -262,7 +262,7 @@ impl Direction {
         };
         self.rpc_cut = None;
         let mut r = self.record(start.saturating_sub(lost), "RPC");
-        rpc::decode_cut_record(&mut r, &rec[..kept.min(rec.len())], rec.len());
+        rpc::decode_record(&mut r, &rec, Some(kept));
         (Some(r), in_step)
     }
 
@@ -627,12 +627,7 @@ impl Connection {
         let (base, progressed) = (d.buf_off, !whole.is_empty() || failed.is_some());
         for (end, rec) in whole {
             let mut r = d.record(base + end as u64, "RPC");
-            match d.rpc_cut.take() {
-                Some(kept) => {
-                    rpc::decode_cut_record(&mut r, &rec[..kept.min(rec.len())], rec.len())
-                }
-                None => rpc::decode_record(&mut r, &rec),
-            }
+            rpc::decode_record(&mut r, &rec, d.rpc_cut.take());
             out.push(r);
         }
         if let Some(e) = failed {

@@ -59,8 +59,12 @@ pub(crate) fn decode_into(r: &mut Record, payload: &[u8]) {
     }
 }
 
-/// One ONC RPC record from a TCP stream (its record marks removed).
-pub(crate) fn decode_record(r: &mut Record, rec: &[u8]) {
+/// One ONC RPC record from a TCP stream (its record marks removed); `kept`: only its first
+/// octets were captured, the rest being zeros that stand for what a hole lost.
+pub(crate) fn decode_record(r: &mut Record, rec: &[u8], kept: Option<usize>) {
+    if let Some(k) = kept {
+        return decode_cut_record(r, &rec[..k.min(rec.len())], rec.len());
+    }
     match onc_rpc::Repr::parse(rec) {
         Ok((m, mlen)) => {
             message_layer(r, &m, rec, mlen, &[]);
@@ -77,7 +81,7 @@ pub(crate) fn decode_record(r: &mut Record, rec: &[u8]) {
 /// the rest cut by its snap length or lost: its header as far as it was kept — the whole
 /// message header, else the XID and a call's program, version and procedure, which is what
 /// pairs a reply with its call and names both.
-pub(crate) fn decode_cut_record(r: &mut Record, kept: &[u8], total: usize) {
+fn decode_cut_record(r: &mut Record, kept: &[u8], total: usize) {
     r.check(
         "captured",
         None,

@@ -1215,8 +1215,9 @@ impl RoceShared {
     /// every QP.
     fn turn(&self, timers: &mut Instant, until: Option<Instant>, hold: Hold) -> Turn {
         let now = Instant::now();
-        self.send_ready(now);
         let mut wait = if until.is_some_and(|u| u <= now) && now < *timers {
+            // What `run_timers` does first, without the walk of every QP.
+            self.send_ready(now);
             self.release_acks(now);
             Duration::ZERO
         } else {
