@@ -18,6 +18,9 @@ use super::{Ctx, rpc};
 /// Holes reported one by one per direction; more are counted.
 const MAX_GAP_REPORTS: usize = 16;
 
+/// Segment starts tried in a stream of unknown kind before it is taken not to carry FPDUs.
+const MAX_SEARCH_SEGMENTS: u32 = 64;
+
 /// What one direction of the connection carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -27,6 +30,9 @@ enum Mode {
     Stream,
     /// ONC RPC records (RFC 5531 §11): portmap, MOUNT, NFS over TCP.
     OncRpc,
+    /// Neither a startup frame nor a record first: FPDUs of a connection the capture joined
+    /// late are looked for at segment starts, up to [`MAX_SEARCH_SEGMENTS`].
+    Search,
     /// MPA startup frame expected next.
     Startup,
     /// Startup frame done; waiting for the peer's frame to learn CRC/markers.
@@ -60,7 +66,8 @@ struct Direction {
     records: Option<RecordDecoder>,
     /// The record being reassembled lost octets to a hole: how many of it were kept before.
     rpc_cut: Option<usize>,
-    /// Looking for an FPDU after a hole: the segment starts (stream offsets) to try.
+    /// Looking for an FPDU after a hole, or in a stream not yet told apart: the segment
+    /// starts (stream offsets) to try.
     resync: Option<VecDeque<u64>>,
     gaps: Vec<Gap>,
     /// Holes beyond [`MAX_GAP_REPORTS`].
@@ -71,11 +78,25 @@ struct Direction {
     /// Stream offset where an FPDU is known to start: the end of one a cut left, or of a
     /// startup frame a cut left (its lengths were kept).
     sync_at: Option<u64>,
-    /// FPDUs found without the startup frames (the capture began after them), and whether
-    /// a CRC checked on them.
-    inferred: Option<bool>,
+    /// FPDUs found without the startup frames (the capture began after them), and how.
+    inferred: Option<Inferred>,
+    /// In [`Mode::Search`]: segment starts tried so far, and where the FPDU whose head a
+    /// cut segment kept ends (the next FPDU's head there confirms both).
+    searched: u32,
+    expect: Option<u64>,
     /// The capture has ended: nothing more will arrive.
     ended: bool,
+}
+
+/// How FPDUs were found in a stream whose startup frames the capture missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inferred {
+    /// Whole FPDUs: with a CRC that checks (`true`), or without one, the FPDU after the first
+    /// parsing too.
+    Whole { crc: bool },
+    /// A segment cut at the snap length began with an FPDU header whose length is the
+    /// segment's: the CRC could not be looked at.
+    CutHead,
 }
 
 /// One hole the capture never filled, for the stream error.
@@ -110,12 +131,15 @@ impl Default for Direction {
             dst: String::new(),
             records: None,
             rpc_cut: None,
-            resync: None,
+            // Mode::Unknown: a search may follow.
+            resync: Some(VecDeque::new()),
             gaps: Vec::new(),
             more_gaps: 0,
             in_cut_hole: false,
             sync_at: None,
             inferred: None,
+            searched: 0,
+            expect: None,
             ended: false,
         }
     }
@@ -191,7 +215,12 @@ impl Direction {
         // fpdu_pos follows the stream across the hole: Markers sit at fixed offsets.
         self.fpdu_pos = self.fpdu_pos.wrapping_add(advance as u32);
         match self.mode {
-            Mode::Unknown | Mode::Stream | Mode::Stopped => return None,
+            Mode::Stream | Mode::Stopped => return None,
+            // Still looking: from the segment after the hole on.
+            Mode::Unknown | Mode::Search => {
+                self.resync = Some(VecDeque::new());
+                return None;
+            }
             // The startup frame cut: there is no telling what was negotiated.
             Mode::Startup => self.mode = Mode::Stopped,
             // A hole over a record mark: records are looked for at segment starts.
@@ -279,34 +308,23 @@ impl Direction {
         if markers || !at_start || self.buf.len() < mpa::ULPDU_LENGTH_LEN {
             return None;
         }
-        let ulpdu_len = usize::from(u16::from_be_bytes([self.buf[0], self.buf[1]]));
-        let kept = self.buf.get(2..self.buf.len().min(2 + ulpdu_len))?;
-        // The whole RDMAP header if it was kept, else the DDP header and RDMAP's control
-        // octet (a Read Request's or a Terminate's fixed fields cut).
-        let (summary, ddp, control, ctl_octet) = match rdmap::Segment::parse(kept) {
-            Ok(seg) => (
+        let (ulpdu_len, head) = cut_head(&self.buf)?;
+        let (summary, ddp, control, ctl_octet) = match head {
+            CutHead::Whole(seg) => (
                 format!("{} [cut]", super::summary::segment(&seg)),
                 serde_json::to_value(seg.ddp).ok()?,
                 serde_json::to_value(seg.control).ok()?,
                 u8::from(seg.control.opcode),
             ),
-            Err(_) => {
-                let ddp = softrdma_wire::ddp::Repr::parse(kept).ok()?;
-                let ctl = match ddp {
-                    softrdma_wire::ddp::Repr::Tagged { rsvd_ulp, .. } => rsvd_ulp,
-                    softrdma_wire::ddp::Repr::Untagged { rsvd_ulp, .. } => rsvd_ulp[0],
-                };
-                let control = rdmap::Control::from_octet(ctl).ok()?;
-                (
-                    format!(
-                        "{} [cut inside its RDMAP header]",
-                        super::summary::opcode_name(control.opcode)
-                    ),
-                    serde_json::to_value(ddp).ok()?,
-                    serde_json::to_value(control).ok()?,
-                    u8::from(control.opcode),
-                )
-            }
+            CutHead::Control(ddp, control) => (
+                format!(
+                    "{} [cut inside its RDMAP header]",
+                    super::summary::opcode_name(control.opcode)
+                ),
+                serde_json::to_value(ddp).ok()?,
+                serde_json::to_value(control).ok()?,
+                u8::from(control.opcode),
+            ),
         };
         let fpdu_len = mpa::fpdu_len(ulpdu_len);
         let mut r = self.record(self.buf_off + self.buf.len() as u64, "iWARP");
@@ -389,6 +407,43 @@ impl Direction {
         }
     }
 
+    /// Searching, FPDUs found at the front of the buffer: deframe from there on.
+    fn found_fpdus(&mut self, how: Inferred) {
+        self.mode = Mode::Fpdu { markers: false };
+        self.inferred = Some(how);
+        self.resync = None;
+        self.expect = None;
+    }
+
+    /// Searching, with the end of an FPDU whose head a cut segment kept: when the buffer
+    /// holds the octets there and they start an FPDU header, the stream is FPDUs from there
+    /// on (`true`). The candidate is dropped when they do not, or were not kept (`at_cut`:
+    /// the buffer's end is a cut, so nothing more of what it holds will arrive).
+    fn confirm_expected(&mut self, at_cut: bool) -> bool {
+        // Enough octets for any DDP/RDMAP header behind the ULPDU_Length.
+        const HEAD: u64 = 2 + 32;
+        let Some(e) = self.expect else {
+            return false;
+        };
+        let end = self.buf_off + self.buf.len() as u64;
+        if e < self.buf_off || (at_cut && e >= end) {
+            self.expect = None;
+            return false;
+        }
+        if e >= end || (!at_cut && end - e < HEAD) {
+            return false; // not here yet
+        }
+        let at = (e - self.buf_off) as usize;
+        if cut_head(&self.buf[at..]).is_none() {
+            self.expect = None;
+            return false;
+        }
+        self.consume(at);
+        self.fpdu_pos = self.fpdu_pos.wrapping_add(at as u32);
+        self.found_fpdus(Inferred::CutHead);
+        true
+    }
+
     /// Skip `n` octets that cannot be decoded while resynchronising.
     fn drop_unsynced(&mut self, n: usize) {
         if !self.in_cut_hole
@@ -465,6 +520,9 @@ impl Connection {
         if cut && self.dirs[dir].mode == Mode::Startup {
             self.cut_startup(dir, out);
         }
+        if cut && self.dirs[dir].mode == Mode::Search {
+            self.infer_from_cut(dir, start);
+        }
         if let Some(r) = self.dirs[dir].hole(start, lost, cut) {
             out.push(r);
         }
@@ -492,6 +550,7 @@ impl Connection {
             let mode = self.dirs[dir].mode;
             let progressed = match mode {
                 Mode::Unknown => self.classify(dir),
+                Mode::Search => self.search(dir),
                 Mode::Startup => self.startup_frame(dir, out),
                 Mode::AwaitNegotiation => match self.negotiated {
                     Some(n) => {
@@ -543,63 +602,146 @@ impl Connection {
                 return false; // wait for the whole key
             }
             d.mode = Mode::Startup;
+            d.resync = None;
         } else {
             match rpc::is_record_stream(&d.buf) {
                 None => return false,
                 Some(true) => {
                     d.mode = Mode::OncRpc;
+                    d.resync = None;
                     d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
                 }
-                Some(false) => return self.infer_fpdus(dir),
+                // The segment starts delivered so far are where FPDUs may start.
+                Some(false) => d.mode = Mode::Search,
             }
         }
         true
     }
 
     /// A stream that starts with neither an MPA startup frame nor an ONC RPC record: the
-    /// capture may have begun after the connection did. FPDUs are looked for at its first
-    /// octets (a segment start: FPDUs are aligned to segments) as after a hole: with a CRC
-    /// that checks, else without one when the FPDU after the first parses too. Markers are
-    /// taken to be off. `false`: more octets needed to tell.
-    fn infer_fpdus(&mut self, dir: usize) -> bool {
+    /// capture may have begun after the connection did, anywhere in an FPDU. FPDUs are
+    /// looked for at segment starts (FPDUs are aligned to segments) as after a hole: with a
+    /// CRC that checks, else without one when the FPDU after the first parses too; or, in
+    /// segments the capture cut, by lengths that chain ([`Connection::infer_from_cut`]).
+    /// Markers are taken to be off. `false`: more octets needed.
+    fn search(&mut self, dir: usize) -> bool {
         let known = self.negotiated.map(|n| n.crc);
         let d = &mut self.dirs[dir];
+        if d.expect.is_some() && d.confirm_expected(false) {
+            self.infer_negotiation(dir, None);
+            return true;
+        }
         let mut scratch = std::mem::take(&mut d.ulpdu);
         scratch.resize(usize::from(u16::MAX) + 1, 0);
-        let mut verdict = Some(None);
-        for crc in [true, false] {
-            if known.is_some_and(|k| k != crc) {
-                continue;
-            }
-            match plausible(&d.buf, d.fpdu_pos, false, crc, d.ended, &mut scratch) {
-                Some(true) => {
-                    verdict = Some(Some(crc));
-                    break;
+        let (mut found, mut tried) = (None, 0);
+        let ok = d.resync_by(|buf, pos, ended| {
+            let mut verdict = Some(false);
+            for crc in [true, false] {
+                if known.is_some_and(|k| k != crc) {
+                    continue;
                 }
-                Some(false) => {}
-                None => {
-                    verdict = None;
-                    break;
+                match plausible(buf, pos, false, crc, ended, &mut scratch) {
+                    Some(true) => {
+                        found = Some(crc);
+                        return Some(true);
+                    }
+                    Some(false) => {}
+                    None => verdict = None,
                 }
             }
-        }
+            if verdict == Some(false) {
+                tried += 1;
+            }
+            verdict
+        });
         d.ulpdu = scratch;
-        match verdict {
-            None => false,
-            Some(None) => {
+        d.searched += tried;
+        if let (true, Some(crc)) = (ok, found) {
+            d.found_fpdus(Inferred::Whole { crc });
+            self.infer_negotiation(dir, Some(crc));
+            return true;
+        }
+        if d.searched >= MAX_SEARCH_SEGMENTS || (d.ended && d.buf.is_empty()) {
+            d.mode = Mode::Stream;
+            d.resync = None;
+            d.expect = None;
+            return true;
+        }
+        false
+    }
+
+    /// FPDUs found in direction `dir` without both startup frames: what they carry is taken
+    /// from the startup frame the capture kept, if any (the peer's, when the capture began
+    /// between the Request and the Reply), else Markers off; `crc` when the FPDUs told.
+    fn infer_negotiation(&mut self, dir: usize, crc: Option<bool>) {
+        // (direction, M, C) of the frame kept, and whether it is the Request.
+        let kept = match (self.request, self.reply) {
+            (Some(f), _) => Some((f, true)),
+            (None, Some(f)) => Some((f, false)),
+            (None, None) => None,
+        };
+        let n = match kept {
+            Some(((d, m, c), true)) => Negotiated {
+                initiator: d,
+                req_m: m,
+                rep_m: false,
+                crc: crc.unwrap_or(c),
+            },
+            Some(((d, m, c), false)) => Negotiated {
+                initiator: 1 - d,
+                req_m: false,
+                rep_m: m,
+                crc: crc.unwrap_or(c),
+            },
+            None => Negotiated {
+                initiator: dir,
+                req_m: false,
+                rep_m: false,
+                crc: crc.unwrap_or(false),
+            },
+        };
+        self.negotiated.get_or_insert(n);
+    }
+
+    /// A stream being searched whose last segment the capture cut at its snap length, the
+    /// cut ending at stream offset `end`: whole FPDUs cannot show there. The segment starts
+    /// FPDUs when its kept head is an FPDU header whose length fills the segment
+    /// ([`cut_head_plausible`]), or ends where a later segment's kept octets hold the next
+    /// FPDU's header ([`Direction::confirm_expected`]). The caller's [`Direction::hole`]
+    /// then decodes the head as far as it was kept.
+    fn infer_from_cut(&mut self, dir: usize, end: u64) {
+        let d = &mut self.dirs[dir];
+        if d.expect.is_some() && d.confirm_expected(true) {
+            self.infer_negotiation(dir, None);
+            return;
+        }
+        // The cut segment's kept octets are the last range delivered.
+        let seg_start = d
+            .ranges
+            .iter()
+            .rev()
+            .nth(1)
+            .map_or(d.buf_off, |r| r.end)
+            .max(d.buf_off);
+        let Ok(skip) = usize::try_from(seg_start - d.buf_off) else {
+            return;
+        };
+        let Some(head) = d.buf.get(skip..) else {
+            return;
+        };
+        let seg_len = end.saturating_sub(seg_start);
+        if cut_head_plausible(head, seg_len) {
+            d.consume(skip);
+            d.fpdu_pos = d.fpdu_pos.wrapping_add(skip as u32);
+            d.found_fpdus(Inferred::CutHead);
+            self.infer_negotiation(dir, None);
+        } else {
+            let fpdu_end = cut_head(head).map(|(n, _)| seg_start + mpa::fpdu_len(n) as u64);
+            d.expect = fpdu_end.filter(|&e| e > end);
+            d.searched += 1;
+            if d.expect.is_none() && d.searched >= MAX_SEARCH_SEGMENTS {
                 d.mode = Mode::Stream;
-                true
-            }
-            Some(Some(crc)) => {
-                d.mode = Mode::Fpdu { markers: false };
-                d.inferred = Some(crc);
-                self.negotiated.get_or_insert(Negotiated {
-                    initiator: dir,
-                    req_m: false,
-                    rep_m: false,
-                    crc,
-                });
-                true
+                d.resync = None;
             }
         }
     }
@@ -832,16 +974,18 @@ impl Connection {
     pub(crate) fn finish_notes(&self) -> Vec<String> {
         let mut v = Vec::new();
         for d in &self.dirs {
-            if let Some(crc) = d.inferred {
+            if let Some(how) = d.inferred {
                 v.push(format!(
                     "{} → {}: the MPA startup frames are not in the capture (it began later): \
                      FPDUs found by their headers, {}, Markers taken to be off",
                     d.src,
                     d.dst,
-                    if crc {
-                        "each CRC checking"
-                    } else {
-                        "without a CRC"
+                    match how {
+                        Inferred::Whole { crc: true } => "each CRC checking",
+                        Inferred::Whole { crc: false } => "without a CRC",
+                        Inferred::CutHead => {
+                            "in segments cut at the snap length (CRC and payload not verified)"
+                        }
                     }
                 ));
             }
@@ -886,6 +1030,51 @@ impl Connection {
             }
         }
         v
+    }
+}
+
+/// What the octets kept of an FPDU's head say: the whole DDP/RDMAP header, or the DDP
+/// header and RDMAP's control octet (a Read Request's or a Terminate's fixed fields cut).
+enum CutHead<'a> {
+    Whole(rdmap::Segment<'a>),
+    Control(softrdma_wire::ddp::Repr, rdmap::Control),
+}
+
+/// The ULPDU_Length and the header of the FPDU `buf` starts with, as far as `buf` holds
+/// it; `None` when what is kept does not parse.
+fn cut_head(buf: &[u8]) -> Option<(usize, CutHead<'_>)> {
+    let len = buf.get(..mpa::ULPDU_LENGTH_LEN)?;
+    let ulpdu_len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+    let kept = buf.get(2..buf.len().min(2 + ulpdu_len))?;
+    let head = match rdmap::Segment::parse(kept) {
+        Ok(seg) => CutHead::Whole(seg),
+        Err(_) => {
+            let ddp = softrdma_wire::ddp::Repr::parse(kept).ok()?;
+            let ctl = match ddp {
+                softrdma_wire::ddp::Repr::Tagged { rsvd_ulp, .. } => rsvd_ulp,
+                softrdma_wire::ddp::Repr::Untagged { rsvd_ulp, .. } => rsvd_ulp[0],
+            };
+            CutHead::Control(ddp, rdmap::Control::from_octet(ctl).ok()?)
+        }
+    };
+    Some((ulpdu_len, head))
+}
+
+/// Is `head`, what the capture kept of a segment of `seg_len` octets, the start of FPDUs?
+/// Its header must parse and its FPDUs fill the segment exactly (siw and softrdma align
+/// FPDUs to segments, RFC 5044 §8): the first one alone, or with the ones after it whose
+/// heads were kept and parse too. Without a CRC to check, the length is the evidence.
+fn cut_head_plausible(head: &[u8], seg_len: u64) -> bool {
+    let mut at = 0usize;
+    loop {
+        let Some((ulpdu_len, _)) = head.get(at..).and_then(cut_head) else {
+            return false;
+        };
+        let end = at as u64 + mpa::fpdu_len(ulpdu_len) as u64;
+        if end >= seg_len {
+            return end == seg_len;
+        }
+        at = end as usize;
     }
 }
 
