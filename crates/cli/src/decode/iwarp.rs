@@ -417,20 +417,20 @@ impl Direction {
 
     /// Searching, with the end of an FPDU whose head a cut segment kept: when the buffer
     /// holds the octets there and they start an FPDU header, the stream is FPDUs from there
-    /// on (`true`). The candidate is dropped when they do not, or were not kept (`at_cut`:
-    /// the buffer's end is a cut, so nothing more of what it holds will arrive).
-    fn confirm_expected(&mut self, at_cut: bool) -> bool {
+    /// on (`true`). The candidate is dropped when they do not, or were not kept (`cut_end`:
+    /// the buffer's end is a cut that ends there, so nothing more of what it holds arrives).
+    fn confirm_expected(&mut self, cut_end: Option<u64>) -> bool {
         // Enough octets for any DDP/RDMAP header behind the ULPDU_Length.
         const HEAD: u64 = 2 + 32;
         let Some(e) = self.expect else {
             return false;
         };
         let end = self.buf_off + self.buf.len() as u64;
-        if e < self.buf_off || (at_cut && e >= end) {
+        if e < self.buf_off || cut_end.is_some_and(|c| (end..c).contains(&e)) {
             self.expect = None;
             return false;
         }
-        if e >= end || (!at_cut && end - e < HEAD) {
+        if e >= end || (cut_end.is_none() && end - e < HEAD) {
             return false; // not here yet
         }
         let at = (e - self.buf_off) as usize;
@@ -627,7 +627,7 @@ impl Connection {
     fn search(&mut self, dir: usize) -> bool {
         let known = self.negotiated.map(|n| n.crc);
         let d = &mut self.dirs[dir];
-        if d.expect.is_some() && d.confirm_expected(false) {
+        if d.expect.is_some() && d.confirm_expected(None) {
             self.infer_negotiation(dir, None);
             return true;
         }
@@ -707,13 +707,16 @@ impl Connection {
     /// cut ending at stream offset `end`: whole FPDUs cannot show there. The segment starts
     /// FPDUs when its kept head is an FPDU header whose length fills the segment
     /// ([`cut_head_plausible`]), or ends where a later segment's kept octets hold the next
-    /// FPDU's header ([`Direction::confirm_expected`]). The caller's [`Direction::hole`]
+    /// FPDU's header ([`Direction::confirm_expected`]); one such candidate at a time. The caller's [`Direction::hole`]
     /// then decodes the head as far as it was kept.
     fn infer_from_cut(&mut self, dir: usize, end: u64) {
         let d = &mut self.dirs[dir];
-        if d.expect.is_some() && d.confirm_expected(true) {
+        if d.expect.is_some() && d.confirm_expected(Some(end)) {
             self.infer_negotiation(dir, None);
             return;
+        }
+        if d.expect.is_some() {
+            return; // it lies beyond this segment, which it says is inside an FPDU
         }
         // The cut segment's kept octets are the last range delivered.
         let seg_start = d
