@@ -436,6 +436,61 @@ fn onc_rpc_records_over_tcp_stay_in_step_through_cut_segments() {
     );
 }
 
+/// ONC RPC over TCP captured from inside a record (tcpdump started during a large NFS
+/// WRITE): the stream's first octets are a record's middle, so the records are found at
+/// the first segment start that holds one, whole or cut, and every record after it is
+/// decoded; nothing is taken for FPDUs.
+#[test]
+fn onc_rpc_over_tcp_captured_from_inside_a_record() {
+    // Argument octets that look like no record mark: a record starts only where one does.
+    let write = nfs_call(2, 7, 40_000);
+    let mut segments: Vec<(bool, Vec<u8>)> = vec![(true, nfs_call(1, 6, 160))];
+    segments.extend(write.chunks(1448).map(|c| (true, c.to_vec())));
+    segments.push((false, nfs_reply(1, 120)));
+    segments.push((false, nfs_reply(2, 8)));
+    for xid in 3..9 {
+        segments.push((true, nfs_call(xid, 1, 24 + xid as usize)));
+        segments.push((false, nfs_reply(xid, 100)));
+    }
+    let img = tcp_capture(&segments);
+    let all = rpc_messages(&decode(&img));
+    assert_eq!(all.len(), 16, "{all:?}");
+    // From the second segment of the WRITE on: the first call, the WRITE call and their
+    // replies' calls are not in the capture.
+    for first in [3u64, 10, 25] {
+        let gone: Vec<u64> = (1..first).collect();
+        let late = common::without(&img, &gone);
+        let want: Vec<_> = all
+            .iter()
+            .filter(|(_, xid, call)| !call || *xid >= 3)
+            .cloned()
+            .collect();
+        for snap in [0, 96] {
+            let what = format!("from frame {first}, cut at {snap}");
+            let got = decode(&if snap == 0 {
+                late.clone()
+            } else {
+                cut(&late, snap).0
+            });
+            assert_eq!(rpc_messages(&got), want, "{what}");
+            assert!(got.records.iter().all(Record::clean), "{what}");
+            assert!(got.records.iter().all(|r| r.proto == "RPC"), "{what}");
+            assert!(
+                got.stream_errors.is_empty(),
+                "{what}: {:?}",
+                got.stream_errors
+            );
+            // The calls seen are named, their replies after them.
+            let named = got
+                .records
+                .iter()
+                .filter(|r| r.summary.starts_with("NFS V3 "))
+                .count();
+            assert_eq!(named, 12, "{what}");
+        }
+    }
+}
+
 /// Of the FPDUs `want` counts, how many `found` has.
 fn kept(
     want: &BTreeMap<(u64, String, String), usize>,

@@ -18,8 +18,14 @@ use super::{Ctx, rpc};
 /// Holes reported one by one per direction; more are counted.
 const MAX_GAP_REPORTS: usize = 16;
 
-/// Segment starts tried in a stream of unknown kind before it is taken not to carry FPDUs.
+/// Segment starts of a stream of unknown kind tried for FPDUs: without a CRC the evidence is
+/// two headers that parse and chain, which a long search through other data could meet.
 const MAX_SEARCH_SEGMENTS: u32 = 64;
+
+/// Octets of a stream of unknown kind searched before it is taken to carry neither FPDUs nor
+/// ONC RPC records: a capture may begin inside an NFS WRITE of 1 MiB (the largest rsize and
+/// wsize Linux offers).
+const MAX_SEARCH_OCTETS: u64 = 4 << 20;
 
 /// What one direction of the connection carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +36,8 @@ enum Mode {
     Stream,
     /// ONC RPC records (RFC 5531 §11): portmap, MOUNT, NFS over TCP.
     OncRpc,
-    /// Neither a startup frame nor a record first: FPDUs of a connection the capture joined
-    /// late are looked for at segment starts, up to [`MAX_SEARCH_SEGMENTS`].
+    /// Neither a startup frame nor a record first: FPDUs or ONC RPC records of a connection
+    /// the capture joined late are looked for at segment starts, up to [`MAX_SEARCH_OCTETS`].
     Search,
     /// MPA startup frame expected next.
     Startup,
@@ -80,8 +86,10 @@ struct Direction {
     sync_at: Option<u64>,
     /// FPDUs found without the startup frames (the capture began after them), and how.
     inferred: Option<Inferred>,
-    /// In [`Mode::Search`]: segment starts tried so far, and where the FPDU whose head a
-    /// cut segment kept ends (the next FPDU's head there confirms both).
+    /// In [`Mode::Search`]: the stream offset it began at, the segment starts tried for
+    /// FPDUs, and where the FPDU whose head a cut segment kept ends (the next FPDU's head
+    /// there confirms both).
+    search_from: u64,
     searched: u32,
     expect: Option<u64>,
     /// The capture has ended: nothing more will arrive.
@@ -138,6 +146,7 @@ impl Default for Direction {
             in_cut_hole: false,
             sync_at: None,
             inferred: None,
+            search_from: 0,
             searched: 0,
             expect: None,
             ended: false,
@@ -407,6 +416,20 @@ impl Direction {
         }
     }
 
+    /// Searching: past [`MAX_SEARCH_OCTETS`], or at the capture's end with nothing left,
+    /// the stream is taken to be plain TCP (`true`).
+    fn give_up_search(&mut self) -> bool {
+        let past = self.buf_off.saturating_sub(self.search_from) > MAX_SEARCH_OCTETS;
+        let drained = self.ended && self.buf.is_empty();
+        if !(past || drained) {
+            return false;
+        }
+        self.mode = Mode::Stream;
+        self.resync = None;
+        self.expect = None;
+        true
+    }
+
     /// Searching, FPDUs found at the front of the buffer: deframe from there on.
     fn found_fpdus(&mut self, how: Inferred) {
         self.mode = Mode::Fpdu { markers: false };
@@ -434,7 +457,8 @@ impl Direction {
             return false; // not here yet
         }
         let at = (e - self.buf_off) as usize;
-        if cut_head(&self.buf[at..]).is_none() {
+        let head = &self.buf[at..];
+        if !reserved_clear(head.get(2..).unwrap_or_default()) || cut_head(head).is_none() {
             self.expect = None;
             return false;
         }
@@ -612,18 +636,23 @@ impl Connection {
                     d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
                 }
                 // The segment starts delivered so far are where FPDUs may start.
-                Some(false) => d.mode = Mode::Search,
+                Some(false) => {
+                    d.mode = Mode::Search;
+                    d.search_from = d.buf_off;
+                }
             }
         }
         true
     }
 
     /// A stream that starts with neither an MPA startup frame nor an ONC RPC record: the
-    /// capture may have begun after the connection did, anywhere in an FPDU. FPDUs are
-    /// looked for at segment starts (FPDUs are aligned to segments) as after a hole: with a
-    /// CRC that checks, else without one when the FPDU after the first parses too; or, in
-    /// segments the capture cut, by lengths that chain ([`Connection::infer_from_cut`]).
-    /// Markers are taken to be off. `false`: more octets needed.
+    /// capture may have begun after the connection did, anywhere in an FPDU or a record.
+    /// FPDUs are looked for at segment starts (FPDUs are aligned to segments) as after a
+    /// hole: with a CRC that checks, else without one when the FPDU after the first parses
+    /// too; or, in segments the capture cut, by lengths that chain
+    /// ([`Connection::infer_from_cut`]). Markers are taken to be off. Failing that, a
+    /// segment start that holds a plausible ONC RPC record starts records, as after a hole
+    /// over a record mark. `false`: more octets needed.
     fn search(&mut self, dir: usize) -> bool {
         let known = self.negotiated.map(|n| n.crc);
         let d = &mut self.dirs[dir];
@@ -633,14 +662,16 @@ impl Connection {
         }
         let mut scratch = std::mem::take(&mut d.ulpdu);
         scratch.resize(usize::from(u16::MAX) + 1, 0);
-        let (mut found, mut tried) = (None, 0);
+        // Some(crc): FPDUs; None: records.
+        let mut found = None;
+        let mut searched = d.searched;
         let ok = d.resync_by(|buf, pos, ended| {
             let mut verdict = Some(false);
             for crc in [true, false] {
-                if known.is_some_and(|k| k != crc) {
+                if known.is_some_and(|k| k != crc) || searched >= MAX_SEARCH_SEGMENTS {
                     continue;
                 }
-                match plausible(buf, pos, false, crc, ended, &mut scratch) {
+                match plausible(buf, pos, false, crc, ended, &mut scratch, true) {
                     Some(true) => {
                         found = Some(crc);
                         return Some(true);
@@ -649,25 +680,34 @@ impl Connection {
                     None => verdict = None,
                 }
             }
+            let verdict = match rpc::is_record_stream(buf) {
+                Some(true) if known.is_none() => return Some(true),
+                None if !ended => None,
+                _ => verdict,
+            };
             if verdict == Some(false) {
-                tried += 1;
+                searched += 1;
             }
             verdict
         });
         d.ulpdu = scratch;
-        d.searched += tried;
-        if let (true, Some(crc)) = (ok, found) {
-            d.found_fpdus(Inferred::Whole { crc });
-            self.infer_negotiation(dir, Some(crc));
+        d.searched = searched;
+        if ok {
+            match found {
+                Some(crc) => {
+                    d.found_fpdus(Inferred::Whole { crc });
+                    self.infer_negotiation(dir, Some(crc));
+                }
+                None => {
+                    d.mode = Mode::OncRpc;
+                    d.resync = None;
+                    d.expect = None;
+                    d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
+                }
+            }
             return true;
         }
-        if d.searched >= MAX_SEARCH_SEGMENTS || (d.ended && d.buf.is_empty()) {
-            d.mode = Mode::Stream;
-            d.resync = None;
-            d.expect = None;
-            return true;
-        }
-        false
+        d.give_up_search()
     }
 
     /// FPDUs found in direction `dir` without both startup frames: what they carry is taken
@@ -733,6 +773,11 @@ impl Connection {
             return;
         };
         let seg_len = end.saturating_sub(seg_start);
+        if d.searched >= MAX_SEARCH_SEGMENTS {
+            d.give_up_search();
+            return;
+        }
+        d.searched += 1;
         if cut_head_plausible(head, seg_len) {
             d.consume(skip);
             d.fpdu_pos = d.fpdu_pos.wrapping_add(skip as u32);
@@ -741,10 +786,8 @@ impl Connection {
         } else {
             let fpdu_end = cut_head(head).map(|(n, _)| seg_start + mpa::fpdu_len(n) as u64);
             d.expect = fpdu_end.filter(|&e| e > end);
-            d.searched += 1;
-            if d.expect.is_none() && d.searched >= MAX_SEARCH_SEGMENTS {
-                d.mode = Mode::Stream;
-                d.resync = None;
+            if d.expect.is_none() {
+                d.give_up_search();
             }
         }
     }
@@ -967,8 +1010,9 @@ impl Connection {
         let d = &mut self.dirs[dir];
         let mut scratch = std::mem::take(&mut d.ulpdu);
         scratch.resize(usize::from(u16::MAX) + 1, 0);
-        let found =
-            d.resync_by(|buf, pos, ended| plausible(buf, pos, markers, crc, ended, &mut scratch));
+        let found = d.resync_by(|buf, pos, ended| {
+            plausible(buf, pos, markers, crc, ended, &mut scratch, false)
+        });
         d.ulpdu = scratch;
         found
     }
@@ -1070,7 +1114,11 @@ fn cut_head(buf: &[u8]) -> Option<(usize, CutHead<'_>)> {
 fn cut_head_plausible(head: &[u8], seg_len: u64) -> bool {
     let mut at = 0usize;
     loop {
-        let Some((ulpdu_len, _)) = head.get(at..).and_then(cut_head) else {
+        let Some((ulpdu_len, _)) = head
+            .get(at..)
+            .filter(|h| reserved_clear(h.get(2..).unwrap_or_default()))
+            .and_then(cut_head)
+        else {
             return false;
         };
         let end = at as u64 + mpa::fpdu_len(ulpdu_len) as u64;
@@ -1081,10 +1129,20 @@ fn cut_head_plausible(head: &[u8], seg_len: u64) -> bool {
     }
 }
 
+/// Are the reserved bits of the DDP control field and of RDMAP's control octet at the front
+/// of ULPDU `u` zero, as RFC 5041 §4.2 and RFC 5040 §4.1 have senders set them? The
+/// parsers ignore them (as receivers must); a search through a stream of unknown kind
+/// takes them as evidence, six bits a header.
+fn reserved_clear(u: &[u8]) -> bool {
+    use softrdma_wire::ddp::MASK_RESERVED;
+    matches!(u, [ddp, ctl, ..] if ddp & MASK_RESERVED == 0 && ctl & rdmap::MASK_RSV == 0)
+}
+
 /// Does `buf` start with an FPDU to resume deframing at? RFC 5044 §4 has no sync pattern
 /// (Markers aside), so as tshark: a ULPDU_Length that fits, a DDP/RDMAP header that parses
 /// (versions, opcode), and the CRC when negotiated; without a CRC the FPDU after it must
-/// parse too, or end the capture's stream exactly. `None`: more octets needed.
+/// parse too, or end the capture's stream exactly. `clear`: the headers' reserved bits must
+/// be zero too ([`reserved_clear`]). `None`: more octets needed.
 fn plausible(
     buf: &[u8],
     pos: u32,
@@ -1092,6 +1150,7 @@ fn plausible(
     crc: bool,
     ended: bool,
     scratch: &mut [u8],
+    clear: bool,
 ) -> Option<bool> {
     let fpdu_at = |at: usize, scratch: &mut [u8]| -> Option<Option<usize>> {
         let pos = pos.wrapping_add(at as u32);
@@ -1100,7 +1159,9 @@ fn plausible(
             Ok(None) => None,
             Ok(Some(info)) => {
                 let u = &scratch[..usize::from(info.ulpdu_len)];
-                let ok = rdmap::Segment::parse(u).is_ok() && (!crc || info.crc_ok());
+                let ok = rdmap::Segment::parse(u).is_ok()
+                    && (!crc || info.crc_ok())
+                    && (!clear || reserved_clear(u));
                 Some(ok.then_some(info.consumed))
             }
         }
