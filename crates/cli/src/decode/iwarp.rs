@@ -102,8 +102,8 @@ enum Inferred {
     /// Whole FPDUs: with a CRC that checks (`true`), or without one, the FPDU after the first
     /// parsing too.
     Whole { crc: bool },
-    /// A segment cut at the snap length began with an FPDU header whose length is the
-    /// segment's: the CRC could not be looked at.
+    /// Segments cut at the snap length: an FPDU header whose length fills its segment, or
+    /// reaches the next FPDU header kept; the CRC could not be looked at.
     CutHead,
 }
 
