@@ -182,14 +182,7 @@ fn mixed_ops_clean_network() {
 #[ignore]
 fn mixed_ops_20_percent_loss_many_seeds() {
     // Any range: SEEDS seeds from SEED_BASE (default 20 from 100).
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(d)
-    };
-    let (n, base) = (env("SEEDS", 20), env("SEED_BASE", 100));
-    for seed in base..base + n {
+    for seed in sim::seeds(20, 100) {
         run(mixed(0.20), seed);
     }
 }

@@ -223,14 +223,7 @@ fn a_spurious_go_back_makes_the_requester_wait_for_that_much_reordering() {
 /// under such reordering went back on every reordered response and ran out of retries.
 #[test]
 fn large_reads_with_loss_and_heavy_reordering() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(d)
-    };
-    let (n, base) = (env("SEEDS", 6), env("SEED_BASE", 700));
-    for seed in base..base + n {
+    for seed in sim::seeds(6, 700) {
         mixed_large(seed);
     }
 }

@@ -281,23 +281,17 @@ fn ext_psn_03_rc_pairs_share_one_srq_5_percent_loss() {
 #[test]
 #[ignore = "many seeds; run with --release -- --ignored"]
 fn ext_psn_03_rc_pairs_share_one_srq_lossy_many_seeds() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(d)
-    };
-    let (n, base) = (env("SEEDS", 300), env("SEED_BASE", 100));
     let heavy = Faults {
         loss: 0.2,
         ..lossy()
     };
-    let light = base..base + n;
-    let heavy_seeds = light.end..light.end + n.div_ceil(6);
+    let light = sim::seeds(300, 100);
+    let heavy_seeds = light.end..light.end + (light.end - light.start).div_ceil(6);
     for (faults, seeds) in [(lossy(), light), (heavy, heavy_seeds)] {
         let (k, n) = interleaved_runs(faults, seeds);
+        // A tenth may miss, and one always may (a single seed replayed).
         assert!(
-            k * 10 >= n * 9,
+            n - k <= (n / 10).max(1),
             "senders interleaved in only {k} of {n} runs"
         );
     }

@@ -280,6 +280,19 @@ impl Node {
     }
 }
 
+/// The seeds a many-seed test runs: `SEEDS` of them from `SEED_BASE`, from the environment
+/// when set (so any range can be replayed), else `n` from `base`.
+pub fn seeds(n: u64, base: u64) -> std::ops::Range<u64> {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, base) = (env("SEEDS", n), env("SEED_BASE", base));
+    base..base + n
+}
+
 /// A deterministic byte pattern (xorshift) for byte-verifying transfers.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
