@@ -361,8 +361,7 @@ impl Direction {
         };
         let n = usize::try_from(at.saturating_sub(self.buf_off))
             .map_or(self.buf.len(), |n| n.min(self.buf.len()));
-        self.consume(n);
-        self.fpdu_pos = self.fpdu_pos.wrapping_add(n as u32);
+        self.pass(n);
         if self.buf_off >= at {
             self.sync_at = None;
             return true;
@@ -416,6 +415,14 @@ impl Direction {
         }
     }
 
+    /// ONC RPC records start at the front of the buffer.
+    fn start_records(&mut self) {
+        self.mode = Mode::OncRpc;
+        self.resync = None;
+        self.expect = None;
+        self.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
+    }
+
     /// Searching: past [`MAX_SEARCH_OCTETS`], or at the capture's end with nothing left,
     /// the stream is taken to be plain TCP (`true`).
     fn give_up_search(&mut self) -> bool {
@@ -462,8 +469,7 @@ impl Direction {
             self.expect = None;
             return false;
         }
-        self.consume(at);
-        self.fpdu_pos = self.fpdu_pos.wrapping_add(at as u32);
+        self.pass(at);
         self.found_fpdus(Inferred::CutHead);
         true
     }
@@ -482,6 +488,13 @@ impl Direction {
     fn consume(&mut self, n: usize) {
         self.buf.drain(..n);
         self.buf_off += n as u64;
+    }
+
+    /// [`consume`](Self::consume) `n` octets of the FPDU stream, `fpdu_pos` following them
+    /// (Markers sit at fixed stream offsets).
+    fn pass(&mut self, n: usize) {
+        self.consume(n);
+        self.fpdu_pos = self.fpdu_pos.wrapping_add(n as u32);
     }
 }
 
@@ -595,7 +608,7 @@ impl Connection {
                     let d = &mut self.dirs[dir];
                     let found = d.resync_by(|buf, _, _| rpc::is_record_stream(buf));
                     if found {
-                        d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
+                        d.start_records();
                     }
                     found
                 }
@@ -630,11 +643,7 @@ impl Connection {
         } else {
             match rpc::is_record_stream(&d.buf) {
                 None => return false,
-                Some(true) => {
-                    d.mode = Mode::OncRpc;
-                    d.resync = None;
-                    d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
-                }
+                Some(true) => d.start_records(),
                 // The segment starts delivered so far are where FPDUs may start.
                 Some(false) => {
                     d.mode = Mode::Search;
@@ -698,12 +707,7 @@ impl Connection {
                     d.found_fpdus(Inferred::Whole { crc });
                     self.infer_negotiation(dir, Some(crc));
                 }
-                None => {
-                    d.mode = Mode::OncRpc;
-                    d.resync = None;
-                    d.expect = None;
-                    d.records = Some(RecordDecoder::new(rpc::MAX_RECORD));
-                }
+                None => d.start_records(),
             }
             return true;
         }
@@ -714,41 +718,25 @@ impl Connection {
     /// from the startup frame the capture kept, if any (the peer's, when the capture began
     /// between the Request and the Reply), else Markers off; `crc` when the FPDUs told.
     fn infer_negotiation(&mut self, dir: usize, crc: Option<bool>) {
-        // (direction, M, C) of the frame kept, and whether it is the Request.
-        let kept = match (self.request, self.reply) {
-            (Some(f), _) => Some((f, true)),
-            (None, Some(f)) => Some((f, false)),
-            (None, None) => None,
+        let (initiator, req_m, rep_m, c) = match (self.request, self.reply) {
+            (Some((d, m, c)), _) => (d, m, false, c),
+            (None, Some((d, m, c))) => (1 - d, false, m, c),
+            (None, None) => (dir, false, false, false),
         };
-        let n = match kept {
-            Some(((d, m, c), true)) => Negotiated {
-                initiator: d,
-                req_m: m,
-                rep_m: false,
-                crc: crc.unwrap_or(c),
-            },
-            Some(((d, m, c), false)) => Negotiated {
-                initiator: 1 - d,
-                req_m: false,
-                rep_m: m,
-                crc: crc.unwrap_or(c),
-            },
-            None => Negotiated {
-                initiator: dir,
-                req_m: false,
-                rep_m: false,
-                crc: crc.unwrap_or(false),
-            },
-        };
-        self.negotiated.get_or_insert(n);
+        self.negotiated.get_or_insert(Negotiated {
+            initiator,
+            req_m,
+            rep_m,
+            crc: crc.unwrap_or(c),
+        });
     }
 
     /// A stream being searched whose last segment the capture cut at its snap length, the
     /// cut ending at stream offset `end`: whole FPDUs cannot show there. The segment starts
     /// FPDUs when its kept head is an FPDU header whose length fills the segment
     /// ([`cut_head_plausible`]), or ends where a later segment's kept octets hold the next
-    /// FPDU's header ([`Direction::confirm_expected`]); one such candidate at a time. The caller's [`Direction::hole`]
-    /// then decodes the head as far as it was kept.
+    /// FPDU's header ([`Direction::confirm_expected`]); one such candidate at a time. The
+    /// caller's [`Direction::hole`] then decodes the head as far as it was kept.
     fn infer_from_cut(&mut self, dir: usize, end: u64) {
         let d = &mut self.dirs[dir];
         if d.expect.is_some() && d.confirm_expected(Some(end)) {
@@ -779,8 +767,7 @@ impl Connection {
         }
         d.searched += 1;
         if cut_head_plausible(head, seg_len) {
-            d.consume(skip);
-            d.fpdu_pos = d.fpdu_pos.wrapping_add(skip as u32);
+            d.pass(skip);
             d.found_fpdus(Inferred::CutHead);
             self.infer_negotiation(dir, None);
         } else {
@@ -986,8 +973,7 @@ impl Connection {
                 );
                 decode_ulpdu(&mut r, u, sends);
                 out.push(r);
-                d.fpdu_pos = d.fpdu_pos.wrapping_add(info.consumed as u32);
-                d.consume(info.consumed);
+                d.pass(info.consumed);
                 true
             }
             Err(e) => {
