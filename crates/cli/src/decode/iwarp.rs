@@ -482,7 +482,7 @@ impl Direction {
         {
             g.dropped += n as u64;
         }
-        self.consume(n);
+        self.pass(n);
     }
 
     fn consume(&mut self, n: usize) {
@@ -1311,6 +1311,44 @@ mod tests {
             assert_eq!(msns(&r), [1, 2, 5, 6, 7, 8], "markers {markers} crc {crc}");
             assert_eq!(e.len(), 1, "{e:?}");
             assert!(e[0].contains("resynchronised at frame 14"), "{}", e[0]);
+        }
+    }
+
+    /// After a hole, the first segment holds the tail of an FPDU: resynchronising drops it
+    /// and tries the next segment start, where Markers must still sit at their stream
+    /// offsets (the dropped octets count).
+    #[test]
+    fn resynchronises_past_a_segment_that_starts_inside_an_fpdu() {
+        let fpdus: Vec<Vec<u8>> = (1..=8).map(|m| send(m, 100 + 97 * m as usize)).collect();
+        for (markers, crc) in [(true, false), (true, true), (false, false)] {
+            let mut out = Vec::new();
+            let mut c = started(markers, crc, 1000, false, &mut out);
+            let mut seq = 1000 + mpa::FRAME_HEADER_LEN as u32;
+            let mut pos = 0u32;
+            for (i, u) in fpdus.iter().enumerate() {
+                let mut b = vec![0; 2 * u.len() + 64];
+                let n = mpa::encode_fpdu(&[u], pos, markers, crc, &mut b).unwrap();
+                // FPDU 3 (index 2) is lost, and the first half of FPDU 4: its second half
+                // starts the first segment after the hole.
+                let half = n / 2;
+                match i {
+                    2 => {}
+                    3 => {
+                        let tail = whole(seq.wrapping_add(half as u32), &b[half..n]);
+                        c.segment(&ctx(10 + i as u64), 0, tail, &mut out);
+                    }
+                    _ => c.segment(&ctx(10 + i as u64), 0, whole(seq, &b[..n]), &mut out),
+                }
+                seq = seq.wrapping_add(n as u32);
+                pos = pos.wrapping_add(n as u32);
+            }
+            c.finish(false, &mut out);
+            out.retain(|r| r.proto == "iWARP");
+            assert_eq!(
+                msns(&out),
+                [1, 2, 5, 6, 7, 8],
+                "markers {markers} crc {crc}"
+            );
         }
     }
 
