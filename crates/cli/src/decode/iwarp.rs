@@ -1271,6 +1271,19 @@ mod tests {
         crc: bool,
         lost: &[usize],
     ) -> (Vec<Record>, Vec<String>) {
+        follow_kept(fpdus, markers, crc, |i, n| {
+            if lost.contains(&i) { 0..0 } else { 0..n }
+        })
+    }
+
+    /// [`follow`], each FPDU `i` of `n` octets one segment of which the capture holds the
+    /// octets `kept(i, n)` (none: lost).
+    fn follow_kept(
+        fpdus: &[Vec<u8>],
+        markers: bool,
+        crc: bool,
+        kept: impl Fn(usize, usize) -> std::ops::Range<usize>,
+    ) -> (Vec<Record>, Vec<String>) {
         let mut out = Vec::new();
         let mut c = started(markers, crc, 1000, false, &mut out);
         let mut seq = 1000 + mpa::FRAME_HEADER_LEN as u32;
@@ -1278,8 +1291,10 @@ mod tests {
         for (i, u) in fpdus.iter().enumerate() {
             let mut b = vec![0; 2 * u.len() + 64];
             let n = mpa::encode_fpdu(&[u], pos, markers, crc, &mut b).unwrap();
-            if !lost.contains(&i) {
-                c.segment(&ctx(10 + i as u64), 0, whole(seq, &b[..n]), &mut out);
+            let k = kept(i, n);
+            if !k.is_empty() {
+                let at = seq.wrapping_add(k.start as u32);
+                c.segment(&ctx(10 + i as u64), 0, whole(at, &b[k]), &mut out);
             }
             seq = seq.wrapping_add(n as u32);
             pos = pos.wrapping_add(n as u32);
@@ -1321,29 +1336,13 @@ mod tests {
     fn resynchronises_past_a_segment_that_starts_inside_an_fpdu() {
         let fpdus: Vec<Vec<u8>> = (1..=8).map(|m| send(m, 100 + 97 * m as usize)).collect();
         for (markers, crc) in [(true, false), (true, true), (false, false)] {
-            let mut out = Vec::new();
-            let mut c = started(markers, crc, 1000, false, &mut out);
-            let mut seq = 1000 + mpa::FRAME_HEADER_LEN as u32;
-            let mut pos = 0u32;
-            for (i, u) in fpdus.iter().enumerate() {
-                let mut b = vec![0; 2 * u.len() + 64];
-                let n = mpa::encode_fpdu(&[u], pos, markers, crc, &mut b).unwrap();
-                // FPDU 3 (index 2) is lost, and the first half of FPDU 4: its second half
-                // starts the first segment after the hole.
-                let half = n / 2;
-                match i {
-                    2 => {}
-                    3 => {
-                        let tail = whole(seq.wrapping_add(half as u32), &b[half..n]);
-                        c.segment(&ctx(10 + i as u64), 0, tail, &mut out);
-                    }
-                    _ => c.segment(&ctx(10 + i as u64), 0, whole(seq, &b[..n]), &mut out),
-                }
-                seq = seq.wrapping_add(n as u32);
-                pos = pos.wrapping_add(n as u32);
-            }
-            c.finish(false, &mut out);
-            out.retain(|r| r.proto == "iWARP");
+            // FPDU 3 (index 2) is lost, and the first half of FPDU 4: its second half starts
+            // the first segment after the hole.
+            let (out, _) = follow_kept(&fpdus, markers, crc, |i, n| match i {
+                2 => 0..0,
+                3 => n / 2..n,
+                _ => 0..n,
+            });
             assert_eq!(
                 msns(&out),
                 [1, 2, 5, 6, 7, 8],
