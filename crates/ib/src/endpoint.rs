@@ -97,7 +97,9 @@
 //! endpoint's `tx_no_route` + `tx_invalid` + the socket's refusals; `tx_packets` stays the
 //! driver's (datagrams the kernel took).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
@@ -294,7 +296,8 @@ impl Transmit {
 pub struct RoceEndpoint {
     local: SocketAddr,
     ipv4: SocketKind,
-    qps: HashMap<u32, Route>,
+    // Keys are our own QPNs (a peer's only look up): a fast hash is safe.
+    qps: FxHashMap<u32, Route>,
     next_qpn: u32,
     ahs: Vec<Option<SocketAddr>>,
     /// Destroyed handles, reused oldest first.
@@ -322,7 +325,7 @@ impl RoceEndpoint {
         RoceEndpoint {
             local,
             ipv4,
-            qps: HashMap::new(),
+            qps: FxHashMap::default(),
             next_qpn: FIRST_QPN,
             ahs: Vec::new(),
             free_ahs: VecDeque::new(),

@@ -52,7 +52,7 @@
 //! and is never covered, whichever check is used.
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::ib::BTH_LEN;
 use crate::rocev2::{ICRC_LEN, IP_PROTO_UDP, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
@@ -159,10 +159,15 @@ const PREFIX_MAX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
 /// [`MAX_IPV4_PAYLOAD_LEN`] / [`MAX_IPV6_PAYLOAD_LEN`]. A payload shorter
 /// than a BTH is hashed as it is (octet 4, if present, masked).
 pub fn icrc_for(ep: &Endpoints, ipv4_id: u16, payload: &[u8]) -> u32 {
+    icrc_in(&ep.family(), ep, ipv4_id, payload)
+}
+
+/// [`icrc_for`] with the address family already worked out (once a packet).
+fn icrc_in(family: &Family, ep: &Endpoints, ipv4_id: u16, payload: &[u8]) -> u32 {
     let mut buf = [0xFFu8; PREFIX_MAX];
     let udp_len = (UDP_HEADER_LEN + payload.len() + ICRC_LEN) as u16;
     let mut n = 8; // masked LRH: eight 0xFF octets
-    match ep.family() {
+    match *family {
         Family::V4(src, dst) => {
             let total = (IPV4_HEADER_LEN as u16).wrapping_add(udp_len);
             let h = &mut buf[n..n + IPV4_HEADER_LEN];
@@ -213,7 +218,7 @@ pub fn icrc_for(ep: &Endpoints, ipv4_id: u16, payload: &[u8]) -> u32 {
 /// packet between `ep` with IPv4 Identification `ipv4_id` (ignored for
 /// IPv6): the full 32-bit check, for peers whose Identification is known.
 pub fn verify_exact(ep: &Endpoints, ipv4_id: u16, datagram: &[u8]) -> bool {
-    match split(ep, datagram) {
+    match split(ep.is_ipv4(), datagram) {
         Some((payload, received)) => icrc_for(ep, ipv4_id, payload) == received,
         None => false,
     }
@@ -221,8 +226,8 @@ pub fn verify_exact(ep: &Endpoints, ipv4_id: u16, datagram: &[u8]) -> bool {
 
 /// Payload and received ICRC, or `None` when the datagram is too short for
 /// BTH + ICRC or too long for the family.
-fn split<'a>(ep: &Endpoints, datagram: &'a [u8]) -> Option<(&'a [u8], u32)> {
-    let max = if ep.is_ipv4() {
+fn split(ipv4: bool, datagram: &[u8]) -> Option<(&[u8], u32)> {
+    let max = if ipv4 {
         MAX_IPV4_PAYLOAD_LEN
     } else {
         MAX_IPV6_PAYLOAD_LEN
@@ -251,7 +256,8 @@ pub enum IcrcCheck {
 /// per-length bases for solving the IPv4 Identification (module docs).
 #[derive(Debug, Clone)]
 pub struct IcrcVerifier {
-    bases: HashMap<usize, Basis>,
+    // Lengths come from the peer, but the map is bounded by `max_lengths`.
+    bases: FxHashMap<usize, Basis>,
     max_lengths: usize,
 }
 
@@ -273,7 +279,7 @@ impl IcrcVerifier {
     /// entry is evicted.
     pub fn with_cached_lengths(max_lengths: usize) -> Self {
         IcrcVerifier {
-            bases: HashMap::new(),
+            bases: FxHashMap::default(),
             max_lengths,
         }
     }
@@ -288,11 +294,13 @@ impl IcrcVerifier {
     /// the Identification is recovered (module docs: 16 of the 32 bits
     /// then detect errors).
     pub fn verify(&mut self, ep: &Endpoints, datagram: &[u8]) -> IcrcCheck {
-        let Some((payload, received)) = split(ep, datagram) else {
+        let family = ep.family();
+        let ipv4 = matches!(family, Family::V4(..));
+        let Some((payload, received)) = split(ipv4, datagram) else {
             return IcrcCheck::Invalid;
         };
-        let computed = icrc_for(ep, 0, payload);
-        if !ep.is_ipv4() {
+        let computed = icrc_in(&family, ep, 0, payload);
+        if !ipv4 {
             return if computed == received {
                 IcrcCheck::Valid { ipv4_id: None }
             } else {
