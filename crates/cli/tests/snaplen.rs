@@ -491,6 +491,73 @@ fn onc_rpc_over_tcp_captured_from_inside_a_record() {
     }
 }
 
+/// A capture taken on a host whose TCP segments leave coalesced (GSO, TSO): records start
+/// anywhere in a segment, not at segment starts. Joined inside a record, the first call
+/// that starts after it is found inside its segment and the records after it follow; a
+/// WRITE of zeros and one of counting octets hide no call.
+#[test]
+fn onc_rpc_over_tcp_found_inside_coalesced_segments() {
+    let mut calls: Vec<(u32, Vec<u8>)> = vec![(1, nfs_call(1, 6, 160))];
+    let mut zeros = nfs_call(2, 7, 0);
+    zeros.extend(std::iter::repeat_n(0u8, 30_000));
+    let len = (zeros.len() - 4) as u32 | 0x8000_0000;
+    zeros[..4].copy_from_slice(&len.to_be_bytes());
+    calls.push((2, zeros));
+    for xid in 3..40u32 {
+        let args = if xid % 9 == 0 {
+            20_000
+        } else {
+            24 + 13 * xid as usize
+        };
+        calls.push((xid, nfs_call(xid, if xid % 9 == 0 { 7 } else { 1 }, args)));
+    }
+    // The client's octets in segments of 5,000 (records start inside them); then the
+    // replies, a segment each.
+    let mut stream = Vec::new();
+    let mut starts = Vec::new();
+    for (xid, c) in &calls {
+        starts.push((*xid, stream.len()));
+        stream.extend_from_slice(c);
+    }
+    const SEG: usize = 5_000;
+    let mut segments: Vec<(bool, Vec<u8>)> =
+        stream.chunks(SEG).map(|c| (true, c.to_vec())).collect();
+    let client_frames = segments.len() as u64;
+    segments.extend(calls.iter().map(|(xid, _)| (false, nfs_reply(*xid, 100))));
+    let img = tcp_capture(&segments);
+    let all = rpc_messages(&decode(&img));
+    assert_eq!(all.len(), 2 * calls.len(), "{all:?}");
+    let mut inside = 0;
+    for first in 2..client_frames {
+        // Frame `first` is segment `first - 1`: the calls that start in it or later.
+        let from = (first as usize - 1) * SEG;
+        let seen: Vec<u32> = starts
+            .iter()
+            .filter(|&&(_, at)| at >= from)
+            .map(|&(x, _)| x)
+            .collect();
+        inside += usize::from(
+            seen.first()
+                .is_some_and(|x| starts[*x as usize - 1].1 > from),
+        );
+        let gone: Vec<u64> = (1..first).collect();
+        let got = decode(&common::without(&img, &gone));
+        let want: Vec<_> = all
+            .iter()
+            .filter(|(_, xid, call)| !call || seen.contains(xid))
+            .cloned()
+            .collect();
+        assert_eq!(rpc_messages(&got), want, "from frame {first}");
+        assert!(got.records.iter().all(Record::clean), "from frame {first}");
+        assert!(got.stream_errors.is_empty(), "from frame {first}");
+    }
+    // Most starts join inside a record whose successor starts inside a segment.
+    assert!(
+        inside * 2 > client_frames as usize,
+        "{inside} of {client_frames}"
+    );
+}
+
 /// Of the FPDUs `want` counts, how many `found` has.
 fn kept(
     want: &BTreeMap<(u64, String, String), usize>,

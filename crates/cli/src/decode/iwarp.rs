@@ -371,8 +371,13 @@ impl Direction {
 
     /// Looks for where decoding resumes after a hole: the first segment start whose octets
     /// `plausible(buf, fpdu_pos, ended)` takes (`None`: more octets needed), what lies before
-    /// it dropped. `true` once found.
-    fn resync_by(&mut self, mut plausible: impl FnMut(&[u8], u32, bool) -> Option<bool>) -> bool {
+    /// it dropped. `true` once found. A segment whose start fails may hold a place to resume
+    /// inside it: `within(buf, segment length)` says where, and that place is tried next.
+    fn resync_by(
+        &mut self,
+        mut plausible: impl FnMut(&[u8], u32, bool) -> Option<bool>,
+        mut within: impl FnMut(&[u8], usize) -> Option<usize>,
+    ) -> bool {
         loop {
             let buf_off = self.buf_off;
             let next = match self.resync.as_mut() {
@@ -408,6 +413,11 @@ impl Direction {
                 Some(false) => {
                     if let Some(starts) = self.resync.as_mut() {
                         starts.pop_front();
+                        let seg = starts.front().map_or(u64::MAX, |&n| n - s);
+                        let seg = usize::try_from(seg).unwrap_or(usize::MAX);
+                        if let Some(k) = within(&self.buf, seg) {
+                            starts.push_front(s + k as u64);
+                        }
                     }
                 }
                 None => return false, // more octets needed
@@ -606,7 +616,8 @@ impl Connection {
                 Mode::Fpdu { markers } => self.fpdu(sends, dir, markers, out),
                 Mode::OncRpc if self.dirs[dir].resync.is_some() => {
                     let d = &mut self.dirs[dir];
-                    let found = d.resync_by(|buf, _, _| rpc::is_record_stream(buf));
+                    let found =
+                        d.resync_by(|buf, _, _| rpc::is_record_stream(buf), rpc::record_within);
                     if found {
                         d.start_records();
                     }
@@ -674,31 +685,40 @@ impl Connection {
         // Some(crc): FPDUs; None: records.
         let mut found = None;
         let mut searched = d.searched;
-        let ok = d.resync_by(|buf, pos, ended| {
-            let mut verdict = Some(false);
-            for crc in [true, false] {
-                if known.is_some_and(|k| k != crc) || searched >= MAX_SEARCH_SEGMENTS {
-                    continue;
-                }
-                match plausible(buf, pos, false, crc, ended, &mut scratch, true) {
-                    Some(true) => {
-                        found = Some(crc);
-                        return Some(true);
+        let ok = d.resync_by(
+            |buf, pos, ended| {
+                let mut verdict = Some(false);
+                for crc in [true, false] {
+                    if known.is_some_and(|k| k != crc) || searched >= MAX_SEARCH_SEGMENTS {
+                        continue;
                     }
-                    Some(false) => {}
-                    None => verdict = None,
+                    match plausible(buf, pos, false, crc, ended, &mut scratch, true) {
+                        Some(true) => {
+                            found = Some(crc);
+                            return Some(true);
+                        }
+                        Some(false) => {}
+                        None => verdict = None,
+                    }
                 }
-            }
-            let verdict = match rpc::is_record_stream(buf) {
-                Some(true) if known.is_none() => return Some(true),
-                None if !ended => None,
-                _ => verdict,
-            };
-            if verdict == Some(false) {
-                searched += 1;
-            }
-            verdict
-        });
+                let verdict = match rpc::is_record_stream(buf) {
+                    Some(true) if known.is_none() => return Some(true),
+                    None if !ended => None,
+                    _ => verdict,
+                };
+                if verdict == Some(false) {
+                    searched += 1;
+                }
+                verdict
+            },
+            |buf, seg| {
+                // FPDUs begin at segment starts; records may not.
+                known
+                    .is_none()
+                    .then(|| rpc::record_within(buf, seg))
+                    .flatten()
+            },
+        );
         d.ulpdu = scratch;
         d.searched = searched;
         if ok {
@@ -996,9 +1016,10 @@ impl Connection {
         let d = &mut self.dirs[dir];
         let mut scratch = std::mem::take(&mut d.ulpdu);
         scratch.resize(usize::from(u16::MAX) + 1, 0);
-        let found = d.resync_by(|buf, pos, ended| {
-            plausible(buf, pos, markers, crc, ended, &mut scratch, false)
-        });
+        let found = d.resync_by(
+            |buf, pos, ended| plausible(buf, pos, markers, crc, ended, &mut scratch, false),
+            |_, _| None,
+        );
         d.ulpdu = scratch;
         found
     }

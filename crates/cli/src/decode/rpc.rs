@@ -182,6 +182,38 @@ pub(crate) fn is_record_stream(b: &[u8]) -> Option<bool> {
     )
 }
 
+/// Where, after the first octet and before `limit`, `b` holds the start of an ONC RPC call
+/// record: for a stream whose records do not begin at segment starts (a capture taken on a
+/// host whose TCP segments leave coalesced, joined inside a record). Stricter than
+/// [`is_record_stream`], since payload octets are scanned: the last-fragment bit, a call of
+/// RPC version 2 to a program we know, and, where the capture holds it, a plausible record
+/// after this one. Candidates whose 28 octets of call header are not all in `b` are passed.
+pub(crate) fn record_within(b: &[u8], limit: usize) -> Option<usize> {
+    let be32 = |o: usize| {
+        b.get(o..o + 4)
+            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+    };
+    (1..limit.min(b.len().saturating_sub(MARK_LEN + 24))).find(|&k| {
+        // Cheapest test first: msg_type CALL (0) and RPC version 2.
+        if be32(k + MARK_LEN + 4) != Some(0) || be32(k + MARK_LEN + 8) != Some(onc_rpc::RPC_VERSION)
+        {
+            return false;
+        }
+        let (Some(mark), Some(prog), Some(vers)) =
+            (be32(k), be32(k + MARK_LEN + 12), be32(k + MARK_LEN + 16))
+        else {
+            return false;
+        };
+        let len = (mark & !LAST_FRAGMENT) as usize;
+        mark & LAST_FRAGMENT != 0
+            && (24..=MAX_RECORD).contains(&len)
+            && program_name(prog).is_some()
+            && vers < 16
+            && b.get(k + MARK_LEN + len..)
+                .is_none_or(|next| is_record_stream(next) != Some(false))
+    })
+}
+
 fn summary(h: &rpcrdma::Repr<'_>) -> String {
     let mut s = format!(
         "RPC-over-RDMA {} xid {:#010x} credits {}",
