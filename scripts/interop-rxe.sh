@@ -12,7 +12,7 @@
 #   rc_pingpong-s4096-own-pcap              our client's own --pcap capture decodes strictly and
 #                                           holds what the bridge saw; --counters add up
 #   ib_{write,read,atomic}_bw-guest-server  guest ib_*_bw (TCP OOB, no -R)  vs  softrdma perf client
-#   rping-{c,s}-S<size>                     the IB CM on QP1 (librdmacm's rping, sizes 26 64 4096 65535,
+#   rping-{c,s}-S<size>                     the IB CM on QP1 (librdmacm's rping, sizes 23 26 64 4096 65535,
 #                                           -C 10 -V): softrdma rping -c vs guest rping -s, and the
 #                                           reverse; the client's DREQ must reach the server
 #   ib_{write,read,send}_bw-R-host-server   guest ib_*_bw -R (rdma_cm)  vs  softrdma perf --server --perftest
@@ -40,7 +40,7 @@
 #          --perf-size N (default 65536)  --perf-count N (default 100)  --loss PCT (default 2)
 #          --perf-more-sizes "2 4097 1048576" (the Write, Read and Send perftest cases again at
 #                              these sizes, named ...-s<size>; not under loss)
-#          --rping-sizes "26 64 4096 65535"  --rping-count N (default 10)  --cm-loss PCT (default 5)
+#          --rping-sizes "23 26 64 4096 65535"  --rping-count N (default 10)  --cm-loss PCT (default 5)
 #          --cm-connects N (default 20)  --no-cm
 #          --no-perftest  --no-lossy  --no-build  --only REGEX (case names)
 #          --timeout S (per case; default 120, perftest 240, lossy 300)
@@ -66,7 +66,7 @@ PERF_MORE_SIZES="2 4097 1048576"
 LOSS=2
 PP_TIMEOUT=120 LOSSY_TIMEOUT=300 PERF_TIMEOUT=240
 PERFTEST=1 LOSSY=1 BUILD_BIN=1 SELFCHECK=0 ONLY=""
-CM=1 CM_LOSS=5 RPING_SIZES="26 64 4096 65535" RPING_COUNT=10 CM_CONNECTS=20
+CM=1 CM_LOSS=5 RPING_SIZES="23 26 64 4096 65535" RPING_COUNT=10 CM_CONNECTS=20
 OUT=$REPO/target/interop-rxe
 while [ $# -gt 0 ]; do
   case "$1" in

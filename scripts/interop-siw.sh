@@ -57,8 +57,8 @@ VMDIR=$(cd "$VMDIR" && pwd)
 # only_capture_gaps (the rest of it is redefined below, as this script keeps its own books).
 . "$REPO/scripts/interop-lib.sh"
 STATE=${INTEROP_VM_STATE:-/var/tmp/interop-vm}
-# rping accepts -S 26..65535 (RPING_MIN_BUFSIZE .. RPING_BUFSIZE - 1).
-SIZES="26 64 1000 4096 65535"
+# rping accepts -S 23..65535 (RPING_MIN_BUFSIZE .. RPING_BUFSIZE - 1).
+SIZES="23 26 64 1000 4096 65535"
 COUNT=10
 CRC=1 PERFTEST=1 BUILD_BIN=1 MTU=""
 LOSS=2 LOSSY=1 LOSSY_SIZES="64 4096 65535" LOSSY_COUNT=100 LOSSY_TIMEOUT=300

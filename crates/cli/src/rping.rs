@@ -44,9 +44,10 @@ use crate::verbs_util::{TransportArg, WaitMode, default_roce_ip, local_ip_toward
 
 /// rping's default port.
 pub const DEFAULT_PORT: u16 = 7174;
-/// rping's smallest size: room for "rdma-ping-2147483647: " and a NUL (sizeof of the
-/// stringified INT_MAX plus sizeof the format).
-pub const MIN_SIZE: u32 = 26;
+/// rping's smallest size, as the Linux rping takes it (`valid range is 23 to ...`): its
+/// RPING_MIN_BUFSIZE is sizeof of the stringified `INT_MAX` (left unexpanded: "INT_MAX", 8)
+/// plus sizeof "rdma-ping-%d: " (15), which is room for "rdma-ping-2147483647: " and a NUL.
+pub const MIN_SIZE: u32 = 23;
 /// rping's largest size (RPING_BUFSIZE - 1).
 pub const MAX_SIZE: u32 = 64 * 1024 - 1;
 /// Size of `struct rping_rdma_info`.
@@ -781,6 +782,10 @@ mod tests {
         assert_eq!(&p[..13], b"rdma-ping-0: ");
         assert_eq!(&p[13..25], b"ABCDEFGHIJKL");
         assert_eq!(p[25], 0);
+        // The smallest size holds the longest count and its NUL.
+        let p = pattern(i32::MAX as u64, MIN_SIZE as usize);
+        assert_eq!(&p[..22], b"rdma-ping-2147483647: ");
+        assert_eq!(p[22], 0);
         let p = pattern(1, 64);
         assert_eq!(&p[..16], b"rdma-ping-1: BCD");
         let p = pattern(57, 200);
