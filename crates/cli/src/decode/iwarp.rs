@@ -372,7 +372,7 @@ impl Direction {
     /// Looks for where decoding resumes after a hole: the first segment start whose octets
     /// `plausible(buf, fpdu_pos, ended)` takes (`None`: more octets needed), what lies before
     /// it dropped. `true` once found. A segment whose start fails may hold a place to resume
-    /// inside it: `within(buf, segment length)` says where, and that place is tried next.
+    /// inside it: `within(buf, segment length)` says where, and decoding resumes there.
     fn resync_by(
         &mut self,
         mut plausible: impl FnMut(&[u8], u32, bool) -> Option<bool>,
@@ -398,30 +398,32 @@ impl Direction {
             let before =
                 usize::try_from(s - self.buf_off).map_or(self.buf.len(), |n| n.min(self.buf.len()));
             self.drop_unsynced(before);
-            match plausible(&self.buf, self.fpdu_pos, self.ended) {
-                Some(true) => {
-                    let (frame, _) = self.frame_of(s + 1);
-                    if !self.in_cut_hole
-                        && self.more_gaps == 0
-                        && let Some(g) = self.gaps.last_mut()
-                    {
-                        g.resumed = Some((frame, s));
-                    }
-                    self.resync = None;
-                    return true;
-                }
+            let at = match plausible(&self.buf, self.fpdu_pos, self.ended) {
+                Some(true) => s,
                 Some(false) => {
-                    if let Some(starts) = self.resync.as_mut() {
-                        starts.pop_front();
-                        let seg = starts.front().map_or(u64::MAX, |&n| n - s);
-                        let seg = usize::try_from(seg).unwrap_or(usize::MAX);
-                        if let Some(k) = within(&self.buf, seg) {
-                            starts.push_front(s + k as u64);
-                        }
-                    }
+                    let Some(starts) = self.resync.as_mut() else {
+                        return false;
+                    };
+                    starts.pop_front();
+                    let seg = starts.front().map_or(u64::MAX, |&n| n - s);
+                    let seg = usize::try_from(seg).unwrap_or(usize::MAX);
+                    let Some(k) = within(&self.buf, seg) else {
+                        continue;
+                    };
+                    self.drop_unsynced(k);
+                    s + k as u64
                 }
                 None => return false, // more octets needed
+            };
+            let (frame, _) = self.frame_of(at + 1);
+            if !self.in_cut_hole
+                && self.more_gaps == 0
+                && let Some(g) = self.gaps.last_mut()
+            {
+                g.resumed = Some((frame, at));
             }
+            self.resync = None;
+            return true;
         }
     }
 
