@@ -98,17 +98,16 @@
 //! driver's (datagrams the kernel took).
 
 use std::collections::VecDeque;
-
-use rustc_hash::FxHashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::Instant;
 
+use rustc_hash::FxHashMap;
 use softrdma_verbs_types::UdDest;
 use softrdma_wire::ib::{Bth, PacketRepr};
 use softrdma_wire::icrc::{
-    Endpoints, IcrcCheck, IcrcVerifier, MAX_IPV4_PAYLOAD_LEN, MAX_IPV6_PAYLOAD_LEN, icrc_for,
+    Endpoints, IcrcCheck, IcrcVerifier, MAX_IPV4_PAYLOAD_LEN, icrc_checked, icrc_for,
 };
 use softrdma_wire::rocev2::{
     ICRC_LEN, IPV4_HEADER_LEN, Ipv4Repr, Ipv6Repr, UDP_HEADER_LEN, UdpRepr, rocev2_flow_label,
@@ -663,17 +662,9 @@ impl RoceEndpoint {
             }
             _ => {
                 let ep = Endpoints::from_socket_addrs(self.local, dest);
-                let max = if ep.is_ipv4() {
-                    MAX_IPV4_PAYLOAD_LEN
-                } else {
-                    MAX_IPV6_PAYLOAD_LEN
-                };
-                if payload.len() > max {
-                    return Err(bad_len);
-                }
                 // The ICRC with IPv4 Identification 0: the kernel chooses the real one
                 // (ignored for IPv6).
-                let icrc = icrc_for(&ep, 0, payload);
+                let icrc = icrc_checked(&ep, 0, payload).ok_or(bad_len)?;
                 if at > start {
                     // A raw IPv4 socket's reserve in front of a datagram for the UDP one.
                     out.drain(start..at);

@@ -112,7 +112,7 @@ impl Endpoints {
 
     /// True when the packet travels over IPv4 (see the type's docs).
     pub fn is_ipv4(&self) -> bool {
-        matches!(self.family(), Family::V4(..))
+        self.family().is_v4()
     }
 
     fn family(&self) -> Family {
@@ -126,6 +126,20 @@ impl Endpoints {
 enum Family {
     V4(Ipv4Addr, Ipv4Addr),
     V6(Ipv6Addr, Ipv6Addr),
+}
+
+impl Family {
+    fn is_v4(&self) -> bool {
+        matches!(self, Family::V4(..))
+    }
+
+    fn max_payload_len(&self) -> usize {
+        if self.is_v4() {
+            MAX_IPV4_PAYLOAD_LEN
+        } else {
+            MAX_IPV6_PAYLOAD_LEN
+        }
+    }
 }
 
 fn v4_of(a: IpAddr) -> Option<Ipv4Addr> {
@@ -164,6 +178,14 @@ const PREFIX_MAX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
 /// than a BTH is hashed as it is (octet 4, if present, masked).
 pub fn icrc_for(ep: &Endpoints, ipv4_id: u16, payload: &[u8]) -> u32 {
     icrc_in(&ep.family(), ep, ipv4_id, payload)
+}
+
+/// [`icrc_for`], or `None` for a payload longer than an IP packet between `ep` carries
+/// ([`MAX_IPV4_PAYLOAD_LEN`] / [`MAX_IPV6_PAYLOAD_LEN`]): the transmit side's check and
+/// ICRC, the family worked out once.
+pub fn icrc_checked(ep: &Endpoints, ipv4_id: u16, payload: &[u8]) -> Option<u32> {
+    let family = ep.family();
+    (payload.len() <= family.max_payload_len()).then(|| icrc_in(&family, ep, ipv4_id, payload))
 }
 
 /// [`icrc_for`] with the address family already worked out (once a packet).
@@ -222,20 +244,16 @@ fn icrc_in(family: &Family, ep: &Endpoints, ipv4_id: u16, payload: &[u8]) -> u32
 /// packet between `ep` with IPv4 Identification `ipv4_id` (ignored for
 /// IPv6): the full 32-bit check, for peers whose Identification is known.
 pub fn verify_exact(ep: &Endpoints, ipv4_id: u16, datagram: &[u8]) -> bool {
-    match split(ep.is_ipv4(), datagram) {
-        Some((payload, received)) => icrc_for(ep, ipv4_id, payload) == received,
+    let family = ep.family();
+    match split(family.max_payload_len(), datagram) {
+        Some((payload, received)) => icrc_in(&family, ep, ipv4_id, payload) == received,
         None => false,
     }
 }
 
 /// Payload and received ICRC, or `None` when the datagram is too short for
 /// BTH + ICRC or too long for the family.
-fn split(ipv4: bool, datagram: &[u8]) -> Option<(&[u8], u32)> {
-    let max = if ipv4 {
-        MAX_IPV4_PAYLOAD_LEN
-    } else {
-        MAX_IPV6_PAYLOAD_LEN
-    };
+fn split(max: usize, datagram: &[u8]) -> Option<(&[u8], u32)> {
     if datagram.len() < BTH_LEN + ICRC_LEN || datagram.len() - ICRC_LEN > max {
         return None;
     }
@@ -299,8 +317,8 @@ impl IcrcVerifier {
     /// then detect errors).
     pub fn verify(&mut self, ep: &Endpoints, datagram: &[u8]) -> IcrcCheck {
         let family = ep.family();
-        let ipv4 = matches!(family, Family::V4(..));
-        let Some((payload, received)) = split(ipv4, datagram) else {
+        let ipv4 = family.is_v4();
+        let Some((payload, received)) = split(family.max_payload_len(), datagram) else {
             return IcrcCheck::Invalid;
         };
         let computed = icrc_in(&family, ep, 0, payload);
@@ -763,6 +781,17 @@ mod tests {
         }
         let p = [7u8; 40];
         assert_eq!(icrc_for(&v4, 9, &p), icrc_for(&mapped, 9, &p));
+        // The length limit follows the family, mapped addresses IPv4's.
+        assert_eq!(icrc_checked(&mapped, 9, &p), Some(icrc_for(&v4, 9, &p)));
+        let long = vec![7u8; MAX_IPV4_PAYLOAD_LEN + 1];
+        assert_eq!(icrc_checked(&mapped, 0, &long), None);
+        assert_eq!(
+            icrc_checked(&v4, 0, &long[..MAX_IPV4_PAYLOAD_LEN]),
+            Some(icrc_for(&v4, 0, &long[..MAX_IPV4_PAYLOAD_LEN]))
+        );
+        assert!(icrc_checked(&v6_ep(), 0, &long).is_some());
+        let longer = vec![7u8; MAX_IPV6_PAYLOAD_LEN + 1];
+        assert_eq!(icrc_checked(&v6_ep(), 0, &longer), None);
         // Mixed families: IPv6 with the mapped address.
         let mixed = Endpoints {
             dst: IpAddr::V6("2001:db8::2".parse().unwrap()),
