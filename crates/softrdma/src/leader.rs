@@ -8,7 +8,8 @@
 //! (one wake-up between arrival and waiter). The driver's background thread holds the slot
 //! only while nobody else wants it, so timers, ACKs, Read Responses and a peer's Writes
 //! still make progress when no thread is in the library; while a caller drives, the
-//! background thread stands down and looks again every [`STAND_DOWN`].
+//! background thread stands down and looks again after [`STAND_DOWN`], then after longer
+//! naps while callers keep driving (up to [`STAND_DOWN_MAX`]).
 //!
 //! Lock order: slot, then the driver's state, then a QP's submission queue, then a CQ.
 
@@ -28,8 +29,17 @@ pub(crate) trait Waiter: Send + Sync {
     fn notify(&self);
 }
 
-/// How long the background thread stands down while callers drive, before it looks again.
+/// How long the background thread stands down while callers drive, before it looks again;
+/// also how long after a caller gave the slot up it leaves the slot to callers.
 pub(crate) const STAND_DOWN: Duration = Duration::from_millis(1);
+
+/// The longest the background thread naps while callers keep driving: each look that finds
+/// them driving doubles its nap from [`STAND_DOWN`] up to this. Every look is a wake-up
+/// on a core that carries the data path (on a VM, a timer interrupt and a preemption): a
+/// 1 MiB Read stream lost about a tenth to a look every millisecond. The cost is how late
+/// the background thread takes over once callers stop: at most this long after a stream
+/// of caller-driven turns, [`STAND_DOWN`] after a look that found nobody.
+pub(crate) const STAND_DOWN_MAX: Duration = Duration::from_millis(16);
 
 /// How long a caller waits for the kicked background thread to hand the slot over.
 const HANDOVER: Duration = Duration::from_millis(20);
@@ -177,6 +187,9 @@ pub(crate) struct Leader<S> {
     caller_left: AtomicU64,
     /// How long after that the background thread still stands down ([`STAND_DOWN`]).
     caller_grace: Duration,
+    /// The background thread's next nap while callers drive, nanoseconds
+    /// ([`STAND_DOWN`]..=[`STAND_DOWN_MAX`]).
+    bg_nap: AtomicU64,
     base: Instant,
 }
 
@@ -205,6 +218,7 @@ impl<S> Leader<S> {
             bg_arrival: AtomicU64::new(0),
             caller_left: AtomicU64::new(0),
             caller_grace: STAND_DOWN,
+            bg_nap: AtomicU64::new(STAND_DOWN.as_nanos() as u64),
             base: Instant::now(),
         }
     }
@@ -228,6 +242,7 @@ impl<S> Leader<S> {
     /// waiting out the stand-down after a caller's last turn.
     pub(crate) fn unpark_background(&self) {
         self.caller_left.store(0, Ordering::Release);
+        self.shorten_nap();
         if let Some(t) = self.bg.get() {
             t.unpark();
         }
@@ -316,7 +331,7 @@ impl<S> Leader<S> {
     }
 
     /// One turn of the background thread: `turn(slot, until)` with the slot unless callers
-    /// drive (then it parks for [`STAND_DOWN`] and `idle` runs, for timers). `until` is
+    /// drive (then it naps, see [`STAND_DOWN_MAX`], and `idle` runs, for timers). `until` is
     /// now while data flows ([`FLOW_POLL`]: a poll), else `None` (the turn's own wait).
     /// Returns `false` when `turn` says to stop.
     pub(crate) fn background(
@@ -325,13 +340,15 @@ impl<S> Leader<S> {
         idle: impl FnOnce() -> bool,
     ) -> bool {
         if self.standing_down() {
-            std::thread::park_timeout(STAND_DOWN);
+            self.nap();
             return self.idle_unless_driven(idle);
         }
         let Some(mut slot) = self.slot.try_lock() else {
-            std::thread::park_timeout(STAND_DOWN);
+            self.nap();
             return self.idle_unless_driven(idle);
         };
+        // Callers stopped: the next stand-down starts short again.
+        self.shorten_nap();
         self.bg_holds.store(true, Ordering::Release);
         let now = Instant::now();
         let poll = self.flowing(now).then_some(now);
@@ -348,11 +365,29 @@ impl<S> Leader<S> {
     /// (a queued Send's transmission) would make a third thread busy on the data path,
     /// preempting the two that carry it.
     fn idle_unless_driven(&self, idle: impl FnOnce() -> bool) -> bool {
+        let nap = self.bg_nap.load(Ordering::Relaxed);
         if self.caller_holds() || self.standing_down() {
+            let longer = nap.saturating_mul(2).min(STAND_DOWN_MAX.as_nanos() as u64);
+            // An unpark meanwhile set it back: that look is due now, not doubled.
+            let _ = self
+                .bg_nap
+                .compare_exchange(nap, longer, Ordering::Relaxed, Ordering::Relaxed);
             true
         } else {
+            self.shorten_nap();
             idle()
         }
+    }
+
+    /// The next nap is [`STAND_DOWN`] again.
+    fn shorten_nap(&self) {
+        self.bg_nap
+            .store(STAND_DOWN.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The background thread stands down: parks for its current nap (an unpark ends it).
+    fn nap(&self) {
+        std::thread::park_timeout(Duration::from_nanos(self.bg_nap.load(Ordering::Relaxed)));
     }
 
     fn hold<R>(&self, slot: &mut MutexGuard<'_, S>, f: impl FnOnce(&mut S) -> R) -> R {
@@ -801,5 +836,45 @@ mod tests {
         drive(&l);
         l.caller_grace = Duration::ZERO;
         assert!(background_once(&l).0);
+    }
+
+    #[test]
+    fn the_background_thread_naps_longer_while_callers_keep_driving() {
+        let mut l = Leader::new(());
+        l.caller_grace = Duration::from_secs(3600);
+        let (_w, weak) = waiter();
+        let done = || true;
+        assert!(l.drive(
+            weak,
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            &done,
+            || {},
+            |_, _| Turn::Idle
+        ));
+        let nap = |l: &Leader<()>| Duration::from_nanos(l.bg_nap.load(Ordering::Relaxed));
+        assert_eq!(nap(&l), STAND_DOWN);
+        // Each look that finds callers driving doubles the next nap, up to the cap.
+        let mut naps = Vec::new();
+        for _ in 0..6 {
+            assert_eq!(background_once(&l), (false, false));
+            naps.push(nap(&l).as_millis());
+        }
+        let max = STAND_DOWN_MAX.as_millis();
+        assert_eq!(naps, [2, 4, 8, 16, max, max]);
+        // An explicit look is due at once, and the stand-down after it starts short.
+        l.unpark_background();
+        assert_eq!(nap(&l), STAND_DOWN);
+        for _ in 0..3 {
+            l.caller_left
+                .store(l.nanos(Instant::now()).max(1), Ordering::Release);
+            assert_eq!(background_once(&l), (false, false));
+        }
+        assert_eq!(nap(&l), 8 * STAND_DOWN);
+        // Callers gone: the background thread takes the slot and naps short next time.
+        l.caller_grace = Duration::ZERO;
+        assert!(background_once(&l).0);
+        assert_eq!(nap(&l), STAND_DOWN);
     }
 }
