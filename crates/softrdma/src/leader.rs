@@ -807,25 +807,32 @@ mod tests {
         (turned, idled)
     }
 
+    /// One caller's wait that ends at once (its turn handles nothing).
+    fn drive_once(l: &Leader<()>) {
+        let (_w, weak) = waiter();
+        assert!(l.drive(
+            weak,
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            &|| true,
+            || {},
+            |_, _| Turn::Idle
+        ));
+    }
+
+    /// A leader whose background thread stands down after a caller for longer than any
+    /// test run lasts (what happens within the grace is certain), right after one caller.
+    fn after_a_caller() -> Leader<()> {
+        let mut l = Leader::new(());
+        l.caller_grace = Duration::from_secs(3600);
+        drive_once(&l);
+        l
+    }
+
     #[test]
     fn the_background_thread_stands_down_right_after_a_caller() {
-        let mut l = Leader::new(());
-        // A grace no test run outlasts: what happens within it is certain.
-        l.caller_grace = Duration::from_secs(3600);
-        let (_w, weak) = waiter();
-        let done = || true;
-        let drive = |l: &Leader<()>| {
-            assert!(l.drive(
-                weak.clone(),
-                Duration::ZERO,
-                Duration::ZERO,
-                None,
-                &done,
-                || {},
-                |_, _| Turn::Idle
-            ));
-        };
-        drive(&l);
+        let mut l = after_a_caller();
         // Right after the caller's release: no turn, no idle work either (the caller
         // comes back and does both).
         assert_eq!(background_once(&l), (false, false));
@@ -833,26 +840,14 @@ mod tests {
         l.unpark_background();
         assert!(background_once(&l).0);
         // After another caller's turn, the stand-down ends with its grace.
-        drive(&l);
+        drive_once(&l);
         l.caller_grace = Duration::ZERO;
         assert!(background_once(&l).0);
     }
 
     #[test]
     fn the_background_thread_naps_longer_while_callers_keep_driving() {
-        let mut l = Leader::new(());
-        l.caller_grace = Duration::from_secs(3600);
-        let (_w, weak) = waiter();
-        let done = || true;
-        assert!(l.drive(
-            weak,
-            Duration::ZERO,
-            Duration::ZERO,
-            None,
-            &done,
-            || {},
-            |_, _| Turn::Idle
-        ));
+        let mut l = after_a_caller();
         let nap = |l: &Leader<()>| Duration::from_nanos(l.bg_nap.load(Ordering::Relaxed));
         assert_eq!(nap(&l), STAND_DOWN);
         // Each look that finds callers driving doubles the next nap, up to the cap.
