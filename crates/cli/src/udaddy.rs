@@ -59,7 +59,10 @@ fn pattern(qpn: u32, n: u32, i: usize) -> u8 {
 
 struct Node {
     pd: Pd,
-    cq: softrdma::Cq,
+    /// Send and receive completions apart: a peer's first messages may complete before
+    /// this side has taken all of its own send completions.
+    send_cq: softrdma::Cq,
+    recv_cq: softrdma::Cq,
     qp: Qp,
     mr: Mr,
     size: usize,
@@ -69,11 +72,13 @@ struct Node {
 impl Node {
     fn new(ctx: &Context, size: usize, count: u32) -> Result<Node, String> {
         let pd = ctx.alloc_pd();
-        let cq = ctx
-            .create_cq(2 * count as usize + 2, None)
-            .map_err(|e| format!("create_cq: {e}"))?;
+        let cq = || {
+            ctx.create_cq(count as usize + 1, None)
+                .map_err(|e| format!("create_cq: {e}"))
+        };
+        let (send_cq, recv_cq) = (cq()?, cq()?);
         let qp = pd
-            .create_qp(QpInitAttr::typed(QpType::Ud, &cq, &cq))
+            .create_qp(QpInitAttr::typed(QpType::Ud, &send_cq, &recv_cq))
             .map_err(|e| format!("create_qp: {e}"))?;
         // librdmacm brings UD QPs to RTS with RDMA_UDP_QKEY when it creates them, before
         // receives are posted.
@@ -99,7 +104,8 @@ impl Node {
             .map_err(|e| format!("reg_mr: {e}"))?;
         let n = Node {
             pd,
-            cq,
+            send_cq,
+            recv_cq,
             qp,
             mr,
             size,
@@ -114,6 +120,12 @@ impl Node {
     }
 
     fn send_all(&self, to: SocketAddr, remote_qpn: u32, remote_qkey: u32) -> Result<(), String> {
+        self.post_all(to, remote_qpn, remote_qkey)?;
+        self.reap_sends()
+    }
+
+    /// Posts the `count` messages.
+    fn post_all(&self, to: SocketAddr, remote_qpn: u32, remote_qkey: u32) -> Result<(), String> {
         let ah = self
             .pd
             .create_ah_port(to)
@@ -139,12 +151,17 @@ impl Node {
                 .post_send(wr)
                 .map_err(|e| format!("post_send: {e}"))?;
         }
+        Ok(())
+    }
+
+    /// Waits for the completions of the `count` messages posted.
+    fn reap_sends(&self) -> Result<(), String> {
         let mut sent = 0;
         let mut wcs = Vec::new();
         while sent < self.count {
             wcs.clear();
             wait_some(
-                &self.cq,
+                &self.send_cq,
                 WaitMode::Block,
                 16,
                 Duration::from_secs(10),
@@ -176,7 +193,7 @@ impl Node {
         let mut wcs = Vec::new();
         while got < self.count {
             wcs.clear();
-            wait_some(&self.cq, WaitMode::Block, 16, timeout, &mut wcs)
+            wait_some(&self.recv_cq, WaitMode::Block, 16, timeout, &mut wcs)
                 .map_err(|e| format!("received {got} of {} messages: {e}", self.count))?;
             for wc in &wcs {
                 if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
@@ -196,6 +213,10 @@ impl Node {
                 let want = *first.get_or_insert(imm);
                 if imm != want {
                     return Err(format!("immediate {imm:#x}, not the peer's QPN {want:#x}"));
+                }
+                // Receive requests complete in the order they were posted (IBA 10.8.3).
+                if wc.wr_id != u64::from(got) {
+                    return Err(format!("message {got} completed receive {}", wc.wr_id));
                 }
                 if check {
                     let mut b = vec![0u8; self.size];
@@ -308,5 +329,47 @@ pub fn run(a: &UdaddyArgs) -> i32 {
             println!("return status 1");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The peer's answers arrive before this side has taken its own send completions (a
+    /// thread descheduled between its waits): each kind is still counted as what it is.
+    #[test]
+    fn answers_that_complete_before_the_sends_are_reaped_are_received() {
+        let ips = [1, 2].map(|l| IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, l)));
+        let cfgs = RoceConfig::sharing_a_port(&ips).unwrap();
+        let port = cfgs[0].port;
+        let [a, b] = [0, 1].map(|i| Device::roce(cfgs[i]).open().unwrap());
+        let (count, size) = (20, 1000);
+        let client = Node::new(&a, size, count).unwrap();
+        let server = Node::new(&b, size, count).unwrap();
+        let (c_qpn, s_qpn) = (client.qp.qp_num(), server.qp.qp_num());
+        client
+            .post_all(SocketAddr::new(ips[1], port), s_qpn, RDMA_UDP_QKEY)
+            .unwrap();
+        assert_eq!(
+            server.receive_all(None, true, Duration::from_secs(10)),
+            Ok(c_qpn)
+        );
+        server
+            .send_all(SocketAddr::new(ips[0], port), c_qpn, RDMA_UDP_QKEY)
+            .unwrap();
+        // Every answer has completed on the client before it looks at its sends.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while client.recv_cq.len() < count as usize {
+            assert!(std::time::Instant::now() < deadline, "answers missing");
+            let mut none = Vec::new();
+            client.recv_cq.poll(0, &mut none);
+            std::thread::yield_now();
+        }
+        client.reap_sends().unwrap();
+        assert_eq!(
+            client.receive_all(Some(s_qpn), true, Duration::from_secs(10)),
+            Ok(s_qpn)
+        );
     }
 }
