@@ -214,7 +214,7 @@ impl Node {
                 if imm != want {
                     return Err(format!("immediate {imm:#x}, not the peer's QPN {want:#x}"));
                 }
-                // Receive requests complete in the order they were posted (IBA 10.8.3).
+                // A receive queue is worked in the order it was posted: message n lands in slot n.
                 if wc.wr_id != u64::from(got) {
                     return Err(format!("message {got} completed receive {}", wc.wr_id));
                 }
