@@ -38,7 +38,10 @@ pub(crate) const STAND_DOWN: Duration = Duration::from_millis(1);
 /// on a core that carries the data path (on a VM, a timer interrupt and a preemption of a
 /// busy thread; a 1 MiB Write stream moved 8 % more with these naps). The cost is how late
 /// the background thread takes over once callers stop: at most this long after a stream
-/// of caller-driven turns, [`STAND_DOWN`] after a look that found nobody.
+/// of caller-driven turns, [`STAND_DOWN`] after a look that found nobody. A caller that
+/// comes back after an absence longer than the grace makes the naps short again: callers
+/// that leave for that long (a server's handler at its disk) keep the background thread
+/// on duty in their gaps.
 pub(crate) const STAND_DOWN_MAX: Duration = Duration::from_millis(16);
 
 /// How long a caller waits for the kicked background thread to hand the slot over.
@@ -451,6 +454,15 @@ impl<S> Leader<S> {
         // extension and the time the slot was given up.
         let left = self.hold(&mut slot, |s| {
             let mut now = Instant::now();
+            // Callers were away longer than the grace (a server's handler at its disk): the
+            // background thread's naps stay short, so it is on duty in such gaps; only
+            // callers that come back within the grace let them grow.
+            let last = self.caller_left.load(Ordering::Acquire);
+            if last != 0
+                && self.nanos(now).saturating_sub(last) >= self.caller_grace.as_nanos() as u64
+            {
+                self.shorten_nap();
+            }
             // Non-blocking turns first, then sleeping ones, except for `flow` after each
             // arrival.
             let mut poll_end = now + spin;
@@ -867,8 +879,16 @@ mod tests {
             assert_eq!(background_once(&l), (false, false));
         }
         assert_eq!(nap(&l), 8 * STAND_DOWN);
-        // Callers gone: the background thread takes the slot and naps short next time.
+        // A caller back within the grace leaves the nap as it is; one back after longer
+        // (the background thread was due on duty meanwhile) makes it short again.
+        drive_once(&l);
+        assert_eq!(nap(&l), 8 * STAND_DOWN);
         l.caller_grace = Duration::ZERO;
+        drive_once(&l);
+        assert_eq!(nap(&l), STAND_DOWN);
+        // Callers gone: the background thread takes the slot and naps short next time.
+        l.bg_nap
+            .store(STAND_DOWN_MAX.as_nanos() as u64, Ordering::Relaxed);
         assert!(background_once(&l).0);
         assert_eq!(nap(&l), STAND_DOWN);
     }
