@@ -10,10 +10,13 @@ use softrdma_nfs::proto::{
     FHSIZE3, MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3, Xdr, ddp_result, fattr, post_op_attr,
     post_op_fh, readdirplus_ok, wcc_data,
 };
-use softrdma_nfs::server::{Backend, MemFs, NfsService};
+use softrdma_nfs::server::{Backend, MAX_MOUNT_ENTRIES, MemFs, NfsService};
 use softrdma_nfs::{Fattr, FileType};
 use softrdma_rpc::rdma::{RdmaConfig, RdmaServer, RdmaTransport};
-use softrdma_rpc::{Auth, AuthSysParams, Client, Payload, Registry, Reply, ReplySpace, Server};
+use softrdma_rpc::{
+    Auth, AuthSysParams, Client, Payload, Registry, Reply, ReplySpace, ReplyStatus, RpcError,
+    Server,
+};
 use softrdma_wire::xdr::XdrReader;
 
 #[derive(Clone, Copy, Debug)]
@@ -354,6 +357,63 @@ fn mount_v3_mnt_export_dump_umnt() {
                 .mount_calls
                 .load(std::sync::atomic::Ordering::Relaxed)
                 >= 9
+        );
+    }
+}
+
+/// A MNT flood: the same mount again and again is listed once, and mounts of more
+/// directories than DUMP keeps leave it at its bound with the newest listed.
+#[test]
+fn mnt_floods_keep_dump_bounded() {
+    let r = rig(T::Iwarp, 0);
+    let mnt = |path: &str| {
+        let mut x = Xdr::new();
+        x.opaque(path.as_bytes());
+        XdrReader::new(&r.mount(1, x)).read_u32().unwrap()
+    };
+    let dump = || {
+        let d = r.mount(2, Xdr::new());
+        let mut rd = XdrReader::new(&d);
+        let mut dirs = Vec::new();
+        while rd.read_bool().unwrap() {
+            rd.read_string(255).unwrap();
+            dirs.push(rd.read_string(1024).unwrap().to_string());
+        }
+        dirs
+    };
+    for _ in 0..3000 {
+        assert_eq!(mnt("/export"), 0);
+    }
+    assert_eq!(dump(), ["/export"]);
+    let n = MAX_MOUNT_ENTRIES + 40;
+    for i in 0..n {
+        let name = format!("d{i}");
+        r.mkdir(&r.root, name.as_bytes()).unwrap();
+        assert_eq!(mnt(&format!("/export/{name}")), 0);
+    }
+    let dirs = dump();
+    assert_eq!(dirs.len(), MAX_MOUNT_ENTRIES);
+    assert_eq!(dirs.last().unwrap(), &format!("/export/d{}", n - 1));
+    assert!(!dirs.contains(&"/export".to_string()), "the oldest went");
+}
+
+/// RFC 5531 §9: a procedure NFSv3 does not have is PROC_UNAVAIL, not GARBAGE_ARGS, with
+/// arguments or without.
+#[test]
+fn unknown_nfs3_procedures_are_proc_unavail() {
+    let r = rig(T::Iwarp, 0);
+    for proc in [22, 23, 100, u32::MAX] {
+        for args in [Vec::new(), r.root.clone(), vec![0xFF; 64]] {
+            let got = r.nfs.call(NFS_PROGRAM, NFS_V3, proc, &args);
+            assert!(
+                matches!(got, Err(RpcError::Status(ReplyStatus::ProcUnavail))),
+                "{proc}: {got:?}"
+            );
+        }
+        let got = r.nfs.call(MOUNT_PROGRAM, MOUNT_V3, proc, &[]);
+        assert!(
+            matches!(got, Err(RpcError::Status(ReplyStatus::ProcUnavail))),
+            "MOUNT {proc}: {got:?}"
         );
     }
 }

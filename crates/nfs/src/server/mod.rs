@@ -13,5 +13,5 @@ pub use backend::{
 };
 pub use localfs::LocalFs;
 pub use memfs::MemFs;
-pub use nfs3::{MAX_IO, NfsService, NfsStats};
+pub use nfs3::{MAX_IO, MAX_MOUNT_ENTRIES, NfsService, NfsStats};
 pub use portmap::{Mapping, PortMap, register_with_rpcbind};

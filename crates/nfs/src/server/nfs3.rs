@@ -65,7 +65,8 @@ struct Inner {
     /// WRITE and COMMIT verifier: new on every start, so clients resend unstable data a
     /// restart may have lost (RFC 1813 §3.3.7).
     verifier: [u8; 8],
-    /// Who mounted what (MOUNT DUMP).
+    /// Who mounted what (MOUNT DUMP), oldest first: each (host, path) once, at most
+    /// [`MAX_MOUNT_ENTRIES`].
     mounts: Mutex<Vec<(String, String)>>,
     stats: NfsStats,
 }
@@ -327,6 +328,11 @@ impl Inner {
         let mut x = Xdr::new();
         if proc == 0 {
             return Ok(Payload::default());
+        }
+        // RFC 5531 §9: a procedure this version does not have is PROC_UNAVAIL, whatever
+        // its arguments (RFC 1813 numbers 0..=21).
+        if proc > 21 {
+            return Err(ProcError::ProcUnavail);
         }
         // READ builds its results in the transport's memory, data included.
         if proc == 6 {
@@ -898,7 +904,7 @@ impl Inner {
                 let path = r.read_string(MNTPATHLEN).map_err(garbage)?;
                 match self.mnt(path) {
                     Ok(fh) => {
-                        self.mounts.lock().push((who, normalize(path)));
+                        remember_mount(&mut self.mounts.lock(), who, normalize(path));
                         // AUTH_SYS (and AUTH_NONE) accepted.
                         x.u32(0).opaque(&fh).u32(2).u32(1).u32(0);
                     }
@@ -960,6 +966,22 @@ impl Inner {
         }
         Ok(handle(e.id, id))
     }
+}
+
+/// Entries MOUNT DUMP keeps: a client mounting in a loop (or from many addresses) cannot
+/// grow the list, or a DUMP reply, past this.
+pub const MAX_MOUNT_ENTRIES: usize = 1024;
+
+/// Records a MNT: a (host, path) already listed moves to the newest place rather than
+/// listed twice; past [`MAX_MOUNT_ENTRIES`] the oldest entry goes (DUMP is advisory,
+/// RFC 1813 App. I 5.2.3).
+fn remember_mount(mounts: &mut Vec<(String, String)>, host: String, path: String) {
+    if let Some(i) = mounts.iter().position(|(h, d)| *h == host && *d == path) {
+        mounts.remove(i);
+    } else if mounts.len() >= MAX_MOUNT_ENTRIES {
+        mounts.remove(0);
+    }
+    mounts.push((host, path));
 }
 
 /// The status word of `res`.
