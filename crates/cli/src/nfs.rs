@@ -68,11 +68,17 @@ pub enum NfsOp {
     Stat { url: String },
 }
 
-/// `nfs://HOST[:PORT]/PATH`: (host, port, path).
+/// `nfs://HOST[:PORT]/PATH`: (host, port, path), the path percent-decoded (RFC 2224 URLs
+/// follow RFC 3986: `a%20b` names `a b`).
 pub fn parse_url(url: &str) -> Result<(IpAddr, Option<u16>, String), String> {
     let rest = url
         .strip_prefix("nfs://")
         .ok_or_else(|| format!("{url}: not an nfs:// URL"))?;
+    if rest.contains(['?', '#']) {
+        return Err(format!(
+            "{url}: a query or fragment (escape ? as %3F and # as %23 in names)"
+        ));
+    }
     let (hostport, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -95,7 +101,63 @@ pub fn parse_url(url: &str) -> Result<(IpAddr, Option<u16>, String), String> {
         .next()
         .ok_or_else(|| format!("{host}: no address"))?
         .ip();
-    Ok((ip, port, path.to_string()))
+    Ok((ip, port, decode_path(path)?))
+}
+
+/// RFC 3986 §2.1 percent-decoding of a URL path, component by component: an escaped `/`
+/// (or NUL) cannot be in an NFS name, and the names must be UTF-8.
+fn decode_path(path: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(path.len());
+    for (i, comp) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        if !comp
+            .split('%')
+            .skip(1)
+            .all(|h| h.len() >= 2 && h.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit))
+        {
+            return Err(format!("{path}: a % not followed by two hex digits"));
+        }
+        let name = percent_encoding::percent_decode_str(comp)
+            .decode_utf8()
+            .map_err(|_| format!("{path}: a name that is not UTF-8"))?;
+        if name.contains(['/', '\0']) {
+            return Err(format!("{path}: an escaped / or NUL inside a name"));
+        }
+        out.push_str(&name);
+    }
+    Ok(out)
+}
+
+/// Octets escaped in a printed URL's path: controls, space and RFC 3986's delimiters and
+/// unsafe characters (a path's own `/` stays).
+const PATH_ESCAPE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'[')
+    .add(b']')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'`')
+    .add(b'{')
+    .add(b'|')
+    .add(b'}');
+
+/// The URL of `path` on `host` as it is printed: what [`parse_url`] reads back to the same.
+pub fn format_url(host: IpAddr, port: Option<u16>, path: &str) -> String {
+    let host = match host {
+        IpAddr::V6(a) => format!("[{a}]"),
+        IpAddr::V4(a) => a.to_string(),
+    };
+    let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+    let path = percent_encoding::utf8_percent_encode(path, PATH_ESCAPE);
+    format!("nfs://{host}{port}{path}")
 }
 
 fn our_ids() -> (u32, u32) {
@@ -184,6 +246,17 @@ fn run_op(args: &NfsArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         NfsOp::Put { url, .. } => url,
     };
     let (host, port, path) = parse_url(url)?;
+    run_at(args, tap, host, port, &path)
+        .map_err(|e| format!("{}: {e}", format_url(host, port, &path)))
+}
+
+fn run_at(
+    args: &NfsArgs,
+    tap: Option<&Arc<PcapTap>>,
+    host: IpAddr,
+    port: Option<u16>,
+    path: &str,
+) -> Result<(), String> {
     let ctx = match args.proto {
         ProtoArg::Tcp => None,
         ProtoArg::Rdma => {
@@ -215,7 +288,7 @@ fn run_op(args: &NfsArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     cfg.port = port;
     cfg.mount_port = args.mount_port;
     let e = |e: softrdma_nfs::Error| e.to_string();
-    let (m, rest) = Nfs3::mount(host, &path, &cfg).map_err(e)?;
+    let (m, rest) = Nfs3::mount(host, path, &cfg).map_err(e)?;
     let out = match &args.op {
         NfsOp::Stat { .. } => {
             let (_, a) = m.resolve(&rest).map_err(e)?;
@@ -336,6 +409,42 @@ mod tests {
         let (ip, _, path) = parse_url("nfs://[::1]:2049").unwrap();
         assert_eq!((ip.to_string(), path.as_str()), ("::1".into(), "/"));
         assert!(parse_url("http://x/y").is_err());
+    }
+
+    /// RFC 2224 / RFC 3986: escapes decode on input and encode on output, round trip.
+    #[test]
+    fn url_paths_are_percent_escaped() {
+        let (_, _, path) = parse_url("nfs://127.0.0.1/export/a%20b/%E2%82%ACx%25").unwrap();
+        assert_eq!(path, "/export/a b/\u{20ac}x%");
+        for bad in [
+            "nfs://127.0.0.1/export/a%2Fb",
+            "nfs://127.0.0.1/export/a%00b",
+            "nfs://127.0.0.1/export/%ff",
+            "nfs://127.0.0.1/export/50%",
+            "nfs://127.0.0.1/export/%zz",
+            "nfs://127.0.0.1/export/a?b",
+            "nfs://127.0.0.1/export/a#b",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        for path in [
+            "/export/a b",
+            "/e/100% #1?",
+            "/e/[x]{y}\\z",
+            "/e/\u{20ac}",
+            "/plain/x.y-z_",
+        ] {
+            for host in ["127.0.0.1", "::1"] {
+                let ip: IpAddr = host.parse().unwrap();
+                let url = format_url(ip, Some(2049), path);
+                assert!(!url[6..].contains([' ', '?', '#']), "{url}");
+                assert_eq!(parse_url(&url).unwrap(), (ip, Some(2049), path.to_string()));
+            }
+        }
+        assert_eq!(
+            format_url("10.0.0.1".parse().unwrap(), None, "/export/a b"),
+            "nfs://10.0.0.1/export/a%20b"
+        );
         assert_eq!(split_parent("/d/f").unwrap(), ("/d".into(), "f".into()));
         assert_eq!(split_parent("f").unwrap(), ("".into(), "f".into()));
         assert!(split_parent("/").is_err());
