@@ -9,7 +9,9 @@ pub mod msg;
 pub mod payload;
 pub mod rdma;
 pub mod record;
+mod sched;
 pub mod server;
+pub mod svc_tcp;
 pub mod tcp;
 
 pub use buffers::{Buffers, Bulk};
@@ -21,6 +23,7 @@ pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
 pub use payload::{ChunkError, Payload, Shared};
 pub use server::{
     ArgumentBinding, CallContext, Eligible, OutReply, ProcError, Program, Registry, Server,
-    ServerConfig, TcpServer, UdpServer,
+    ServerConfig, UdpServer,
 };
 pub use softrdma_wire::onc_rpc::AuthStat;
+pub use svc_tcp::{TcpServer, TcpStats};

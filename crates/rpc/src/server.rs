@@ -6,23 +6,21 @@ use std::collections::BTreeMap;
 // Keys are the registry's own: no hashing hostile input (the reply cache keeps SipHash).
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Sender, bounded};
-use parking_lot::{Condvar, Mutex};
 use softrdma_wire::onc_rpc::AuthStat;
 
 use crate::buffers::Buffers;
 use crate::drc::{Cached, CallKey, ReplyCache, Seen};
 use crate::msg::{Auth, CallHeader, ReplyStatus, decode_call, encode_reply};
 use crate::payload::Payload;
-use crate::record::MAX_FRAGMENT;
-use crate::tcp::{DEFAULT_MAX_RECORD, RecordReader, write_record_parts};
+use crate::sched::Sched;
+use crate::tcp::DEFAULT_MAX_RECORD;
 
 /// What a procedure's handler sees besides its arguments.
 #[derive(Debug, Clone, Copy)]
@@ -346,6 +344,23 @@ pub struct ServerConfig {
     /// Octets of message memory (results, chunks) kept for the next calls rather than
     /// handed back to the allocator ([`Buffers`]).
     pub kept_octets: usize,
+    /// TCP connections served at once; a new one past it closes the least recently active.
+    pub max_connections: usize,
+    /// TCP connections from one address at once; past it, that address's least recently
+    /// active connection is closed for the new one.
+    pub max_connections_per_addr: usize,
+    /// A TCP connection with nothing in flight and nothing received for this long is
+    /// closed (the client reconnects when it needs to; Linux's svc closes idle transports
+    /// after 6 minutes).
+    pub idle_timeout: Duration,
+    /// A TCP client that takes none of its queued replies for this long is disconnected.
+    pub send_timeout: Duration,
+    /// Octets of TCP call records being assembled, over every connection; past it the
+    /// connection whose unfinished record began first is closed.
+    pub max_assembling: usize,
+    /// Octets of TCP replies waiting for their clients to read them, over every
+    /// connection; a reply that would pass it closes its connection.
+    pub max_queued: usize,
 }
 
 impl Default for ServerConfig {
@@ -355,18 +370,23 @@ impl Default for ServerConfig {
             max_in_flight: 64,
             max_record: DEFAULT_MAX_RECORD,
             kept_octets: 32 << 20,
+            max_connections: 1024,
+            max_connections_per_addr: 64,
+            idle_timeout: Duration::from_secs(360),
+            send_timeout: Duration::from_secs(30),
+            max_assembling: 256 << 20,
+            max_queued: 256 << 20,
         }
     }
 }
-
-type Job = Box<dyn FnOnce() + Send>;
 
 /// A pool of handler threads and the registry they dispatch to.
 pub struct Server {
     registry: Arc<Registry>,
     buffers: Arc<Buffers>,
     cfg: ServerConfig,
-    jobs: Option<Sender<Job>>,
+    jobs: Arc<Sched>,
+    flows: AtomicU64,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -374,14 +394,14 @@ impl Server {
     /// Starts `cfg.threads` handler threads for `registry`.
     pub fn new(registry: Registry, cfg: ServerConfig) -> Server {
         let threads = cfg.threads.max(1);
-        let (tx, rx) = bounded::<Job>(threads * 4);
+        let jobs = Arc::new(Sched::default());
         let workers = (0..threads)
             .map(|i| {
-                let rx = rx.clone();
+                let jobs = jobs.clone();
                 std::thread::Builder::new()
                     .name(format!("rpc-worker-{i}"))
                     .spawn(move || {
-                        while let Ok(job) = rx.recv() {
+                        while let Some(job) = jobs.pop() {
                             job();
                         }
                     })
@@ -392,7 +412,8 @@ impl Server {
             registry: Arc::new(registry),
             buffers: Buffers::new(256, cfg.kept_octets),
             cfg,
-            jobs: Some(tx),
+            jobs,
+            flows: AtomicU64::new(0),
             workers,
         }
     }
@@ -407,41 +428,27 @@ impl Server {
         &self.buffers
     }
 
-    /// Runs `job` on the pool (blocks while the pool's queue is full).
-    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
-        if let Some(tx) = &self.jobs {
-            let _ = tx.send(Box::new(job));
-        }
+    /// How it runs.
+    pub fn config(&self) -> &ServerConfig {
+        &self.cfg
     }
 
-    /// Serves RPC over TCP on `listener` until the handle is shut down or dropped.
-    pub fn serve_tcp(self: &Arc<Self>, listener: TcpListener) -> io::Result<TcpServer> {
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (server, stop2, conns2) = (self.clone(), stop.clone(), conns.clone());
-        let accept = std::thread::Builder::new()
-            .name("rpc-tcp-accept".into())
-            .spawn(move || {
-                for s in listener.incoming() {
-                    if stop2.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let Ok(s) = s else { continue };
-                    let Ok(clone) = s.try_clone() else { continue };
-                    conns2.lock().push(clone);
-                    let server = server.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("rpc-tcp-conn".into())
-                        .spawn(move || server.serve_connection(s));
-                }
-            })?;
-        Ok(TcpServer {
-            addr,
-            stop,
-            conns,
-            accept: Some(accept),
-        })
+    /// Runs `job` on the pool, among the jobs of no connection.
+    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        self.spawn_in(u64::MAX, job);
+    }
+
+    /// Runs `job` on the pool behind the earlier jobs of `flow` (a connection): the pool
+    /// takes one job of each flow with jobs waiting in turn, so no connection's queue of
+    /// calls holds up another's.
+    pub fn spawn_in(&self, flow: u64, job: impl FnOnce() + Send + 'static) {
+        self.jobs.push(flow, Box::new(job));
+    }
+
+    /// A number for [`Server::spawn_in`] no other caller has.
+    pub fn new_flow(&self) -> u64 {
+        // Above every TCP connection id, below `spawn`'s own.
+        (1 << 62) + self.flows.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Serves calls over UDP on `socket` (RFC 5531 §11: one call per datagram, no record
@@ -478,63 +485,11 @@ impl Server {
             thread: Some(thread),
         })
     }
-
-    /// Reads calls from one connection, each answered by the pool in any order.
-    fn serve_connection(self: Arc<Self>, s: TcpStream) {
-        let peer = s.peer_addr().ok();
-        let _ = s.set_nodelay(true);
-        let Ok(w) = s.try_clone() else { return };
-        let writer = Arc::new(Mutex::new(w));
-        let gate = Arc::new((Mutex::new(0usize), Condvar::new()));
-        let mut reader = RecordReader::new(s, self.cfg.max_record);
-        loop {
-            let msg = match reader.read_record() {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::debug!(?peer, error = %e, "RPC connection ended");
-                    break;
-                }
-            };
-            {
-                let (n, cv) = &*gate;
-                let mut n = n.lock();
-                while *n >= self.cfg.max_in_flight.max(1) {
-                    cv.wait(&mut n);
-                }
-                *n += 1;
-            }
-            let (reg, writer, gate) = (self.registry.clone(), writer.clone(), gate.clone());
-            let buffers = self.buffers.clone();
-            let inline = reg.runs_inline(&msg);
-            let job = move || {
-                if let Some(r) = reg.dispatch(&msg, peer, &buffers) {
-                    let mut w = writer.lock();
-                    if r.with_parts(|p| write_record_parts(&mut *w, p, MAX_FRAGMENT))
-                        .is_err()
-                    {
-                        let _ = w.shutdown(Shutdown::Both);
-                    }
-                    drop(w);
-                    buffers.give(r.body.xdr);
-                }
-                let (n, cv) = &*gate;
-                *n.lock() -= 1;
-                cv.notify_one();
-            };
-            if inline {
-                job();
-            } else {
-                self.spawn(job);
-            }
-        }
-        let _ = writer.lock().shutdown(Shutdown::Both);
-    }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.jobs = None;
+        self.jobs.close();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -561,41 +516,5 @@ impl Drop for UdpServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// A running TCP service; shut down when dropped.
-pub struct TcpServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-    accept: Option<JoinHandle<()>>,
-}
-
-impl TcpServer {
-    /// Where it listens.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops accepting and ends every connection.
-    pub fn shutdown(&mut self) {
-        if self.stop.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Wakes the accepting thread.
-        let _ = TcpStream::connect(self.addr);
-        if let Some(a) = self.accept.take() {
-            let _ = a.join();
-        }
-        for c in self.conns.lock().drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-impl Drop for TcpServer {
-    fn drop(&mut self) {
-        self.shutdown();
     }
 }

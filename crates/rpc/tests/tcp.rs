@@ -491,7 +491,7 @@ fn inline_procedures_run_in_the_connection_thread() {
         .serve_tcp(TcpListener::bind("127.0.0.1:0").unwrap())
         .unwrap();
     let c = Client::connect_tcp(tcp.local_addr()).unwrap();
-    for (p, want) in [(1, "rpc-tcp-conn"), (2, "rpc-worker-")] {
+    for (p, want) in [(1, "rpc-tcp"), (2, "rpc-worker-")] {
         let r = c.call(PROG, 1, p, &[]).unwrap();
         let name = String::from_utf8_lossy(&r.results);
         assert!(name.trim_end_matches('\0').starts_with(want), "{p}: {name}");

@@ -50,6 +50,8 @@ struct Sends {
 
 struct Conn {
     server: Arc<Server>,
+    /// This connection's calls on the pool, in turn with other connections'.
+    flow: u64,
     ep: Endpoint,
     cfg: RdmaConfig,
     th: Thresholds,
@@ -165,6 +167,7 @@ impl Conn {
         .map_err(io_err)?;
         Ok(Arc::new(Conn {
             server: server.clone(),
+            flow: server.new_flow(),
             ep,
             cfg,
             th,
@@ -390,7 +393,7 @@ impl Conn {
             return;
         }
         let conn = self.clone();
-        self.server.spawn(move || {
+        self.server.spawn_in(self.flow, move || {
             let mut r = Reserved::none(&conn);
             conn.answer(xid, &msg, &offered, &mut r);
         });
