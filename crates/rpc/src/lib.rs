@@ -22,8 +22,8 @@ pub use client::{
 pub use msg::{Auth, AuthSysParams, CallHeader, ReplyHeader, ReplyStatus};
 pub use payload::{ChunkError, Payload, Shared};
 pub use server::{
-    ArgumentBinding, CallContext, Eligible, OutReply, ProcError, Program, Registry, Server,
-    ServerConfig, UdpServer,
+    ArgumentBinding, CallContext, Eligible, OutReply, ProcError, Program, RdmaStats, Registry,
+    Server, ServerConfig, UdpServer,
 };
 pub use softrdma_wire::onc_rpc::AuthStat;
 pub use svc_tcp::{TcpServer, TcpStats};

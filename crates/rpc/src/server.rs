@@ -361,6 +361,18 @@ pub struct ServerConfig {
     /// Octets of TCP replies waiting for their clients to read them, over every
     /// connection; a reply that would pass it closes its connection.
     pub max_queued: usize,
+    /// RPC-over-RDMA: RDMA Reads of a call's Read chunks unanswered for this long end the
+    /// connection, its buffers freed.
+    pub read_chunk_timeout: Duration,
+}
+
+/// Counters of the RPC-over-RDMA service's limits at work.
+#[derive(Debug, Default)]
+pub struct RdmaStats {
+    /// Connections ended for Read chunks unanswered (`read_chunk_timeout`).
+    pub read_timeouts: std::sync::atomic::AtomicUsize,
+    /// Connections ended idle (`idle_timeout`).
+    pub idle_closed: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for ServerConfig {
@@ -376,6 +388,7 @@ impl Default for ServerConfig {
             send_timeout: Duration::from_secs(30),
             max_assembling: 256 << 20,
             max_queued: 256 << 20,
+            read_chunk_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -387,6 +400,7 @@ pub struct Server {
     cfg: ServerConfig,
     jobs: Arc<Sched>,
     flows: AtomicU64,
+    rdma_stats: RdmaStats,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -414,6 +428,7 @@ impl Server {
             cfg,
             jobs,
             flows: AtomicU64::new(0),
+            rdma_stats: RdmaStats::default(),
             workers,
         }
     }
@@ -431,6 +446,11 @@ impl Server {
     /// How it runs.
     pub fn config(&self) -> &ServerConfig {
         &self.cfg
+    }
+
+    /// The RPC-over-RDMA service's counters.
+    pub fn rdma_stats(&self) -> &RdmaStats {
+        &self.rdma_stats
     }
 
     /// Runs `job` on the pool, among the jobs of no connection.

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use softrdma::{
@@ -25,11 +25,14 @@ use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::buffers::Buffers;
 use crate::msg::peek;
 use crate::payload::{Payload, removed, splice};
-use crate::server::{Eligible, OutReply, Server};
+use crate::server::{Eligible, OutReply, Server, ServerConfig};
 
 /// A call whose Read chunks are being pulled.
 struct Pulling {
     xid: u32,
+    /// When its Reads were posted: unanswered past `read_chunk_timeout`, the connection
+    /// ends and the buffer is freed.
+    since: Instant,
     /// RDMA Reads not yet complete.
     left: usize,
     mr: Lease,
@@ -61,6 +64,8 @@ struct Conn {
     pulling: Mutex<HashMap<u64, Pulling>>,
     next_pull: AtomicU64,
     dead: AtomicBool,
+    /// Last completion of any kind: the idle clock, and which connection the limits close.
+    active: Mutex<Instant>,
     /// Read chunk targets and Write/Reply chunk sources (shared by the server's connections).
     pool: Arc<Buffers>,
 }
@@ -109,12 +114,15 @@ impl Server {
         let accept = std::thread::Builder::new()
             .name("rpc-rdma-accept".into())
             .spawn(move || {
-                let mut conns = Vec::new();
+                let mut conns: Vec<(Arc<Conn>, JoinHandle<()>)> = Vec::new();
                 let pool = server.buffers().clone();
                 while !stop2.load(Ordering::Acquire) {
                     let Ok(req) = listener.accept_timeout(Duration::from_millis(100)) else {
+                        conns.retain(|(_, h)| !h.is_finished());
                         continue;
                     };
+                    conns.retain(|(_, h)| !h.is_finished());
+                    make_room(&mut conns, server.config(), req.peer_addr());
                     match Conn::accept(&server, &ctx, req, cfg, &pool) {
                         Ok(c) => {
                             let c2 = c.clone();
@@ -127,7 +135,6 @@ impl Server {
                         }
                         Err(e) => tracing::debug!(error = %e, "RPC-over-RDMA accept failed"),
                     }
-                    conns.retain(|(_, h)| !h.is_finished());
                 }
                 for (c, h) in conns {
                     c.dead.store(true, Ordering::Release);
@@ -143,7 +150,39 @@ impl Server {
     }
 }
 
+/// Before a connection from `peer` is accepted: at `max_connections_per_addr` of its
+/// address, or `max_connections` in all, the least recently active one (of the address,
+/// or of all) is disconnected, as the TCP service does.
+fn make_room(conns: &mut [(Arc<Conn>, JoinHandle<()>)], cfg: &ServerConfig, peer: SocketAddr) {
+    let live = |c: &Arc<Conn>| !c.dead.load(Ordering::Acquire);
+    let close_least_active = |filter: &dyn Fn(&Arc<Conn>) -> bool| {
+        if let Some((c, _)) = conns
+            .iter()
+            .filter(|(c, _)| live(c) && filter(c))
+            .min_by_key(|(c, _)| *c.active.lock())
+        {
+            tracing::info!(%peer, old = %c.peer, "RPC-over-RDMA connections at the limit: the least active closed");
+            c.end();
+        }
+    };
+    let same = |c: &Arc<Conn>| c.peer.ip() == peer.ip();
+    if conns.iter().filter(|(c, _)| live(c) && same(c)).count()
+        >= cfg.max_connections_per_addr.max(1)
+    {
+        close_least_active(&same);
+    }
+    if conns.iter().filter(|(c, _)| live(c)).count() >= cfg.max_connections.max(1) {
+        close_least_active(&|_| true);
+    }
+}
+
 impl Conn {
+    /// Ends the connection from any thread: its own thread sees it within a tick.
+    fn end(&self) {
+        self.dead.store(true, Ordering::Release);
+        let _ = self.ep.qp.disconnect();
+    }
+
     fn accept(
         server: &Arc<Server>,
         ctx: &Context,
@@ -180,6 +219,7 @@ impl Conn {
             pulling: Mutex::new(HashMap::default()),
             next_pull: AtomicU64::new(0),
             dead: AtomicBool::new(false),
+            active: Mutex::new(Instant::now()),
             pool: pool.clone(),
         }))
     }
@@ -187,12 +227,16 @@ impl Conn {
     /// Runs the connection's completions until it ends.
     fn run(self: Arc<Self>) {
         let mut wcs = Vec::with_capacity(64);
+        let scfg = *self.server.config();
+        // Deadlines are looked at a few times within the shortest of them.
+        let tick = (scfg.read_chunk_timeout.min(scfg.idle_timeout) / 4)
+            .clamp(Duration::from_millis(5), Duration::from_millis(200));
         while !self.dead.load(Ordering::Acquire) {
             wcs.clear();
-            match self.ep.cq.wait(1, 64, Duration::from_millis(200), &mut wcs) {
-                Ok(_) => {}
+            match self.ep.cq.wait(1, 64, tick, &mut wcs) {
+                Ok(_) => *self.active.lock() = Instant::now(),
                 Err(softrdma::Error::Timeout) => {
-                    if self.ep.qp.state().is_dead() {
+                    if self.ep.qp.state().is_dead() || self.overdue(&scfg) {
                         break;
                     }
                     continue;
@@ -220,7 +264,42 @@ impl Conn {
         }
         self.dead.store(true, Ordering::Release);
         let _ = self.ep.qp.disconnect();
+        // The chunk buffers of calls never pulled whole go back now, not when the last
+        // reply in progress lets the connection go.
+        self.pulling.lock().clear();
         self.send_room.notify_all();
+    }
+
+    /// RDMA Reads unanswered past `read_chunk_timeout` (the requester holds the chunk
+    /// buffers it leased us: RFC 8166 §3.4 puts no bound on it, we do), or nothing at all
+    /// for `idle_timeout`: the connection is to end.
+    fn overdue(&self, cfg: &ServerConfig) -> bool {
+        let now = Instant::now();
+        let pulling = self.pulling.lock();
+        if let Some(p) = pulling
+            .values()
+            .find(|p| now.duration_since(p.since) > cfg.read_chunk_timeout)
+        {
+            tracing::info!(peer = %self.peer, xid = p.xid, "RPC-over-RDMA Read chunk unanswered past read_chunk_timeout: connection ended");
+            self.server
+                .rdma_stats()
+                .read_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let busy = !pulling.is_empty() || {
+            let s = self.sends.lock();
+            s.free.len() < self.credits() as usize
+        };
+        if !busy && now.duration_since(*self.active.lock()) > cfg.idle_timeout {
+            tracing::debug!(peer = %self.peer, "RPC-over-RDMA connection idle past idle_timeout: ended");
+            self.server
+                .rdma_stats()
+                .idle_closed
+                .fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
     fn on_completion(self: &Arc<Self>, wc: &WorkCompletion, msg: Option<&[u8]>) -> io::Result<()> {
@@ -331,6 +410,7 @@ impl Conn {
         if wrs.is_empty() {
             let c = Pulling {
                 xid,
+                since: Instant::now(),
                 left: 0,
                 mr,
                 chunks,
@@ -344,6 +424,7 @@ impl Conn {
             id,
             Pulling {
                 xid,
+                since: Instant::now(),
                 left: wrs.len(),
                 mr,
                 chunks,
