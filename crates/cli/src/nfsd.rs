@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -47,6 +48,25 @@ pub struct NfsdArgs {
     /// RPC-over-RDMA credits granted per connection.
     #[arg(long, default_value_t = 64)]
     pub credits: u32,
+    /// Connections served at once, per transport (TCP, RDMA); a new one past it closes
+    /// the least recently active.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Connections from one address at once, per transport; past it that address's least
+    /// recently active connection is closed for the new one.
+    #[arg(long, default_value_t = 64)]
+    pub max_connections_per_addr: usize,
+    /// Seconds a connection may sit with nothing to do before it is closed (the client
+    /// reconnects when it needs to).
+    #[arg(long, value_name = "SECS", default_value_t = 360)]
+    pub idle_timeout: u64,
+    /// Seconds a TCP client may leave its replies unread before it is disconnected.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub send_timeout: u64,
+    /// Seconds a client may leave the server's RDMA Reads of its Read chunks unanswered
+    /// before the connection is ended.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub read_chunk_timeout: u64,
     /// Neither register with rpcbind nor answer portmap (clients then need `port=` and
     /// `mountport=`).
     #[arg(long)]
@@ -92,6 +112,11 @@ fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         ServerConfig {
             threads: a.threads.max(1),
             max_record: max_message,
+            max_connections: a.max_connections.max(1),
+            max_connections_per_addr: a.max_connections_per_addr.max(1),
+            idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
+            send_timeout: Duration::from_secs(a.send_timeout.max(1)),
+            read_chunk_timeout: Duration::from_secs(a.read_chunk_timeout.max(1)),
             ..ServerConfig::default()
         },
     ));
