@@ -32,7 +32,7 @@ use softrdma::{
 };
 
 use super::proto::{
-    CLIENT_SEED, EndReport, RemoteBuf, Reply, Request, Reverse, SERVER_SEED, Test, fill,
+    CLIENT_SEED, EndReport, Refusal, RemoteBuf, Reply, Request, Reverse, SERVER_SEED, Test, fill,
     first_mismatch,
 };
 use super::stats::{Bw, Peak};
@@ -127,7 +127,7 @@ pub struct Client {
 struct TestQp {
     qp: Qp,
     cq: Cq,
-    id: u32,
+    id: u64,
     test: Test,
     server: RemoteBuf,
 }
@@ -243,8 +243,11 @@ impl Client {
     }
 
     /// `-b`: asks the server to run `r` toward us; the id its `End` names.
-    pub(super) fn reverse_start(&self, r: &Reverse) -> Result<u32, PerfError> {
+    pub(super) fn reverse_start(&self, r: &Reverse) -> Result<u64, PerfError> {
         let answer = self.ask(r.emit(), Test::Reverse, self.o.connect_timeout)?;
+        if let Some(why) = Refusal::parse(&answer) {
+            return Err(PerfError::Refused(why));
+        }
         Reply::parse(&answer).map(|a| a.id).ok_or_else(|| {
             PerfError::Protocol(format!(
                 "the server at {} refused -b: {}",
@@ -256,7 +259,7 @@ impl Client {
 
     /// `-b`: ends the server's measurement `id` (it is answered once the measurement is
     /// over, within `timeout`): what it measured.
-    pub(super) fn reverse_end(&self, id: u32, timeout: Duration) -> Result<Option<Bw>, PerfError> {
+    pub(super) fn reverse_end(&self, id: u64, timeout: Duration) -> Result<Option<Bw>, PerfError> {
         let req = Request {
             id,
             ..Request::new(Test::End)

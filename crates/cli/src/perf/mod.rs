@@ -75,6 +75,12 @@ pub enum PerfError {
         what: String,
         source: Box<PerfError>,
     },
+    /// The server refused the test (too large, past its memory budget, busy).
+    #[error("rejected by the server: {0}")]
+    Refused(proto::Refusal),
+    /// A server's test whose client sent nothing for this long: given up.
+    #[error("no traffic from the client for {0:?}: the server reclaimed the test")]
+    Idle(Duration),
     /// Interrupted (SIGINT) after the rows reported.
     #[error("interrupted")]
     Interrupted,
@@ -329,6 +335,17 @@ pub struct PerfArgs {
     #[arg(long, value_name = "OCTETS", default_value_t = 1 << 30,
           value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
     pub max_buffer: u64,
+    /// --server: the memory all tests together may take, octets (a test takes twice its
+    /// size, a scale session its slots); a request past it is rejected with the reason until
+    /// others end. Default 2 GiB.
+    #[arg(long, value_name = "OCTETS", default_value_t = server::MEM_BUDGET,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub mem_budget: u64,
+    /// --server: end a test (or scale session) whose client sends nothing for this many
+    /// seconds, freeing its slot and memory.
+    #[arg(long, value_name = "S", default_value_t = server::IDLE_TIMEOUT.as_secs_f64(),
+          allow_negative_numbers = true, value_parser = seconds)]
+    pub idle_timeout: f64,
     /// After the run: every client test QP's counters and the client device's (table and
     /// JSON).
     #[arg(long, conflicts_with = "qps")]
@@ -564,6 +581,8 @@ impl PerfArgs {
             wait: self.wait(),
             busy_poll: self.busy_poll(),
             max_buffer: self.max_buffer,
+            mem_budget: self.mem_budget,
+            idle_timeout: Duration::from_secs_f64(self.idle_timeout),
         })
     }
 
@@ -743,6 +762,11 @@ impl PerfError {
     /// A failed connect: a rejection whose private data is the server's reason in words
     /// (a softrdma perf server's: busy, a size above its cap) says it.
     pub fn connecting(e: softrdma::Error) -> PerfError {
+        if let softrdma::Error::Rejected { private_data, .. } = &e
+            && let Some(why) = proto::Refusal::parse(private_data)
+        {
+            return PerfError::Refused(why);
+        }
         // RoCE's REJ pads its private data with zeros to 148 octets.
         if let softrdma::Error::Rejected { private_data, .. } = &e
             && let Ok(text) = std::str::from_utf8(private_data)

@@ -19,6 +19,11 @@
 //! 16-octet header; a raw UDP test then names the client's UDP socket, and the server
 //! answers with the port of its own.
 //!
+//! Test ids are random 64-bit numbers, and the server ends a test (or reads its report) only
+//! for an `End` from the address that opened it: a client cannot end another's test.
+//! A request the server refuses (too large, past its memory budget, busy) is rejected with a
+//! [`Refusal`].
+//!
 //! All integers little-endian unless said otherwise.
 
 use std::fmt;
@@ -30,7 +35,7 @@ use super::stats::Bw;
 /// First octets of every request and reply ("softrdma perf").
 pub const MAGIC: [u8; 4] = *b"SRPF";
 /// Layout version of these messages.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 
 /// One test of the RDMA side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -175,7 +180,7 @@ pub struct Request {
     /// Send bandwidth: receives the server keeps posted (the client's credit window).
     pub rx_depth: u32,
     /// `End`: the test it ends (the id of the server's [`Reply`]).
-    pub id: u32,
+    pub id: u64,
     /// `End`: messages the client sent (Send tests: what the server should have received).
     pub count: u64,
     /// The client's buffer (Write latency: where the server writes back).
@@ -183,9 +188,9 @@ pub struct Request {
 }
 
 /// Octets of an encoded [`Request`].
-pub const REQUEST_LEN: usize = 44;
+pub const REQUEST_LEN: usize = 48;
 /// Octets of an encoded [`Reply`].
-pub const REPLY_LEN: usize = 28;
+pub const REPLY_LEN: usize = 32;
 /// Octets of an [`EndReport`] before its figures and message.
 pub const END_LEN: usize = 24;
 /// Longest private data of a rejection (RoCE's REJ carries 148 octets): an [`EndReport`]
@@ -226,9 +231,9 @@ impl Request {
             test: Test::from_code(b[5])?,
             size: le32(&b[8..12]),
             rx_depth: le32(&b[12..16]),
-            id: le32(&b[16..20]),
-            count: le64(&b[20..28]),
-            buf: RemoteBuf::parse(&b[28..44]),
+            id: le64(&b[16..24]),
+            count: le64(&b[24..32]),
+            buf: RemoteBuf::parse(&b[32..48]),
         })
     }
 }
@@ -236,8 +241,8 @@ impl Request {
 /// The accept's private data: the test's id and the server's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reply {
-    /// What the client's `End` names.
-    pub id: u32,
+    /// What the client's `End` names (random: not guessed by another client).
+    pub id: u64,
     /// Where the client writes (Write), reads (Read) or nothing (Send).
     pub buf: RemoteBuf,
 }
@@ -282,8 +287,8 @@ impl Reply {
             return None;
         }
         Some(Reply {
-            id: le32(&b[8..12]),
-            buf: RemoteBuf::parse(&b[12..28]),
+            id: le64(&b[8..16]),
+            buf: RemoteBuf::parse(&b[16..32]),
         })
     }
 }
@@ -364,6 +369,106 @@ impl EndReport {
                     .to_owned()
             }),
         })
+    }
+}
+
+/// Why the server refused a test request: the rejection's private data, which the client
+/// reports as such.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The buffer asked for is above the server's per-test cap (`--max-buffer`).
+    TooLarge {
+        /// Octets asked for.
+        asked: u64,
+        /// The cap.
+        cap: u64,
+    },
+    /// The test's memory would take the server past its budget for all tests at once
+    /// (`--mem-budget`); it may fit once other tests end.
+    OverBudget {
+        /// Octets the test would take.
+        asked: u64,
+        /// Octets of the budget the running tests hold.
+        used: u64,
+        /// The budget.
+        budget: u64,
+    },
+    /// Too many tests at once, of this client's address or in all.
+    Busy {
+        /// Tests of the client's address running.
+        mine: u64,
+        /// Tests running in all.
+        all: u64,
+    },
+}
+
+/// Code of a [`Refusal`] (a request's code would be the test's).
+const REFUSAL: u8 = 0xfd;
+/// Octets of a [`Refusal`] before its text.
+const REFUSAL_LEN: usize = 32;
+
+impl Refusal {
+    /// The private data: the figures, then the text for a reader of the octets.
+    pub fn emit(&self) -> Vec<u8> {
+        let (kind, figures) = match *self {
+            Refusal::TooLarge { asked, cap } => (1, [asked, cap, 0]),
+            Refusal::OverBudget {
+                asked,
+                used,
+                budget,
+            } => (2, [asked, used, budget]),
+            Refusal::Busy { mine, all } => (3, [mine, all, 0]),
+        };
+        let mut v = Vec::with_capacity(REJECT_MAX);
+        header(&mut v, REFUSAL);
+        v[6] = kind;
+        for x in figures {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        let text = format!("softrdma perf: {self}");
+        let n = text.len().min(REJECT_MAX - v.len());
+        v.extend_from_slice(&text.as_bytes()[..n]);
+        v
+    }
+
+    /// Parses a rejection's private data; `None` if it is not a refusal.
+    pub fn parse(b: &[u8]) -> Option<Refusal> {
+        if !ours(b, REFUSAL_LEN) || b[5] != REFUSAL {
+            return None;
+        }
+        let (x, y, z) = (le64(&b[8..16]), le64(&b[16..24]), le64(&b[24..32]));
+        Some(match b[6] {
+            1 => Refusal::TooLarge { asked: x, cap: y },
+            2 => Refusal::OverBudget {
+                asked: x,
+                used: y,
+                budget: z,
+            },
+            3 => Refusal::Busy { mine: x, all: y },
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::TooLarge { asked, cap } => {
+                write!(f, "{asked} octets is above the server's --max-buffer {cap}")
+            }
+            Refusal::OverBudget {
+                asked,
+                used,
+                budget,
+            } => write!(
+                f,
+                "{asked} octets past the memory budget (--mem-budget {budget}, {used} in use): try later"
+            ),
+            Refusal::Busy { mine, all } => write!(
+                f,
+                "busy ({mine} tests of this address running, {all} in all)"
+            ),
+        }
     }
 }
 
@@ -562,7 +667,7 @@ mod tests {
             test: Test::SendBw,
             size: 65536,
             rx_depth: 512,
-            id: 7,
+            id: 0xfedc_ba98_7654_3210,
             count: 1 << 40,
             buf: RemoteBuf {
                 addr: 0x1234_5678_9abc,
@@ -574,7 +679,10 @@ mod tests {
         assert_eq!(b.len(), REQUEST_LEN);
         assert_eq!(Request::parse(&b), Some(r));
         assert_eq!(Request::parse(&b[..REQUEST_LEN - 1]), None);
-        let p = Reply { id: 9, buf: r.buf };
+        let p = Reply {
+            id: u64::MAX - 1,
+            buf: r.buf,
+        };
         let b = p.emit();
         assert_eq!(b.len(), REPLY_LEN);
         assert_eq!(Reply::parse(&b), Some(p));
@@ -667,6 +775,36 @@ mod tests {
         assert_eq!(Reverse::parse(&long.emit()), None);
         assert_eq!(Reverse::parse(&Request::new(Test::WriteBw).emit()), None);
         assert_eq!(Reverse::parse(&b[..REQUEST_LEN - 1]), None);
+    }
+
+    #[test]
+    fn refusals_round_trip_and_say_why() {
+        for r in [
+            Refusal::TooLarge {
+                asked: u64::MAX,
+                cap: 1 << 30,
+            },
+            Refusal::OverBudget {
+                asked: 3 << 20,
+                used: 6 << 20,
+                budget: 8 << 20,
+            },
+            Refusal::Busy { mine: 16, all: 64 },
+        ] {
+            let b = r.emit();
+            assert!(b.len() <= REJECT_MAX);
+            assert_eq!(Refusal::parse(&b), Some(r));
+            // RoCE's REJ pads with zeros.
+            let mut padded = b.clone();
+            padded.resize(REJECT_MAX, 0);
+            assert_eq!(Refusal::parse(&padded), Some(r));
+            assert!(String::from_utf8_lossy(&b).contains(&r.to_string()));
+        }
+        assert_eq!(Refusal::parse(b"softrdma perf: busy"), None);
+        assert_eq!(Refusal::parse(&Request::new(Test::End).emit()), None);
+        let mut bad = Refusal::Busy { mine: 1, all: 1 }.emit();
+        bad[6] = 9;
+        assert_eq!(Refusal::parse(&bad), None);
     }
 
     #[test]

@@ -372,7 +372,7 @@ fn remote(
     let rss0 = rss();
     let t0 = Instant::now();
     let mut qps = Vec::with_capacity(n as usize);
-    let mut session: Option<(u32, RemoteBuf)> = None;
+    let mut session: Option<(u64, RemoteBuf)> = None;
     for _ in 0..n {
         let qp = client.qp()?;
         let req = Request {
@@ -445,13 +445,15 @@ pub const SCALE_MAX_QPS: u32 = 4096;
 /// The server's end of a remote scale session: one region of N slots and the QPs accepted
 /// into it (nothing completes here: the Writes and Reads are the responder's).
 pub struct ScaleSession {
-    id: u32,
+    id: u64,
     n: u32,
     size: u32,
     pmtu: u32,
     fpdu: softrdma::FpduSize,
     side: Side,
     qps: Vec<Qp>,
+    /// Progress at the last look (units its QPs received, QPs accepted), and since when.
+    seen: (u64, Instant),
 }
 
 impl ScaleSession {
@@ -460,7 +462,7 @@ impl ScaleSession {
     /// with the reason.
     pub fn open(
         ctx: &Context,
-        id: u32,
+        id: u64,
         r: Request,
         (pmtu, fpdu): (u32, softrdma::FpduSize),
         req: ConnRequest,
@@ -492,6 +494,7 @@ impl ScaleSession {
             fpdu,
             side,
             qps: Vec::with_capacity(n as usize),
+            seen: (0, Instant::now()),
         };
         session.accept(req)?;
         Ok(session)
@@ -520,6 +523,20 @@ impl ScaleSession {
         reply.accept(req, &qp, (1, 1), (self.pmtu, self.fpdu))?;
         self.qps.push(qp);
         Ok(())
+    }
+
+    /// How long the session made no progress (no QP joined, none received anything), as
+    /// of `now`.
+    pub fn idle_for(&mut self, now: Instant) -> Duration {
+        let progress = self
+            .qps
+            .iter()
+            .map(|qp| qp.counters().rx_units)
+            .fold(self.qps.len() as u64, u64::wrapping_add);
+        if progress != self.seen.0 {
+            self.seen = (progress, now);
+        }
+        now.saturating_duration_since(self.seen.1)
     }
 
     /// Every QP of the session is gone (its client left without `End`).

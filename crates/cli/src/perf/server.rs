@@ -6,12 +6,18 @@
 //! client as a client would; a scale session (`-q`) is one region and its QPs, accepted on
 //! the listening thread (nothing completes at the server: the Writes and Reads are the
 //! responder's).
+//!
+//! Against hostile clients: test ids are random and an `End` from an address other than the
+//! test's is answered as for an unknown test; a test or session whose client sends nothing
+//! for [`ServerOpts::idle_timeout`] is ended; all tests together take at most
+//! [`ServerOpts::mem_budget`] octets, a request past it refused with a [`Refusal`].
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::ScopedJoinHandle;
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
 use softrdma::{
@@ -21,7 +27,8 @@ use softrdma::{
 
 use super::client::{Client, ClientOpts, INLINE_MAX, REMOTE, check, unsignaled, verify};
 use super::proto::{
-    CLIENT_SEED, EndReport, Measure, RemoteBuf, Reply, Request, Reverse, SERVER_SEED, Test, fill,
+    CLIENT_SEED, EndReport, Measure, Refusal, RemoteBuf, Reply, Request, Reverse, SERVER_SEED,
+    Test, fill,
 };
 use super::scale::ScaleSession;
 use super::stats::Bw;
@@ -56,7 +63,21 @@ pub struct ServerOpts {
     /// The largest buffer a client may ask for, octets (each test registers its size twice,
     /// Send bandwidth once per receive credit at most `rx_depth` × size worth of posts).
     pub max_buffer: u64,
+    /// The memory all tests together may take, octets (a test takes its buffers' worth:
+    /// twice its size, a scale session its slots); a request past it is refused until
+    /// others end.
+    pub mem_budget: u64,
+    /// A test or scale session whose client sends nothing for this long is ended and its
+    /// slot and memory reclaimed (its `End` then gets the reason).
+    pub idle_timeout: Duration,
 }
+
+/// Default of [`ServerOpts::mem_budget`]: one test of the largest size (1 GiB, twice), or
+/// many smaller ones.
+pub const MEM_BUDGET: u64 = 2 << 30;
+/// Default of [`ServerOpts::idle_timeout`]: a running client's traffic never pauses this
+/// long (its own waits give up after 30 s).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How the listening thread tells a test thread its test is over.
 #[derive(Default)]
@@ -68,7 +89,7 @@ struct Ctl {
 
 /// Tests by id, running or finished and waiting for their `End`: their control, their
 /// thread, the client's address.
-type Tests<'s> = HashMap<u32, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>, IpAddr)>;
+type Tests<'s> = HashMap<u64, (Arc<Ctl>, ScopedJoinHandle<'s, EndReport>, IpAddr)>;
 
 /// How long a finished test keeps its report for the client's `End`.
 const FORGET: Duration = Duration::from_secs(60);
@@ -78,7 +99,7 @@ const FORGET: Duration = Duration::from_secs(60);
 /// `-b` measurement toward the client often finishes before the client's own test does,
 /// and the client's next request then came before that `End` (which got "no test N to
 /// end"). `done` holds when each test was first seen finished.
-fn forget_finished(tests: &mut Tests<'_>, done: &mut HashMap<u32, Instant>, now: Instant) {
+fn forget_finished(tests: &mut Tests<'_>, done: &mut HashMap<u64, Instant>, now: Instant) {
     for (id, (_, h, _)) in tests.iter() {
         if h.is_finished() {
             done.entry(*id).or_insert(now);
@@ -86,7 +107,7 @@ fn forget_finished(tests: &mut Tests<'_>, done: &mut HashMap<u32, Instant>, now:
     }
     done.retain(|id, t| tests.contains_key(id) && now.saturating_duration_since(*t) < FORGET);
     if done.len() > KEEP {
-        let mut by_age: Vec<(Instant, u32)> = done.iter().map(|(id, t)| (*t, *id)).collect();
+        let mut by_age: Vec<(Instant, u64)> = done.iter().map(|(id, t)| (*t, *id)).collect();
         by_age.sort_unstable();
         for (_, id) in &by_age[..done.len() - KEEP] {
             done.remove(id);
@@ -95,8 +116,8 @@ fn forget_finished(tests: &mut Tests<'_>, done: &mut HashMap<u32, Instant>, now:
     tests.retain(|id, (_, h, _)| !h.is_finished() || done.contains_key(id));
 }
 
-/// Scale sessions by id: the session and the client's address.
-type Sessions = HashMap<u32, (ScaleSession, IpAddr)>;
+/// Scale sessions by id: the session, the client's address and the session's memory.
+type Sessions<'b> = HashMap<u64, (ScaleSession, IpAddr, Lease<'b>)>;
 
 /// Answers kept for requests a lossy network may bring again.
 const ANSWERED: usize = 64;
@@ -140,6 +161,103 @@ fn stop_all(tests: &mut Tests<'_>) {
     }
 }
 
+/// Octets of test memory the server holds at once, against [`ServerOpts::mem_budget`]:
+/// each test takes its share before anything is allocated and gives it back when it ends.
+struct Budget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+/// A test's share of the [`Budget`], given back when dropped.
+struct Lease<'b> {
+    budget: &'b Budget,
+    octets: u64,
+}
+
+impl Budget {
+    fn new(limit: u64) -> Budget {
+        Budget {
+            limit,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// `octets` of the budget, or why not.
+    fn take(&self, octets: u64) -> Result<Lease<'_>, Refusal> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(octets).filter(|&u| u <= self.limit)
+            })
+            .map(|_| Lease {
+                budget: self,
+                octets,
+            })
+            .map_err(|used| Refusal::OverBudget {
+                asked: octets,
+                used,
+                budget: self.limit,
+            })
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.octets, Ordering::AcqRel);
+    }
+}
+
+/// Octets the server allocates for `r`: a test's buffer and its source (twice the size),
+/// a scale session's N slots, a reverse measurement's buffer.
+fn charge(r: &Request) -> u64 {
+    let n = u64::from(r.size.max(1));
+    match r.test {
+        Test::Bye | Test::End => 0,
+        Test::ScaleQp if r.id == 0 => n.saturating_mul(r.count),
+        Test::ScaleQp => 0,
+        Test::Reverse => n,
+        _ => n + n.max(8),
+    }
+}
+
+/// A test id no running test or session has: random, so that a client cannot name
+/// another's test; never 0 (a scale request's "open a session").
+fn fresh_id(in_use: impl Fn(u64) -> bool) -> u64 {
+    loop {
+        let id = rand::random::<u64>();
+        if id != 0 && !in_use(id) {
+            return id;
+        }
+    }
+}
+
+/// Ends the scale sessions that saw no traffic for `idle`; each keeps its report (with the
+/// reason) for its client's `End` as a finished test does.
+fn reclaim_idle_sessions<'s>(
+    s: &'s Scope<'s, '_>,
+    sessions: &mut Sessions<'_>,
+    tests: &mut Tests<'s>,
+    idle: Duration,
+    now: Instant,
+    log: bool,
+) {
+    let stale: Vec<u64> = sessions
+        .iter_mut()
+        .filter_map(|(id, (x, _, _))| (x.idle_for(now) >= idle).then_some(*id))
+        .collect();
+    for id in stale {
+        let Some((session, ip, lease)) = sessions.remove(&id) else {
+            continue;
+        };
+        let mut report = session.end();
+        drop(lease);
+        if log {
+            eprintln!("softrdma perf: {ip}: scale session idle for {idle:?}: reclaimed");
+        }
+        report.error = Some(PerfError::Idle(idle).to_string());
+        tests.insert(id, (Arc::default(), s.spawn(move || report), ip));
+    }
+}
+
 /// Serves tests from `listener` until a client's `Bye` (with `once`), until `quit` is set,
 /// or forever.
 pub fn serve(
@@ -150,11 +268,13 @@ pub fn serve(
     quit: Option<&AtomicBool>,
 ) -> Result<(), PerfError> {
     let answered = &Answered::default();
+    let budget = &Budget::new(o.mem_budget);
     std::thread::scope(|s| {
         let mut tests: Tests = HashMap::new();
-        let mut done: HashMap<u32, Instant> = HashMap::new();
+        let mut done: HashMap<u64, Instant> = HashMap::new();
         let mut sessions: Sessions = HashMap::new();
-        let mut next_id = 0u32;
+        // --once: the addresses given a test; only their Bye ends the server.
+        let mut clients: HashSet<IpAddr> = HashSet::new();
         loop {
             // The context's async events (every connection's Established and Disconnected)
             // are read here, or a long-running server would hold the last 4,096 of them.
@@ -163,6 +283,14 @@ pub fn serve(
                     eprintln!("softrdma perf: {ev:?}");
                 }
             }
+            reclaim_idle_sessions(
+                s,
+                &mut sessions,
+                &mut tests,
+                o.idle_timeout,
+                Instant::now(),
+                o.log,
+            );
             let req = match listener.accept_timeout(Duration::from_millis(200)) {
                 Ok(r) => r,
                 Err(Error::Timeout) if !quit.is_some_and(|q| q.load(Ordering::Acquire)) => {
@@ -191,23 +319,28 @@ pub fn serve(
             // scale session: its N slots together).
             let asked = match r.test {
                 Test::Bye | Test::End => 0,
-                Test::ScaleQp if r.id == 0 => u64::from(r.size.max(1)) * r.count,
+                Test::ScaleQp if r.id == 0 => u64::from(r.size.max(1)).saturating_mul(r.count),
                 _ => u64::from(r.size),
             };
             if asked > o.max_buffer {
-                eprintln!(
-                    "softrdma perf: {peer}: {asked} octets asked, above --max-buffer {}: rejected",
-                    o.max_buffer
-                );
-                let why = format!(
-                    "softrdma perf: {asked} octets is above the server's --max-buffer {}",
-                    o.max_buffer
-                );
-                let _ = req.reject(why.as_bytes());
+                let why = Refusal::TooLarge {
+                    asked,
+                    cap: o.max_buffer,
+                };
+                eprintln!("softrdma perf: {peer}: {why}: rejected");
+                let _ = req.reject(&why.emit());
                 continue;
             }
             match r.test {
                 Test::Bye => {
+                    // Another address's Bye does not end this client's session.
+                    if once && !clients.is_empty() && !clients.contains(&peer.ip()) {
+                        eprintln!(
+                            "softrdma perf: {peer}: Bye from an address with no test: ignored"
+                        );
+                        let _ = req.reject(b"softrdma perf: no session of this address");
+                        continue;
+                    }
                     let _ = req.reject(b"bye");
                     if o.log {
                         eprintln!("softrdma perf: {peer}: session done");
@@ -218,13 +351,20 @@ pub fn serve(
                     }
                 }
                 Test::End => {
-                    if let Some((session, _)) = sessions.remove(&r.id) {
+                    // Only the address that opened a test ends it (and reads its report);
+                    // to any other the test does not exist.
+                    let owner = |ip: IpAddr| ip == peer.ip();
+                    if sessions.get(&r.id).is_some_and(|x| owner(x.1))
+                        && let Some((session, _, lease)) = sessions.remove(&r.id)
+                    {
                         let report = session.end().emit();
+                        drop(lease);
                         answered.put(peer.ip(), req.private_data(), &report);
                         let _ = req.reject(&report);
                         continue;
                     }
-                    match tests.remove(&r.id) {
+                    let mine = tests.get(&r.id).is_some_and(|t| owner(t.2));
+                    match mine.then(|| tests.remove(&r.id)).flatten() {
                         Some((ctl, h, _)) => {
                             ctl.sent.store(r.count, Ordering::Release);
                             ctl.ended.store(true, Ordering::Release);
@@ -242,6 +382,12 @@ pub fn serve(
                             });
                         }
                         None => {
+                            if o.log && (tests.contains_key(&r.id) || sessions.contains_key(&r.id))
+                            {
+                                eprintln!(
+                                    "softrdma perf: {peer}: End of another address's test: refused"
+                                );
+                            }
                             let report = EndReport {
                                 error: Some(format!("no test {} to end", r.id)),
                                 ..EndReport::default()
@@ -252,7 +398,7 @@ pub fn serve(
                 }
                 Test::ScaleQp if r.id != 0 => {
                     let answer = match sessions.get_mut(&r.id) {
-                        Some((session, ip)) if *ip == peer.ip() => session.accept(req),
+                        Some((session, ip, _)) if *ip == peer.ip() => session.accept(req),
                         _ => req
                             .reject(format!("softrdma perf: no scale session {}", r.id).as_bytes())
                             .map_err(PerfError::from),
@@ -266,30 +412,43 @@ pub fn serve(
                         eprintln!("softrdma perf: {peer}: {test} {} octets", r.size);
                     }
                     forget_finished(&mut tests, &mut done, Instant::now());
-                    sessions.retain(|_, (session, _)| !session.is_dead());
+                    sessions.retain(|_, (session, _, _)| !session.is_dead());
                     // One client (address) holds at most PER_PEER tests at once and all
                     // together at most KEEP: a peer that connects and idles cannot take the
-                    // server from the others.
+                    // server from the others (and an idle test is reclaimed).
                     // Finished tests waiting for their End hold no more than a report.
                     let running = || tests.values().filter(|t| !t.1.is_finished());
                     let mine = running().filter(|t| t.2 == peer.ip()).count()
                         + sessions.values().filter(|t| t.1 == peer.ip()).count();
                     let all = running().count() + sessions.len();
                     if mine >= PER_PEER || all >= KEEP {
-                        let why = format!(
-                            "softrdma perf: busy ({mine} tests of {} running, {all} in all; at most {PER_PEER} per client and {KEEP} in all)",
-                            peer.ip(),
+                        let why = Refusal::Busy {
+                            mine: mine as u64,
+                            all: all as u64,
+                        };
+                        eprintln!(
+                            "softrdma perf: {peer}: {why} (at most {PER_PEER} per client and {KEEP} in all)"
                         );
-                        eprintln!("softrdma perf: {peer}: {why}");
-                        let _ = req.reject(why.as_bytes());
+                        let _ = req.reject(&why.emit());
                         continue;
                     }
-                    next_id = next_id.wrapping_add(1).max(1);
-                    let id = next_id;
+                    // The test's memory, from the budget of all tests, before any is taken.
+                    let lease = match budget.take(charge(&r)) {
+                        Ok(l) => l,
+                        Err(why) => {
+                            eprintln!("softrdma perf: {peer}: {why}");
+                            let _ = req.reject(&why.emit());
+                            continue;
+                        }
+                    };
+                    let id = fresh_id(|id| tests.contains_key(&id) || sessions.contains_key(&id));
+                    if once && clients.len() < KEEP {
+                        clients.insert(peer.ip());
+                    }
                     if test == Test::ScaleQp {
                         match ScaleSession::open(ctx, id, r, (o.pmtu, o.fpdu), req) {
                             Ok(session) => {
-                                sessions.insert(id, (session, peer.ip()));
+                                sessions.insert(id, (session, peer.ip(), lease));
                             }
                             Err(e) => eprintln!("softrdma perf: {peer}: scale session: {e}"),
                         }
@@ -310,6 +469,7 @@ pub fn serve(
                         let _ = req.reject(&started);
                         let ctl = Arc::new(Ctl::default());
                         let h = s.spawn(move || {
+                            let _lease = lease;
                             let mut report = EndReport::default();
                             match reverse(ctx, peer.ip(), rev, o) {
                                 Ok(bw) => report.bw = bw,
@@ -335,6 +495,8 @@ pub fn serve(
                             }
                             report.error = Some(e.to_string());
                         }
+                        // The memory is free again once the test's buffers are gone.
+                        drop(lease);
                         report
                     });
                     tests.insert(id, (ctl, h, peer.ip()));
@@ -387,13 +549,17 @@ struct Served<'a> {
     size: u32,
     wait: WaitMode,
     ctl: &'a Ctl,
+    /// How long the client may send nothing.
+    idle: Duration,
+    /// Units the QP had received at the last look, and since when.
+    seen: Cell<(u64, Instant)>,
 }
 
 fn serve_test(
     ctx: &Context,
     req: ConnRequest,
     r: Request,
-    id: u32,
+    id: u64,
     o: ServerOpts,
     ctl: &Ctl,
     report: &mut EndReport,
@@ -440,6 +606,8 @@ fn serve_test(
         size,
         wait: o.wait,
         ctl,
+        idle: o.idle_timeout,
+        seen: Cell::new((0, Instant::now())),
     };
     match r.test {
         Test::SendBw => t.recvs(rx_depth, false, report)?,
@@ -463,16 +631,34 @@ impl Served<'_> {
         self.ctl.ended.load(Ordering::Acquire) || self.qp.state().is_dead()
     }
 
-    /// Waits for completions until the test is ended; `None` then.
-    fn next_wcs(&self, wcs: &mut Vec<WorkCompletion>) -> Option<()> {
+    /// An error once the client sent nothing (not a packet, not a ULPDU) for the idle
+    /// timeout: the test is given up and its slot and memory are free for others. Called
+    /// when a wait found nothing.
+    fn progressing(&self) -> Result<(), PerfError> {
+        let now = Instant::now();
+        let units = self.qp.counters().rx_units;
+        let (last, since) = self.seen.get();
+        if units != last {
+            self.seen.set((units, now));
+            Ok(())
+        } else if now.saturating_duration_since(since) >= self.idle {
+            Err(PerfError::Idle(self.idle))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Waits for completions until the test is ended (`None` then) or idle too long.
+    fn next_wcs(&self, wcs: &mut Vec<WorkCompletion>) -> Result<Option<()>, PerfError> {
         loop {
             if self.ended() {
-                return None;
+                return Ok(None);
             }
             wcs.clear();
             if wait_some(&self.cq, self.wait, 128, POLL, wcs).is_ok() {
-                return Some(());
+                return Ok(Some(()));
             }
+            self.progressing()?;
         }
     }
 
@@ -483,6 +669,7 @@ impl Served<'_> {
     fn idle(&self) -> Result<(), PerfError> {
         while !self.ended() {
             std::thread::park_timeout(POLL);
+            self.progressing()?;
         }
         let mut wcs = Vec::with_capacity(16);
         self.cq.poll(16, &mut wcs);
@@ -496,7 +683,7 @@ impl Served<'_> {
     fn recvs(&self, rx_depth: u32, echo: bool, report: &mut EndReport) -> Result<(), PerfError> {
         let batch = u64::from((rx_depth / 4).max(1));
         let mut wcs = Vec::with_capacity(128);
-        while self.next_wcs(&mut wcs).is_some() {
+        while self.next_wcs(&mut wcs)?.is_some() {
             self.on_recvs(&wcs, echo, batch, report)?;
         }
         // Ended: completions of what the client sent may still be on their way to the CQ.
@@ -583,6 +770,7 @@ impl Served<'_> {
                     self.buf.copy_out(n - 1, &mut b).is_ok() && b[0] == tag || self.ended()
                 });
                 wcs.iter().try_for_each(check)?;
+                self.progressing()?;
             }
             self.src.copy_in(n - 1, &[tag])?;
             self.qp.post_send(
@@ -648,6 +836,42 @@ mod tests {
         });
     }
 
+    /// The budget is shared by every test: what one holds another cannot take, a request
+    /// past it is refused with the figures, and a lease dropped (its test over) gives its
+    /// octets back.
+    #[test]
+    fn the_memory_budget_is_shared_and_given_back() {
+        let b = Budget::new(8 << 20);
+        let big = Request {
+            size: 3 << 20,
+            ..Request::new(Test::WriteBw)
+        };
+        assert_eq!(charge(&big), 6 << 20);
+        let first = b.take(charge(&big)).unwrap();
+        assert_eq!(
+            b.take(charge(&big)).err(),
+            Some(Refusal::OverBudget {
+                asked: 6 << 20,
+                used: 6 << 20,
+                budget: 8 << 20
+            })
+        );
+        let small = b.take(charge(&Request::new(Test::ReadBw))).unwrap();
+        drop(first);
+        let again = b.take(charge(&big)).unwrap();
+        drop((small, again));
+        assert_eq!(b.used.load(Ordering::Acquire), 0);
+        // A scale session's slots, however many it claims: no overflow, refused.
+        let scale = Request {
+            size: u32::MAX,
+            count: u64::MAX,
+            ..Request::new(Test::ScaleQp)
+        };
+        assert_eq!(charge(&scale), u64::MAX);
+        assert!(b.take(charge(&scale)).is_err());
+        assert_eq!(b.used.load(Ordering::Acquire), 0);
+    }
+
     /// At most KEEP finished tests wait for their End: the oldest go first.
     #[test]
     fn finished_tests_beyond_keep_are_forgotten_oldest_first() {
@@ -655,13 +879,13 @@ mod tests {
             let mut tests: Tests = HashMap::new();
             let mut done = HashMap::new();
             let t0 = Instant::now();
-            for id in 0..(KEEP as u32 + 3) {
+            for id in 0..(KEEP as u64 + 3) {
                 tests.insert(id, (Arc::default(), finished(s), IP));
-                forget_finished(&mut tests, &mut done, t0 + Duration::from_millis(id.into()));
+                forget_finished(&mut tests, &mut done, t0 + Duration::from_millis(id));
             }
             assert_eq!(tests.len(), KEEP);
             assert!((0..3).all(|id| !tests.contains_key(&id)));
-            assert!((3..KEEP as u32 + 3).all(|id| tests.contains_key(&id)));
+            assert!((3..KEEP as u64 + 3).all(|id| tests.contains_key(&id)));
         });
     }
 }
