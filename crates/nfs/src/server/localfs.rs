@@ -18,7 +18,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat2, readlinkat, renameat};
@@ -47,7 +49,43 @@ pub struct LocalFs {
     paths: Mutex<HashMap<FileId, PathBuf>>,
     /// When the export was last walked for an unknown id.
     walked: Mutex<Option<Instant>>,
+    /// Directories listed lately, sorted by cookie, newest first: READDIR resumes at its
+    /// cookie in them instead of reading and sorting the whole directory each call.
+    listings: Mutex<Vec<Listing>>,
+    /// Directories read whole (getdents to the end), ever.
+    dir_reads: AtomicU64,
+    /// A listing is kept only once the directory has been unchanged this long ([`RACY`]).
+    racy: Duration,
 }
+
+/// A directory's entries as listed, valid while its change stamp is the same.
+struct Listing {
+    dir: FileId,
+    stamp: DirStamp,
+    entries: Arc<Vec<DirEntry>>,
+}
+
+/// What changes when a directory's entries do: mtime, ctime, size and inode.
+type DirStamp = (i64, i64, i64, i64, i64, u64);
+
+fn dir_stamp(st: &FileStat) -> DirStamp {
+    (
+        st.st_mtime,
+        st.st_mtime_nsec,
+        st.st_ctime,
+        st.st_ctime_nsec,
+        st.st_size,
+        st.st_ino,
+    )
+}
+
+/// Directories whose listings are kept.
+const LISTINGS: usize = 8;
+/// A larger directory is listed afresh each time (its listing is not kept).
+const LISTING_MAX_ENTRIES: usize = 1 << 14;
+/// A directory changed this recently may change again within the same timestamp tick
+/// (coarse-grained clocks): its listing is not kept, as git treats "racy" index entries.
+const RACY: Duration = Duration::from_secs(2);
 
 fn err(e: Errno) -> Nfs3Error {
     Nfs3Error::from_io(&io::Error::from(e))
@@ -136,7 +174,85 @@ impl LocalFs {
             dev: st.st_dev,
             paths: Mutex::new(paths),
             walked: Mutex::new(None),
+            listings: Mutex::new(Vec::new()),
+            dir_reads: AtomicU64::new(0),
+            racy: RACY,
         })
+    }
+
+    /// Directories read whole so far (a READDIR that resumes in a kept listing reads none).
+    pub fn dir_reads(&self) -> u64 {
+        self.dir_reads.load(Ordering::Relaxed)
+    }
+
+    /// `dir`'s entries sorted by cookie, `.` and `..` first: the kept listing while the
+    /// directory is unchanged, else read afresh (and kept unless it changed just now or is
+    /// very large).
+    fn listing(&self, dir: FileId) -> Result<Arc<Vec<DirEntry>>> {
+        let rel = self.path(dir)?;
+        let st = self.stat_rel(&rel)?;
+        let stamp = dir_stamp(&st);
+        {
+            let mut l = self.listings.lock();
+            if let Some(i) = l.iter().position(|x| x.dir == dir && x.stamp == stamp) {
+                let x = l.remove(i);
+                let entries = x.entries.clone();
+                l.insert(0, x);
+                return Ok(entries);
+            }
+        }
+        let parent = match rel.parent() {
+            Some(p) => self.stat_rel(p)?.st_ino,
+            None => self.root_ino,
+        };
+        let mut all: Vec<DirEntry> = vec![
+            DirEntry {
+                fileid: dir,
+                name: b".".to_vec(),
+                cookie: 1,
+            },
+            DirEntry {
+                fileid: parent,
+                name: b"..".to_vec(),
+                cookie: 2,
+            },
+        ];
+        self.dir_reads.fetch_add(1, Ordering::Relaxed);
+        for (name, ino, _) in self.list(&rel)? {
+            all.push(DirEntry {
+                fileid: ino,
+                cookie: cookie_of(&name),
+                name,
+            });
+        }
+        {
+            let mut paths = self.paths.lock();
+            for e in &all[2..] {
+                paths
+                    .entry(e.fileid)
+                    .or_insert_with(|| rel.join(OsStr::from_bytes(&e.name)));
+            }
+        }
+        all.sort_by_key(|e| e.cookie);
+        let all = Arc::new(all);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let changed = Duration::new(st.st_mtime.max(st.st_ctime).max(0) as u64, 0);
+        if all.len() <= LISTING_MAX_ENTRIES && now.saturating_sub(changed) >= self.racy {
+            let mut l = self.listings.lock();
+            l.retain(|x| x.dir != dir);
+            l.insert(
+                0,
+                Listing {
+                    dir,
+                    stamp,
+                    entries: all.clone(),
+                },
+            );
+            l.truncate(LISTINGS);
+        }
+        Ok(all)
     }
 
     /// Opens `rel` (a directory or file below the root, no links on the way).
@@ -567,42 +683,11 @@ impl Backend for LocalFs {
     }
 
     fn readdir(&self, dir: FileId, cookie: u64, max: usize) -> Result<(Vec<DirEntry>, bool)> {
-        let rel = self.path(dir)?;
-        let parent = match rel.parent() {
-            Some(p) => self.stat_rel(p)?.st_ino,
-            None => self.root_ino,
-        };
-        let mut all: Vec<DirEntry> = vec![
-            DirEntry {
-                fileid: dir,
-                name: b".".to_vec(),
-                cookie: 1,
-            },
-            DirEntry {
-                fileid: parent,
-                name: b"..".to_vec(),
-                cookie: 2,
-            },
-        ];
-        for (name, ino, _) in self.list(&rel)? {
-            all.push(DirEntry {
-                fileid: ino,
-                cookie: cookie_of(&name),
-                name,
-            });
-        }
-        {
-            let mut paths = self.paths.lock();
-            for e in &all[2..] {
-                paths
-                    .entry(e.fileid)
-                    .or_insert_with(|| rel.join(OsStr::from_bytes(&e.name)));
-            }
-        }
-        all.sort_by_key(|e| e.cookie);
-        let rest: Vec<DirEntry> = all.into_iter().filter(|e| e.cookie > cookie).collect();
+        let all = self.listing(dir)?;
+        let from = all.partition_point(|e| e.cookie <= cookie);
+        let rest = &all[from..];
         let eof = rest.len() <= max;
-        Ok((rest.into_iter().take(max).collect(), eof))
+        Ok((rest.iter().take(max).cloned().collect(), eof))
     }
 
     fn fsstat(&self) -> Result<FsStat> {
@@ -692,6 +777,63 @@ mod tests {
         assert!(!outside.join("x").exists());
         std::fs::remove_dir_all(&dir).unwrap();
         std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    #[test]
+    fn readdir_resumes_in_a_kept_listing() {
+        let dir = tmp("readdir-kept");
+        let mut fs = LocalFs::new(&dir).unwrap();
+        let root = fs.root();
+        let mk = |fs: &LocalFs, name: &str| {
+            fs.create(
+                root,
+                name.as_bytes(),
+                CreateHow::Unchecked(SetAttr::default()),
+            )
+            .unwrap();
+        };
+        for i in 0..3000 {
+            mk(&fs, &format!("f{i}"));
+        }
+        let page = |fs: &LocalFs| {
+            let mut names = Vec::new();
+            let mut cookie = 0;
+            loop {
+                let (batch, eof) = fs.readdir(root, cookie, 100).unwrap();
+                names.extend(batch.iter().map(|e| e.name.clone()));
+                cookie = batch.last().map_or(cookie, |e| e.cookie);
+                if eof {
+                    return names;
+                }
+            }
+        };
+        // A directory changed just now is listed afresh for each of the 31 pages.
+        let before = fs.dir_reads();
+        let names = page(&fs);
+        assert_eq!(names.len(), 3002);
+        assert!(fs.dir_reads() - before >= 31);
+        // Unchanged (no racy window in this test): the pages resume in one listing.
+        fs.racy = Duration::ZERO;
+        let stamp = |secs| SetAttr {
+            mtime: SetTime::Client(NfsTime {
+                seconds: secs,
+                nseconds: 0,
+            }),
+            ..SetAttr::default()
+        };
+        fs.setattr(root, &stamp(1_000_000_000)).unwrap();
+        let before = fs.dir_reads();
+        assert_eq!(page(&fs), names);
+        assert_eq!(page(&fs), names);
+        assert_eq!(fs.dir_reads() - before, 1);
+        // A change (its mtime set apart from the kept one) is seen at once.
+        mk(&fs, "new");
+        fs.setattr(root, &stamp(1_000_000_001)).unwrap();
+        let again = page(&fs);
+        assert_eq!(again.len(), 3003);
+        assert!(again.contains(&b"new".to_vec()));
+        assert_eq!(fs.dir_reads() - before, 2);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
