@@ -16,7 +16,9 @@
 //! consumer has not answered yet, time-wait of one local ACK timeout. Every message from
 //! the network is checked against the connection it names (its IDs, its sender, the state)
 //! and dropped, counted, when it does not fit; nothing a peer sends makes the engine hold
-//! more than [`CmConfig::max_ids`] connections.
+//! more than [`CmConfig::max_ids`] connections, nor one address more than
+//! [`CmConfig::max_pending_per_source`] unsettled requests, nor a REP wait for its RTU past
+//! [`CmConfig::rtu_timeout`]; an answered SIDR request holds no ID.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -99,13 +101,28 @@ pub struct CmConfig {
     pub mra_service_timeout: u8,
     /// Connections and SIDR requests held at once (time-wait included).
     pub max_ids: usize,
+    /// Requests from one address held before the connection is established or the SIDR
+    /// request answered (REQ received, REP sent; SIDR_REQ received): past it a REQ is
+    /// refused with REJ "no resources" and a SIDR_REQ with SIDR_REP "rejected", so that
+    /// one peer's burst leaves room for others.
+    pub max_pending_per_source: usize,
+    /// The longest our REP waits for its RTU, whatever the requester's response timeout,
+    /// retries and MRAs ask for (they could make a REQ hold its ID for hours); then it is
+    /// given up as if its retries ran out (REJ "timeout", IBA 12.9.6). The default, 16
+    /// request intervals (77 s), is past the 16 REPs a Linux requester's timing asks for
+    /// (69 s), so such peers see Linux's behaviour.
+    pub rtu_timeout: Duration,
+    /// SIDR_REPs kept to answer a repeated SIDR_REQ (for time-wait); they hold no ID and
+    /// the oldest makes room for a new one past this.
+    pub max_sidr_answers: usize,
 }
 
 impl CmConfig {
     /// Linux's values over RoCE (`rdma_cm`, rxe): response timeout 20, 15 retries, packet
-    /// life time 16, ACK delay 15, MRA service timeout 24; 4096 IDs.
+    /// life time 16, ACK delay 15, MRA service timeout 24; 4096 IDs; 64 pending requests
+    /// per source; 16 request intervals (77 s) for an RTU; 1024 SIDR answers kept.
     pub fn new(local: IpAddr, ca_guid: u64, tid_high: u32, id_seed: u32) -> CmConfig {
-        CmConfig {
+        let mut c = CmConfig {
             local,
             ca_guid,
             tid_high,
@@ -116,7 +133,12 @@ impl CmConfig {
             ack_delay: 15,
             mra_service_timeout: 24,
             max_ids: 4096,
-        }
+            max_pending_per_source: 64,
+            rtu_timeout: Duration::ZERO,
+            max_sidr_answers: 1024,
+        };
+        c.rtu_timeout = c.request_interval() * (u32::from(c.max_cm_retries) + 1);
+        c
     }
 
     /// How long we wait for the answer to our REQ or DREQ before sending it again (Linux:
@@ -381,7 +403,8 @@ pub enum CmState {
     SidrReqSent,
     /// SIDR_REQ received, the consumer has not answered.
     SidrReqRcvd,
-    /// SIDR_REP sent; kept to answer a repeated SIDR_REQ.
+    /// SIDR_REP sent. No ID stays in it any more: answers are kept apart, for repeats
+    /// ([`CmConfig::max_sidr_answers`]).
     SidrAnswered,
 }
 
@@ -429,6 +452,10 @@ struct Conn {
     deadline: Option<Instant>,
     /// Our last answer (RTU, DREP, SIDR_REP, MRA), sent again when the peer repeats itself.
     answer: Option<Mad>,
+    /// A passive request not settled yet: counted in `pending_from` for its peer.
+    pending: bool,
+    /// REP sent: when we stop waiting for the RTU ([`CmConfig::rtu_timeout`]).
+    give_up: Option<Instant>,
 }
 
 impl Conn {
@@ -450,6 +477,8 @@ impl Conn {
             peer_interval: Duration::ZERO,
             deadline: None,
             answer: None,
+            pending: false,
+            give_up: None,
         }
     }
 }
@@ -464,6 +493,12 @@ pub struct Cm {
     by_qpn: HashMap<(IpAddr, u32), CommId>,
     /// SIDR requests received, by (sender, request ID).
     sidr_in: HashMap<(IpAddr, u32), CommId>,
+    /// SIDR_REPs sent, by (sender, request ID), for repeats: the answer and when it is
+    /// forgotten; `sidr_order` has them oldest first.
+    sidr_answers: HashMap<(IpAddr, u32), (Instant, Mad)>,
+    sidr_order: VecDeque<(Instant, (IpAddr, u32))>,
+    /// Passive requests not settled yet, by peer ([`CmConfig::max_pending_per_source`]).
+    pending_from: HashMap<IpAddr, usize>,
     timers: BTreeSet<(Instant, CommId)>,
     listening: std::collections::HashSet<u64>,
     out: VecDeque<(IpAddr, Mad)>,
@@ -488,6 +523,9 @@ impl Cm {
             by_remote: HashMap::new(),
             by_qpn: HashMap::new(),
             sidr_in: HashMap::new(),
+            sidr_answers: HashMap::new(),
+            sidr_order: VecDeque::new(),
+            pending_from: HashMap::new(),
             timers: BTreeSet::new(),
             listening: Default::default(),
             out: VecDeque::new(),
@@ -581,6 +619,11 @@ impl Cm {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
+        // No retry or MRA keeps a REP waiting past `rtu_timeout`.
+        let at = match (at, c.give_up) {
+            (Some(t), Some(g)) if waits_for_rtu(c.state) => Some(t.min(g)),
+            _ => at,
+        };
         if let Some(old) = c.deadline.take() {
             self.timers.remove(&(old, id));
         }
@@ -590,8 +633,41 @@ impl Cm {
         }
     }
 
+    /// Whether a new passive request from `peer` fits its source's quota.
+    fn source_has_room(&self, peer: IpAddr) -> bool {
+        let held = self.pending_from.get(&peer).copied().unwrap_or(0);
+        held < self.cfg.max_pending_per_source.max(1)
+    }
+
+    /// Counts passive request `id` against its peer's quota.
+    fn mark_pending(&mut self, id: CommId) {
+        if let Some(c) = self.conns.get_mut(&id)
+            && !c.pending
+        {
+            c.pending = true;
+            *self.pending_from.entry(c.peer).or_default() += 1;
+        }
+    }
+
+    /// Passive request `id` is settled (established, answered, ended): its place in its
+    /// peer's quota is free.
+    fn settle(&mut self, id: CommId) {
+        if let Some(c) = self.conns.get_mut(&id)
+            && c.pending
+        {
+            c.pending = false;
+            if let Some(n) = self.pending_from.get_mut(&c.peer) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending_from.remove(&c.peer);
+                }
+            }
+        }
+    }
+
     fn remove(&mut self, id: CommId) {
         self.set_timer(id, None);
+        self.settle(id);
         if let Some(c) = self.conns.remove(&id) {
             if self.by_remote.get(&(c.remote_id, c.remote_guid)) == Some(&id) {
                 self.by_remote.remove(&(c.remote_id, c.remote_guid));
@@ -610,6 +686,7 @@ impl Cm {
     }
 
     fn enter_time_wait(&mut self, id: CommId, now: Instant) {
+        self.settle(id);
         let tw = self.time_wait();
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = CmState::TimeWait;
@@ -758,6 +835,7 @@ impl Cm {
         c.state = CmState::RepSent;
         c.local_qpn = p.qpn;
         c.answer = None;
+        c.give_up = Some(now + self.cfg.rtu_timeout);
         self.send_expecting(id, mad, retries, interval, now);
         Ok(())
     }
@@ -829,6 +907,7 @@ impl Cm {
         c.state = CmState::Established;
         c.out = None;
         self.set_timer(id, None);
+        self.settle(id);
         self.event(CmEvent::Established { id });
     }
 
@@ -985,15 +1064,32 @@ impl Cm {
             private_data,
         };
         let mad = mad_of(c.tid, &CmMessage::SidrRep(rep))?;
-        let peer = c.peer;
-        self.send(peer, mad.clone());
-        let tw = self.time_wait();
-        if let Some(c) = self.conns.get_mut(&id) {
-            c.state = CmState::SidrAnswered;
-            c.answer = Some(mad);
-        }
-        self.set_timer(id, Some(now + tw));
+        let key = (c.peer, c.remote_id);
+        self.send(key.0, mad.clone());
+        // The request needs no ID any more: only its answer is kept, for a repeat.
+        self.remove(id);
+        self.keep_sidr_answer(now, key, mad);
         Ok(())
+    }
+
+    /// Keeps a SIDR_REP for time-wait, the oldest making room past `max_sidr_answers`.
+    fn keep_sidr_answer(&mut self, now: Instant, key: (IpAddr, u32), mad: Mad) {
+        let max = self.cfg.max_sidr_answers;
+        while let Some(&(until, k)) = self.sidr_order.front() {
+            if until > now && self.sidr_order.len() < max {
+                break;
+            }
+            self.sidr_order.pop_front();
+            if self.sidr_answers.get(&k).is_some_and(|(u, _)| *u == until) {
+                self.sidr_answers.remove(&k);
+            }
+        }
+        if max == 0 {
+            return;
+        }
+        let until = now + self.time_wait();
+        self.sidr_order.push_back((until, key));
+        self.sidr_answers.insert(key, (until, mad));
     }
 
     /// Retransmits what is unanswered, gives up what ran out of retries, ends time-waits.
@@ -1016,7 +1112,9 @@ impl Cm {
                     self.event(CmEvent::TimedOut { id });
                 }
                 CmState::SidrReqRcvd => self.remove(id),
-                _ if c.retries_left > 0 => {
+                _ if c.retries_left > 0
+                    && !(waits_for_rtu(c.state) && c.give_up.is_some_and(|g| now >= g)) =>
+                {
                     c.retries_left -= 1;
                     let (peer, interval) = (c.peer, c.interval);
                     if let Some(m) = c.out.clone() {
@@ -1196,6 +1294,9 @@ impl Cm {
         if !self.listening.contains(&m.service_id) {
             return reject(self, reason::INVALID_SERVICE_ID);
         }
+        if !self.source_has_room(from) {
+            return reject(self, reason::NO_RESOURCES);
+        }
         let Some(id) = self.new_id() else {
             return reject(self, reason::NO_RESOURCES);
         };
@@ -1215,6 +1316,7 @@ impl Cm {
         self.by_remote
             .insert((m.local_comm_id, m.local_ca_guid), id);
         self.by_qpn.insert((from, m.local_qpn), id);
+        self.mark_pending(id);
         // The consumer has until our MRA's service timeout ran out.
         let wait = iba_time(self.cfg.mra_service_timeout);
         self.set_timer(id, Some(now + wait));
@@ -1302,6 +1404,7 @@ impl Cm {
         c.state = CmState::Established;
         c.out = None;
         self.set_timer(id, None);
+        self.settle(id);
         self.event(CmEvent::Established { id });
     }
 
@@ -1335,6 +1438,8 @@ impl Cm {
         // After our REQ the rejecter may not have an ID for us; later it must be its own.
         let fits = match c.state {
             CmState::ReqSent | CmState::MraReqRcvd => true,
+            // The requester gave its REQ up (IBA 12.9.6: REJ in REQ Rcvd goes to Idle).
+            CmState::ReqRcvd | CmState::MraReqSent => c.remote_id == m.local_comm_id,
             CmState::RepSent
             | CmState::MraRepRcvd
             | CmState::RepRcvd
@@ -1418,16 +1523,21 @@ impl Cm {
     }
 
     fn on_sidr_req(&mut self, now: Instant, from: IpAddr, tid: u64, m: &SidrReqRepr<'_>) {
-        if let Some(&id) = self.sidr_in.get(&(from, m.request_id)) {
-            match self.conns.get(&id).map(|c| c.state) {
-                Some(CmState::SidrAnswered) => self.resend_answer(id),
-                _ => self.counters.duplicates += 1,
-            }
+        if let Some((until, mad)) = self.sidr_answers.get(&(from, m.request_id))
+            && *until > now
+        {
+            let mad = mad.clone();
+            self.counters.duplicates += 1;
+            self.send(from, mad);
+            return;
+        }
+        if self.sidr_in.contains_key(&(from, m.request_id)) {
+            self.counters.duplicates += 1;
             return;
         }
         let status = if !self.listening.contains(&m.service_id) {
             Some(sidr_status::UNSUPPORTED)
-        } else if self.conns.len() >= self.cfg.max_ids {
+        } else if !self.source_has_room(from) || self.conns.len() >= self.cfg.max_ids {
             Some(sidr_status::REJECT)
         } else {
             None
@@ -1458,6 +1568,7 @@ impl Cm {
             },
         );
         self.sidr_in.insert((from, m.request_id), id);
+        self.mark_pending(id);
         let wait = iba_time(self.cfg.mra_service_timeout);
         self.set_timer(id, Some(now + wait));
         self.event(CmEvent::SidrRequest {
@@ -1486,6 +1597,11 @@ impl Cm {
             private_data: m.private_data.to_vec(),
         });
     }
+}
+
+/// A REP is out and its RTU awaited.
+fn waits_for_rtu(state: CmState) -> bool {
+    matches!(state, CmState::RepSent | CmState::MraRepRcvd)
 }
 
 /// A CM MAD: the header with `tid`, then `msg`.

@@ -101,7 +101,10 @@ impl ConnRequest {
 
     /// Accepts (`rdma_accept`) on `qp` — in `Init` (as created; RoCE also takes `Reset`) — which is in
     /// [`QpState::Rts`] when this returns: iWARP once the MPA Reply went out, RoCE once the
-    /// initiator confirmed (RTU).
+    /// initiator confirmed (RTU) — or, while other requests wait on the listener, once the
+    /// REP went out (an RTU that never comes must not hold the acceptor from them; the
+    /// connection then completes with [`AsyncEvent::Established`](crate::AsyncEvent::Established) or, given up,
+    /// [`AsyncEvent::Disconnected`](crate::AsyncEvent::Disconnected)).
     pub fn accept(self, qp: &Qp, params: AcceptParams) -> Result<ConnectionInfo, Error> {
         match self.inner {
             Req::Tcp(r) => r.accept(qp, params),
@@ -117,7 +120,7 @@ impl ConnRequest {
 
     /// [`accept`](Self::accept) as a future of any runtime: it resolves when the QP is in
     /// [`QpState::Rts`] (iWARP: the MPA Reply went out; RoCE: the RTU arrived, within the
-    /// CM's timers). Dropped before that, the connection is abandoned (iWARP: closed;
+    /// CM's timers, or the REP went out while other requests wait). Dropped before that, the connection is abandoned (iWARP: closed;
     /// RoCE: the QP goes to Error).
     pub async fn accept_async(
         self,

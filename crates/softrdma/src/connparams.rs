@@ -103,10 +103,15 @@ pub struct ListenParams {
     /// TCP listen backlog, and the connection requests waiting for `accept` at most
     /// (more are rejected, "busy").
     pub backlog: u32,
-    /// iWARP: TCP connections accepted whose MPA Request has not arrived yet, at most; the
-    /// listener closes further ones at once (each startup is bounded by `timeout` too), so
-    /// that peers opening connections and sending nothing hold no more than this.
+    /// iWARP: TCP connections accepted whose MPA Request has not arrived yet, at most (each
+    /// startup is bounded by `timeout` too). A new connection past it closes the oldest
+    /// such one rather than being refused, so peers opening connections and sending
+    /// nothing hold no more than this and never lock a prompt client out.
     pub max_half_open: u32,
+    /// iWARP: of those, at most this many from one source IP address; a new one from an
+    /// address at its quota closes that address's oldest, so one flooding address cannot
+    /// push out the connections of others.
+    pub max_half_open_per_source: u32,
 }
 
 impl Default for ListenParams {
@@ -120,6 +125,7 @@ impl Default for ListenParams {
             timeout: DEFAULT_TIMEOUT,
             backlog: 128,
             max_half_open: 256,
+            max_half_open_per_source: 32,
         }
     }
 }

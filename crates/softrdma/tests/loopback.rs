@@ -1288,12 +1288,10 @@ fn solicited_notification_and_pollable_fd() {
 }
 
 /// Issue 14, half-open connections: a listener holds at most `max_half_open` accepted TCP
-/// connections whose MPA Request has not arrived; a further one is closed at once (and
-/// counted), and a place comes back when one of them goes, after which a real client
-/// connects and moves data.
+/// connections whose MPA Request has not arrived; a further one closes the oldest silent
+/// one (counted) instead of being refused, and a real client then connects and moves data.
 #[test]
 fn half_open_connections_are_capped() {
-    use std::io::{ErrorKind, Read as _};
     let server = Side::new(QpCap::default());
     let lp = ListenParams {
         max_half_open: 3,
@@ -1301,45 +1299,83 @@ fn half_open_connections_are_capped() {
     };
     let listener = Listener::bind_with(&server.ctx, "127.0.0.1:0", lp).unwrap();
     let addr = listener.local_addr();
-    let stats = || match server.ctx.counters() {
-        DeviceCounters::Iwarp(c) => c,
-        other => panic!("{other:?}"),
-    };
-    let until = |what: &str, f: &dyn Fn() -> bool| {
-        let end = Instant::now() + *TIMEOUT;
-        while !f() {
-            assert!(Instant::now() < end, "{what}");
-            std::thread::yield_now();
-        }
-    };
+    let stats = || iwarp_stats(&server.ctx);
     // Three peers that connect and say nothing take the three places.
     let mut idle: Vec<std::net::TcpStream> = (0..3)
         .map(|_| std::net::TcpStream::connect(addr).unwrap())
         .collect();
     until("three accepted", &|| stats().accepts == 3);
-    // The fourth is closed at once: its read sees the end of the stream (or a reset).
-    let mut fourth = std::net::TcpStream::connect(addr).unwrap();
-    fourth.set_read_timeout(Some(*TIMEOUT)).unwrap();
+    // A fourth pushes the oldest out: its read sees the end of the stream (or a reset).
+    let fourth = std::net::TcpStream::connect(addr).unwrap();
+    assert_closed_by_peer(&mut idle[0], "the oldest silent connection");
+    let c = stats();
+    assert_eq!((c.accepts, c.half_open_evicted), (4, 1), "{c:?}");
+    idle.push(fourth);
+    connect_and_move_data(&server, &listener, addr, None, *TIMEOUT);
+    drop(idle);
+}
+
+fn iwarp_stats(ctx: &Context) -> IwarpDeviceCounters {
+    match ctx.counters() {
+        DeviceCounters::Iwarp(c) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Waits (yielding) until `f` holds, failing after the safety net.
+fn until(what: &str, f: &dyn Fn() -> bool) {
+    let end = Instant::now() + *TIMEOUT;
+    while !f() {
+        assert!(Instant::now() < end, "{what}");
+        std::thread::yield_now();
+    }
+}
+
+fn assert_closed_by_peer(s: &mut std::net::TcpStream, what: &str) {
+    use std::io::{ErrorKind, Read as _};
+    s.set_read_timeout(Some(*TIMEOUT)).unwrap();
     let mut b = [0u8; 1];
-    match fourth.read(&mut b) {
+    match s.read(&mut b) {
         Ok(0) => {}
         Err(e) if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-        other => panic!("the fourth connection stays open: {other:?}"),
+        other => panic!("{what} stays open: {other:?}"),
     }
-    let c = stats();
-    assert_eq!((c.accepts, c.half_open_refused), (3, 1), "{c:?}");
-    // One idle peer leaves: its startup fails and its place comes back.
-    drop(idle.pop());
-    until("a startup failed", &|| stats().startup_failures == 1);
+}
+
+/// A silent TCP connection to `addr` from `src` (any port).
+fn silent_from(src: std::net::IpAddr, addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&std::net::SocketAddr::new(src, 0).into()).unwrap();
+    s.connect(&addr.into()).unwrap();
+    s.into()
+}
+
+/// A client connects to `listener` (from 127.0.0.1), the server accepts, the client writes
+/// and reads back 64 octets; all of it within `within` of the connect.
+fn connect_and_move_data(
+    server: &Side,
+    listener: &Listener,
+    addr: std::net::SocketAddr,
+    accepted_from: Option<std::net::IpAddr>,
+    within: Duration,
+) {
     let client = Side::new(QpCap::default());
+    let start = Instant::now();
     std::thread::scope(|s| {
         let sqp = &server.qp;
-        let l = &listener;
+        let l = listener;
         s.spawn(move || {
-            let req = l.accept_timeout(*TIMEOUT).unwrap();
+            let req = l.accept_timeout(within).unwrap();
+            if let Some(ip) = accepted_from {
+                assert_eq!(req.peer_addr().ip(), ip);
+            }
             req.accept(sqp, AcceptParams::default()).unwrap();
         });
-        client.qp.connect(addr, ConnectParams::default()).unwrap();
+        let cp = ConnectParams {
+            timeout: within,
+            ..ConnectParams::default()
+        };
+        client.qp.connect(addr, cp).unwrap();
     });
     let remote = server.mr(64);
     let local = client.mr(64);
@@ -1365,5 +1401,68 @@ fn half_open_connections_are_capped() {
     let wcs = client.wait(2);
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
     assert_eq!(remote.to_vec(), pattern(64, 5));
-    drop(idle);
+    let took = start.elapsed();
+    assert!(took < within, "the client took {took:?}");
+}
+
+/// Review F5: 300 silent TCP connections (from ten addresses, past the default
+/// `max_half_open` of 256), and another address opening silent ones all along, do not
+/// lock a listener with default parameters: a client that sends its MPA Request promptly
+/// connects and moves data within 2 s. The listener evicts the oldest silent connections
+/// (globally, and per source once an address holds its quota).
+#[test]
+fn silent_connection_flood_does_not_lock_out_a_prompt_client() {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let server = Side::new(QpCap::default());
+    let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let flood: Vec<std::net::TcpStream> = (0..300u32)
+        .map(|i| {
+            silent_from(
+                IpAddr::V4(Ipv4Addr::new(127, 0, 1, 1 + (i % 10) as u8)),
+                addr,
+            )
+        })
+        .collect();
+    until("the flood accepted", &|| {
+        iwarp_stats(&server.ctx).accepts >= 256
+    });
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // One more address keeps opening silent connections meanwhile, each once the
+        // listener took the one before (as fast as it takes them, without filling the
+        // kernel's accept queue, where the client's SYN would wait a second).
+        s.spawn(|| {
+            let mut held = std::collections::VecDeque::new();
+            while !stop.load(Ordering::Relaxed) {
+                let before = iwarp_stats(&server.ctx).accepts;
+                held.push_back(silent_from(IpAddr::V4(Ipv4Addr::new(127, 0, 2, 1)), addr));
+                if held.len() > 64 {
+                    held.pop_front();
+                }
+                while iwarp_stats(&server.ctx).accepts == before && !stop.load(Ordering::Relaxed) {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        // The flood stops however the client fares.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        connect_and_move_data(
+            &server,
+            &listener,
+            addr,
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            Duration::from_secs(2),
+        );
+    });
+    let c = iwarp_stats(&server.ctx);
+    assert!(c.half_open_evicted >= 44, "{c:?}");
+    drop(flood);
 }

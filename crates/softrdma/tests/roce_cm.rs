@@ -326,3 +326,169 @@ fn qp1_drops_what_is_no_mad() {
     assert_eq!(n.qp1_dropped, 2, "{n:?}");
     assert_eq!((n.cm.rx, n.cm.rejects_sent), (1, 1), "{n:?}");
 }
+
+/// A context at 127.0.0.3 that sends whatever MADs it is given to QP1 of `to` from a UD
+/// QP, as a hostile peer would: the MADs of `cm`, an engine of its own.
+struct Hostile {
+    _ctx: Context,
+    e: End,
+    ah: Ah,
+}
+
+impl Hostile {
+    fn new(ctx: Context, to: SocketAddr) -> Hostile {
+        let e = end(&ctx, QpType::Ud);
+        for attr in [
+            ib::QpAttr {
+                state: Some(ib::QpState::Init),
+                qkey: Some(softrdma_ib::cm::GSI_QKEY),
+                ..ib::QpAttr::default()
+            },
+            ib::QpAttr::state(ib::QpState::Rtr),
+            ib::QpAttr {
+                state: Some(ib::QpState::Rts),
+                sq_psn: Some(0),
+                ..ib::QpAttr::default()
+            },
+        ] {
+            e.qp.modify(&attr).unwrap();
+        }
+        let ah = e.pd.create_ah_port(to).unwrap();
+        Hostile { _ctx: ctx, e, ah }
+    }
+
+    /// Sends every MAD `cm` has to send.
+    fn send_all(&self, cm: &mut softrdma_ib::cm::Cm) {
+        let mut n = 0;
+        while let Some((_, mad)) = cm.poll_transmit() {
+            self.e.mr.copy_in(0, &mad[..]).unwrap();
+            self.e
+                .qp
+                .post_send(
+                    SendWr::send(n, vec![self.e.mr.sge(0, 256)])
+                        .to(UdDest {
+                            ah: self.ah.id(),
+                            remote_qpn: 1,
+                            // The high bit: the QP's own Q_Key (QP1's) goes out.
+                            remote_qkey: softrdma_ib::cm::GSI_QKEY,
+                        })
+                        .with_flags(SendFlags::SIGNALED),
+                )
+                .unwrap();
+            let mut wcs = Vec::new();
+            self.e.cq.wait(1, 1, TIMEOUT, &mut wcs).unwrap();
+            n += 1;
+        }
+    }
+}
+
+/// The engine of a hostile peer at `ip`, whose REQs and SIDR_REQs carry librdmacm's header.
+fn hostile_cm(ip: IpAddr) -> softrdma_ib::cm::Cm {
+    let mut c = softrdma_ib::cm::CmConfig::new(ip, 0x0200_00ff_fe00_0003, 3, 3);
+    c.max_ids = 100_000;
+    softrdma_ib::cm::Cm::new(c)
+}
+
+fn cma_header(src: SocketAddr, dst: IpAddr) -> Vec<u8> {
+    use softrdma_wire::ib::cma::{CMA_HDR_LEN, CmaHeader};
+    let mut pd = vec![0u8; CMA_HDR_LEN];
+    CmaHeader { src, dst }.emit(&mut pd).unwrap();
+    pd
+}
+
+/// Waits (yielding) until `f` holds, failing after the safety net.
+fn until(what: &str, f: &dyn Fn() -> bool) {
+    let end = std::time::Instant::now() + TIMEOUT;
+    while !f() {
+        assert!(std::time::Instant::now() < end, "{what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Review F6: 60 REQs to a listened port whose requester never sends an RTU (random
+/// connection IDs, from 127.0.0.3) do not hold a server that accepts one request at a
+/// time (as `rping -P` or nfsd's accept thread): while other requests wait on the
+/// listener the acceptor does not wait for an RTU, and a client connecting during the
+/// burst is connected and accepted within 2 s.
+#[test]
+fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
+    use softrdma_ib::cm::{CmService, ReqParams};
+    use softrdma_wire::ib::cma::{PortSpace, service_id};
+    let ips = [1, 2, 3].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
+    let c = RoceConfig::sharing_a_port(&ips).unwrap();
+    let mut ctxs = c.into_iter().map(|c| Device::roce(c).open().unwrap());
+    let (server, client, hostile) = (
+        ctxs.next().unwrap(),
+        ctxs.next().unwrap(),
+        ctxs.next().unwrap(),
+    );
+    let l = listen(&server);
+    let to = l.local_addr();
+    let h = Hostile::new(hostile, server.roce_local_addr().unwrap());
+    let mut cm = hostile_cm(ips[2]);
+    let now = std::time::Instant::now();
+    for i in 0..60u16 {
+        let req = ReqParams {
+            peer: ips[0],
+            service_id: service_id(PortSpace::Tcp, to.port()),
+            qpn: 0x100 + u32::from(i),
+            service: CmService::Rc,
+            starting_psn: 1,
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            path_mtu: 3,
+            srq: false,
+            flow_label: 0,
+            private_data: cma_header(SocketAddr::new(ips[2], 40000 + i), ips[0]),
+        };
+        cm.connect(now, &req).unwrap();
+    }
+    h.send_all(&mut cm);
+    until("the burst arrived", &|| {
+        server.roce_counters().unwrap().cm.rx >= 60
+    });
+    // The requester goes silent: no RTU, no REJ, for any REP.
+    drop(h);
+    let within = Duration::from_secs(2);
+    let start = std::time::Instant::now();
+    let s = end(&server, QpType::Rc);
+    let cl = end(&client, QpType::Rc);
+    std::thread::scope(|sc| {
+        let acceptor = sc.spawn(|| {
+            // One request at a time, each with a QP of its own, until the client's.
+            let mut stale = Vec::new();
+            loop {
+                let req = l.accept_timeout(within).expect("the client's request");
+                if req.peer_addr().ip() == ips[1] {
+                    req.accept(&s.qp, AcceptParams::default()).unwrap();
+                    return (stale.len(), start.elapsed());
+                }
+                let e = end(&server, QpType::Rc);
+                // The RTU never comes: the acceptor moves on all the same.
+                let _ = req.accept(&e.qp, AcceptParams::default());
+                stale.push(e);
+            }
+        });
+        let cp = ConnectParams {
+            timeout: within,
+            ..ConnectParams::default()
+        };
+        cl.qp.connect(to, cp).unwrap();
+        let (skipped, took) = acceptor.join().unwrap();
+        assert!(took < within, "accepted after {took:?}");
+        assert!(skipped > 0, "the burst was not ahead of the client");
+    });
+    // The connection carries data.
+    s.qp.post_recv(RecvWr::new(7, vec![s.mr.sge(0, 64)]))
+        .unwrap();
+    cl.mr.copy_in(0, b"through").unwrap();
+    cl.qp
+        .post_send(SendWr::send(1, vec![cl.mr.sge(0, 7)]).with_flags(SendFlags::SIGNALED))
+        .unwrap();
+    let mut wcs = Vec::new();
+    s.cq.wait(1, 1, TIMEOUT, &mut wcs).unwrap();
+    assert_eq!(wcs[0].status, WcStatus::Success, "{wcs:?}");
+    assert_eq!(&s.mr.to_vec()[..7], b"through");
+}

@@ -893,3 +893,194 @@ fn comm_established_stands_for_a_lost_rtu() {
     n.cms[1].established(0x1234);
     assert_eq!(n.cms[1].poll_event(), None);
 }
+
+/// Hands every MAD `from` sent (as `from_addr`) to `to`.
+fn deliver(from: &mut Cm, from_addr: IpAddr, to: &mut Cm, now: Instant) {
+    while let Some((_, mad)) = from.poll_transmit() {
+        to.handle_mad(now, from_addr, &mad[..]);
+    }
+}
+
+/// A listening server at `addr(1)` holding at most 64 IDs, 16 pending per source.
+fn guarded_server() -> Cm {
+    let mut c = CmConfig::new(addr(1), 0x77, 7, 7);
+    c.max_ids = 64;
+    c.max_pending_per_source = 16;
+    let mut s = Cm::new(c);
+    s.listen(SERVICE).unwrap();
+    s
+}
+
+/// A peer at `addr(i)` that may hold many requests.
+fn peer(i: usize) -> Cm {
+    let mut c = CmConfig::new(addr(i), 0x100 + i as u64, 9, i as u32);
+    c.max_ids = 1000;
+    Cm::new(c)
+}
+
+fn rejects_sent(mads: &[(IpAddr, Mad)], why: u16) -> usize {
+    mads.iter()
+        .filter(|(_, m)| {
+            matches!(
+                CmMessage::parse(u16::from_be_bytes([m[16], m[17]]), &m[24..]),
+                Ok(CmMessage::Rej(r)) if r.reason == why
+            )
+        })
+        .count()
+}
+
+/// Review F6: a burst of REQs from one address that the consumer has not answered (nor
+/// will their RTUs come) holds at most `max_pending_per_source` IDs; the rest are refused
+/// "no resources" (IBA 12.6.7.2, reason 3), and a REQ from another address still reaches
+/// the consumer.
+#[test]
+fn req_burst_from_one_source_leaves_room_for_others() {
+    let now = Instant::now();
+    let mut server = guarded_server();
+    let mut flood = peer(5);
+    let net = Net::new(20, Faults::default());
+    for q in 0..100 {
+        flood.connect(now, &net.req(0x100 + q)).unwrap();
+    }
+    deliver(&mut flood, addr(5), &mut server, now);
+    let out: Vec<_> = std::iter::from_fn(|| server.poll_transmit()).collect();
+    assert_eq!(server.len(), 16);
+    assert_eq!(rejects_sent(&out, reason::NO_RESOURCES), 84);
+    while server.poll_event().is_some() {}
+    let mut good = peer(0);
+    good.connect(now, &net.req(0x1c)).unwrap();
+    deliver(&mut good, addr(0), &mut server, now);
+    assert!(
+        matches!(server.poll_event(), Some(CmEvent::Request { req, .. }) if req.peer == addr(0))
+    );
+}
+
+/// Review F6: a REP waits for its RTU at most `rtu_timeout`, however long the requester's
+/// response timeout, retries and MRAs ask it to (here 2^31 × 4.096 µs, 2.4 hours, a try):
+/// then REJ "timeout" and the ID is free.
+#[test]
+fn rep_without_rtu_is_given_up_after_rtu_timeout() {
+    let start = Instant::now();
+    let mut server = guarded_server();
+    server.cfg.rtu_timeout = Duration::from_secs(2);
+    let mut c = CmConfig::new(addr(5), 0x105, 9, 5);
+    c.cm_response_timeout = 31;
+    c.mra_service_timeout = 31;
+    let mut hostile = Cm::new(c);
+    let net = Net::new(21, Faults::default());
+    let a = hostile.connect(start, &net.req(0x1c)).unwrap();
+    deliver(&mut hostile, addr(5), &mut server, start);
+    let Some(CmEvent::Request { id, .. }) = server.poll_event() else {
+        panic!()
+    };
+    server.accept(start, id, &Net::rep(0x1d)).unwrap();
+    // The requester asks for more time for its RTU (an MRA for the REP).
+    deliver(&mut server, addr(1), &mut hostile, start);
+    hostile.delay(a).unwrap();
+    deliver(&mut hostile, addr(5), &mut server, start);
+    let mut now = start;
+    let mut out = Vec::new();
+    while let Some(t) = server.poll_timeout() {
+        assert!(
+            t <= start + Duration::from_secs(2),
+            "a timer at {:?}",
+            t - start
+        );
+        now = t;
+        server.handle_timeout(now);
+        out.extend(std::iter::from_fn(|| server.poll_transmit()));
+    }
+    assert_eq!(server.poll_event(), Some(CmEvent::TimedOut { id }));
+    assert_eq!(now - start, Duration::from_secs(2));
+    assert_eq!(rejects_sent(&out, reason::TIMEOUT), 1);
+    assert!(server.is_empty());
+}
+
+/// Review F13: SIDR requests hold no ID once answered (only the answer is kept, for a
+/// repeat), and unanswered ones from one address are held up to its quota (past it,
+/// SIDR_REP "rejected"); through a flood of either, a SIDR_REQ from another address
+/// reaches the consumer.
+#[test]
+fn sidr_flood_leaves_room_for_others() {
+    let now = Instant::now();
+    let sidr = |cm: &mut Cm| cm.sidr_request(now, addr(1), SERVICE, &[]).unwrap();
+    // Answered at once, 200 of them.
+    let mut server = guarded_server();
+    let mut flood = peer(5);
+    for _ in 0..200 {
+        sidr(&mut flood);
+        deliver(&mut flood, addr(5), &mut server, now);
+        let Some(CmEvent::SidrRequest { id, .. }) = server.poll_event() else {
+            panic!("refused")
+        };
+        server
+            .sidr_reply(now, id, sidr_status::OK, 0x1d, 0x0123_4567, &[])
+            .unwrap();
+    }
+    assert!(server.is_empty());
+    let mut good = peer(0);
+    sidr(&mut good);
+    deliver(&mut good, addr(0), &mut server, now);
+    assert!(matches!(
+        server.poll_event(),
+        Some(CmEvent::SidrRequest { peer, .. }) if peer == addr(0)
+    ));
+
+    // Never answered: 16 held, the rest rejected.
+    let mut server = guarded_server();
+    let mut flood = peer(5);
+    for _ in 0..200 {
+        sidr(&mut flood);
+    }
+    deliver(&mut flood, addr(5), &mut server, now);
+    deliver(&mut server, addr(1), &mut flood, now);
+    let rejected = std::iter::from_fn(|| flood.poll_event())
+        .filter(|e| {
+            matches!(
+                e,
+                CmEvent::SidrReply {
+                    status: sidr_status::REJECT,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!((server.len(), rejected), (16, 184));
+    while server.poll_event().is_some() {}
+    let mut good = peer(0);
+    sidr(&mut good);
+    deliver(&mut good, addr(0), &mut server, now);
+    assert!(matches!(
+        server.poll_event(),
+        Some(CmEvent::SidrRequest { peer, .. }) if peer == addr(0)
+    ));
+}
+
+/// A repeated SIDR_REQ within time-wait gets the same SIDR_REP again, from the answers
+/// kept apart from the IDs.
+#[test]
+fn repeated_sidr_req_is_answered_again() {
+    let now = Instant::now();
+    let mut server = guarded_server();
+    let mut client = peer(0);
+    client.sidr_request(now, addr(1), SERVICE, b"q").unwrap();
+    let (_, req) = client.poll_transmit().unwrap();
+    server.handle_mad(now, addr(0), &req[..]);
+    let Some(CmEvent::SidrRequest { id, .. }) = server.poll_event() else {
+        panic!()
+    };
+    server.sidr_reply(now, id, 0, 0x1d, 7, b"a").unwrap();
+    let (_, first) = server.poll_transmit().unwrap();
+    server.handle_mad(now, addr(0), &req[..]);
+    let (_, again) = server.poll_transmit().unwrap();
+    assert_eq!(first, again);
+    assert_eq!(server.counters().duplicates, 1);
+    assert_eq!(server.poll_event(), None);
+    // Once time-wait is over it is a new request, as in Linux.
+    let later = now + server.time_wait() + Duration::from_millis(1);
+    server.handle_mad(later, addr(0), &req[..]);
+    assert!(matches!(
+        server.poll_event(),
+        Some(CmEvent::SidrRequest { .. })
+    ));
+}

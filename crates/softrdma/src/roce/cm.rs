@@ -97,6 +97,18 @@ pub(crate) struct Slot {
     ev: Mutex<Option<CmEvent>>,
     cond: Condvar,
     ready: Event,
+    /// An acceptor waiting for an RTU is told that other requests wait on its listener.
+    nudged: std::sync::atomic::AtomicBool,
+}
+
+/// How an acceptor's wait for the RTU ended.
+enum Rtu {
+    /// The RTU (`Established`) or what came instead.
+    Came(CmEvent),
+    /// Other requests wait on the listener: the RTU is left to come on its own.
+    Others,
+    /// Nothing within the caller's timeout.
+    Nothing,
 }
 
 impl Slot {
@@ -115,6 +127,46 @@ impl Slot {
             let l = self.ready.listen();
             if let Some(ev) = self.ev.lock().take() {
                 return ev;
+            }
+            l.await;
+        }
+    }
+
+    /// Wakes a [`wait_rtu`](Self::wait_rtu) with [`Rtu::Others`].
+    fn nudge(&self) {
+        let _g = self.ev.lock();
+        self.nudged.store(true, Ordering::Release);
+        self.cond.notify_all();
+        self.ready.notify(usize::MAX);
+    }
+
+    fn rtu_now(&self, g: &mut Option<CmEvent>) -> Option<Rtu> {
+        if let Some(ev) = g.take() {
+            return Some(Rtu::Came(ev));
+        }
+        self.nudged.load(Ordering::Acquire).then_some(Rtu::Others)
+    }
+
+    fn wait_rtu(&self, deadline: Instant) -> Rtu {
+        let mut g = self.ev.lock();
+        loop {
+            if let Some(r) = self.rtu_now(&mut g) {
+                return r;
+            }
+            if self.cond.wait_until(&mut g, deadline).timed_out() {
+                return g.take().map_or(Rtu::Nothing, Rtu::Came);
+            }
+        }
+    }
+
+    async fn wait_rtu_async(&self) -> Rtu {
+        loop {
+            if let Some(r) = self.rtu_now(&mut self.ev.lock()) {
+                return r;
+            }
+            let l = self.ready.listen();
+            if let Some(r) = self.rtu_now(&mut self.ev.lock()) {
+                return r;
             }
             l.await;
         }
@@ -161,6 +213,15 @@ pub(crate) struct ListenQueue {
     /// Wakes tasks awaiting a request.
     ready: Event,
     backlog: usize,
+    /// Acceptors waiting for an RTU, nudged when a request arrives.
+    rtu_waiters: Mutex<Vec<Arc<Slot>>>,
+}
+
+impl ListenQueue {
+    /// Drops requests the CM gave up (the requester withdrew it, or nobody answered).
+    fn purge(&self, id: CommId) {
+        self.q.lock().retain(|p| p.id != id);
+    }
 }
 
 /// The CM state of a context: the engine, the listeners and who waits for what.
@@ -179,8 +240,12 @@ impl Gsi {
         self.cm.counters()
     }
 
-    pub(crate) fn new(local: IpAddr) -> Gsi {
-        let cfg = CmConfig::new(local, ca_guid(local), random_u32(), random_u32());
+    pub(crate) fn new(local: IpAddr, roce: &super::RoceConfig) -> Gsi {
+        let cfg = CmConfig {
+            max_pending_per_source: roce.cm_pending_per_source,
+            rtu_timeout: roce.cm_rtu_timeout,
+            ..CmConfig::new(local, ca_guid(local), random_u32(), random_u32())
+        };
         Gsi {
             cm: Cm::new(cfg),
             psn: random_u32() & 0xFF_FFFF,
@@ -326,6 +391,12 @@ impl RoceShared {
                 let waited = slot.is_some();
                 if let Some(s) = slot {
                     s.put(ev);
+                } else if qpn.is_none() {
+                    // Maybe a request still queued for `accept`: it must not be handed out.
+                    let queues: Vec<_> = self.gsi.lock().listeners.values().cloned().collect();
+                    for l in queues {
+                        l.purge(id);
+                    }
                 }
                 if let Some(qp_num) = qpn {
                     tracing::info!(qp = %format_args!("{qp_num:#08x}"), how = ev_kind, "RoCE connection ended");
@@ -393,6 +464,9 @@ impl RoceShared {
         drop(q);
         l.cond.notify_all();
         l.ready.notify(usize::MAX);
+        for s in l.rtu_waiters.lock().iter() {
+            s.nudge();
+        }
     }
 
     /// Registers a waiter for `id` and what the CM did, then sends it.
@@ -890,6 +964,7 @@ impl RoceListener {
             cond: Condvar::new(),
             ready: Event::new(),
             backlog: backlog.max(1) as usize,
+            rtu_waiters: Mutex::new(Vec::new()),
         });
         let mut g = drv.gsi.lock();
         let free = |g: &Gsi, p: u16| p != 0 && !g.listeners.contains_key(&p);
@@ -925,6 +1000,7 @@ impl RoceListener {
         let p = self.queue.q.lock().pop_front()?;
         Some(RoceRequest {
             drv: self.drv.clone(),
+            queue: self.queue.clone(),
             p,
             answered: false,
         })
@@ -951,6 +1027,7 @@ impl RoceListener {
             if let Some(p) = q.pop_front() {
                 return Ok(RoceRequest {
                     drv: self.drv.clone(),
+                    queue: self.queue.clone(),
                     p,
                     answered: false,
                 });
@@ -980,6 +1057,7 @@ impl Drop for RoceListener {
         for p in pending {
             RoceRequest {
                 drv: self.drv.clone(),
+                queue: self.queue.clone(),
                 p,
                 answered: false,
             }
@@ -1005,9 +1083,32 @@ struct AcceptWait {
     ord: u16,
 }
 
+/// An async acceptor's place among its listener's RTU waiters, left when dropped.
+struct WaitingRtu<'a>(&'a ListenQueue, Arc<Slot>);
+
+impl WaitingRtu<'_> {
+    fn start(&self) {
+        self.0.rtu_waiters.lock().push(self.1.clone());
+        if !self.0.q.lock().is_empty() {
+            self.1.nudge();
+        }
+    }
+}
+
+impl Drop for WaitingRtu<'_> {
+    fn drop(&mut self) {
+        self.0
+            .rtu_waiters
+            .lock()
+            .retain(|s| !Arc::ptr_eq(s, &self.1));
+    }
+}
+
 /// A connection request a RoCE listener received.
 pub(crate) struct RoceRequest {
     drv: Arc<RoceShared>,
+    /// The listener's queue: while other requests wait there, the RTU is not waited for.
+    queue: Arc<ListenQueue>,
     p: Pending,
     answered: bool,
 }
@@ -1036,7 +1137,11 @@ impl RoceRequest {
     }
 
     /// Passive side (`rdma_accept`): the QP to RTS, then REP and wait for the RTU (RC,
-    /// UC), or SIDR_REP with the QP's number and Q_Key (UD).
+    /// UC), or SIDR_REP with the QP's number and Q_Key (UD). While other requests wait on
+    /// the listener, the RTU is not waited for (as `rdma_accept` does not): a requester
+    /// whose RTU never comes must not hold the acceptor from the others. Its connection
+    /// then completes on its own: [`AsyncEvent::Established`] on the RTU, or the QP to
+    /// Error and [`AsyncEvent::Disconnected`] when the CM gives it up.
     pub(crate) fn accept(
         &mut self,
         q: &RoceQpShared,
@@ -1046,10 +1151,24 @@ impl RoceRequest {
         match self.accept_start(q, params)? {
             Answer::Done(info) => Ok(info),
             Answer::Wait(w) => {
-                let ev = w.slot.wait(deadline);
-                self.accept_finish(q, &w, ev)
+                let rtu = self.waiting_rtu(&w.slot, || w.slot.wait_rtu(deadline));
+                self.accept_finish(q, &w, rtu)
             }
         }
+    }
+
+    /// Runs `wait` with `slot` among the listener's RTU waiters.
+    fn waiting_rtu(&self, slot: &Arc<Slot>, wait: impl FnOnce() -> Rtu) -> Rtu {
+        self.queue.rtu_waiters.lock().push(slot.clone());
+        if !self.queue.q.lock().is_empty() {
+            slot.nudge();
+        }
+        let r = wait();
+        self.queue
+            .rtu_waiters
+            .lock()
+            .retain(|s| !Arc::ptr_eq(s, slot));
+        r
     }
 
     /// [`accept`](Self::accept) for a task: the CM's timers bound the wait for the RTU;
@@ -1063,22 +1182,45 @@ impl RoceRequest {
             Answer::Done(info) => Ok(info),
             Answer::Wait(w) => {
                 let mut forget = Forget(&self.drv, Some(w.id), Some(q));
-                let ev = w.slot.wait_async().await;
+                let waiting = WaitingRtu(&self.queue, w.slot.clone());
+                waiting.start();
+                let rtu = w.slot.wait_rtu_async().await;
+                drop(waiting);
                 forget.1 = None;
                 drop(forget);
-                self.accept_finish(q, &w, Some(ev))
+                self.accept_finish(q, &w, rtu)
             }
         }
     }
 
-    /// The RTU (or what came instead: `None`, nothing in time) for the REP sent.
+    /// The RTU (or what came instead, or nothing in time, or other requests waiting) for
+    /// the REP sent.
     fn accept_finish(
         &self,
         q: &RoceQpShared,
         w: &AcceptWait,
-        ev: Option<CmEvent>,
+        rtu: Rtu,
     ) -> Result<ConnectionInfo, Error> {
         let drv = &self.drv;
+        let ev = match rtu {
+            Rtu::Came(ev) => Some(ev),
+            Rtu::Nothing => None,
+            Rtu::Others => {
+                // Nobody waits for this connection's events any more (they go to the
+                // context's async events); one that came meanwhile is taken here.
+                if drv.gsi.lock().slots.remove(&w.id).is_some() {
+                    w.slot
+                        .ev
+                        .lock()
+                        .take()
+                        .or(Some(CmEvent::Established { id: w.id }))
+                } else {
+                    // The CM took the slot to answer it: the event is being put there.
+                    w.slot
+                        .wait(Instant::now() + std::time::Duration::from_secs(1))
+                }
+            }
+        };
         match ev {
             Some(CmEvent::Established { .. }) => Ok(info(
                 drv,

@@ -107,6 +107,15 @@ pub struct RoceConfig {
     /// received runs come up as one (`UDP_GRO`), each cut back into its packets. Raw-socket
     /// sends go one datagram each.
     pub gso: bool,
+    /// Connection manager: connection requests (REQ received or REP sent, not yet
+    /// established) and SIDR requests from one address held at once; more are refused
+    /// (REJ "no resources", SIDR_REP "rejected"), so one peer's burst leaves room for
+    /// others. 64.
+    pub cm_pending_per_source: usize,
+    /// Connection manager: the longest a REP waits for the requester's RTU, whatever the
+    /// requester's timing asks for; then the connection is given up (REJ "timeout") and the
+    /// QP goes to Error. 77 s: past the 69 s of a Linux requester's 16 tries.
+    pub cm_rtu_timeout: std::time::Duration,
 }
 
 /// How IPv4 datagrams leave.
@@ -138,12 +147,15 @@ pub enum RawTx {
 impl RoceConfig {
     /// `addr`, port 4791, 4 MiB receive buffer.
     pub fn new(addr: IpAddr) -> Self {
+        let cm_defaults = softrdma_ib::cm::CmConfig::new(addr, 0, 0, 0);
         RoceConfig {
             addr,
             port: ROCEV2_UDP_PORT,
             recv_buffer: 4 << 20,
             raw_tx: RawTx::Auto,
             gso: true,
+            cm_pending_per_source: cm_defaults.max_pending_per_source,
+            cm_rtu_timeout: cm_defaults.rtu_timeout,
         }
     }
 
@@ -469,7 +481,7 @@ impl RoceShared {
             .insert_qp(softrdma_ib::cm::GSI_QPN, QpType::Ud)
             .map_err(out_of_resources)?;
         let shared = Arc::new(RoceShared {
-            gsi: Mutex::new(cm::Gsi::new(local.ip())),
+            gsi: Mutex::new(cm::Gsi::new(local.ip(), cfg)),
             gsi_changed: Condvar::new(),
             rx_thread: Mutex::new(None),
             events,

@@ -6,8 +6,8 @@
 //! progress thread ([`progress`]) moves bytes, time and events, and hands completions to CQs
 //! and events to the context's queue.
 
-use std::collections::VecDeque;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -119,9 +119,10 @@ pub struct IwarpDeviceCounters {
     pub rejected: u64,
     /// MPA startups that failed otherwise (a bad frame, a timeout, a lost stream).
     pub startup_failures: u64,
-    /// TCP connections a listener closed at once: `max_half_open` MPA startups were waiting
-    /// for their Request.
-    pub half_open_refused: u64,
+    /// TCP connections a listener closed before their MPA Request came, to make room for a
+    /// newer one: `max_half_open` startups (or `max_half_open_per_source` from its address)
+    /// were waiting for their Request.
+    pub half_open_evicted: u64,
     /// Octets written to the TCP sockets.
     pub octets_tx: u64,
     /// Octets read from them.
@@ -136,7 +137,7 @@ pub(crate) struct DeviceStats {
     pub(crate) established: AtomicU64,
     pub(crate) rejected: AtomicU64,
     pub(crate) startup_failures: AtomicU64,
-    pub(crate) half_open_refused: AtomicU64,
+    pub(crate) half_open_evicted: AtomicU64,
     pub(crate) octets_tx: AtomicU64,
     pub(crate) octets_rx: AtomicU64,
 }
@@ -152,7 +153,7 @@ impl DeviceStats {
             connects: g(&self.connects),
             accepts: g(&self.accepts),
             established: g(&self.established),
-            half_open_refused: g(&self.half_open_refused),
+            half_open_evicted: g(&self.half_open_evicted),
             rejected: g(&self.rejected),
             startup_failures: g(&self.startup_failures),
             octets_tx: g(&self.octets_tx),
@@ -440,29 +441,87 @@ pub(crate) struct ListenerShared {
     ready: Event,
     closed: AtomicBool,
     /// Accepted connections still waiting for their MPA Request ([`HalfOpen`]).
-    half_open: AtomicU32,
+    pub(crate) half_open: Mutex<HalfOpenSet>,
+}
+
+/// A listener's accepted connections whose MPA Request has not arrived yet, oldest first,
+/// and how many each source address holds.
+#[derive(Default)]
+pub(crate) struct HalfOpenSet {
+    next: u64,
+    by_age: BTreeMap<u64, (Token, IpAddr)>,
+    per_source: HashMap<IpAddr, u32>,
+}
+
+impl HalfOpenSet {
+    fn insert(&mut self, token: Token, ip: IpAddr) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        self.by_age.insert(seq, (token, ip));
+        *self.per_source.entry(ip).or_default() += 1;
+        seq
+    }
+
+    fn remove(&mut self, seq: u64) -> Option<Token> {
+        let (token, ip) = self.by_age.remove(&seq)?;
+        if let Some(n) = self.per_source.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&ip);
+            }
+        }
+        Some(token)
+    }
+
+    /// Connections held.
+    pub(crate) fn len(&self) -> usize {
+        self.by_age.len()
+    }
 }
 
 /// One accepted connection in MPA startup, counted against the listener's
-/// `max_half_open` until its Request arrives or it goes.
-pub(crate) struct HalfOpen(Arc<ListenerShared>);
+/// `max_half_open` and `max_half_open_per_source` until its Request arrives or it goes.
+pub(crate) struct HalfOpen {
+    l: Arc<ListenerShared>,
+    seq: u64,
+}
 
 impl HalfOpen {
-    /// Takes a place, or `None` when `max_half_open` startups are running.
-    pub(crate) fn take(l: &Arc<ListenerShared>) -> Option<HalfOpen> {
-        let max = l.params.max_half_open.max(1);
-        l.half_open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| HalfOpen(l.clone()))
+    /// Takes a place for connection `token` from `ip`, and names the connection that must
+    /// give its place up for it, if any: the oldest of the same source when that source
+    /// holds its quota, else the oldest of all when the listener is full. A flood of
+    /// silent connections then only pushes out its own (or older silent ones), never
+    /// locks a newcomer out: one that sends its Request promptly is through before its
+    /// turn to be evicted comes.
+    pub(crate) fn take(
+        l: &Arc<ListenerShared>,
+        token: Token,
+        ip: IpAddr,
+    ) -> (HalfOpen, Option<Token>) {
+        let max = l.params.max_half_open.max(1) as usize;
+        let per_source = l.params.max_half_open_per_source.max(1);
+        let mut s = l.half_open.lock();
+        let victim = if s.per_source.get(&ip).copied().unwrap_or(0) >= per_source {
+            s.by_age
+                .iter()
+                .find(|(_, (_, from))| *from == ip)
+                .map(|(&seq, _)| seq)
+        } else if s.len() >= max {
+            s.by_age.keys().next().copied()
+        } else {
+            None
+        };
+        let evicted = victim.and_then(|seq| s.remove(seq));
+        let seq = s.insert(token, ip);
+        drop(s);
+        (HalfOpen { l: l.clone(), seq }, evicted)
     }
 }
 
 impl Drop for HalfOpen {
     fn drop(&mut self) {
-        self.0.half_open.fetch_sub(1, Ordering::AcqRel);
+        // Evicted already, or leaving now.
+        self.l.half_open.lock().remove(self.seq);
     }
 }
 
@@ -499,7 +558,7 @@ impl ListenerShared {
             cond: Condvar::new(),
             ready: Event::new(),
             closed: AtomicBool::new(false),
-            half_open: AtomicU32::new(0),
+            half_open: Mutex::new(HalfOpenSet::default()),
         }
     }
 

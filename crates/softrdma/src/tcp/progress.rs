@@ -52,6 +52,14 @@ use crate::event::AsyncEvent;
 use crate::state::{QpCounters, QpState};
 use crate::tap::{self, Direction, Tap, Tapped};
 
+/// An IPv4 peer seen through an IPv6 socket counts as its IPv4 address.
+fn canonical_ip(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, Into::into),
+        v4 => v4,
+    }
+}
+
 /// The waker's token.
 pub(crate) const WAKER: Token = Token(0);
 /// First token handed to listeners and connections.
@@ -752,12 +760,7 @@ impl Driver {
                 Err(_) => return,
             };
             let shared = l.shared.clone();
-            // A peer that opens connections and sends nothing holds at most
-            // `max_half_open` of them: past it, the new one is closed at once.
-            let Some(half_open) = HalfOpen::take(&shared) else {
-                DeviceStats::add(&ctx.stats.half_open_refused, 1);
-                tracing::info!(peer = ?stream.peer_addr().ok(), max = shared.params.max_half_open, "TCP connection closed: too many MPA startups waiting for their Request");
-                drop(stream);
+            let Ok(peer) = stream.peer_addr() else {
                 continue;
             };
             let std_stream: std::net::TcpStream = stream.into();
@@ -787,6 +790,18 @@ impl Driver {
                 emss,
                 false,
             ) {
+                // Silent connections are bounded by `max_half_open` (and per source): the
+                // oldest silent one makes room rather than the newcomer being refused.
+                let (half_open, evicted) = HalfOpen::take(&shared, t, canonical_ip(peer.ip()));
+                if let Some(old) = evicted
+                    && let Some(v) = touch(&mut self.conns, &mut self.touched, old)
+                {
+                    DeviceStats::add(&ctx.stats.half_open_evicted, 1);
+                    tracing::info!(peer = %v.peer, new = %peer, "TCP connection closed before its MPA Request: its place goes to a newer one");
+                    v.half_open = None;
+                    v.listener = None;
+                    v.dead = true;
+                }
                 c.listener = Some(shared);
                 c.half_open = Some(half_open);
                 // The Request may already be in.
