@@ -87,6 +87,9 @@ struct Out {
     dead: bool,
     /// When the client last took octets, or the queue last became non-empty.
     progress: Instant,
+    /// The polling thread stopped reading (too many calls in flight or replies queued):
+    /// whoever makes room tells it.
+    paused: bool,
 }
 
 /// One connection, shared by the polling thread and the jobs of its calls.
@@ -94,8 +97,6 @@ struct Link {
     id: usize,
     sock: TcpStream,
     out: Mutex<Out>,
-    /// The polling thread stopped reading (too many calls in flight or replies queued).
-    paused: AtomicBool,
     hub: Arc<Hub>,
 }
 
@@ -128,7 +129,7 @@ impl Link {
         let mut o = self.out.lock();
         o.in_flight = o.in_flight.saturating_sub(1);
         self.hub.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let mut note = self.paused.load(Ordering::Acquire);
+        let mut note = o.paused;
         if let Some(rec) = record
             && !o.dead
             && !rec.is_empty()
@@ -418,8 +419,8 @@ impl Loop {
                 in_flight: 0,
                 dead: false,
                 progress: now,
+                paused: false,
             }),
-            paused: AtomicBool::new(false),
             hub: self.hub.clone(),
         });
         self.conns.insert(
@@ -455,14 +456,18 @@ impl Loop {
             .map(|(&id, _)| id)
     }
 
-    /// Whether the polling thread may read more calls from `c`.
+    /// Whether the polling thread may read more calls from `c`; if not, the connection is
+    /// marked paused under the same lock a finishing call takes, so that the call that
+    /// makes room always notes it (no lost wake-up).
     fn may_read(cfg: &ServerConfig, c: &Conn) -> bool {
-        let o = c.link.out.lock();
-        !c.eof
+        let mut o = c.link.out.lock();
+        let ok = !c.eof
             && !o.dead
             && c.ready.is_empty()
             && o.in_flight < cfg.max_in_flight.max(1)
-            && o.octets <= cfg.max_record
+            && o.octets <= cfg.max_record;
+        o.paused = !ok;
+        ok
     }
 
     /// Reads what the socket has for `id` (up to a turn's worth), hands whole calls to the
@@ -475,10 +480,8 @@ impl Loop {
                 return;
             };
             if !Self::may_read(&cfg, c) {
-                c.link.paused.store(true, Ordering::Release);
                 break;
             }
-            c.link.paused.store(false, Ordering::Release);
             if budget == 0 {
                 self.again.push(id);
                 break;
@@ -660,7 +663,8 @@ impl Loop {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if c.link.paused.load(Ordering::Acquire) && Self::may_read(&cfg, c) {
+        let paused = c.link.out.lock().paused;
+        if paused && Self::may_read(&cfg, c) {
             // Edge-triggered: what arrived while paused raises no new event.
             self.read(id);
         }

@@ -497,3 +497,56 @@ fn inline_procedures_run_in_the_connection_thread() {
         assert!(name.trim_end_matches('\0').starts_with(want), "{p}: {name}");
     }
 }
+
+/// Thousands of calls pipelined on one connection past a limit of one in flight: reading
+/// pauses and resumes for each, and every call is answered (a lost resume would hang).
+#[test]
+fn pipelined_calls_past_the_in_flight_limit_all_answered() {
+    let r = rig(ServerConfig {
+        threads: 2,
+        max_in_flight: 1,
+        ..ServerConfig::default()
+    });
+    let mut s = TcpStream::connect(r.tcp.local_addr()).unwrap();
+    let mut wire = Vec::new();
+    for xid in 0..5000u32 {
+        let mut call = Vec::new();
+        encode_call(
+            &CallHeader {
+                xid,
+                prog: PROG,
+                vers: 2,
+                proc: proc::DOUBLE,
+                cred: Auth::None,
+                verf: Auth::None,
+            },
+            &xid.to_be_bytes(),
+            &mut call,
+        )
+        .unwrap();
+        encode_record(&[&call], usize::MAX, &mut wire);
+    }
+    let mut w = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || w.write_all(&wire).unwrap());
+    s.set_read_timeout(Some(LONG)).unwrap();
+    let mut d = RecordDecoder::new(1 << 20);
+    let mut replies = std::collections::VecDeque::new();
+    let mut buf = vec![0u8; 64 << 10];
+    for xid in 0..5000u32 {
+        while replies.is_empty() {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "closed after {xid} replies");
+            let mut input = &buf[..n];
+            while !input.is_empty() {
+                if let Some(r) = d.decode(&mut input).unwrap() {
+                    replies.push_back(r);
+                }
+            }
+        }
+        let m = replies.pop_front().unwrap();
+        let (h, off) = decode_reply(&m).unwrap();
+        assert_eq!((h.xid, h.status), (xid, ReplyStatus::Success));
+        assert_eq!(&m[off..], (2 * xid).to_be_bytes());
+    }
+    sender.join().unwrap();
+}
