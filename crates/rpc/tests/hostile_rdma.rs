@@ -4,6 +4,8 @@
 //! throughout. Idle RDMA connections end after `idle_timeout`, and connections per address
 //! are bounded.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -153,16 +155,6 @@ fn legit(addr: SocketAddr) {
 /// One test at a time: one reads the process's RSS.
 static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
-fn status_kib(k: &str) -> usize {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(k))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 /// F4: eight requesters each offer 32 calls of 1 MiB Read chunks and answer no Read. Their
 /// connections end after `read_chunk_timeout`, the leased buffers go back, and a
 /// legitimate client is served meanwhile.
@@ -175,7 +167,7 @@ fn unanswered_read_chunks_end_their_connection() {
     });
     let addr = r.srv.local_addr();
     legit(addr);
-    let rss = status_kib("VmRSS:");
+    let rss = common::proc_status("VmRSS:");
     let mut peers: Vec<RawPeer> = (0..8).map(|_| RawPeer::connect(addr)).collect();
     for p in &mut peers {
         for i in 0..32 {
@@ -195,7 +187,7 @@ fn unanswered_read_chunks_end_their_connection() {
     legit(addr);
     // 256 MiB were leased: what is left is what the pool keeps for the next calls.
     let kept = ServerConfig::default().kept_octets >> 10;
-    let grown = status_kib("VmRSS:").saturating_sub(rss);
+    let grown = common::proc_status("VmRSS:").saturating_sub(rss);
     assert!(grown < kept + (64 << 10), "RSS grew {} MiB", grown >> 10);
 }
 

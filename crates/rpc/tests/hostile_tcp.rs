@@ -2,6 +2,8 @@
 //! that never read their replies, thousands of connections, records that never end, idle
 //! connections, a pipeline of slow calls. Beside each attack a legitimate client is served.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -140,16 +142,6 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-fn status_field(k: &str) -> usize {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(k))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 /// F1: a client that sends many 1 MiB calls and never reads its socket holds no worker:
 /// others are served meanwhile, and it is disconnected once it has taken nothing for
 /// `send_timeout`.
@@ -234,8 +226,8 @@ fn a_thousand_unfinished_records_are_bounded() {
         ..ServerConfig::default()
     });
     let addr = r.tcp.local_addr();
-    let threads = status_field("Threads:");
-    let rss = status_field("VmRSS:") << 10;
+    let threads = common::proc_status("Threads:");
+    let rss = common::proc_status("VmRSS:") << 10;
     let chunk = vec![0xEEu8; 512 << 10];
     let mut held = Vec::new();
     for _ in 0..1000 {
@@ -258,9 +250,9 @@ fn a_thousand_unfinished_records_are_bounded() {
     assert!(is_closed(&held[0]));
     let worst = legit(addr, 20);
     println!("slowest legitimate call beside 1,000 unfinished records: {worst:?}");
-    let grown = status_field("Threads:").saturating_sub(threads);
+    let grown = common::proc_status("Threads:").saturating_sub(threads);
     assert!(grown <= 4, "{grown} threads more with 1,000 connections");
-    let rss_grown = (status_field("VmRSS:") << 10).saturating_sub(rss);
+    let rss_grown = (common::proc_status("VmRSS:") << 10).saturating_sub(rss);
     // The budget, the kernel's socket buffers are not ours; allocator slack beside it.
     assert!(rss_grown < 4 * BUDGET, "RSS grew {} MiB", rss_grown >> 20);
     drop(held);

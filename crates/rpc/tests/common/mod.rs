@@ -62,3 +62,14 @@ pub fn call_msg(prog: u32, xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
     encode_call(&h, args, &mut m).unwrap();
     m
 }
+
+/// A figure of this process's `/proc/self/status` (`VmRSS:` in KiB, `Threads:`).
+pub fn proc_status(key: &str) -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
