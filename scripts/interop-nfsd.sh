@@ -14,6 +14,11 @@
 #                     and so does the host's view of DIR
 #   P-rm-r            rm -r of the tree: gone for the guest and in DIR
 #   P-df              df shows the export's filesystem
+#   P-under-attack    a 4 MiB write and read-back (md5 in the guest and on the host) while
+#                     scripts/nfsd-attacks.py runs one round of every attack class from the
+#                     host side (non-reading clients, unfinished records, floods of
+#                     connections, half-open and idle ones, unanswered Read chunks, MNT
+#                     floods, pipelined READDIRPLUS, garbage)
 #   P-remount         umount, restart softrdma nfsd, mount again: every file, same md5
 #   P-dd-64MiB        throughput: the guest's dd of 64 MiB to and from the mount (MB/s)
 # With --kernel, a second VM (id 2, 10.77.1.3) runs the kernel's nfsd (as tests/nfs-rdma.sh
@@ -163,6 +168,11 @@ for proto in $PROTOS; do
     run_case "$P-write-$size" "head -c $size /dev/urandom > /tmp/w/src && dd if=/tmp/w/src of=/mnt/s/$f bs=1M 2>/dev/null && sync && echo 3 > /proc/sys/vm/drop_caches && md5sum < /tmp/w/src && md5sum < /mnt/s/$f" 600 check_write
     SUM[$f]=$(awk 'NR==1 {print $1}' "$OUT/$P-write-$size.log")
   done
+  check_write_gone() {
+    local src dst
+    src=$(awk 'NR==1 {print $1}' "$1"); dst=$(awk 'NR==2 {print $1}' "$1")
+    [ -n "$src" ] && [ "$src" = "$dst" ] || { echo "read back $dst, wrote $src"; return 1; }
+  }
   check_tree() { expect_lines "$1" "200" && [ "$(ls "$EXPORT/tree-$proto/a/b/c" | wc -l)" = 200 ] || { echo "the host does not see 200 files"; return 1; }; }
   run_case "$P-tree" "mkdir -p /mnt/s/tree-$proto/a/b/c && for i in \$(seq 1 200); do echo \$i > /mnt/s/tree-$proto/a/b/c/f\$i; done && ls -lR /mnt/s/tree-$proto | grep -c '^-'" 600 check_tree
   T=/mnt/s/tree-$proto
@@ -179,6 +189,17 @@ for proto in $PROTOS; do
   run_case "$P-rm-r" "rm -r $T && ! test -e $T && echo gone" 300 check_rm
   check_df() { awk 'END { exit !($2 > 0) }' "$1" || { echo "df: $(tail -1 "$1")"; return 1; }; }
   run_case "$P-df" "df -P -k /mnt/s | tail -1" 60 check_df
+  # What the attacker looks up: a 1 MiB file and a directory of 3,000 entries.
+  head -c $((1 << 20)) /dev/urandom > "$EXPORT/big"
+  mkdir -p "$EXPORT/bigdir" && (cd "$EXPORT/bigdir" && seq -f e%g 1 3000 | xargs touch)
+  H timeout 300 python3 "$ROOT/scripts/nfsd-attacks.py" --target "$HOST_IP" --export "$EXPORT" --once >"$OUT/$P-under-attack.attacks" 2>&1 &
+  ATT=$!
+  CUR=attack-$proto
+  run_case "$P-under-attack" "head -c 4194304 /dev/urandom > /tmp/w/src && dd if=/tmp/w/src of=/mnt/s/$CUR bs=1M 2>/dev/null && sync && echo 3 > /proc/sys/vm/drop_caches && md5sum < /tmp/w/src && md5sum < /mnt/s/$CUR && rm /mnt/s/$CUR" 600 check_write_gone
+  wait "$ATT"
+  kill -0 "$NFSD" 2>/dev/null || record "$P-under-attack-server-up" 0 "softrdma nfsd exited"
+  NOTES+=("$P-under-attack: $(grep -c 'rounds done, 0 refused' "$OUT/$P-under-attack.attacks") of 9 attack classes ran whole")
+  rm -rf "$EXPORT/big" "$EXPORT/bigdir"
   # Unmounted, the server restarted: the files and their handles are still good.
   vm_exec "$V" "umount /mnt/s" 60 >/dev/null 2>&1
   nfsd_stop; nfsd_start || say "softrdma nfsd did not restart"
