@@ -1402,13 +1402,14 @@ fn connect_and_move_data(
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
     assert_eq!(remote.to_vec(), pattern(64, 5));
     let took = start.elapsed();
+    println!("the legitimate client connected and moved data in {took:?}");
     assert!(took < within, "the client took {took:?}");
 }
 
 /// Review F5: 300 silent TCP connections (from ten addresses, past the default
 /// `max_half_open` of 256), and another address opening silent ones all along, do not
 /// lock a listener with default parameters: a client that sends its MPA Request promptly
-/// connects and moves data within 2 s. The listener evicts the oldest silent connections
+/// connects and moves data at once (the test allows 10 s). The listener evicts the oldest silent connections
 /// (globally, and per source once an address holds its quota).
 #[test]
 fn silent_connection_flood_does_not_lock_out_a_prompt_client() {
@@ -1459,7 +1460,9 @@ fn silent_connection_flood_does_not_lock_out_a_prompt_client() {
             &listener,
             addr,
             Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-            Duration::from_secs(2),
+            // A bound a loaded CI machine keeps (milliseconds here); before the fix the
+            // client was refused at once.
+            Duration::from_secs(10),
         );
     });
     let c = iwarp_stats(&server.ctx);

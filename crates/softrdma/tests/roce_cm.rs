@@ -409,7 +409,7 @@ fn until(what: &str, f: &dyn Fn() -> bool) {
 /// connection IDs, from 127.0.0.3) do not hold a server that accepts one request at a
 /// time (as `rping -P` or nfsd's accept thread): while other requests wait on the
 /// listener the acceptor does not wait for an RTU, and a client connecting during the
-/// burst is connected and accepted within 2 s.
+/// burst is connected and accepted at once (the test allows 10 s).
 #[test]
 fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
     use softrdma_ib::cm::{CmService, ReqParams};
@@ -451,7 +451,9 @@ fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
     });
     // The requester goes silent: no RTU, no REJ, for any REP.
     drop(h);
-    let within = Duration::from_secs(2);
+    // A bound a loaded CI machine keeps (milliseconds here); before the fix each stale
+    // REQ held the acceptor ~10 s.
+    let within = Duration::from_secs(10);
     let start = std::time::Instant::now();
     let s = end(&server, QpType::Rc);
     let cl = end(&client, QpType::Rc);
@@ -477,6 +479,7 @@ fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
         };
         cl.qp.connect(to, cp).unwrap();
         let (skipped, took) = acceptor.join().unwrap();
+        println!("the legitimate client was accepted in {took:?}");
         assert!(took < within, "accepted after {took:?}");
         assert!(skipped > 0, "the burst was not ahead of the client");
     });
