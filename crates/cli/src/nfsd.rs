@@ -49,8 +49,8 @@ pub struct NfsdArgs {
     #[arg(long, default_value_t = 64)]
     pub credits: u32,
     /// Connections served at once, per transport (TCP, RDMA); a new one past it closes
-    /// the least recently active.
-    #[arg(long, default_value_t = 1024)]
+    /// the least recently active. 0: (threads + 3) × 20, as Linux's nfsd.
+    #[arg(long, default_value_t = 0)]
     pub max_connections: usize,
     /// Connections from one address at once, per transport; past it that address's least
     /// recently active connection is closed for the new one.
@@ -112,7 +112,7 @@ fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
         ServerConfig {
             threads: a.threads.max(1),
             max_record: max_message,
-            max_connections: a.max_connections.max(1),
+            max_connections: a.max_connections,
             max_connections_per_addr: a.max_connections_per_addr.max(1),
             idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
             send_timeout: Duration::from_secs(a.send_timeout.max(1)),

@@ -344,10 +344,12 @@ pub struct ServerConfig {
     /// Octets of message memory (results, chunks) kept for the next calls rather than
     /// handed back to the allocator ([`Buffers`]).
     pub kept_octets: usize,
-    /// TCP connections served at once; a new one past it closes the least recently active.
+    /// Connections served at once, per transport (TCP, RPC-over-RDMA); a new one past it
+    /// closes the least recently active. 0: `(threads + 3) × 20`, Linux's svc default
+    /// (`sv_maxconn`), which bounds the RDMA connections' threads and memory with the pool.
     pub max_connections: usize,
-    /// TCP connections from one address at once; past it, that address's least recently
-    /// active connection is closed for the new one.
+    /// Connections from one address at once, per transport; past it, that address's least
+    /// recently active connection is closed for the new one.
     pub max_connections_per_addr: usize,
     /// A TCP connection with nothing in flight and nothing received for this long is
     /// closed (the client reconnects when it needs to; Linux's svc closes idle transports
@@ -375,6 +377,16 @@ pub struct RdmaStats {
     pub idle_closed: std::sync::atomic::AtomicUsize,
 }
 
+impl ServerConfig {
+    /// `max_connections` as it applies (its 0 worked out).
+    pub fn connection_limit(&self) -> usize {
+        match self.max_connections {
+            0 => (self.threads.max(1) + 3) * 20,
+            n => n,
+        }
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> ServerConfig {
         ServerConfig {
@@ -382,7 +394,7 @@ impl Default for ServerConfig {
             max_in_flight: 64,
             max_record: DEFAULT_MAX_RECORD,
             kept_octets: 32 << 20,
-            max_connections: 1024,
+            max_connections: 0,
             max_connections_per_addr: 64,
             idle_timeout: Duration::from_secs(360),
             send_timeout: Duration::from_secs(30),

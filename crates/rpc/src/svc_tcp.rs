@@ -382,7 +382,7 @@ impl Loop {
             self.hub.stats.evicted.fetch_add(1, Ordering::Relaxed);
             self.close(old);
         }
-        if self.conns.len() >= cfg.max_connections.max(1)
+        if self.conns.len() >= cfg.connection_limit()
             && let Some(old) = self.least_active(None)
         {
             tracing::info!(%peer, "RPC/TCP connections at the limit: the least active closed");

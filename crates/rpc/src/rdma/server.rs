@@ -171,7 +171,7 @@ fn make_room(conns: &mut [(Arc<Conn>, JoinHandle<()>)], cfg: &ServerConfig, peer
     {
         close_least_active(&same);
     }
-    if conns.iter().filter(|(c, _)| live(c)).count() >= cfg.max_connections.max(1) {
+    if conns.iter().filter(|(c, _)| live(c)).count() >= cfg.connection_limit() {
         close_least_active(&|_| true);
     }
 }
