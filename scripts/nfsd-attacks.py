@@ -195,6 +195,8 @@ def a_halfopen(t):
             socks.append(socket.create_connection((t.host, t.rdma), timeout=5))
         except OSError:
             pass
+    if not socks:
+        raise ConnectionError("no TCP listener on the RDMA port (RoCE?)")
     hold(15)
     close_all(socks)
 
@@ -231,7 +233,6 @@ def a_readchunk(t):
         try:
             s, crc = mpa_rev1(t)
         except (OSError, ConnectionError):
-            note("readchunk-connect", False)
             continue
         for i in range(8):
             xid = 0x7000_0000 | p << 8 | i
@@ -244,6 +245,8 @@ def a_readchunk(t):
             ddp = bytes([0x41, 0x43]) + struct.pack(">IIII", 0, 0, i + 1, 0)
             s.sendall(fpdu(ddp + rdma + msg, crc))
         peers.append(s)
+    if not peers:
+        raise ConnectionError("no iWARP listener on the RDMA port (RoCE?)")
     end = time.time() + 60
     for s in peers:
         s.settimeout(1)
