@@ -287,6 +287,21 @@ impl LocalFs {
             })
     }
 
+    /// A name of `ino` was removed: its remembered path goes if it was that one (another
+    /// link is found again when asked for), so that files created and removed do not grow
+    /// the map.
+    fn forget(&self, ino: u64, removed: &Path) {
+        let mut paths = self.paths.lock();
+        if paths.get(&ino).is_some_and(|p| p == removed) {
+            paths.remove(&ino);
+        }
+    }
+
+    /// Ids whose path is remembered.
+    pub fn remembered(&self) -> usize {
+        self.paths.lock().len()
+    }
+
     /// The path of `id` (finding it again if it moved or after a restart).
     fn path(&self, id: FileId) -> Result<PathBuf> {
         if let Some(p) = self.paths.lock().get(&id).cloned()
@@ -616,12 +631,15 @@ impl Backend for LocalFs {
         if kind_of(&self.stat_in(&d, name)?) == FileKind::Directory {
             return Err(Nfs3Error::IsDir);
         }
+        let ino = self.stat_in(&d, name)?.st_ino;
         unlinkat(
             d.as_fd(),
             OsStr::from_bytes(name),
             UnlinkatFlags::NoRemoveDir,
         )
-        .map_err(err)
+        .map_err(err)?;
+        self.forget(ino, &rel.join(OsStr::from_bytes(name)));
+        Ok(())
     }
 
     fn rmdir(&self, dir: FileId, name: &[u8]) -> Result<()> {
@@ -630,12 +648,15 @@ impl Backend for LocalFs {
         if kind_of(&self.stat_in(&d, name)?) != FileKind::Directory {
             return Err(Nfs3Error::NotDir);
         }
+        let ino = self.stat_in(&d, name)?.st_ino;
         unlinkat(d.as_fd(), OsStr::from_bytes(name), UnlinkatFlags::RemoveDir).map_err(
             |e| match e {
                 Errno::EEXIST => Nfs3Error::NotEmpty,
                 e => err(e),
             },
-        )
+        )?;
+        self.forget(ino, &rel.join(OsStr::from_bytes(name)));
+        Ok(())
     }
 
     fn rename(&self, from: FileId, from_name: &[u8], to: FileId, to_name: &[u8]) -> Result<()> {
@@ -833,6 +854,39 @@ mod tests {
         assert_eq!(again.len(), 3003);
         assert!(again.contains(&b"new".to_vec()));
         assert_eq!(fs.dir_reads() - before, 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn removed_files_are_forgotten() {
+        let dir = tmp("forget");
+        let fs = LocalFs::new(&dir).unwrap();
+        let root = fs.root();
+        let before = fs.remembered();
+        for round in 0..3 {
+            let sub = fs.mkdir(root, b"d", &SetAttr::default()).unwrap();
+            for i in 0..200 {
+                let name = format!("f{round}-{i}");
+                let f = fs
+                    .create(
+                        sub,
+                        name.as_bytes(),
+                        CreateHow::Unchecked(SetAttr::default()),
+                    )
+                    .unwrap();
+                assert_eq!(fs.getattr(f).unwrap().kind, FileKind::Regular);
+                fs.remove(sub, name.as_bytes()).unwrap();
+            }
+            fs.rmdir(root, b"d").unwrap();
+        }
+        assert_eq!(fs.remembered(), before);
+        // A file with two names keeps being found through the other.
+        let f = fs
+            .create(root, b"a", CreateHow::Unchecked(SetAttr::default()))
+            .unwrap();
+        fs.link(f, root, b"b").unwrap();
+        fs.remove(root, b"a").unwrap();
+        assert_eq!(fs.getattr(f).unwrap().nlink, 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
