@@ -13,7 +13,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use softrdma::{Device, Listener};
-use softrdma_rpc::msg::encode_call;
 use softrdma_rpc::rdma::{RdmaConfig, RdmaServer, RdmaTransport};
 use softrdma_rpc::*;
 use softrdma_wire::mpa::{FpduRepr, REQUEST_KEY};
@@ -80,16 +79,7 @@ impl RawPeer {
 
 /// An RDMA_MSG carrying a call of `proc` whose argument (`len` octets) is a Read chunk.
 fn call_with_read_chunk(xid: u32, proc: u32, len: u32) -> Vec<u8> {
-    let mut call = Vec::new();
-    let h = CallHeader {
-        xid,
-        prog: PROG,
-        vers: 1,
-        proc,
-        cred: Auth::None,
-        verf: Auth::None,
-    };
-    encode_call(&h, &[], &mut call).unwrap();
+    let call = common::call_msg(PROG, xid, proc, &[]);
     let mut m = Vec::new();
     for w in [xid, 1, 32, 0] {
         m.extend_from_slice(&w.to_be_bytes());

@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use softrdma_rpc::msg::encode_call;
 use softrdma_rpc::record::encode_record;
 use softrdma_rpc::*;
 
@@ -84,16 +83,7 @@ fn rig(cfg: ServerConfig) -> Rig {
 
 /// A call record of `proc`.
 fn call(xid: u32, proc: u32) -> Vec<u8> {
-    let mut msg = Vec::new();
-    let h = CallHeader {
-        xid,
-        prog: PROG,
-        vers: 1,
-        proc,
-        cred: Auth::None,
-        verf: Auth::None,
-    };
-    encode_call(&h, &[], &mut msg).unwrap();
+    let msg = common::call_msg(PROG, xid, proc, &[]);
     let mut rec = Vec::new();
     encode_record(&[&msg], usize::MAX, &mut rec);
     rec
