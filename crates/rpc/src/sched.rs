@@ -48,16 +48,18 @@ impl Sched {
     /// Queues `job` behind the jobs of its `flow` (dropped once closed).
     pub(crate) fn push(&self, flow: u64, job: Job) {
         let mut s = self.state.lock();
-        let Some(tx) = s.tokens.clone() else {
+        if s.tokens.is_none() {
             return;
-        };
+        }
         let q = s.flows.entry(flow).or_default();
         q.push_back(job);
         if q.len() == 1 {
             s.turn.push_back(flow);
         }
-        drop(s);
-        let _ = tx.send(());
+        // Unbounded: the send never waits, under the lock or not.
+        if let Some(tx) = &s.tokens {
+            let _ = tx.send(());
+        }
     }
 
     /// The next job, from the flow whose turn it is; `None` once closed and drained.

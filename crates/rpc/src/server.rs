@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 // Keys are the registry's own: no hashing hostile input (the reply cache keeps SipHash).
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -384,6 +384,35 @@ impl ServerConfig {
             0 => (self.threads.max(1) + 3) * 20,
             n => n,
         }
+    }
+
+    /// The connections (of `conns`: key and address) to close so that one more from `peer`
+    /// fits the limits, on either transport: the least recently active of its address when
+    /// that address holds `max_connections_per_addr`, then the least recently active of all
+    /// when `connection_limit` are served (Linux's svc closes the oldest). `rank` orders
+    /// them, the lowest closed first.
+    pub(crate) fn closing_for<K: Copy + PartialEq, R: Ord>(
+        &self,
+        peer: IpAddr,
+        conns: &[(K, IpAddr)],
+        rank: impl Fn(K) -> R,
+    ) -> Vec<K> {
+        let mut out = Vec::new();
+        let least = |same: bool, out: &[K]| {
+            conns
+                .iter()
+                .filter(|(k, ip)| (!same || *ip == peer) && !out.contains(k))
+                .min_by_key(|(k, _)| rank(*k))
+                .map(|(k, _)| *k)
+        };
+        let from_peer = conns.iter().filter(|(_, ip)| *ip == peer).count();
+        if from_peer >= self.max_connections_per_addr.max(1) {
+            out.extend(least(true, &out));
+        }
+        if conns.len() - out.len() >= self.connection_limit() {
+            out.extend(least(false, &out));
+        }
+        out
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
-// Keyed by our own connection numbers and by peer addresses the kernel accepted.
+// Keyed by our own connection numbers.
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::record::{MAX_FRAGMENT, RecordDecoder, encode_record};
@@ -101,30 +101,45 @@ struct Link {
 }
 
 impl Link {
+    /// Writes `buf` while the socket takes octets: how many it took.
+    fn write_now(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match (&self.sock).write(&buf[done..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
     /// Writes from the queue while the socket takes octets; the queue's lock is held.
     fn flush(&self, o: &mut Out) -> io::Result<()> {
         while let Some(front) = o.queue.front() {
-            match (&self.sock).write(&front[o.head..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    o.head += n;
-                    o.octets -= n;
-                    self.hub.queued.fetch_sub(n, Ordering::AcqRel);
-                    o.progress = Instant::now();
-                    if o.head == front.len() {
-                        o.queue.pop_front();
-                        o.head = 0;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) => return Err(e),
+            let n = self.write_now(&front[o.head..])?;
+            if n == 0 {
+                return Ok(());
             }
+            let whole = o.head + n == front.len();
+            o.head += n;
+            o.octets -= n;
+            self.hub.queued.fetch_sub(n, Ordering::AcqRel);
+            o.progress = Instant::now();
+            if !whole {
+                return Ok(());
+            }
+            o.queue.pop_front();
+            o.head = 0;
         }
         Ok(())
     }
 
-    /// A call's end: its reply record (if any) written now or queued.
+    /// A call's end: its reply record (if any) written now, what the socket does not take
+    /// queued within the server's `max_queued` (past it the connection is closed: its
+    /// client is not reading).
     fn finish(&self, record: Option<Vec<u8>>) {
         let mut o = self.out.lock();
         o.in_flight = o.in_flight.saturating_sub(1);
@@ -134,31 +149,46 @@ impl Link {
             && !o.dead
             && !rec.is_empty()
         {
-            let idle = o.queue.is_empty();
-            self.hub.queued.fetch_add(rec.len(), Ordering::AcqRel);
-            o.octets += rec.len();
-            o.queue.push_back(rec);
-            if idle {
-                o.progress = Instant::now();
-            }
-            if self.flush(&mut o).is_err() {
-                o.dead = true;
-            } else if o.octets > 0 {
-                // The client is behind: the polling thread writes the rest as it reads,
-                // unless this connection's queue overflows the server's budget.
-                if self.hub.queued.load(Ordering::Acquire) > self.hub.cfg.max_queued {
-                    tracing::info!(
-                        id = self.id,
-                        octets = o.octets,
-                        "RPC/TCP client not reading its replies: closed (max_queued)"
-                    );
-                    self.hub
-                        .stats
-                        .stalled_closed
-                        .fetch_add(1, Ordering::Relaxed);
-                    o.dead = true;
+            // Replies leave in order: written at once only behind an empty queue.
+            let written = if o.queue.is_empty() {
+                self.write_now(&rec)
+            } else {
+                Ok(0)
+            };
+            match written {
+                Err(_) => o.dead = true,
+                Ok(n) if n == rec.len() => {}
+                Ok(n) => {
+                    let rest = rec.len() - n;
+                    let max = self.hub.cfg.max_queued;
+                    let room =
+                        self.hub
+                            .queued
+                            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                                q.checked_add(rest).filter(|&t| t <= max)
+                            });
+                    if room.is_err() {
+                        tracing::info!(
+                            id = self.id,
+                            octets = o.octets,
+                            "RPC/TCP client not reading its replies: closed (max_queued)"
+                        );
+                        self.hub
+                            .stats
+                            .stalled_closed
+                            .fetch_add(1, Ordering::Relaxed);
+                        o.dead = true;
+                    } else {
+                        if o.queue.is_empty() {
+                            o.head = n;
+                            o.progress = Instant::now();
+                        }
+                        o.octets += rest;
+                        o.queue.push_back(rec);
+                        // The polling thread writes the rest as the client reads.
+                        note = true;
+                    }
                 }
-                note = true;
             }
         }
         note |= o.dead;
@@ -261,9 +291,7 @@ impl Server {
             accept_retry: false,
             listener,
             conns: HashMap::default(),
-            per_addr: HashMap::default(),
             next_id: FIRST_ID,
-            assembling: 0,
             again: Vec::new(),
             scratch: vec![0; 64 << 10].into_boxed_slice(),
         };
@@ -288,10 +316,7 @@ struct Loop {
     accept_retry: bool,
     listener: TcpListener,
     conns: HashMap<usize, Conn>,
-    per_addr: HashMap<IpAddr, usize>,
     next_id: usize,
-    /// Octets of calls held over all connections (`Conn::held`).
-    assembling: usize,
     /// Connections to read again without waiting for the socket (their turn ended).
     again: Vec<usize>,
     scratch: Box<[u8]>,
@@ -374,17 +399,17 @@ impl Loop {
     /// connection of the address, or of all), then serves `s`.
     fn admit(&mut self, s: TcpStream, peer: SocketAddr) {
         let cfg = *self.cfg();
-        if self.per_addr.get(&peer.ip()).copied().unwrap_or(0)
-            >= cfg.max_connections_per_addr.max(1)
-            && let Some(old) = self.least_active(Some(peer.ip()))
-        {
-            tracing::info!(%peer, "RPC/TCP connections per address at the limit: the least active closed");
-            self.hub.stats.evicted.fetch_add(1, Ordering::Relaxed);
-            self.close(old);
-        }
-        if self.conns.len() >= cfg.connection_limit()
-            && let Some(old) = self.least_active(None)
-        {
+        let open: Vec<(usize, IpAddr)> = self
+            .conns
+            .iter()
+            .map(|(&id, c)| (id, c.peer.ip()))
+            .collect();
+        // Among the least active, one with a call in flight goes last.
+        let rank = |id| {
+            let c = &self.conns[&id];
+            (c.link.out.lock().in_flight > 0, c.active)
+        };
+        for old in cfg.closing_for(peer.ip(), &open, rank) {
             tracing::info!(%peer, "RPC/TCP connections at the limit: the least active closed");
             self.hub.stats.evicted.fetch_add(1, Ordering::Relaxed);
             self.close(old);
@@ -436,7 +461,6 @@ impl Loop {
                 eof: false,
             },
         );
-        *self.per_addr.entry(peer.ip()).or_default() += 1;
         self.hub.stats.accepted.fetch_add(1, Ordering::Relaxed);
         self.hub
             .stats
@@ -444,16 +468,6 @@ impl Loop {
             .store(self.conns.len(), Ordering::Relaxed);
         // Octets may have arrived with the connection (edge-triggered polling).
         self.read(id);
-    }
-
-    /// The connection (of `ip`, or of any address) that has been quiet the longest,
-    /// preferring one with no call in flight.
-    fn least_active(&self, ip: Option<IpAddr>) -> Option<usize> {
-        self.conns
-            .iter()
-            .filter(|(_, c)| ip.is_none_or(|ip| c.peer.ip() == ip))
-            .min_by_key(|(_, c)| (c.link.out.lock().in_flight > 0, c.active))
-            .map(|(&id, _)| id)
     }
 
     /// Whether the polling thread may read more calls from `c`; if not, the connection is
@@ -531,12 +545,10 @@ impl Loop {
                 c.record_start = Some(c.active);
             }
             let held = c.decoder.progress().0 + c.ready.iter().map(Vec::len).sum::<usize>();
-            self.assembling = self.assembling + held - c.held;
-            c.held = held;
-            self.hub
-                .stats
-                .assembling
-                .store(self.assembling, Ordering::Relaxed);
+            // The gauge is the budget's count: only this thread changes it.
+            let gauge = &self.hub.stats.assembling;
+            gauge.fetch_add(held, Ordering::Relaxed);
+            gauge.fetch_sub(std::mem::replace(&mut c.held, held), Ordering::Relaxed);
             self.dispatch(id);
             self.within_assembling_budget(id);
         }
@@ -562,11 +574,10 @@ impl Loop {
                 return;
             };
             c.held -= msg.len();
-            self.assembling -= msg.len();
             self.hub
                 .stats
                 .assembling
-                .store(self.assembling, Ordering::Relaxed);
+                .fetch_sub(msg.len(), Ordering::Relaxed);
             let (link, peer, server) = (c.link.clone(), c.peer, self.server.clone());
             let inline = server.registry().runs_inline(&msg);
             let job = move || {
@@ -594,7 +605,7 @@ impl Loop {
     /// all connections exceed `max_assembling`.
     fn within_assembling_budget(&mut self, current: usize) {
         let max = self.cfg().max_assembling;
-        while self.assembling > max {
+        while self.hub.stats.assembling.load(Ordering::Relaxed) > max {
             let victim = self
                 .conns
                 .iter()
@@ -604,7 +615,7 @@ impl Loop {
                 .unwrap_or(current);
             tracing::info!(
                 id = victim,
-                held = self.assembling,
+                held = self.hub.stats.assembling.load(Ordering::Relaxed),
                 "RPC/TCP records being assembled over max_assembling: the oldest closed"
             );
             self.hub
@@ -710,17 +721,10 @@ impl Loop {
         let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
         let _ = c.link.sock.shutdown(Shutdown::Both);
         c.link.discard();
-        self.assembling -= c.held;
         self.hub
             .stats
             .assembling
-            .store(self.assembling, Ordering::Relaxed);
-        if let Some(n) = self.per_addr.get_mut(&c.peer.ip()) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_addr.remove(&c.peer.ip());
-            }
-        }
+            .fetch_sub(c.held, Ordering::Relaxed);
         self.hub
             .stats
             .open

@@ -181,7 +181,8 @@ impl LocalFs {
     }
 
     /// Directories read whole so far (a READDIR that resumes in a kept listing reads none).
-    pub fn dir_reads(&self) -> u64 {
+    #[cfg(test)]
+    fn dir_reads(&self) -> u64 {
         self.dir_reads.load(Ordering::Relaxed)
     }
 
@@ -298,7 +299,8 @@ impl LocalFs {
     }
 
     /// Ids whose path is remembered.
-    pub fn remembered(&self) -> usize {
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
         self.paths.lock().len()
     }
 

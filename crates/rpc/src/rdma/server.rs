@@ -122,7 +122,7 @@ impl Server {
                         continue;
                     };
                     conns.retain(|(_, h)| !h.is_finished());
-                    make_room(&mut conns, server.config(), req.peer_addr());
+                    make_room(&conns, server.config(), req.peer_addr());
                     match Conn::accept(&server, &ctx, req, cfg, &pool) {
                         Ok(c) => {
                             let c2 = c.clone();
@@ -137,8 +137,7 @@ impl Server {
                     }
                 }
                 for (c, h) in conns {
-                    c.dead.store(true, Ordering::Release);
-                    let _ = c.ep.qp.disconnect();
+                    c.end();
                     let _ = h.join();
                 }
             })?;
@@ -150,29 +149,19 @@ impl Server {
     }
 }
 
-/// Before a connection from `peer` is accepted: at `max_connections_per_addr` of its
-/// address, or `max_connections` in all, the least recently active one (of the address,
-/// or of all) is disconnected, as the TCP service does.
-fn make_room(conns: &mut [(Arc<Conn>, JoinHandle<()>)], cfg: &ServerConfig, peer: SocketAddr) {
-    let live = |c: &Arc<Conn>| !c.dead.load(Ordering::Acquire);
-    let close_least_active = |filter: &dyn Fn(&Arc<Conn>) -> bool| {
-        if let Some((c, _)) = conns
-            .iter()
-            .filter(|(c, _)| live(c) && filter(c))
-            .min_by_key(|(c, _)| *c.active.lock())
-        {
-            tracing::info!(%peer, old = %c.peer, "RPC-over-RDMA connections at the limit: the least active closed");
-            c.end();
-        }
-    };
-    let same = |c: &Arc<Conn>| c.peer.ip() == peer.ip();
-    if conns.iter().filter(|(c, _)| live(c) && same(c)).count()
-        >= cfg.max_connections_per_addr.max(1)
-    {
-        close_least_active(&same);
-    }
-    if conns.iter().filter(|(c, _)| live(c)).count() >= cfg.connection_limit() {
-        close_least_active(&|_| true);
+/// Before a connection from `peer` is accepted: room under the connection limits, the
+/// least recently active connections ended ([`ServerConfig::closing_for`]).
+fn make_room(conns: &[(Arc<Conn>, JoinHandle<()>)], cfg: &ServerConfig, peer: SocketAddr) {
+    let live: Vec<(usize, std::net::IpAddr)> = conns
+        .iter()
+        .enumerate()
+        .filter(|(_, (c, _))| !c.dead.load(Ordering::Acquire))
+        .map(|(i, (c, _))| (i, c.peer.ip()))
+        .collect();
+    for i in cfg.closing_for(peer.ip(), &live, |i| *conns[i].0.active.lock()) {
+        let c = &conns[i].0;
+        tracing::info!(%peer, old = %c.peer, "RPC-over-RDMA connections at the limit: the least active closed");
+        c.end();
     }
 }
 
@@ -262,8 +251,7 @@ impl Conn {
                 }
             }
         }
-        self.dead.store(true, Ordering::Release);
-        let _ = self.ep.qp.disconnect();
+        self.end();
         // The chunk buffers of calls never pulled whole go back now, not when the last
         // reply in progress lets the connection go.
         self.pulling.lock().clear();
@@ -490,8 +478,7 @@ impl Conn {
         {
             // RPCRDMA-68: a reply that cannot be sent ends the connection.
             tracing::debug!(peer = %self.peer, error = %e, "RPC-over-RDMA reply lost");
-            self.dead.store(true, Ordering::Release);
-            let _ = self.ep.qp.disconnect();
+            self.end();
         }
     }
 

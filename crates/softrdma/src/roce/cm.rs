@@ -1083,7 +1083,7 @@ struct AcceptWait {
     ord: u16,
 }
 
-/// An async acceptor's place among its listener's RTU waiters, left when dropped.
+/// An acceptor's place among its listener's RTU waiters, left when dropped.
 struct WaitingRtu<'a>(&'a ListenQueue, Arc<Slot>);
 
 impl WaitingRtu<'_> {
@@ -1151,24 +1151,13 @@ impl RoceRequest {
         match self.accept_start(q, params)? {
             Answer::Done(info) => Ok(info),
             Answer::Wait(w) => {
-                let rtu = self.waiting_rtu(&w.slot, || w.slot.wait_rtu(deadline));
+                let waiting = WaitingRtu(&self.queue, w.slot.clone());
+                waiting.start();
+                let rtu = w.slot.wait_rtu(deadline);
+                drop(waiting);
                 self.accept_finish(q, &w, rtu)
             }
         }
-    }
-
-    /// Runs `wait` with `slot` among the listener's RTU waiters.
-    fn waiting_rtu(&self, slot: &Arc<Slot>, wait: impl FnOnce() -> Rtu) -> Rtu {
-        self.queue.rtu_waiters.lock().push(slot.clone());
-        if !self.queue.q.lock().is_empty() {
-            slot.nudge();
-        }
-        let r = wait();
-        self.queue
-            .rtu_waiters
-            .lock()
-            .retain(|s| !Arc::ptr_eq(s, slot));
-        r
     }
 
     /// [`accept`](Self::accept) for a task: the CM's timers bound the wait for the RTU;
