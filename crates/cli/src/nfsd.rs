@@ -71,7 +71,7 @@ pub struct NfsdArgs {
     /// `mountport=`).
     #[arg(long)]
     pub no_portmap: bool,
-    /// Print the counters (calls per procedure, octets, errors) every SECS seconds.
+    /// Print the counters (calls per procedure, octets, errors, memory kept for reuse) every SECS seconds.
     #[arg(long, value_name = "SECS")]
     pub stats: Option<u64>,
     /// Write the NFS/RDMA traffic to this pcap file, for `softrdma decode` and tshark
@@ -228,7 +228,7 @@ fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     // Counters and the capture go out on a timer; the main thread waits for the signal.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let timer = {
-        let (done, svc, tap) = (done.clone(), svc.clone(), tap.cloned());
+        let (done, svc, tap, srv) = (done.clone(), svc.clone(), tap.cloned(), server.clone());
         let every = a.stats;
         std::thread::spawn(move || {
             let mut secs = 0u64;
@@ -239,7 +239,11 @@ fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
                     t.flush();
                 }
                 if every.is_some_and(|n| secs.is_multiple_of(n.max(1))) {
-                    println!("{}", counters(svc.stats()));
+                    println!(
+                        "{}, {} octets kept for reuse",
+                        counters(svc.stats()),
+                        srv.buffers().kept_octets()
+                    );
                 }
             }
         })

@@ -106,6 +106,11 @@ impl Buffers {
     pub(crate) fn kept(&self) -> usize {
         self.free.lock().len()
     }
+
+    /// Octets held for reuse now (the vectors' capacities).
+    pub fn kept_octets(&self) -> usize {
+        self.free.lock().iter().map(Vec::capacity).sum()
+    }
 }
 
 /// Data that came apart from its message (a Write chunk's, RFC 8166 §3.4.6), placed where
@@ -234,6 +239,7 @@ mod tests {
             b.give(vec![0; 20 << 10]);
         }
         assert_eq!(b.kept(), 3, "three of four under the octet ceiling");
+        assert_eq!(b.kept_octets(), 3 * (20 << 10));
         b.give(vec![0; 1 << 20]);
         assert_eq!(b.kept(), 3, "a vector over the ceiling is freed");
     }

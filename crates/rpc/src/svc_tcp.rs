@@ -588,10 +588,17 @@ impl Loop {
                     .map(|r| {
                         let mut out = Vec::with_capacity(r.len() + 8);
                         r.with_parts(|p| encode_record(p, MAX_FRAGMENT, &mut out));
-                        buffers.give(r.body.xdr);
-                        out
+                        (out, r.body.xdr)
                     });
+                let (rec, body) = match rec {
+                    Some((out, body)) => (Some(out), Some(body)),
+                    None => (None, None),
+                };
                 link.finish(rec);
+                // After the reply is on its way.
+                if let Some(b) = body {
+                    buffers.give(b);
+                }
             };
             if inline {
                 job();
