@@ -8,10 +8,13 @@
 #   the raw-socket path (ratios to per-datagram raw UDP and to raw UDP with GSO)
 #
 #   scripts/bench-loopback.sh [--runs N] [--seconds S] [--only iwarp|roce] [--out DIR] [--no-build]
+#                             [--base BIN]
+# --base BIN also runs every configuration with another build (say, main's), interleaved
+# with this one's runs; its rows are the `base:` ones: before and after in one run.
 # Raw JSON per run in DIR (default target/bench-loopback); the medians on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=5 SECS=1 ONLY="" OUT=target/bench-loopback BUILD=1
+RUNS=5 SECS=1 ONLY="" OUT=target/bench-loopback BUILD=1 BASE=
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS=$2; shift ;;
@@ -19,6 +22,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY=$2; shift ;;
     --out) OUT=$2; shift ;;
     --no-build) BUILD=0 ;;
+    --base) BASE=$2; shift ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "bench-loopback.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -42,17 +46,22 @@ fi
 for i in $(seq "$RUNS"); do
   for c in "${CONFIGS[@]}"; do
     name=${c%%|*} args=${c#*|}
-    # shellcheck disable=SC2086
-    if ! "$BIN" perf --loopback --bw -D "$SECS" --json $args >>"$OUT/$name.jsonl" 2>>"$OUT/errors.log"; then
-      echo "run $i of $name failed (see $OUT/errors.log)" >&2
-    fi
+    for b in "$BIN" ${BASE:+"$BASE"}; do
+      tag=""
+      [ "$b" != "$BIN" ] && tag="base:"
+      # shellcheck disable=SC2086
+      if ! "$b" perf --loopback --bw -D "$SECS" --json $args >>"$OUT/$tag$name.jsonl" 2>>"$OUT/errors.log"; then
+        echo "run $i of $tag$name failed (see $OUT/errors.log)" >&2
+      fi
+    done
   done
 done
 python3 - "$OUT" <<'PY'
 import glob, json, os, statistics, sys
 dec = json.JSONDecoder()
-print(f"{'configuration':<28} {'test':<12} {'runs':>4} {'Gb/s':>8} {'raw':>8} {'ratio':>6} {'min':>6} {'max':>6} {'GSO':>8} {'r_gso':>6}")
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl"))):
+print(f"{'configuration':<33} {'test':<12} {'runs':>4} {'Gb/s':>8} {'raw':>8} {'ratio':>6} {'min':>6} {'max':>6} {'GSO':>8} {'r_gso':>6}")
+files = glob.glob(os.path.join(sys.argv[1], "*.jsonl"))
+for f in sorted(files, key=lambda f: (os.path.basename(f).removeprefix("base:"), "base:" in f)):
     s, i, rows = open(f).read(), 0, {}
     while True:
         while i < len(s) and s[i].isspace():
@@ -68,6 +77,6 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl"))):
     name = os.path.basename(f)[:-6]
     for t, r in rows.items():
         med = lambda k: statistics.median(x[k] for x in r)
-        print(f"{name:<28} {t:<12} {len(r):>4} {med(0):>8.2f} {med(1):>8.2f} {med(2):>6.2f} "
+        print(f"{name:<33} {t:<12} {len(r):>4} {med(0):>8.2f} {med(1):>8.2f} {med(2):>6.2f} "
               f"{min(x[2] for x in r):>6.2f} {max(x[2] for x in r):>6.2f} {med(3):>8.2f} {med(4):>6.2f}")
 PY

@@ -23,7 +23,7 @@ use softrdma_verbs_types::{WcStatus, WorkCompletion};
 
 use crate::Error;
 use crate::event::{AsyncEvent, EventQueue};
-pub use crate::leader::{BusyPoll, DEFAULT_BUSY_POLL};
+pub use crate::leader::{BusyPoll, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL};
 use crate::leader::{FLOW_POLL, STAND_DOWN, Spin, Waiter};
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);

@@ -74,7 +74,9 @@ pub use connparams::{
     AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, DEFAULT_ROCE_PMTU,
     FALLBACK_EMSS, FpduSize, IwarpConnection, ListenParams, QpCap,
 };
-pub use cq::{BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BUSY_POLL};
+pub use cq::{
+    BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL,
+};
 pub use device::{Context, Device, DeviceCounters, DeviceLimits, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
 pub use event::AsyncEvent;

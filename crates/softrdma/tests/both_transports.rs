@@ -917,12 +917,17 @@ fn the_background_poll_is_set_per_context() {
     both(|t| {
         const LEN: usize = 64 * 1024;
         let (server, client, _) = connect_n(t, 1, 2 * LEN, false);
-        assert_eq!(server.ctx.background_poll(), DEFAULT_BUSY_POLL, "{t:?}");
+        assert_eq!(
+            server.ctx.background_poll(),
+            DEFAULT_BACKGROUND_POLL,
+            "{t:?}"
+        );
         let cqp = &client.qps[0];
         let modes = [
             BusyPoll::Off,
             BusyPoll::Fixed(Duration::from_micros(20)),
             DEFAULT_BUSY_POLL,
+            DEFAULT_BACKGROUND_POLL,
         ];
         for (i, mode) in modes.into_iter().enumerate() {
             // Only the server's background thread handles the peer's one-sided requests.

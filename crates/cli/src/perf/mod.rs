@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    BusyPoll, Context, DEFAULT_BUSY_POLL, Device, FpduSize, ListenParams, Listener, MemError,
-    RoceConfig,
+    BusyPoll, Context, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL, Device, FpduSize, ListenParams,
+    Listener, MemError, RoceConfig,
 };
 
 pub use self::client::{Client, ClientOpts};
@@ -353,7 +353,8 @@ pub struct PerfArgs {
     /// Blocking waits poll this many microseconds before they sleep (hybrid wait, as
     /// Linux's SO_BUSY_POLL; `Cq::set_busy_poll`), and so does the background thread after
     /// what arrives for it (`Context::set_background_poll`). 0: sleep at once. Default: the
-    /// library's adaptive polls (up to 50 µs, as long as recent answers took).
+    /// library's adaptive polls (waits up to 200 µs, as long as recent waits took; the
+    /// background thread up to 50 µs, as long as the gaps between arrivals).
     #[arg(long, value_name = "US")]
     pub busy_poll_us: Option<u64>,
     /// iWARP: ask for MPA CRC32c.
@@ -566,8 +567,17 @@ impl PerfArgs {
     }
 
     fn busy_poll(&self) -> BusyPoll {
+        self.poll_or(DEFAULT_BUSY_POLL)
+    }
+
+    fn background_poll(&self) -> BusyPoll {
+        self.poll_or(DEFAULT_BACKGROUND_POLL)
+    }
+
+    /// `--busy-poll-us`, else `default`.
+    fn poll_or(&self, default: BusyPoll) -> BusyPoll {
         match self.busy_poll_us {
-            None => DEFAULT_BUSY_POLL,
+            None => default,
             Some(0) => BusyPoll::Off,
             Some(us) => BusyPoll::Fixed(Duration::from_micros(us)),
         }
@@ -833,7 +843,7 @@ fn open(args: &PerfArgs, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
             "cannot open a RoCE device on {ip} port {port}: {e}"
         )),
     })?;
-    ctx.set_background_poll(args.busy_poll());
+    ctx.set_background_poll(args.background_poll());
     tap(args, &ctx)?;
     Ok(ctx)
 }
