@@ -31,10 +31,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ "$BUILD" = 1 ] && cargo build --release -p softrdma-cli >&2
-BIN=${SOFTRDMA_BIN:-target/release/softrdma}
-mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl "$OUT"/errors.log
+. scripts/bench-lib.sh
+bench_prepare
 CONFIGS=()
 for t in iwarp roce; do
   [ -n "$ONLY" ] && [ "$ONLY" != "$t" ] && continue
@@ -46,36 +44,17 @@ for t in iwarp roce; do
   # The README's main job: every test with its defaults (bandwidth 64 KiB, latency 64 B).
   CONFIGS+=("$t-64-after-bw|--transport $t")
 done
-for i in $(seq "$RUNS"); do
-  for c in "${CONFIGS[@]}"; do
-    name=${c%%|*} args=${c#*|}
-    for b in "$BIN" ${BASE:+"$BASE"}; do
-      tag=""
-      [ "$b" != "$BIN" ] && tag="base:"
-      # shellcheck disable=SC2086
-      if ! "$b" perf --loopback --json $args >>"$OUT/$tag$name.jsonl" 2>>"$OUT/errors.log"; then
-        echo "run $i of $tag$name failed (see $OUT/errors.log)" >&2
-      fi
-    done
-  done
-done
-python3 - "$OUT" <<'PY'
-import glob, json, os, statistics, sys
-dec = json.JSONDecoder()
+bench_runs
+PYTHONPATH=scripts python3 - "$OUT" <<'PY'
+import statistics, sys
+from bench_json import runs
 print(f"{'cell':<27} {'test':<10} {'runs':>4} {'t_typ':>8} {'raw':>8} {'median':>7} {'worst':>7}")
-files = glob.glob(os.path.join(sys.argv[1], "*.jsonl"))
-for f in sorted(files, key=lambda f: (os.path.basename(f).removeprefix("base:"), "base:" in f)):
-    s, i, rows = open(f).read(), 0, {}
-    while True:
-        while i < len(s) and s[i].isspace():
-            i += 1
-        if i >= len(s):
-            break
-        v, i = dec.raw_decode(s, i)
+for name, reports in runs(sys.argv[1]):
+    rows = {}
+    for v in reports:
         for r in v.get("lat") or []:
             base = r.get("raw_tcp") or r.get("raw_udp")
             rows.setdefault(r["test"], []).append((r["rdma"]["t_typical"], base["t_typical"], r["ratio"]))
-    name = os.path.basename(f)[:-6]
     for t, r in sorted(rows.items()):
         med = lambda k: statistics.median(x[k] for x in r)
         print(f"{name:<27} {t:<10} {len(r):>4} {med(0):>8.2f} {med(1):>8.2f} {med(2):>7.2f} {max(x[2] for x in r):>7.2f}")

@@ -28,10 +28,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ "$BUILD" = 1 ] && cargo build --release -p softrdma-cli >&2
-BIN=${SOFTRDMA_BIN:-target/release/softrdma}
-mkdir -p "$OUT"
-rm -f "$OUT"/*.jsonl
+. scripts/bench-lib.sh
+bench_prepare
 CONFIGS=()
 if [ "$ONLY" != roce ]; then
   for s in 65536 1048576; do
@@ -43,38 +41,19 @@ if [ "$ONLY" != iwarp ]; then
     CONFIGS+=("roce-65536-mtu$m-udp|--transport roce -s 65536 -m $m --raw-tx off" "roce-65536-mtu$m-raw|--transport roce -s 65536 -m $m --raw-tx required")
   done
 fi
-for i in $(seq "$RUNS"); do
-  for c in "${CONFIGS[@]}"; do
-    name=${c%%|*} args=${c#*|}
-    for b in "$BIN" ${BASE:+"$BASE"}; do
-      tag=""
-      [ "$b" != "$BIN" ] && tag="base:"
-      # shellcheck disable=SC2086
-      if ! "$b" perf --loopback --bw -D "$SECS" --json $args >>"$OUT/$tag$name.jsonl" 2>>"$OUT/errors.log"; then
-        echo "run $i of $tag$name failed (see $OUT/errors.log)" >&2
-      fi
-    done
-  done
-done
-python3 - "$OUT" <<'PY'
-import glob, json, os, statistics, sys
-dec = json.JSONDecoder()
+bench_runs --bw -D "$SECS"
+PYTHONPATH=scripts python3 - "$OUT" <<'PY'
+import statistics, sys
+from bench_json import runs
 print(f"{'configuration':<33} {'test':<12} {'runs':>4} {'Gb/s':>8} {'raw':>8} {'ratio':>6} {'min':>6} {'max':>6} {'GSO':>8} {'r_gso':>6}")
-files = glob.glob(os.path.join(sys.argv[1], "*.jsonl"))
-for f in sorted(files, key=lambda f: (os.path.basename(f).removeprefix("base:"), "base:" in f)):
-    s, i, rows = open(f).read(), 0, {}
-    while True:
-        while i < len(s) and s[i].isspace():
-            i += 1
-        if i >= len(s):
-            break
-        v, i = dec.raw_decode(s, i)
+for name, reports in runs(sys.argv[1]):
+    rows = {}
+    for v in reports:
         for b in v["bw"]:
             base = b.get("raw_tcp") or b.get("raw_udp")
             g = b.get("raw_udp_gso")
             rows.setdefault(b["test"], []).append((b["rdma"]["gbit_s"], base["gbit_s"], b["ratio"],
                                                   g["gbit_s"] if g else 0.0, b.get("ratio_gso") or 0.0))
-    name = os.path.basename(f)[:-6]
     for t, r in rows.items():
         med = lambda k: statistics.median(x[k] for x in r)
         print(f"{name:<33} {t:<12} {len(r):>4} {med(0):>8.2f} {med(1):>8.2f} {med(2):>6.2f} "

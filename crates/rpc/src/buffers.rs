@@ -88,8 +88,7 @@ impl Buffers {
             return;
         }
         let mut free = self.free.lock();
-        let kept: usize = free.iter().map(Vec::capacity).sum();
-        if free.len() < self.max_kept && kept + v.capacity() <= self.max_bytes {
+        if free.len() < self.max_kept && octets(&free) + v.capacity() <= self.max_bytes {
             free.push(v);
         }
     }
@@ -109,8 +108,13 @@ impl Buffers {
 
     /// Octets held for reuse now (the vectors' capacities).
     pub fn kept_octets(&self) -> usize {
-        self.free.lock().iter().map(Vec::capacity).sum()
+        octets(&self.free.lock())
     }
+}
+
+/// What `free` holds: its vectors' capacities.
+fn octets(free: &[Vec<u8>]) -> usize {
+    free.iter().map(Vec::capacity).sum()
 }
 
 /// Data that came apart from its message (a Write chunk's, RFC 8166 §3.4.6), placed where

@@ -582,18 +582,15 @@ impl Loop {
             let inline = server.registry().runs_inline(&msg);
             let job = move || {
                 let buffers = server.buffers();
-                let rec = server
+                let (rec, body) = server
                     .registry()
                     .dispatch(&msg, Some(peer), buffers)
                     .map(|r| {
                         let mut out = Vec::with_capacity(r.len() + 8);
                         r.with_parts(|p| encode_record(p, MAX_FRAGMENT, &mut out));
                         (out, r.body.xdr)
-                    });
-                let (rec, body) = match rec {
-                    Some((out, body)) => (Some(out), Some(body)),
-                    None => (None, None),
-                };
+                    })
+                    .unzip();
                 link.finish(rec);
                 // After the reply is on its way.
                 if let Some(b) = body {

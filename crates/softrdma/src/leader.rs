@@ -76,8 +76,8 @@ pub const DEFAULT_BUSY_POLL: BusyPoll = BusyPoll::Adaptive {
     max: Duration::from_micros(200),
 };
 
-/// What a new context's background thread does after its arrivals: adaptive up to
-/// [`FLOW_POLL`], learnt from the gaps between arrivals (`Context::set_background_poll`).
+/// What a new context's background thread does after its arrivals: adaptive up to 50 µs,
+/// learnt from the gaps between arrivals (`Context::set_background_poll`).
 pub const DEFAULT_BACKGROUND_POLL: BusyPoll = BusyPoll::Adaptive { max: FLOW_POLL };
 
 /// The first adaptive poll after a sleep that a poll would have saved.
@@ -169,7 +169,7 @@ impl Spin {
 /// The longest the background thread polls after a turn that handled something (its
 /// [`Leader::flowing`] poll adapts below it), and how long a channel waiter polls (CQ
 /// waiters bring their CQ's busy poll; see [`Leader::drive`]).
-pub const FLOW_POLL: Duration = Duration::from_micros(50);
+pub(crate) const FLOW_POLL: Duration = Duration::from_micros(50);
 
 /// What one turn with the slot did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
