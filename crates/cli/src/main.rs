@@ -9,8 +9,10 @@ use clap::{Parser, Subcommand};
 use softrdma_cli::decode;
 use softrdma_cli::{nfs, nfsd, perf, pingpong, rpcbench, rping, udaddy};
 
+mod alloc;
+
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc::Allocator = alloc::Allocator;
 
 #[derive(Parser)]
 #[command(
@@ -123,7 +125,10 @@ fn main() -> ExitCode {
         Cmd::Pingpong(args) => ExitCode::from(pingpong::run(&args).clamp(0, 255) as u8),
         Cmd::Udaddy(args) => ExitCode::from(udaddy::run(&args).clamp(0, 255) as u8),
         Cmd::Nfs(args) => ExitCode::from(nfs::run(&args).clamp(0, 255) as u8),
-        Cmd::Nfsd(args) => ExitCode::from(nfsd::run(&args).clamp(0, 255) as u8),
+        Cmd::Nfsd(mut args) => {
+            args.allocator = Some(alloc::name());
+            ExitCode::from(nfsd::run(&args).clamp(0, 255) as u8)
+        }
         Cmd::Rpc(cmd) => ExitCode::from(rpcbench::run(&cmd).clamp(0, 255) as u8),
     }
 }

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use softrdma::Buffer;
 
 /// Smallest vector worth keeping: the allocator serves smaller ones from its own lists.
-const MIN_KEPT: usize = 4096;
+pub(crate) const MIN_KEPT: usize = 4096;
 
 /// Vectors waiting for their next use, with a ceiling on how many and how many octets.
 pub struct Buffers {

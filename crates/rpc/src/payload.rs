@@ -232,13 +232,24 @@ pub enum ChunkError {
 /// stream (in order of Position) followed by its XDR padding unless the chunk carried it.
 /// At most `max` octets.
 pub fn splice(reduced: &[u8], chunks: &[(u32, &[u8])], max: usize) -> Result<Vec<u8>, ChunkError> {
+    splice_into(Vec::new(), reduced, chunks, max)
+}
+
+/// [`splice`] into `out` (cleared first): a server builds its calls in kept memory.
+pub fn splice_into(
+    mut out: Vec<u8>,
+    reduced: &[u8],
+    chunks: &[(u32, &[u8])],
+    max: usize,
+) -> Result<Vec<u8>, ChunkError> {
     let total = chunks.iter().fold(reduced.len(), |n, (_, d)| {
         n.saturating_add(padded_len(d.len()))
     });
     if total > max {
         return Err(ChunkError::TooLarge);
     }
-    let mut out = Vec::with_capacity(total);
+    out.clear();
+    out.reserve(total);
     let mut src = 0;
     for &(pos, data) in chunks {
         let pos = pos as usize;

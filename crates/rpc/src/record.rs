@@ -5,7 +5,11 @@
 //! takes octets as they come and hands out whole records, refusing (before allocating) any
 //! record that would grow past its limit — a peer cannot make it buffer more than that.
 
+use std::sync::Arc;
+
 use thiserror::Error;
+
+use crate::buffers::{Buffers, MIN_KEPT};
 
 /// RFC 5531 §11: the "last fragment" bit of a record mark.
 pub const LAST_FRAGMENT: u32 = 0x8000_0000;
@@ -43,6 +47,9 @@ pub struct RecordDecoder {
     max_record: usize,
     state: State,
     record: Vec<u8>,
+    /// Where a large record's memory comes from (a server's kept buffers; its records go
+    /// back there once answered), if anywhere.
+    buffers: Option<Arc<Buffers>>,
 }
 
 impl RecordDecoder {
@@ -55,6 +62,16 @@ impl RecordDecoder {
                 n: 0,
             },
             record: Vec::new(),
+            buffers: None,
+        }
+    }
+
+    /// A decoder whose records of [`MIN_KEPT`] octets or more start in memory from `buffers`
+    /// (sized by their first fragment's mark, which the limit has already checked).
+    pub fn with_buffers(max_record: usize, buffers: Arc<Buffers>) -> RecordDecoder {
+        RecordDecoder {
+            buffers: Some(buffers),
+            ..RecordDecoder::new(max_record)
         }
     }
 
@@ -110,6 +127,12 @@ impl RecordDecoder {
                     };
                 }
                 State::Body { remaining, last } => {
+                    if self.record.capacity() == 0
+                        && *remaining >= MIN_KEPT
+                        && let Some(b) = &self.buffers
+                    {
+                        self.record = b.vec(*remaining);
+                    }
                     let take = (*remaining).min(input.len());
                     self.record.extend_from_slice(&input[..take]);
                     *input = &input[take..];
@@ -176,6 +199,32 @@ mod tests {
         }
         assert!(input.is_empty());
         Ok(out)
+    }
+
+    /// A server's decoder assembles large records in its kept buffers (no allocation per
+    /// call); small ones stay out of them.
+    #[test]
+    fn large_records_start_in_kept_memory() {
+        let pool = Buffers::new(4, 1 << 20);
+        let kept = Vec::with_capacity(64 << 10);
+        let at = kept.as_ptr();
+        pool.give(kept);
+        let mut d = RecordDecoder::with_buffers(1 << 20, pool.clone());
+        let mut wire = Vec::new();
+        encode_record(&[&[7; 100]], 64, &mut wire);
+        encode_record(&[&[9; 20_000]], 8192, &mut wire);
+        let recs = decode_all(&mut d, &wire).unwrap();
+        assert_eq!(recs[0], vec![7; 100]);
+        assert_eq!(recs[1], vec![9; 20_000]);
+        assert_eq!(
+            recs[1].as_ptr(),
+            at,
+            "the 20,000-octet record is in the kept vector"
+        );
+        assert_eq!(pool.kept(), 0);
+        // Without buffers (a client), the same records, in memory of their own.
+        let recs = decode_all(&mut RecordDecoder::new(1 << 20), &wire).unwrap();
+        assert_eq!(recs[1], vec![9; 20_000]);
     }
 
     /// nfs3-rdma-rxe.pcap frame 18: the MOUNT MNT call's mark, one last fragment of 0x50.

@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 // Keyed by our own connection numbers.
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::buffers::Buffers;
 use crate::record::{MAX_FRAGMENT, RecordDecoder, encode_record};
 use crate::server::{Server, ServerConfig};
 
@@ -65,6 +66,8 @@ struct Hub {
     queued: AtomicUsize,
     cfg: ServerConfig,
     stats: TcpStats,
+    /// The server's kept buffers: records come from there and replies go back once written.
+    buffers: Arc<Buffers>,
 }
 
 impl Hub {
@@ -131,7 +134,9 @@ impl Link {
             if !whole {
                 return Ok(());
             }
-            o.queue.pop_front();
+            if let Some(done) = o.queue.pop_front() {
+                self.hub.buffers.give(done);
+            }
             o.head = 0;
         }
         Ok(())
@@ -157,7 +162,7 @@ impl Link {
             };
             match written {
                 Err(_) => o.dead = true,
-                Ok(n) if n == rec.len() => {}
+                Ok(n) if n == rec.len() => self.hub.buffers.give(rec),
                 Ok(n) => {
                     let rest = rec.len() - n;
                     let max = self.hub.cfg.max_queued;
@@ -282,6 +287,7 @@ impl Server {
             queued: AtomicUsize::new(0),
             cfg: *self.config(),
             stats: TcpStats::default(),
+            buffers: self.buffers().clone(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut lp = Loop {
@@ -453,7 +459,7 @@ impl Loop {
             Conn {
                 link,
                 peer,
-                decoder: RecordDecoder::new(cfg.max_record),
+                decoder: RecordDecoder::with_buffers(cfg.max_record, self.hub.buffers.clone()),
                 ready: VecDeque::new(),
                 held: 0,
                 record_start: None,
@@ -586,7 +592,7 @@ impl Loop {
                     .registry()
                     .dispatch(&msg, Some(peer), buffers)
                     .map(|r| {
-                        let mut out = Vec::with_capacity(r.len() + 8);
+                        let mut out = buffers.vec(r.len() + 8);
                         r.with_parts(|p| encode_record(p, MAX_FRAGMENT, &mut out));
                         (out, r.body.xdr)
                     })
@@ -596,6 +602,7 @@ impl Loop {
                 if let Some(b) = body {
                     buffers.give(b);
                 }
+                buffers.give(msg);
             };
             if inline {
                 job();

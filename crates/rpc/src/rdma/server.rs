@@ -24,7 +24,7 @@ use super::pool::Lease;
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::buffers::Buffers;
 use crate::msg::peek;
-use crate::payload::{Payload, removed, splice};
+use crate::payload::{Payload, removed, splice_into};
 use crate::server::{Eligible, OutReply, Server, ServerConfig};
 
 /// A call whose Read chunks are being pulled.
@@ -426,20 +426,30 @@ impl Conn {
 
     /// Every Read chunk of a call arrived: the call, whole, goes to the pool.
     fn pulled(self: &Arc<Self>, c: Pulling) -> io::Result<()> {
-        // Read in place: the chunks' octets are copied once, into the call.
+        // Read in place: the chunks' octets are copied once, into the call (in kept memory,
+        // given back when the call is answered).
         let msg = {
             let g = c.mr.read();
             let data = &g[c.mr.buffer_offset()..c.mr.buffer_offset() + c.mr.len()];
             if c.long {
                 let len = c.chunks.iter().map(|x| x.2).sum::<usize>();
-                Some(data[..len].to_vec())
+                let mut v = self.pool.vec(len);
+                v.extend_from_slice(&data[..len]);
+                Some(v)
             } else {
                 let parts: Vec<(u32, &[u8])> = c
                     .chunks
                     .iter()
                     .map(|&(pos, off, len)| (pos, &data[off..off + len]))
                     .collect();
-                splice(&c.payload, &parts, self.cfg.max_message).ok()
+                let room = parts.iter().map(|p| p.1.len() + 3).sum::<usize>() + c.payload.len();
+                splice_into(
+                    self.pool.vec(room),
+                    &c.payload,
+                    &parts,
+                    self.cfg.max_message,
+                )
+                .ok()
             }
         };
         let Some(msg) = msg else {
@@ -459,12 +469,14 @@ impl Conn {
             && let Some(mut r) = self.try_reserve()
         {
             self.answer(xid, &msg, &offered, &mut r);
+            self.pool.give(msg);
             return;
         }
         let conn = self.clone();
         self.server.spawn_in(self.flow, move || {
             let mut r = Reserved::none(&conn);
             conn.answer(xid, &msg, &offered, &mut r);
+            conn.pool.give(msg);
         });
     }
 
