@@ -126,7 +126,7 @@ fn main() -> ExitCode {
         Cmd::Udaddy(args) => ExitCode::from(udaddy::run(&args).clamp(0, 255) as u8),
         Cmd::Nfs(args) => ExitCode::from(nfs::run(&args).clamp(0, 255) as u8),
         Cmd::Nfsd(mut args) => {
-            args.allocator = Some(alloc::name());
+            args.memory = Some(alloc::describe);
             ExitCode::from(nfsd::run(&args).clamp(0, 255) as u8)
         }
         Cmd::Rpc(cmd) => ExitCode::from(rpcbench::run(&cmd).clamp(0, 255) as u8),

@@ -71,12 +71,14 @@ pub struct NfsdArgs {
     /// `mountport=`).
     #[arg(long)]
     pub no_portmap: bool,
-    /// Print the counters (calls per procedure, octets, errors, memory kept for reuse) every SECS seconds.
+    /// Print the counters (calls per procedure, octets, errors, memory kept for reuse, the
+    /// allocator and, on glibc, the octets held from it) every SECS seconds.
     #[arg(long, value_name = "SECS")]
     pub stats: Option<u64>,
-    /// The process's allocator, for the counters (set by `main`, not an option).
+    /// The process's allocator and what it holds, for the counters (set by `main`, not an
+    /// option).
     #[arg(skip)]
-    pub allocator: Option<&'static str>,
+    pub memory: Option<fn() -> String>,
     /// Write the NFS/RDMA traffic to this pcap file, for `softrdma decode` and tshark
     /// (written out every second, and whole when SIGINT or SIGTERM ends the server).
     #[arg(long, value_name = "FILE")]
@@ -232,7 +234,7 @@ fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let timer = {
         let (done, svc, tap, srv) = (done.clone(), svc.clone(), tap.cloned(), server.clone());
-        let (every, allocator) = (a.stats, a.allocator.unwrap_or("the default allocator"));
+        let (every, memory) = (a.stats, a.memory);
         std::thread::spawn(move || {
             let mut secs = 0u64;
             while !done.load(std::sync::atomic::Ordering::Acquire) {
@@ -243,9 +245,10 @@ fn serve(a: &NfsdArgs, tap: Option<&Arc<PcapTap>>) -> Result<(), String> {
                 }
                 if every.is_some_and(|n| secs.is_multiple_of(n.max(1))) {
                     println!(
-                        "{}, {} octets kept for reuse, memory from {allocator}",
+                        "{}, {} octets kept for reuse{}",
                         counters(svc.stats()),
-                        srv.buffers().kept_octets()
+                        srv.buffers().kept_octets(),
+                        memory.map(|m| format!(", {}", m())).unwrap_or_default()
                     );
                 }
             }
