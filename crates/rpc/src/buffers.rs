@@ -45,13 +45,16 @@ impl Buffers {
     /// An empty vector with room for at least `capacity` octets: results built in it leave
     /// without a fresh allocation per call.
     pub fn vec(&self, capacity: usize) -> Vec<u8> {
-        match self.take(capacity) {
-            Some(mut v) => {
-                v.clear();
-                v
-            }
-            None => Vec::with_capacity(capacity),
-        }
+        self.reuse(capacity)
+            .unwrap_or_else(|| Vec::with_capacity(capacity))
+    }
+
+    /// A kept vector with room for `capacity`, emptied, if there is one (nothing is
+    /// allocated): for memory a peer's claim alone would otherwise reserve.
+    pub(crate) fn reuse(&self, capacity: usize) -> Option<Vec<u8>> {
+        let mut v = self.take(capacity)?;
+        v.clear();
+        Some(v)
     }
 
     /// A vector at least `len` octets long whose contents are whatever its last use left

@@ -66,8 +66,9 @@ impl RecordDecoder {
         }
     }
 
-    /// A decoder whose records of [`MIN_KEPT`] octets or more start in memory from `buffers`
-    /// (sized by their first fragment's mark, which the limit has already checked).
+    /// A decoder whose records of [`MIN_KEPT`] octets or more start in a vector `buffers`
+    /// keeps, when it has one large enough for the first fragment (else they grow as they
+    /// arrive); the server gives them back once answered.
     pub fn with_buffers(max_record: usize, buffers: Arc<Buffers>) -> RecordDecoder {
         RecordDecoder {
             buffers: Some(buffers),
@@ -127,11 +128,13 @@ impl RecordDecoder {
                     };
                 }
                 State::Body { remaining, last } => {
+                    // Only memory already kept: a mark's length is the peer's claim, and
+                    // reserving it afresh would let one octet pin megabytes.
                     if self.record.capacity() == 0
                         && *remaining >= MIN_KEPT
-                        && let Some(b) = &self.buffers
+                        && let Some(v) = self.buffers.as_ref().and_then(|b| b.reuse(*remaining))
                     {
-                        self.record = b.vec(*remaining);
+                        self.record = v;
                     }
                     let take = (*remaining).min(input.len());
                     self.record.extend_from_slice(&input[..take]);
@@ -222,6 +225,12 @@ mod tests {
             "the 20,000-octet record is in the kept vector"
         );
         assert_eq!(pool.kept(), 0);
+        // A mark claiming a megabyte, one octet behind it, the pool empty: nothing is
+        // reserved on the claim's word.
+        let mut claim = ((1u32 << 20) | LAST_FRAGMENT).to_be_bytes().to_vec();
+        claim.push(1);
+        assert_eq!(d.decode(&mut &claim[..]), Ok(None));
+        assert!(d.record.capacity() < 4096, "{}", d.record.capacity());
         // Without buffers (a client), the same records, in memory of their own.
         let recs = decode_all(&mut RecordDecoder::new(1 << 20), &wire).unwrap();
         assert_eq!(recs[1], vec![9; 20_000]);
