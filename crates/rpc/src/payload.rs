@@ -232,15 +232,16 @@ pub enum ChunkError {
 /// stream (in order of Position) followed by its XDR padding unless the chunk carried it.
 /// At most `max` octets.
 pub fn splice(reduced: &[u8], chunks: &[(u32, &[u8])], max: usize) -> Result<Vec<u8>, ChunkError> {
-    splice_into(Vec::new(), reduced, chunks, max)
+    splice_with(reduced, chunks, max, Vec::with_capacity)
 }
 
-/// [`splice`] into `out` (cleared first): a server builds its calls in kept memory.
-pub fn splice_into(
-    mut out: Vec<u8>,
+/// [`splice`] into the empty vector `room` gives for the stream's length: a server builds
+/// its calls in kept memory.
+pub fn splice_with(
     reduced: &[u8],
     chunks: &[(u32, &[u8])],
     max: usize,
+    room: impl FnOnce(usize) -> Vec<u8>,
 ) -> Result<Vec<u8>, ChunkError> {
     let total = chunks.iter().fold(reduced.len(), |n, (_, d)| {
         n.saturating_add(padded_len(d.len()))
@@ -248,8 +249,8 @@ pub fn splice_into(
     if total > max {
         return Err(ChunkError::TooLarge);
     }
-    out.clear();
-    out.reserve(total);
+    let mut out = room(total);
+    debug_assert!(out.is_empty());
     let mut src = 0;
     for &(pos, data) in chunks {
         let pos = pos as usize;

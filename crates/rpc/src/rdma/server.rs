@@ -24,7 +24,7 @@ use super::pool::Lease;
 use super::{Endpoint, RdmaConfig, Thresholds, io_err, thresholds, wrid};
 use crate::buffers::Buffers;
 use crate::msg::peek;
-use crate::payload::{Payload, removed, splice_into};
+use crate::payload::{Payload, removed, splice_with};
 use crate::server::{Eligible, OutReply, Server, ServerConfig};
 
 /// A call whose Read chunks are being pulled.
@@ -442,13 +442,9 @@ impl Conn {
                     .iter()
                     .map(|&(pos, off, len)| (pos, &data[off..off + len]))
                     .collect();
-                let room = parts.iter().map(|p| p.1.len() + 3).sum::<usize>() + c.payload.len();
-                splice_into(
-                    self.pool.vec(room),
-                    &c.payload,
-                    &parts,
-                    self.cfg.max_message,
-                )
+                splice_with(&c.payload, &parts, self.cfg.max_message, |n| {
+                    self.pool.vec(n)
+                })
                 .ok()
             }
         };
