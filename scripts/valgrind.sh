@@ -2,8 +2,8 @@
 # Run the memory crate's tests and the loopback integration tests — iWARP (loopback), RoCE
 # (roce_loopback), both transports through the one verbs surface (both_transports,
 # one_surface), the async API (async_api, async_pingpong: tokio's fd registration) and the
-# allocation count (no_alloc: a counting global allocator) — under valgrind memcheck (issue 3,
-# Done-when 6; issue 8, Done-when 5; issue 13).
+# allocation count (no_alloc: a counting global allocator), and the C ABI's functions (capi) —
+# under valgrind memcheck (issue 3, Done-when 6; issue 8, Done-when 5; issue 13; issue 43).
 # Exits non-zero on any memcheck error.
 #   scripts/valgrind.sh            # 64 MiB test skipped (it takes ~150 s under valgrind)
 #   scripts/valgrind.sh --all      # include it
@@ -29,6 +29,7 @@ one=$(bin -p softrdma --test one_surface)
 asy=$(bin -p softrdma --test async_api)
 app=$(bin -p softrdma --test async_pingpong)
 noa=$(bin -p softrdma --test no_alloc)
+capi=$(bin -p softrdma-capi --lib)
 valgrind --tool=memcheck --error-exitcode=1 "$mem" --test-threads=1
 valgrind --tool=memcheck --error-exitcode=1 "$loop" "${skip[@]}"
 # One test at a time: RoCE's ACK timer runs in real time, and tests in parallel under
@@ -40,4 +41,6 @@ valgrind --tool=memcheck --error-exitcode=1 "$one"
 valgrind --tool=memcheck --error-exitcode=1 "$asy"
 valgrind --tool=memcheck --error-exitcode=1 "$app"
 valgrind --tool=memcheck --error-exitcode=1 "$noa"
-echo "valgrind: memory, loopback, roce_loopback, both_transports, one_surface, async and no_alloc tests clean"
+# The C ABI's own functions, called as a C program calls them (issue 43).
+valgrind --tool=memcheck --error-exitcode=1 "$capi" --test-threads=1
+echo "valgrind: memory, loopback, roce_loopback, both_transports, one_surface, async, no_alloc and C ABI tests clean"

@@ -9,5 +9,6 @@ pub mod perf;
 pub mod pingpong;
 pub mod rpcbench;
 pub mod rping;
+pub mod run;
 pub mod udaddy;
 pub mod verbs_util;

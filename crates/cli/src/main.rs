@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use softrdma_cli::decode;
-use softrdma_cli::{nfs, nfsd, perf, pingpong, rpcbench, rping, udaddy};
+use softrdma_cli::{nfs, nfsd, perf, pingpong, rpcbench, rping, run, udaddy};
 
 mod alloc;
 
@@ -72,6 +72,9 @@ enum Cmd {
     /// ONC RPC tools: `bench` (RPC-over-RDMA beside RPC over TCP, loopback).
     #[command(subcommand)]
     Rpc(rpcbench::RpcCmd),
+    /// Run an unmodified C RDMA program (rdma-core's libibverbs and librdmacm) on softrdma:
+    /// `softrdma run -- ibv_devinfo -v`.
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
             ExitCode::from(nfsd::run(&args).clamp(0, 255) as u8)
         }
         Cmd::Rpc(cmd) => ExitCode::from(rpcbench::run(&cmd).clamp(0, 255) as u8),
+        Cmd::Run(args) => ExitCode::from(run::run(&args).clamp(0, 255) as u8),
     }
 }
 

@@ -78,6 +78,8 @@ pub struct Device {
     name: String,
     kind: Kind,
     limits: DeviceLimits,
+    /// The network interface a listed RoCEv2 device's address is on.
+    iface: Option<String>,
 }
 
 impl Device {
@@ -117,6 +119,7 @@ impl Device {
                     name,
                     kind: Kind::Roce(RoceConfig::new(ip)),
                     limits: DeviceLimits::default(),
+                    iface: Some(ifa.interface_name.clone()),
                 });
             }
         }
@@ -129,6 +132,7 @@ impl Device {
             name: TCP_DEVICE_NAME.to_owned(),
             kind: Kind::Tcp,
             limits: DeviceLimits::default(),
+            iface: None,
         }
     }
 
@@ -138,6 +142,7 @@ impl Device {
             name: format!("softrdma_roce_{}", cfg.addr),
             kind: Kind::Roce(cfg),
             limits: DeviceLimits::default(),
+            iface: None,
         }
     }
 
@@ -163,6 +168,12 @@ impl Device {
     /// The device's name (`ibv_get_device_name`).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The network interface of a RoCEv2 device from [`Device::list`] (`None` for the
+    /// iWARP device, which any address reaches, and for one made with [`Device::roce`]).
+    pub fn interface(&self) -> Option<&str> {
+        self.iface.as_deref()
     }
 
     /// The device's transport.

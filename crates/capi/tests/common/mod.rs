@@ -1,0 +1,59 @@
+//! What the integration tests share: this build's artifacts, made current first. `cargo
+//! test` links the tests against the crate's rlib and does not make its cdylib (nor the
+//! CLI's binary), so each test asks cargo for them (a no-op when they are up to date) in
+//! the profile it was itself built in.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The profile's output directory (`target/debug`, …), from the test binary's place.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Builds `package` (its library target, or all of it) and returns `file` in the profile's
+/// directory.
+fn built(package: &str, lib_only: bool, file: &str) -> PathBuf {
+    let dir = profile_dir();
+    let profile = dir.file_name().and_then(|p| p.to_str()).expect("profile");
+    let profile = if profile == "debug" { "dev" } else { profile };
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "--quiet", "--profile", profile, "-p", package]);
+    if lib_only {
+        cmd.arg("--lib");
+    }
+    let st = cmd.status().expect("cargo");
+    assert!(st.success(), "cargo build -p {package} failed");
+    let path = dir.join(file);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// The drop-in library of this build.
+pub fn our_lib() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| built("softrdma-capi", true, "libsoftrdma_capi.so"))
+        .clone()
+}
+
+/// The `softrdma` binary of this build.
+pub fn softrdma_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| built("softrdma-cli", false, "softrdma"))
+        .clone()
+}
+
+/// A directory of links under the names programs load, to this build's library.
+pub fn lib_dir() -> PathBuf {
+    let lib = our_lib();
+    let dir = softrdma_capi::env::lib_dir_for(&lib).expect("private dir");
+    softrdma_capi::env::link_libraries(&lib, &dir).expect("links");
+    dir
+}
