@@ -12,8 +12,6 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::device::{PORT, SrDevice, port_attr};
-
 /// The environment variable naming the sysfs tree's root.
 pub const SYSFS_VAR: &str = "SOFTRDMA_SYSFS";
 
@@ -49,7 +47,7 @@ pub fn private_base() -> io::Result<PathBuf> {
     Ok(base)
 }
 
-fn root_path() -> &'static PathBuf {
+pub(crate) fn sysfs_root_path() -> &'static PathBuf {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
         if let Some(r) = std::env::var_os(SYSFS_VAR).filter(|r| !r.is_empty()) {
@@ -67,97 +65,13 @@ fn root_path() -> &'static PathBuf {
 
 /// The sysfs tree's root.
 pub fn sysfs_root() -> String {
-    root_path().display().to_string()
+    sysfs_root_path().display().to_string()
 }
 
 /// The same, as the C string `ibv_get_sysfs_path` returns.
 pub fn sysfs_root_c() -> &'static CString {
     static C: OnceLock<CString> = OnceLock::new();
     C.get_or_init(|| CString::new(sysfs_root()).unwrap_or_default())
-}
-
-fn put(dir: &Path, name: &str, text: &str) -> io::Result<()> {
-    let path = dir.join(name);
-    if let Some(parent) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)?;
-    }
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("tmp{}.{n}", std::process::id()));
-    std::fs::write(&tmp, format!("{text}\n"))?;
-    std::fs::rename(&tmp, &path)
-}
-
-fn guid_text(g: u64) -> String {
-    let b = g.to_be_bytes();
-    format!(
-        "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
-        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
-    )
-}
-
-fn gid_text(g: &[u8; 16]) -> String {
-    g.chunks(2)
-        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-fn write_device(root: &Path, d: &SrDevice) -> io::Result<()> {
-    let dir = root.join("class/infiniband").join(d.inner.name());
-    let roce = d.inner.roce_config().is_some();
-    let node_type = if roce { "1: CA" } else { "4: RNIC" };
-    put(&dir, "node_type", node_type)?;
-    put(&dir, "node_guid", &guid_text(d.guid()))?;
-    put(&dir, "sys_image_guid", &guid_text(d.guid()))?;
-    put(&dir, "fw_ver", env!("CARGO_PKG_VERSION"))?;
-    put(&dir, "hca_type", "softrdma")?;
-    put(&dir, "hw_rev", "0")?;
-    put(&dir, "board_id", "softrdma")?;
-    put(&dir, "node_desc", &format!("softrdma {}", d.inner.name()))?;
-    let p = port_attr(d);
-    let port = dir.join(format!("ports/{PORT}"));
-    put(&port, "state", "4: ACTIVE")?;
-    put(&port, "phys_state", "5: LinkUp")?;
-    put(&port, "link_layer", "Ethernet")?;
-    put(&port, "rate", "56 Gb/sec (4X FDR)")?;
-    put(&port, "lid", "0x0")?;
-    put(&port, "sm_lid", "0x0")?;
-    put(&port, "lid_mask_count", "0")?;
-    put(&port, "cap_mask", &format!("0x{:08x}", p.port_cap_flags))?;
-    put(&port, "gids/0", &gid_text(&d.gid()))?;
-    let ty = if roce { "RoCE v2" } else { "IB/RoCE v1" };
-    put(&port, "gid_attrs/types/0", ty)?;
-    put(
-        &port,
-        "gid_attrs/ndevs/0",
-        d.inner.interface().unwrap_or(""),
-    )?;
-    put(&port, "pkeys/0", "0xffff")?;
-    let uverbs = root
-        .join("class/infiniband_verbs")
-        .join(format!("uverbs{}", d.index()));
-    put(&uverbs, "ibdev", d.inner.name())?;
-    put(&uverbs, "abi_version", "1")?;
-    put(&root.join("class/infiniband_verbs"), "abi_version", "6")
-}
-
-/// Writes the tree for `devs` (once per process, when the device list is first made). A
-/// tree that cannot be written leaves the sysfs reads failing, not the verbs.
-pub fn write_sysfs(devs: &[SrDevice]) {
-    let root = root_path();
-    for d in devs {
-        if let Err(e) = write_device(root, d) {
-            eprintln!(
-                "softrdma: cannot write the sysfs tree at {}: {e}",
-                root.display()
-            );
-            return;
-        }
-    }
 }
 
 /// The names a program's loader asks for, each a link to the library `lib`: what

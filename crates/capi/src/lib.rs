@@ -13,9 +13,11 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+pub mod context;
 pub mod device;
 pub mod env;
 mod errno;
+pub mod list;
 mod strs;
 mod stubs;
 #[allow(
@@ -27,3 +29,4 @@ mod stubs;
     clippy::all
 )]
 pub mod sys;
+pub mod sysfs;

@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Output};
 
 use common::lib_dir;
-use softrdma_capi::device::devices;
+use softrdma_capi::list::devices;
 
 fn run(prog: &str, args: &[&str]) -> Output {
     let out = Command::new(prog)

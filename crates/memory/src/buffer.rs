@@ -25,6 +25,8 @@ enum Backing {
     /// `perf --server` through the soak's workload: 19.9 MB after 8 cycles, 8.5 MB with the
     /// threshold fixed).
     Mapped(memmap2::MmapMut),
+    /// A program's own memory ([`Buffer::foreign`]).
+    Foreign(crate::foreign::Foreign),
 }
 
 /// Page-aligned, zeroed memory of a fixed length, without `unsafe`: the backing store of a
@@ -74,6 +76,7 @@ impl PageBuf {
         let all: &[u8] = match &self.raw {
             Backing::Heap(v) => v,
             Backing::Mapped(m) => m,
+            Backing::Foreign(f) => f.as_slice(),
         };
         &all[self.start..self.start + self.len]
     }
@@ -83,6 +86,7 @@ impl PageBuf {
         let all: &mut [u8] = match &mut self.raw {
             Backing::Heap(v) => v,
             Backing::Mapped(m) => m,
+            Backing::Foreign(f) => f.as_mut_slice(),
         };
         &mut all[self.start..self.start + self.len]
     }
@@ -132,6 +136,30 @@ impl Buffer {
         let len = data.len();
         Arc::new(Buffer {
             mem: RwLock::new(PageBuf::heap(data)),
+            len,
+        })
+    }
+
+    /// `len` octets at `ptr` that the caller owns, registered in place (a C program's
+    /// `ibv_reg_mr`): the network reads and writes them as a NIC's DMA would, under this
+    /// buffer's lock. Not page-aligned unless `ptr` is.
+    ///
+    /// # Safety
+    /// `ptr` is valid for reads and writes of `len` octets (reads only, if nothing will be
+    /// allowed to write: no `LOCAL_WRITE`, `REMOTE_WRITE` or `REMOTE_ATOMIC` access) until
+    /// the buffer is dropped, or until every region over it is deregistered, whichever is
+    /// first (deregistration waits for placements in progress and no access starts after
+    /// it; the region's key table may hold the buffer longer, without touching it).
+    #[allow(unsafe_code)]
+    pub unsafe fn foreign(ptr: std::ptr::NonNull<u8>, len: usize) -> Arc<Buffer> {
+        // SAFETY: the caller's contract is `Foreign::new`'s.
+        let f = unsafe { crate::foreign::Foreign::new(ptr, len) };
+        Arc::new(Buffer {
+            mem: RwLock::new(PageBuf {
+                raw: Backing::Foreign(f),
+                start: 0,
+                len,
+            }),
             len,
         })
     }

@@ -3,8 +3,9 @@
 //!
 //! * [`Buffer`] — page-aligned (4096), zeroed, fixed-length memory behind a
 //!   [`parking_lot::RwLock`]. The network side places data under the write lock; the user reads
-//!   and writes through guards. No `&mut [u8]` to registered memory exists outside a guard, and
-//!   the crate is `#![forbid(unsafe_code)]`.
+//!   and writes through guards. No `&mut [u8]` to registered memory exists outside a guard. A
+//!   buffer may also be memory a C program owns ([`Buffer::foreign`]): module `foreign` is the
+//!   crate's one `unsafe`.
 //! * [`KeyTable`] — one per device/context: a slab of memory regions and windows addressed by
 //!   [`Key`] (24-bit index, 8-bit consumer key) with O(1) lookup.
 //! * [`KeyTable::check_remote`] — the one door for every remote access. It returns a [`Target`];
@@ -37,11 +38,12 @@
 //! ```
 //!
 //! (about 40 s under valgrind; well under a second natively).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod buffer;
 mod error;
+mod foreign;
 mod gather;
 mod key;
 mod table;

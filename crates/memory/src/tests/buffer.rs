@@ -107,3 +107,35 @@ fn large_buffers_are_mapped_from_the_kernel() {
     assert_eq!(b.read().as_ptr() as usize % PAGE_SIZE, 0);
     assert_eq!(&b.read()[..], &data[..]);
 }
+
+/// A program's own memory, registered in place: placements land in it, reads come from it,
+/// and none reaches it once the region is deregistered (the program may then free it).
+#[test]
+#[allow(unsafe_code)]
+fn foreign_memory_is_placed_in_place_and_left_after_dereg() {
+    use super::{IOVA, PD, QP, remote_rw};
+    use crate::{Access, KeyTable};
+    let mut mine = vec![0u8; 64];
+    mine[40..44].copy_from_slice(b"ping");
+    let ptr = std::ptr::NonNull::new(mine.as_mut_ptr()).unwrap();
+    // SAFETY: `mine` outlives the buffer's use: the region is deregistered below, before
+    // `mine` is read or dropped, and nothing else holds a reference to it meanwhile.
+    let buf = unsafe { Buffer::foreign(ptr, mine.len()) };
+    let t = KeyTable::new();
+    let k = t.reg_mr(PD, buf.clone(), 0, 64, IOVA, remote_rw()).unwrap();
+    let w = t
+        .check_remote(k, PD, QP, Access::REMOTE_WRITE, IOVA + 8, 4)
+        .unwrap();
+    w.place(0, b"pong").unwrap();
+    let r = t
+        .check_remote(k, PD, QP, Access::REMOTE_READ, IOVA + 40, 4)
+        .unwrap();
+    let mut out = [0u8; 4];
+    r.copy_out(0, &mut out).unwrap();
+    assert_eq!(&out, b"ping");
+    t.dereg_mr(k).unwrap();
+    assert!(w.place(0, b"late").is_err());
+    drop((w, r, t, buf));
+    assert_eq!(&mine[8..12], b"pong");
+    assert_eq!(&mine[..8], &[0; 8]);
+}
