@@ -197,9 +197,10 @@ pub fn port_attr(d: &SrDevice) -> sys::ibv_port_attr {
     }
 }
 
-pub fn gid_entry(d: &SrDevice) -> sys::ibv_gid_entry {
+/// GID table entry 0 of `d`'s port, holding `gid` (a context's own).
+pub fn gid_entry(d: &SrDevice, gid: [u8; 16]) -> sys::ibv_gid_entry {
     sys::ibv_gid_entry {
-        gid: sys::ibv_gid { raw: d.gid() },
+        gid: sys::ibv_gid { raw: gid },
         gid_index: 0,
         port_num: u32::from(PORT),
         gid_type: d.gid_type(),

@@ -14,10 +14,15 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod context;
+pub mod cq;
 pub mod device;
 pub mod env;
 mod errno;
 pub mod list;
+mod live;
+mod ops;
+pub mod pd;
+pub mod qp;
 mod strs;
 mod stubs;
 #[allow(

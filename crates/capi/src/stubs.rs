@@ -49,14 +49,7 @@ macro_rules! nothing {
 }
 
 null!(
-    sr_ibv_alloc_pd,
-    sr_ibv_reg_mr,
-    sr_ibv_reg_mr_iova,
-    sr_ibv_reg_mr_iova2,
     sr_ibv_reg_dmabuf_mr,
-    sr_ibv_create_comp_channel,
-    sr_ibv_create_cq,
-    sr_ibv_create_qp,
     sr_ibv_create_srq,
     sr_ibv_create_ah,
     sr_ibv_create_ah_from_wc,
@@ -70,15 +63,8 @@ null!(
 );
 
 errno_value!(
-    sr_ibv_dealloc_pd,
-    sr_ibv_dereg_mr,
     sr_ibv_rereg_mr,
-    sr_ibv_destroy_comp_channel,
-    sr_ibv_destroy_cq,
     sr_ibv_resize_cq,
-    sr_ibv_destroy_qp,
-    sr_ibv_modify_qp,
-    sr_ibv_query_qp,
     sr_ibv_query_qp_data_in_order,
     sr_ibv_destroy_srq,
     sr_ibv_modify_srq,
@@ -93,7 +79,6 @@ errno_value!(
 );
 
 minus_one!(libc::EOPNOTSUPP;
-    sr_ibv_get_cq_event,
     sr_ibv_get_async_event,
     sr_rdma_create_id,
     sr_rdma_create_ep,
@@ -159,7 +144,6 @@ minus_one!(libc::ENOSYS;
 
 nothing!(
     sr_ibv_ack_async_event,
-    sr_ibv_ack_cq_events,
     sr_ibv_unimport_mr,
     sr_ibv_unimport_pd,
     sr_ibv_unimport_dm,

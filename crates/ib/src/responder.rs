@@ -749,6 +749,7 @@ impl Responder {
             imm,
             invalidated_key,
             src_qp: None,
+            qp_num: 0,
         });
         Verdict::Done { ack, psns: 1 }
     }
@@ -810,6 +811,7 @@ impl Responder {
                 imm,
                 invalidated_key: None,
                 src_qp: None,
+                qp_num: 0,
             });
         }
         Verdict::Done { ack, psns: 1 }

@@ -136,7 +136,8 @@ impl CqShared {
     /// one are dropped and counted, what the queue holds stays to be polled, and the
     /// pushers learn it so that their QPs go to Error — the QPs of other queues are not
     /// touched (RFC 5040 §8.1.1 #10, RDMAP-124). Memory stays bounded by the capacity.
-    pub(crate) fn push(self: &Arc<Self>, wcs: &mut Vec<WorkCompletion>) -> Pushed {
+    /// Each is marked as `qp_num`'s (`ibv_wc.qp_num`).
+    pub(crate) fn push(self: &Arc<Self>, qp_num: u32, wcs: &mut Vec<WorkCompletion>) -> Pushed {
         if wcs.is_empty() {
             return match self.overran.load(Ordering::Acquire) {
                 true => Pushed::Overrun,
@@ -149,7 +150,8 @@ impl CqShared {
             let mut s = self.state.lock();
             let was = self.overran.load(Ordering::Acquire);
             let mut overrun = was;
-            for wc in wcs.drain(..) {
+            for mut wc in wcs.drain(..) {
+                wc.qp_num = qp_num;
                 if overrun || s.entries.len() >= self.capacity {
                     overrun = true;
                     s.overflows += 1;
@@ -749,25 +751,45 @@ mod tests {
         }
     }
 
+    /// The QP the tests' completions are pushed for.
+    const QPN: u32 = 7;
+
+    /// A completion as polled (marked as QP `QPN`'s).
     fn wc(id: u64) -> WorkCompletion {
-        WorkCompletion::new(id, WcStatus::Success, WcOpcode::Recv, 8)
+        WorkCompletion {
+            qp_num: QPN,
+            ..WorkCompletion::new(id, WcStatus::Success, WcOpcode::Recv, 8)
+        }
     }
 
     fn push(cq: &Cq, ids: impl IntoIterator<Item = u64>) {
-        let _ = cq.shared.push(&mut ids.into_iter().map(wc).collect());
+        let _ = cq.shared.push(QPN, &mut ids.into_iter().map(wc).collect());
     }
 
     /// One completion past the capacity overruns the queue for good (IBA 11.4.2.1): it and
     /// every later one are dropped and counted, one CqError is posted, what was queued can
     /// still be polled; memory never grows past the capacity.
+    /// A CQ serves many QPs: each completion says whose it is (`ibv_wc.qp_num`).
+    #[test]
+    fn completions_are_marked_with_their_qp() {
+        let cq = Cq::new(8, None, None);
+        let bare = |id| WorkCompletion::new(id, WcStatus::Success, WcOpcode::Send, 0);
+        let _ = cq.shared.push(42, &mut vec![bare(1)]);
+        let _ = cq.shared.push(43, &mut vec![bare(2), bare(3)]);
+        let mut out = Vec::new();
+        assert_eq!(cq.poll(8, &mut out), 3);
+        let got: Vec<(u64, u32)> = out.iter().map(|w| (w.wr_id, w.qp_num)).collect();
+        assert_eq!(got, [(1, 42), (2, 43), (3, 43)]);
+    }
+
     #[test]
     fn overrun_puts_the_queue_in_error() {
         let events = Arc::new(EventQueue::default());
         let cq = Cq::new(3, None, Some(events.clone()));
-        assert_eq!(cq.shared.push(&mut vec![wc(1), wc(2)]), Pushed::Queued);
+        assert_eq!(cq.shared.push(QPN, &mut vec![wc(1), wc(2)]), Pushed::Queued);
         assert!(!cq.is_overrun());
         assert_eq!(
-            cq.shared.push(&mut vec![wc(3), wc(4), wc(5)]),
+            cq.shared.push(QPN, &mut vec![wc(3), wc(4), wc(5)]),
             Pushed::Overrun
         );
         assert!(cq.is_overrun());
@@ -782,8 +804,8 @@ mod tests {
         assert_eq!(ids, [1, 2, 3]);
         // Room again, but the queue stays in error: later completions go nowhere, and no
         // second event is posted.
-        assert_eq!(cq.shared.push(&mut vec![wc(6)]), Pushed::Overrun);
-        assert_eq!(cq.shared.push(&mut Vec::new()), Pushed::Overrun);
+        assert_eq!(cq.shared.push(QPN, &mut vec![wc(6)]), Pushed::Overrun);
+        assert_eq!(cq.shared.push(QPN, &mut Vec::new()), Pushed::Overrun);
         assert_eq!((cq.len(), cq.overflows()), (0, 3));
         assert!(events.try_pop().is_none());
     }

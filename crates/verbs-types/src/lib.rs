@@ -467,6 +467,9 @@ pub struct WorkCompletion {
     pub imm: Option<u32>,
     /// UD receive: the sender's QP number (`ibv_wc.src_qp`).
     pub src_qp: Option<u32>,
+    /// The local QP whose request this is (`ibv_wc.qp_num`): set as the completion enters
+    /// its CQ, which may serve many QPs.
+    pub qp_num: u32,
 }
 
 impl WorkCompletion {
@@ -485,6 +488,7 @@ impl WorkCompletion {
             invalidated_key: None,
             imm: None,
             src_qp: None,
+            qp_num: 0,
         }
     }
 }

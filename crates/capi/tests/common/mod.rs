@@ -57,3 +57,33 @@ pub fn lib_dir() -> PathBuf {
     softrdma_capi::env::link_libraries(&lib, &dir).expect("links");
     dir
 }
+
+/// A TCP port nothing listens on now (the kernel's choice; free again when returned).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port()
+}
+
+/// Waits until something listens on TCP `port` (as `/proc/net/tcp` says), or panics after
+/// `limit` — so a client starts only when its server can take it.
+pub fn wait_listening(port: u16, limit: std::time::Duration) {
+    let want = format!(":{port:04X}");
+    let t0 = std::time::Instant::now();
+    loop {
+        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines().skip(1).any(|l| {
+                    let c: Vec<&str> = l.split_whitespace().collect();
+                    c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
+                })
+            })
+        });
+        if listening {
+            return;
+        }
+        assert!(t0.elapsed() < limit, "nothing listens on port {port}");
+        std::thread::yield_now();
+    }
+}

@@ -382,11 +382,11 @@ fn hand_out(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) -> b
     while let Some(wc) = qp.poll_send_completion() {
         wcs.push(wc);
     }
-    let a = q.send_cq.push(wcs);
+    let a = q.send_cq.push(q.qpn, wcs);
     while let Some(wc) = qp.poll_recv_completion() {
         wcs.push(wc);
     }
-    let b = q.recv_cq.push(wcs);
+    let b = q.recv_cq.push(q.qpn, wcs);
     a == Pushed::Overrun || b == Pushed::Overrun
 }
 

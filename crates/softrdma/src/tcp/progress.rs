@@ -938,8 +938,8 @@ fn flush_orphan(ctx: &TcpShared, qp: &TcpQp) {
     let mut recv: Vec<WorkCompletion> = rq.iter().map(|wr| wr.flushed()).collect();
     qp.rq_retired.fetch_add(recv.len() as u64, Ordering::AcqRel);
     // The QP is gone: an overrun only drops these flushes.
-    let _ = qp.send_cq.push(&mut send);
-    let _ = qp.recv_cq.push(&mut recv);
+    let _ = qp.send_cq.push(qp.qpn, &mut send);
+    let _ = qp.recv_cq.push(qp.qpn, &mut recv);
 }
 
 fn error_wc(wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
@@ -1249,7 +1249,7 @@ impl Conn {
             Ok(()) => self.rq_in_engine += 1,
             Err(e) => {
                 let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
-                self.cq_overrun |= qp.recv_cq.push(&mut v) == Pushed::Overrun;
+                self.cq_overrun |= qp.recv_cq.push(qp.qpn, &mut v) == Pushed::Overrun;
             }
         }
     }
@@ -1507,7 +1507,7 @@ impl Conn {
             Err(e) => {
                 qp.rq_retired.fetch_add(1, Ordering::AcqRel);
                 let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
-                self.cq_overrun |= qp.recv_cq.push(&mut v) == Pushed::Overrun;
+                self.cq_overrun |= qp.recv_cq.push(qp.qpn, &mut v) == Pushed::Overrun;
                 true
             }
         }
@@ -1522,7 +1522,7 @@ impl Conn {
             Err(e) => {
                 qp.sq_retired.fetch_add(1, Ordering::AcqRel);
                 let mut v = vec![error_wc(wr_id, post_error_status(&e), opcode)];
-                self.cq_overrun |= qp.send_cq.push(&mut v) == Pushed::Overrun;
+                self.cq_overrun |= qp.send_cq.push(qp.qpn, &mut v) == Pushed::Overrun;
             }
         }
     }
@@ -1664,8 +1664,8 @@ impl Conn {
         if qp.state() != state {
             qp.set_state(state);
         }
-        let a = qp.send_cq.push(&mut bufs.send_wcs);
-        let b = qp.recv_cq.push(&mut bufs.recv_wcs);
+        let a = qp.send_cq.push(qp.qpn, &mut bufs.send_wcs);
+        let b = qp.recv_cq.push(qp.qpn, &mut bufs.recv_wcs);
         if (a == Pushed::Overrun || b == Pushed::Overrun || self.cq_overrun)
             && engine.state() == StreamState::Rts
         {

@@ -19,6 +19,7 @@ fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: usize) -> WorkCo
         invalidated_key: None,
         imm: None,
         src_qp: None,
+        qp_num: 0,
     }
 }
 

@@ -1,0 +1,34 @@
+//! Which handles are ours and alive: a program may pass any pointer, and the calls that
+//! make, query or end an object check it here first (the hot paths — posting and polling
+//! through the context's ops — trust the program, as rdma-core's providers do).
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+
+/// The addresses of one kind of live handle.
+pub(crate) struct Live(OnceLock<Mutex<HashSet<usize>>>);
+
+impl Live {
+    pub(crate) const fn new() -> Live {
+        Live(OnceLock::new())
+    }
+
+    fn set(&self) -> &Mutex<HashSet<usize>> {
+        self.0.get_or_init(Mutex::default)
+    }
+
+    pub(crate) fn insert<T>(&self, p: *const T) {
+        self.set().lock().insert(p as usize);
+    }
+
+    /// Whether `p` was live (and is no longer).
+    pub(crate) fn remove<T>(&self, p: *const T) -> bool {
+        self.set().lock().remove(&(p as usize))
+    }
+
+    pub(crate) fn contains<T>(&self, p: *const T) -> bool {
+        !p.is_null() && self.set().lock().contains(&(p as usize))
+    }
+}

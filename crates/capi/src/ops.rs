@@ -1,0 +1,259 @@
+//! `ibv_open_device`, and the ops table every context carries (rdma-core's `verbs.h` calls
+//! posting and polling through it, inline in the program).
+
+use core::ffi::c_int;
+use std::ptr;
+
+use crate::sys;
+use crate::{context, cq, errno, list, qp};
+
+/// The ops of every context; the ones not built are NULL (rdma-core's inline wrappers then
+/// answer `EOPNOTSUPP`/`ENOSYS` themselves, or the program falls back).
+fn ops() -> sys::ibv_context_ops {
+    sys::ibv_context_ops {
+        poll_cq: Some(cq::poll_cq),
+        req_notify_cq: Some(cq::req_notify_cq),
+        post_send: Some(qp::post_send),
+        post_recv: Some(qp::post_recv),
+        ..Default::default()
+    }
+}
+
+/// `ibv_open_device`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys::ibv_context {
+    let Some(d) = list::device(dev) else {
+        errno::set(libc::ENODEV);
+        return ptr::null_mut();
+    };
+    match context::open(d, ops()) {
+        Ok(p) => p,
+        Err(e) => {
+            errno::set(e as c_int);
+            ptr::null_mut()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::*;
+    use crate::device::guid_of;
+    use crate::list::*;
+    use crate::sysfs::*;
+    use core::ffi::{CStr, c_char};
+    use softrdma::Device;
+
+    fn open_named(name: &str) -> *mut sys::ibv_context {
+        let d = devices()
+            .iter()
+            .find(|d| d.inner.name() == name)
+            .expect("device listed");
+        // SAFETY: a device pointer from the list.
+        let c = unsafe { sr_ibv_open_device(d.as_ptr()) };
+        assert!(!c.is_null());
+        c
+    }
+
+    #[test]
+    fn the_list_is_the_devices_and_frees() {
+        let mut n = -1;
+        // SAFETY: room for the count.
+        let list = unsafe { sr_ibv_get_device_list(&mut n) };
+        let want = Device::list();
+        assert_eq!(n as usize, want.len());
+        for (i, w) in want.iter().enumerate() {
+            // SAFETY: the list holds n pointers, then NULL.
+            let d = unsafe { *list.add(i) };
+            // SAFETY: a listed device; its name is a C string.
+            let name = unsafe { CStr::from_ptr(sr_ibv_get_device_name(d)) };
+            assert_eq!(name.to_str().unwrap(), w.name());
+            // SAFETY: as above.
+            assert_eq!(unsafe { sr_ibv_get_device_index(d) }, i as c_int);
+            // SAFETY: as above.
+            let guid = u64::from_be(unsafe { sr_ibv_get_device_guid(d) });
+            assert_eq!(guid, guid_of(w.name()));
+            assert_eq!(guid >> 56, 0x02, "locally administered");
+        }
+        // SAFETY: the terminator.
+        assert!(unsafe { *list.add(n as usize) }.is_null());
+        // SAFETY: the list from ibv_get_device_list.
+        unsafe { sr_ibv_free_device_list(list) };
+        // SAFETY: NULL is refused, not dereferenced.
+        unsafe { sr_ibv_free_device_list(ptr::null_mut()) };
+    }
+
+    #[test]
+    fn foreign_device_and_context_pointers_are_refused() {
+        let mut fake = sys::ibv_device::default();
+        // SAFETY: none of these is dereferenced: they are not ours.
+        unsafe {
+            assert!(sr_ibv_open_device(&mut fake).is_null());
+            assert_eq!(*libc::__errno_location(), libc::ENODEV);
+            assert!(sr_ibv_get_device_name(&mut fake).is_null());
+            assert_eq!(sr_ibv_get_device_index(&mut fake), -1);
+            assert_eq!(sr_ibv_get_device_guid(ptr::null_mut()), 0);
+            let mut ctx = sys::ibv_context::default();
+            let mut attr = sys::ibv_device_attr::default();
+            assert_eq!(sr_ibv_query_device(&mut ctx, &mut attr), libc::EINVAL);
+            assert_eq!(sr_ibv_close_device(&mut ctx), libc::EINVAL);
+            assert_eq!(sr_ibv_close_device(ptr::null_mut()), libc::EINVAL);
+        }
+    }
+
+    #[test]
+    fn an_iwarp_context_is_extended_and_answers_queries() {
+        let c = open_named(softrdma::TCP_DEVICE_NAME);
+        // SAFETY: a live context, read as a program reads it.
+        unsafe {
+            assert_eq!((*c).abi_compat as usize, usize::MAX);
+            assert!((*c).async_fd >= 0 && (*c).cmd_fd >= 0);
+            assert_eq!((*c).num_comp_vectors, 1);
+            let dev = (*c).device;
+            assert_eq!((*dev).node_type, sys::IBV_NODE_RNIC);
+            assert_eq!((*dev).transport_type, sys::IBV_TRANSPORT_IWARP);
+            // verbs_get_ctx_op: the ops before the context, and a size that covers them.
+            let v = &*c
+                .byte_sub(core::mem::offset_of!(sys::verbs_context, context))
+                .cast::<sys::verbs_context>();
+            assert_eq!(v.sz, core::mem::size_of::<sys::verbs_context>());
+            let mut attr = sys::ibv_device_attr::default();
+            assert_eq!(sr_ibv_query_device(c, &mut attr), 0);
+            assert_eq!(attr.phys_port_cnt, 1);
+            assert_eq!(
+                u64::from_be(attr.node_guid),
+                u64::from_be(sr_ibv_get_device_guid(dev))
+            );
+            assert_eq!(attr.max_qp as u32, softrdma::DeviceLimits::default().max_qp);
+            assert_eq!(sr_ibv_query_device(c, ptr::null_mut()), libc::EINVAL);
+            // The extended query: a newer program's longer struct gets zeros past ours.
+            #[repr(C, align(8))]
+            struct Longer([u8; core::mem::size_of::<sys::ibv_device_attr_ex>() + 16]);
+            let mut longer = Longer([0xAA; core::mem::size_of::<sys::ibv_device_attr_ex>() + 16]);
+            let ex = &mut longer.0;
+            let op = v.query_device_ex.expect("query_device_ex");
+            assert_eq!(op(c, ptr::null(), ex.as_mut_ptr().cast(), ex.len()), 0);
+            let got = &*ex.as_ptr().cast::<sys::ibv_device_attr_ex>();
+            assert_eq!(got.orig_attr.max_qp, attr.max_qp);
+            assert_eq!(got.phys_port_cnt_ex, 1);
+            assert!(ex[ex.len() - 16..].iter().all(|&b| b == 0));
+            assert_eq!(op(c, ptr::null(), ex.as_mut_ptr().cast(), 8), libc::EINVAL);
+            let input = sys::ibv_query_device_ex_input { comp_mask: 1 };
+            assert_eq!(
+                op(c, &input, ex.as_mut_ptr().cast(), ex.len()),
+                libc::EINVAL
+            );
+            assert_eq!(sr_ibv_close_device(c), 0);
+            assert_eq!(sr_ibv_close_device(c), libc::EINVAL, "closed once only");
+        }
+    }
+
+    #[test]
+    fn ports_gids_and_pkeys_of_a_roce_device() {
+        let Some(d) = devices()
+            .iter()
+            .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
+        else {
+            panic!("no RoCE device on 127.0.0.1 in {:?}", Device::list());
+        };
+        let c = open_named(d.inner.name());
+        // SAFETY: a live context; every out-pointer has room for its type.
+        unsafe {
+            let v = &*c
+                .byte_sub(core::mem::offset_of!(sys::verbs_context, context))
+                .cast::<sys::verbs_context>();
+            let op = v.query_port.expect("query_port");
+            let mut p = sys::ibv_port_attr::default();
+            assert_eq!(op(c, 1, &mut p, core::mem::size_of_val(&p)), 0);
+            assert_eq!(p.state, sys::IBV_PORT_ACTIVE);
+            assert_eq!(p.link_layer, sys::IBV_LINK_LAYER_ETHERNET as u8);
+            assert_eq!(p.active_mtu, sys::IBV_MTU_4096, "lo's MTU is 64 KiB");
+            assert_eq!(op(c, 2, &mut p, core::mem::size_of_val(&p)), libc::EINVAL);
+            // The exported compat call writes 48 octets, not the 52 of today's struct.
+            let mut compat = [0xAAu8; 52];
+            assert_eq!(sr_ibv_query_port(c, 1, compat.as_mut_ptr().cast()), 0);
+            assert_eq!(compat[48..], [0xAA; 4]);
+            assert_eq!(compat[0], sys::IBV_PORT_ACTIVE as u8);
+            let mut gid = sys::ibv_gid::default();
+            assert_eq!(sr_ibv_query_gid(c, 1, 0, &mut gid), 0);
+            assert_eq!(
+                gid.raw,
+                [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1]
+            );
+            assert_eq!(sr_ibv_query_gid(c, 1, 1, &mut gid), -1);
+            let mut e = sys::ibv_gid_entry::default();
+            let sz = core::mem::size_of_val(&e);
+            assert_eq!(sr__ibv_query_gid_ex(c, 1, 0, &mut e, 0, sz), 0);
+            assert_eq!(e.gid_type, sys::IBV_GID_TYPE_ROCE_V2);
+            assert!(e.ndev_ifindex > 0);
+            assert_eq!(sr__ibv_query_gid_ex(c, 1, 1, &mut e, 0, sz), libc::ENODATA);
+            assert_eq!(
+                sr__ibv_query_gid_ex(c, 1, 0, &mut e, 0, sz - 1),
+                libc::EINVAL
+            );
+            let mut table = [sys::ibv_gid_entry::default(); 4];
+            assert_eq!(sr__ibv_query_gid_table(c, table.as_mut_ptr(), 4, 0, sz), 1);
+            assert_eq!(table[0].gid.raw, gid.raw);
+            let mut ty = 9u32;
+            assert_eq!(sr_ibv_query_gid_type(c, 1, 0, &mut ty), 0);
+            assert_eq!(ty, 1, "RoCE v2 in sysfs terms");
+            let mut pkey = 0u16;
+            assert_eq!(sr_ibv_query_pkey(c, 1, 0, &mut pkey), 0);
+            assert_eq!(u16::from_be(pkey), 0xffff);
+            assert_eq!(sr_ibv_query_pkey(c, 1, 1, &mut pkey), -1);
+            assert_eq!(sr_ibv_get_pkey_index(c, 1, 0xffffu16.to_be()), 0);
+            assert_eq!(sr_ibv_get_pkey_index(c, 1, 0x8001u16.to_be()), -1);
+            assert_eq!(sr_ibv_close_device(c), 0);
+        }
+    }
+
+    #[test]
+    fn sysfs_files_read_as_rdma_core_reads_them() {
+        let d = &devices()[0];
+        let dir = CString::new(
+            std::ffi::CStr::from_bytes_until_nul(&d.dev.ibdev_path.map(|c| c as u8))
+                .unwrap()
+                .to_bytes(),
+        )
+        .unwrap();
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: C strings and a buffer of the size given.
+        unsafe {
+            let n =
+                sr_ibv_read_sysfs_file(dir.as_ptr(), c"node_guid".as_ptr(), buf.as_mut_ptr(), 64);
+            assert_eq!(n, 19);
+            let s = CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
+            assert_eq!(s.replace(':', ""), format!("{:016x}", d.guid()));
+            // Truncated to the buffer, NUL-terminated.
+            assert_eq!(
+                sr_ibv_read_sysfs_file(dir.as_ptr(), c"node_guid".as_ptr(), buf.as_mut_ptr(), 5),
+                4
+            );
+            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_bytes().len(), 4);
+            assert_eq!(
+                sr_ibv_read_sysfs_file(dir.as_ptr(), c"nope".as_ptr(), buf.as_mut_ptr(), 64),
+                -1
+            );
+            assert_eq!(*libc::__errno_location(), libc::ENOENT);
+            assert_eq!(
+                sr_ibv_read_sysfs_file(ptr::null(), c"x".as_ptr(), buf.as_mut_ptr(), 64),
+                -1
+            );
+        }
+        let root = CStr::from_ptr_safe(sr_ibv_get_sysfs_path());
+        assert!(dir.to_str().unwrap().starts_with(root));
+    }
+
+    trait FromPtrSafe {
+        fn from_ptr_safe(p: *const c_char) -> &'static str;
+    }
+    impl FromPtrSafe for CStr {
+        fn from_ptr_safe(p: *const c_char) -> &'static str {
+            // SAFETY: a static C string of ours.
+            unsafe { CStr::from_ptr(p) }.to_str().unwrap()
+        }
+    }
+
+    use std::ffi::CString;
+}

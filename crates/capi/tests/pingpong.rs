@@ -1,0 +1,102 @@
+//! rdma-core's `ibv_*_pingpong` (Debian's `ibverbs-utils`) on softrdma, a pair of
+//! processes over loopback RoCE through the drop-in library (issue 43): the second process
+//! to open the loopback device takes another 127/8 address and both reach each other by
+//! the GIDs they exchange. `-c` has each side check every octet it receives.
+
+mod common;
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{free_port, lib_dir, wait_listening};
+
+fn loopback_device() -> String {
+    softrdma_capi::list::devices()
+        .iter()
+        .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
+        .expect("a RoCE device on 127.0.0.1")
+        .inner
+        .name()
+        .to_owned()
+}
+
+fn start(prog: &str, args: &[String]) -> Child {
+    Command::new(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{prog}: {e}"))
+}
+
+fn finish(c: Child, who: &str) -> String {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = c.wait_with_output().expect("wait");
+    let out = String::from_utf8_lossy(&stdout).into_owned();
+    assert!(
+        status.success(),
+        "{who}: {status}\n{out}\n{}",
+        String::from_utf8_lossy(&stderr)
+    );
+    out
+}
+
+/// `prog` as server and as client with `extra` options; both outputs.
+fn pair(prog: &str, extra: &[&str]) -> (String, String) {
+    let port = free_port();
+    let mut args: Vec<String> = ["-d", &loopback_device(), "-g", "0", "-p", &port.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let server = start(prog, &args);
+    wait_listening(port, Duration::from_secs(30));
+    args.push("127.0.0.1".into());
+    let client = start(prog, &args);
+    let c = finish(client, "client");
+    let s = finish(server, "server");
+    (s, c)
+}
+
+fn iters_done(out: &str, n: u32) {
+    assert!(out.contains(&format!("{n} iters in")), "{out}");
+}
+
+#[test]
+fn ibv_rc_pingpong_checks_every_octet() {
+    let (s, c) = pair("ibv_rc_pingpong", &["-n", "200", "-c"]);
+    iters_done(&s, 200);
+    iters_done(&c, 200);
+    // Each side printed the other's GID: both on the loopback, one of them not 127.0.0.1.
+    assert!(s.contains("GID ::ffff:127."), "{s}");
+}
+
+#[test]
+fn ibv_rc_pingpong_sleeping_on_events() {
+    let (s, c) = pair("ibv_rc_pingpong", &["-n", "300", "-e", "-c"]);
+    iters_done(&s, 300);
+    iters_done(&c, 300);
+}
+
+#[test]
+fn ibv_rc_pingpong_sizes_and_mtus() {
+    for (size, mtu) in [("1", "256"), ("4097", "1024"), ("65536", "4096")] {
+        let (s, c) = pair(
+            "ibv_rc_pingpong",
+            &["-n", "50", "-s", size, "-m", mtu, "-c"],
+        );
+        iters_done(&s, 50);
+        iters_done(&c, 50);
+    }
+}
+
+#[test]
+fn ibv_uc_pingpong_checks_every_octet() {
+    let (s, c) = pair("ibv_uc_pingpong", &["-n", "200", "-c"]);
+    iters_done(&s, 200);
+    iters_done(&c, 200);
+}
