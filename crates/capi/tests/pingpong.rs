@@ -100,3 +100,47 @@ fn ibv_uc_pingpong_checks_every_octet() {
     iters_done(&s, 200);
     iters_done(&c, 200);
 }
+
+/// The native tool (`softrdma pingpong`, which the native API drives) in one role and
+/// Debian's program on the library in the other, both ways: a bug cannot hide behind its
+/// twin (issue 43, Done-when 2).
+#[test]
+fn ibv_rc_and_uc_pingpong_against_softrdma_pingpong_both_ways() {
+    let bin = common::softrdma_bin();
+    for (prog, kind) in [("ibv_rc_pingpong", "--rc"), ("ibv_uc_pingpong", "--uc")] {
+        for debian_serves in [true, false] {
+            let port = free_port();
+            let debian_args: Vec<String> =
+                ["-d", &loopback_device(), "-g", "0", "-p", &port.to_string(), "-n", "100", "-c"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+            // The native side binds an address of its own, so whichever starts first, the
+            // library's process may keep 127.0.0.1.
+            let native = |client: bool| {
+                let mut c = Command::new(&bin);
+                c.args(["pingpong", kind, "-p", &port.to_string(), "-n", "100"]);
+                c.args(["--bind", "127.0.0.9"]);
+                if client {
+                    c.arg("127.0.0.1");
+                }
+                c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("softrdma")
+            };
+            let (server, client) = if debian_serves {
+                let s = start(prog, &debian_args);
+                wait_listening(port, Duration::from_secs(30));
+                (s, native(true))
+            } else {
+                let s = native(false);
+                wait_listening(port, Duration::from_secs(30));
+                let mut a = debian_args.clone();
+                a.push("127.0.0.1".into());
+                (s, start(prog, &a))
+            };
+            let c = finish(client, "client");
+            let s = finish(server, "server");
+            iters_done(&c, 100);
+            iters_done(&s, 100);
+        }
+    }
+}
