@@ -13,6 +13,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+pub mod ah;
 pub mod context;
 pub mod cq;
 pub mod device;
@@ -23,6 +24,7 @@ mod live;
 mod ops;
 pub mod pd;
 pub mod qp;
+pub mod srq;
 mod strs;
 mod stubs;
 #[allow(

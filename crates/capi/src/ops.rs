@@ -5,7 +5,7 @@ use core::ffi::c_int;
 use std::ptr;
 
 use crate::sys;
-use crate::{context, cq, errno, list, qp};
+use crate::{context, cq, errno, list, qp, srq};
 
 /// The ops of every context; the ones not built are NULL (rdma-core's inline wrappers then
 /// answer `EOPNOTSUPP`/`ENOSYS` themselves, or the program falls back).
@@ -15,6 +15,7 @@ fn ops() -> sys::ibv_context_ops {
         req_notify_cq: Some(cq::req_notify_cq),
         post_send: Some(qp::post_send),
         post_recv: Some(qp::post_recv),
+        post_srq_recv: Some(srq::post_srq_recv),
         ..Default::default()
     }
 }

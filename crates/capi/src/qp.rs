@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 
 use softrdma::ib::{QpAttr, QpState};
 use softrdma::{
-    Access, Key, PostError, QpCap, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, Sge, WrOpcode,
+    Access, Key, PostError, QpCap, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest,
+    WrOpcode,
 };
 
 use crate::cq::{SrCq, cq};
@@ -29,6 +30,7 @@ pub struct SrQp {
     pub inner: softrdma::Qp,
     send_cq: &'static SrCq,
     recv_cq: &'static SrCq,
+    srq: Option<&'static crate::srq::SrSrq>,
     pd: &'static SrPd,
 }
 
@@ -79,9 +81,10 @@ fn create_qp(
         (Some(s), Some(r)) => (s, r),
         _ => return Err(libc::EINVAL),
     };
-    if !a.srq.is_null() {
-        return Err(libc::EOPNOTSUPP);
-    }
+    let srq = match a.srq.is_null() {
+        true => None,
+        false => Some(crate::srq::srq(a.srq).ok_or(libc::EINVAL)?),
+    };
     let limits = p.ctx.dev.inner.limits();
     let cap = a.cap;
     if cap.max_send_wr > limits.max_qp_wr
@@ -100,6 +103,7 @@ fn create_qp(
         max_inline_data: cap.max_inline_data,
     };
     init.sq_sig_all = a.sq_sig_all != 0;
+    init.srq = srq.map(|s| s.inner.clone());
     let inner = p.inner.create_qp(init).map_err(|e| match e {
         softrdma::Error::ResourceLimit { .. } => libc::ENOMEM,
         softrdma::Error::Unsupported(_) => libc::EOPNOTSUPP,
@@ -118,6 +122,11 @@ fn create_qp(
         unsafe { (&*ptr::from_ref(scq), &*ptr::from_ref(rcq)) };
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: as for the CQs: destroy_srq refuses while `users` counts this QP.
+    let srq: Option<&'static crate::srq::SrSrq> = srq.map(|s| unsafe { &*ptr::from_ref(s) });
+    if let Some(s) = srq {
+        s.users.fetch_add(1, Ordering::AcqRel);
+    }
     let b = Box::new(SrQp {
         qp: sys::ibv_qp {
             context: p.ctx_ptr(),
@@ -125,7 +134,7 @@ fn create_qp(
             pd,
             send_cq: a.send_cq,
             recv_cq: a.recv_cq,
-            srq: ptr::null_mut(),
+            srq: a.srq,
             handle: inner.qp_num(),
             qp_num: inner.qp_num(),
             state: sys::IBV_QPS_RESET,
@@ -135,6 +144,7 @@ fn create_qp(
         inner,
         send_cq: scq,
         recv_cq: rcq,
+        srq,
         pd: p,
     });
     let q = Box::into_raw(b).cast::<sys::ibv_qp>();
@@ -150,10 +160,13 @@ pub unsafe extern "C" fn sr_ibv_destroy_qp(p: *mut sys::ibv_qp) -> c_int {
     }
     // SAFETY: it was live: a boxed SrQp, now ours alone.
     let q = unsafe { Box::from_raw(p.cast::<SrQp>()) };
-    let (scq, rcq) = (q.send_cq, q.recv_cq);
+    let (scq, rcq, srq) = (q.send_cq, q.recv_cq, q.srq);
     drop(q);
     scq.users.fetch_sub(1, Ordering::AcqRel);
     rcq.users.fetch_sub(1, Ordering::AcqRel);
+    if let Some(s) = srq {
+        s.users.fetch_sub(1, Ordering::AcqRel);
+    }
     0
 }
 
@@ -348,7 +361,7 @@ pub unsafe extern "C" fn sr_ibv_query_qp(
     0
 }
 
-fn sges(list: *const sys::ibv_sge, n: c_int) -> Option<impl Iterator<Item = Sge>> {
+pub(crate) fn sges(list: *const sys::ibv_sge, n: c_int) -> Option<impl Iterator<Item = Sge>> {
     if n < 0 || (n > 0 && list.is_null()) || n as u32 > MAX_SGE {
         return None;
     }
@@ -359,8 +372,9 @@ fn sges(list: *const sys::ibv_sge, n: c_int) -> Option<impl Iterator<Item = Sge>
     }))
 }
 
-/// A C send request as softrdma's, or `None` for one it does not carry.
-fn send_wr(w: &sys::ibv_send_wr) -> Option<SendWr> {
+/// A C send request as softrdma's, or `None` for one it does not carry. `ud`: the QP is
+/// UD, and the request names its destination.
+fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
     let mut flags = SendFlags::empty();
     for (bit, f) in [
         (sys::IBV_SEND_SIGNALED, SendFlags::SIGNALED),
@@ -413,17 +427,33 @@ fn send_wr(w: &sys::ibv_send_wr) -> Option<SendWr> {
         },
         _ => return None,
     };
+    let ud = match ud {
+        false => None,
+        true => {
+            // SAFETY: a UD QP's requests carry the `ud` member.
+            let u = unsafe { w.wr.ud };
+            if u.ah.is_null() {
+                return None;
+            }
+            Some(UdDest {
+                // SAFETY: the program names an address handle of ours.
+                ah: unsafe { crate::ah::ah_id(u.ah) },
+                remote_qpn: u.remote_qpn,
+                remote_qkey: u.remote_qkey,
+            })
+        }
+    };
     Some(SendWr {
         wr_id: w.wr_id,
         opcode,
         sg_list: sges(w.sg_list, w.num_sge)?.collect(),
         flags,
-        ud: None,
+        ud,
     })
 }
 
 /// The errno rdma-core's providers give for a refused request.
-fn post_errno(e: &softrdma::Error) -> c_int {
+pub(crate) fn post_errno(e: &softrdma::Error) -> c_int {
     match e {
         softrdma::Error::Post(PostError::QueueFull) => libc::ENOMEM,
         softrdma::Error::Post(PostError::Unsupported) => libc::EOPNOTSUPP,
@@ -441,6 +471,7 @@ pub(crate) unsafe extern "C" fn post_send(
     // SAFETY: the op is reached through a QP of ours (the program's promise; rdma-core's
     // providers do not check either).
     let q = unsafe { &*p.cast::<SrQp>() };
+    let ud = q.qp.qp_type == sys::IBV_QPT_UD;
     let mut cur = wr;
     let mut refused: Option<(*mut sys::ibv_send_wr, c_int)> = None;
     let mut ptrs: smallvec::SmallVec<[*mut sys::ibv_send_wr; 8]> = smallvec::SmallVec::new();
@@ -450,7 +481,7 @@ pub(crate) unsafe extern "C" fn post_send(
         }
         // SAFETY: the program's linked list of requests.
         let w = unsafe { &*cur };
-        match send_wr(w) {
+        match send_wr(w, ud) {
             Some(s) => {
                 ptrs.push(cur);
                 cur = w.next;

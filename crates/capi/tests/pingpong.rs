@@ -95,6 +95,24 @@ fn ibv_rc_pingpong_sizes_and_mtus() {
 }
 
 #[test]
+fn ibv_ud_pingpong_over_address_handles() {
+    let (s, c) = pair("ibv_ud_pingpong", &["-n", "200", "-c"]);
+    iters_done(&s, 200);
+    iters_done(&c, 200);
+}
+
+/// 16 QPs sharing one receive queue and one CQ: each completion names its QP.
+#[test]
+fn ibv_srq_pingpong_sixteen_qps_one_srq() {
+    let (s, c) = pair("ibv_srq_pingpong", &["-n", "100", "-c"]);
+    iters_done(&s, 100);
+    iters_done(&c, 100);
+    let (s, c) = pair("ibv_srq_pingpong", &["-n", "50", "-q", "4", "-e"]);
+    iters_done(&s, 50);
+    iters_done(&c, 50);
+}
+
+#[test]
 fn ibv_uc_pingpong_checks_every_octet() {
     let (s, c) = pair("ibv_uc_pingpong", &["-n", "200", "-c"]);
     iters_done(&s, 200);
@@ -105,16 +123,29 @@ fn ibv_uc_pingpong_checks_every_octet() {
 /// Debian's program on the library in the other, both ways: a bug cannot hide behind its
 /// twin (issue 43, Done-when 2).
 #[test]
-fn ibv_rc_and_uc_pingpong_against_softrdma_pingpong_both_ways() {
+fn ibv_rc_uc_ud_pingpong_against_softrdma_pingpong_both_ways() {
     let bin = common::softrdma_bin();
-    for (prog, kind) in [("ibv_rc_pingpong", "--rc"), ("ibv_uc_pingpong", "--uc")] {
+    for (prog, kind) in [
+        ("ibv_rc_pingpong", "--rc"),
+        ("ibv_uc_pingpong", "--uc"),
+        ("ibv_ud_pingpong", "--ud"),
+    ] {
         for debian_serves in [true, false] {
             let port = free_port();
-            let debian_args: Vec<String> =
-                ["-d", &loopback_device(), "-g", "0", "-p", &port.to_string(), "-n", "100", "-c"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
+            let debian_args: Vec<String> = [
+                "-d",
+                &loopback_device(),
+                "-g",
+                "0",
+                "-p",
+                &port.to_string(),
+                "-n",
+                "100",
+                "-c",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
             // The native side binds an address of its own, so whichever starts first, the
             // library's process may keep 127.0.0.1.
             let native = |client: bool| {
@@ -124,7 +155,10 @@ fn ibv_rc_and_uc_pingpong_against_softrdma_pingpong_both_ways() {
                 if client {
                     c.arg("127.0.0.1");
                 }
-                c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("softrdma")
+                c.stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("softrdma")
             };
             let (server, client) = if debian_serves {
                 let s = start(prog, &debian_args);
