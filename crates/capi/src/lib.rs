@@ -37,3 +37,4 @@ mod stubs;
 )]
 pub mod sys;
 pub mod sysfs;
+mod wr;

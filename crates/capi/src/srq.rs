@@ -162,10 +162,10 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     while !cur.is_null() {
         // SAFETY: the program's linked list of requests.
         let w = unsafe { &*cur };
-        let e = match crate::qp::sges(w.sg_list, w.num_sge) {
+        let e = match crate::wr::sges(w.sg_list, w.num_sge) {
             Some(sg) => match s.inner.post_recv(RecvWr::new(w.wr_id, sg)) {
                 Ok(()) => None,
-                Err(e) => Some(crate::qp::post_errno(&e)),
+                Err(e) => Some(crate::wr::post_errno(&e)),
             },
             None => Some(libc::EINVAL),
         };
