@@ -55,8 +55,9 @@ pub(crate) fn context<'a>(p: *const sys::ibv_context) -> Option<&'a SrContext> {
 pub(crate) fn open(
     d: &'static SrDevice,
     ops: sys::ibv_context_ops,
+    leave_loopback: bool,
 ) -> Result<*mut sys::ibv_context, c_int> {
-    let inner = open_inner(d)?;
+    let inner = open_inner(d, leave_loopback)?;
     let gid = match inner.roce_gid() {
         Ok(g) => g,
         Err(_) => d.gid(),
@@ -93,14 +94,27 @@ pub(crate) fn open(
     Ok(p)
 }
 
+impl SrContext {
+    /// The pointer programs hold.
+    pub fn as_ptr(&self) -> *mut sys::ibv_context {
+        ptr::from_ref(&self.vctx.context).cast_mut()
+    }
+}
+
 /// softrdma's context on `d`. A RoCE context binds its device's address and port 4791, so
 /// on one host only one process at a time can have the loopback device's 127.0.0.1; the
 /// others take another address of 127.0.0.0/8 (all of it is the loopback's), chosen from
-/// the process id, and report it as their GID, which programs exchange to connect.
-fn open_inner(d: &SrDevice) -> Result<softrdma::Context, c_int> {
-    let first = match d.inner.open() {
-        Ok(c) => return Ok(c),
-        Err(e) => e,
+/// the process id, and report it as their GID, which programs exchange to connect. One that
+/// only connects out (`leave_loopback`: librdmacm's active side) takes another address at
+/// once, leaving 127.0.0.1 to the servers its peers are told to reach.
+fn open_inner(d: &SrDevice, leave_loopback: bool) -> Result<softrdma::Context, c_int> {
+    let first = if leave_loopback && is_loopback_v4(d) {
+        softrdma::Error::Unsupported("127.0.0.1 left to servers")
+    } else {
+        match d.inner.open() {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        }
     };
     let Some(cfg) = d
         .inner
@@ -126,6 +140,12 @@ fn open_inner(d: &SrDevice) -> Result<softrdma::Context, c_int> {
     }
     say_why(&first);
     Err(libc::ENODEV)
+}
+
+fn is_loopback_v4(d: &SrDevice) -> bool {
+    d.inner
+        .roce_config()
+        .is_some_and(|c| c.addr == std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
 }
 
 /// Says why a device did not open, once, where a C program's user looks (rdma-core's

@@ -82,7 +82,9 @@ pub unsafe extern "C" fn sr_ibv_destroy_comp_channel(ch: *mut sys::ibv_comp_chan
 /// A completion queue as rdma-core lays it out, with softrdma's behind it.
 #[repr(C)]
 pub struct SrCq {
-    cq: sys::ibv_cq,
+    /// What the program reads (`comp_events_completed` counts acknowledgements), hence a
+    /// cell.
+    cq: std::cell::UnsafeCell<sys::ibv_cq>,
     pub inner: Cq,
     channel: Option<&'static SrChannel>,
     /// Events handed out and not yet acknowledged; `ibv_destroy_cq` waits for them.
@@ -102,7 +104,7 @@ pub(crate) fn cq<'a>(p: *const sys::ibv_cq) -> Option<&'a SrCq> {
 
 impl SrCq {
     pub fn as_ptr(&self) -> *mut sys::ibv_cq {
-        ptr::from_ref(&self.cq).cast_mut()
+        self.cq.get()
     }
 }
 
@@ -148,14 +150,14 @@ fn create_cq(
             _ => libc::EINVAL,
         })?;
     let b = Box::new(SrCq {
-        cq: sys::ibv_cq {
+        cq: std::cell::UnsafeCell::new(sys::ibv_cq {
             context: ctx,
             channel: ch,
             cq_context,
             handle: inner.id(),
             cqe: c_int::try_from(inner.capacity()).unwrap_or(c_int::MAX),
             ..Default::default()
-        },
+        }),
         inner,
         channel: chan,
         unacked: Mutex::new(0),
@@ -232,7 +234,7 @@ pub unsafe extern "C" fn sr_ibv_get_cq_event(
         // SAFETY: the program passes room for the two pointers (checked non-NULL above).
         unsafe {
             *cq_out = q.as_ptr();
-            *ctx_out = q.cq.cq_context;
+            *ctx_out = (*q.cq.get()).cq_context;
         }
         return 0;
     }
@@ -245,9 +247,9 @@ pub unsafe extern "C" fn sr_ibv_ack_cq_events(p: *mut sys::ibv_cq, n: u32) {
         let mut u = c.unacked.lock();
         *u = u.saturating_sub(u64::from(n));
         // rdma-core counts them in the struct the program can read.
-        // SAFETY: our own struct; the program only reads this field.
+        // SAFETY: our own struct, in a cell; the program only reads this field.
         unsafe {
-            let f = &raw mut (*p).comp_events_completed;
+            let f = &raw mut (*c.cq.get()).comp_events_completed;
             *f = (*f).wrapping_add(n);
         }
         if *u == 0 {

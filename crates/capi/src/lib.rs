@@ -14,6 +14,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod ah;
+pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;

@@ -20,6 +20,15 @@ fn ops() -> sys::ibv_context_ops {
     }
 }
 
+/// A context on `d` with this library's ops (`ibv_open_device`, and librdmacm's contexts;
+/// `leave_loopback`: see [`context::open`]).
+pub(crate) fn open_device(
+    d: &'static crate::device::SrDevice,
+    leave_loopback: bool,
+) -> Result<*mut sys::ibv_context, c_int> {
+    context::open(d, ops(), leave_loopback)
+}
+
 /// `ibv_open_device`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sr_ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys::ibv_context {
@@ -27,7 +36,7 @@ pub unsafe extern "C" fn sr_ibv_open_device(dev: *mut sys::ibv_device) -> *mut s
         errno::set(libc::ENODEV);
         return ptr::null_mut();
     };
-    match context::open(d, ops()) {
+    match open_device(d, false) {
         Ok(p) => p,
         Err(e) => {
             errno::set(e as c_int);

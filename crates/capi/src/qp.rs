@@ -24,8 +24,10 @@ const ROCE_PORT: u16 = 4791;
 /// A queue pair as rdma-core lays it out, with softrdma's behind it.
 #[repr(C)]
 pub struct SrQp {
-    qp: sys::ibv_qp,
-    pub inner: softrdma::Qp,
+    /// What the program reads (`state` follows `ibv_modify_qp`), hence a cell.
+    qp: std::cell::UnsafeCell<sys::ibv_qp>,
+    /// Shared with librdmacm's connecting threads, which may outlive the handle.
+    pub inner: std::sync::Arc<softrdma::Qp>,
     send_cq: &'static SrCq,
     recv_cq: &'static SrCq,
     srq: Option<&'static crate::srq::SrSrq>,
@@ -34,7 +36,7 @@ pub struct SrQp {
 
 static QPS: Live = Live::new();
 
-fn qp<'a>(p: *const sys::ibv_qp) -> Option<&'a SrQp> {
+pub(crate) fn qp<'a>(p: *const sys::ibv_qp) -> Option<&'a SrQp> {
     // SAFETY: a live QP is the first field of a boxed SrQp.
     QPS.contains(p).then(|| unsafe { &*p.cast::<SrQp>() })
 }
@@ -126,7 +128,7 @@ fn create_qp(
         s.users.fetch_add(1, Ordering::AcqRel);
     }
     let b = Box::new(SrQp {
-        qp: sys::ibv_qp {
+        qp: std::cell::UnsafeCell::new(sys::ibv_qp {
             context: p.ctx_ptr(),
             qp_context: a.qp_context,
             pd,
@@ -138,8 +140,8 @@ fn create_qp(
             state: sys::IBV_QPS_RESET,
             qp_type: a.qp_type,
             ..Default::default()
-        },
-        inner,
+        }),
+        inner: std::sync::Arc::new(inner),
         send_cq: scq,
         recv_cq: rcq,
         srq,
@@ -227,8 +229,9 @@ pub unsafe extern "C" fn sr_ibv_modify_qp(
     match modify(q, a, mask as u32) {
         Ok(()) => {
             if mask as u32 & sys::IBV_QP_STATE != 0 {
-                // SAFETY: our own struct; rdma-core keeps the state the program reads here.
-                unsafe { (*p).state = a.qp_state };
+                // SAFETY: our own struct, in a cell; rdma-core keeps the state the program
+                // reads here.
+                unsafe { (*q.qp.get()).state = a.qp_state };
             }
             0
         }
@@ -337,6 +340,8 @@ pub unsafe extern "C" fn sr_ibv_query_qp(
         max_inline_data: c.max_inline_data,
     };
     let state = state_to_c(q.inner.state());
+    // SAFETY: our own struct (read).
+    let c = unsafe { &*q.qp.get() };
     // SAFETY: the program passes room for both structs (checked non-NULL).
     unsafe {
         attr.write(sys::ibv_qp_attr {
@@ -347,12 +352,12 @@ pub unsafe extern "C" fn sr_ibv_query_qp(
             ..Default::default()
         });
         init.write(sys::ibv_qp_init_attr {
-            qp_context: q.qp.qp_context,
-            send_cq: q.qp.send_cq,
-            recv_cq: q.qp.recv_cq,
-            srq: q.qp.srq,
+            qp_context: c.qp_context,
+            send_cq: c.send_cq,
+            recv_cq: c.recv_cq,
+            srq: c.srq,
             cap,
-            qp_type: q.qp.qp_type,
+            qp_type: c.qp_type,
             sq_sig_all: 0,
         });
     }
@@ -369,7 +374,8 @@ pub(crate) unsafe extern "C" fn post_send(
     // SAFETY: the op is reached through a QP of ours (the program's promise; rdma-core's
     // providers do not check either).
     let q = unsafe { &*p.cast::<SrQp>() };
-    let ud = q.qp.qp_type == sys::IBV_QPT_UD;
+    // SAFETY: our own struct (read).
+    let ud = unsafe { (*q.qp.get()).qp_type } == sys::IBV_QPT_UD;
     let mut cur = wr;
     let mut refused: Option<(*mut sys::ibv_send_wr, c_int)> = None;
     let mut ptrs: smallvec::SmallVec<[*mut sys::ibv_send_wr; 8]> = smallvec::SmallVec::new();

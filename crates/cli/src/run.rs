@@ -18,9 +18,23 @@ pub struct RunArgs {
     /// it, else the one beside this binary).
     #[arg(long, value_name = "PATH")]
     pub lib: Option<PathBuf>,
+    /// The transport of librdmacm's connections (`rdma_connect`, `rdma_listen`): iwarp (any
+    /// address, MPA over TCP) or roce (the RoCEv2 device of the local address, the IB CM).
+    /// Programs that bring their QPs up themselves (`ibv_modify_qp`) pick the device by name.
+    #[arg(long, value_enum, default_value = "iwarp")]
+    pub transport: CmTransport,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub program: Vec<OsString>,
+}
+
+/// `softrdma run --transport`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmTransport {
+    /// iWARP over TCP.
+    Iwarp,
+    /// RoCEv2 (InfiniBand transport over UDP).
+    Roce,
 }
 
 /// Where the library is: `explicit`, else `$SOFTRDMA_LIB`, else beside this binary.
@@ -68,9 +82,14 @@ pub fn run(a: &RunArgs) -> i32 {
         path.push(old);
     }
     let (prog, args) = a.program.split_first().expect("clap requires the program");
+    let transport = match a.transport {
+        CmTransport::Iwarp => "iwarp",
+        CmTransport::Roce => "roce",
+    };
     let err = std::process::Command::new(prog)
         .args(args)
         .env("LD_LIBRARY_PATH", path)
+        .env(softrdma_capi::cm::TRANSPORT_VAR, transport)
         .exec();
     eprintln!("softrdma run: cannot run {}: {err}", prog.to_string_lossy());
     // As a shell: 127 for a program not found, 126 for one that cannot be run.

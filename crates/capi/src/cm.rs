@@ -1,0 +1,958 @@
+//! librdmacm over softrdma's connection manager: event channels with a pollable fd, ids,
+//! address and route resolution, listen / connect / accept / reject / disconnect, and
+//! `rdma_create_qp`. Over iWARP the connection is MPA's (RFC 5044), over RoCE the IB CM's on
+//! QP1 with librdmacm's conventions, both as softrdma's `Listener` and `Qp::connect` run
+//! them; calls that wait for the peer run on a thread of their own and answer with an event,
+//! as librdmacm's do through the kernel.
+//!
+//! Which device an address is on: `$SOFTRDMA_TRANSPORT` (`iwarp`, the default, or `roce`,
+//! which `softrdma run --transport` sets): the iWARP device reaches any address, a RoCE
+//! device is the one of the local address the route leaves from.
+
+use core::ffi::{c_int, c_void};
+use std::collections::{HashMap, VecDeque};
+use std::io::{PipeReader, PipeWriter, Read, Write};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use softrdma::{AcceptParams, ConnRequest, ConnectParams, Listener, Transport};
+
+use crate::context::{SrContext, context};
+use crate::device::SrDevice;
+use crate::errno;
+use crate::live::Live;
+use crate::sys;
+
+/// The environment variable that picks the transport of librdmacm's connections.
+pub const TRANSPORT_VAR: &str = "SOFTRDMA_TRANSPORT";
+
+/// How long a listener's thread waits between looks at whether its id is still there.
+const LISTEN_TICK: Duration = Duration::from_millis(50);
+
+// --- event channels ---------------------------------------------------------------------
+
+/// An event channel as librdmacm lays it out (`fd` first), its queue behind it. The fd is
+/// a pipe holding one octet while an event waits, so `poll` says readable exactly then.
+#[repr(C)]
+pub struct SrEventChannel {
+    ch: sys::rdma_event_channel,
+    q: Mutex<VecDeque<usize>>,
+    cond: Condvar,
+    rx: PipeReader,
+    tx: PipeWriter,
+    /// Ids reporting here: the channel cannot go before them.
+    ids: std::sync::atomic::AtomicU32,
+}
+
+static CHANNELS: Live = Live::new();
+
+fn channel<'a>(p: *const sys::rdma_event_channel) -> Option<&'a SrEventChannel> {
+    // SAFETY: a live channel is the first field of a boxed SrEventChannel.
+    CHANNELS
+        .contains(p)
+        .then(|| unsafe { &*p.cast::<SrEventChannel>() })
+}
+
+impl SrEventChannel {
+    fn push(&self, ev: Box<SrEvent>) {
+        let mut q = self.q.lock();
+        if q.is_empty() {
+            // At most one octet sits in the pipe: this never blocks.
+            let _ = (&self.tx).write_all(&[1]);
+        }
+        q.push_back(Box::into_raw(ev) as usize);
+        drop(q);
+        self.cond.notify_all();
+    }
+
+    /// The next event; `None` at once when `nonblocking` and there is none.
+    fn pop(&self, nonblocking: bool) -> Option<*mut SrEvent> {
+        let mut q = self.q.lock();
+        loop {
+            if let Some(e) = q.pop_front() {
+                if q.is_empty() {
+                    let _ = (&self.rx).read(&mut [0u8; 1]);
+                }
+                return Some(e as *mut SrEvent);
+            }
+            if nonblocking {
+                return None;
+            }
+            self.cond.wait(&mut q);
+        }
+    }
+}
+
+/// `rdma_create_event_channel`.
+#[unsafe(no_mangle)]
+pub extern "C" fn sr_rdma_create_event_channel() -> *mut sys::rdma_event_channel {
+    let Ok((rx, tx)) = std::io::pipe() else {
+        errno::set(libc::EMFILE);
+        return ptr::null_mut();
+    };
+    let b = Box::new(SrEventChannel {
+        ch: sys::rdma_event_channel { fd: rx.as_raw_fd() },
+        q: Mutex::default(),
+        cond: Condvar::new(),
+        rx,
+        tx,
+        ids: std::sync::atomic::AtomicU32::new(0),
+    });
+    let p = Box::into_raw(b).cast::<sys::rdma_event_channel>();
+    CHANNELS.insert(p);
+    p
+}
+
+/// `rdma_destroy_event_channel` (librdmacm leaves it to the program not to destroy a
+/// channel its ids still use; here such a channel is kept).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_destroy_event_channel(p: *mut sys::rdma_event_channel) {
+    let Some(c) = channel(p) else {
+        return;
+    };
+    if c.ids.load(Ordering::Acquire) > 0 {
+        return;
+    }
+    CHANNELS.remove(p);
+    // SAFETY: it was live: a boxed SrEventChannel, now ours alone.
+    let c = unsafe { Box::from_raw(p.cast::<SrEventChannel>()) };
+    for e in c.q.lock().drain(..) {
+        // SAFETY: queued events are boxed SrEvents nobody was handed.
+        drop(unsafe { Box::from_raw(e as *mut SrEvent) });
+    }
+}
+
+// --- events -----------------------------------------------------------------------------
+
+/// An event as librdmacm lays it out, with the private data it points at.
+#[repr(C)]
+struct SrEvent {
+    ev: sys::rdma_cm_event,
+    private: Vec<u8>,
+}
+
+/// What an event carries besides its kind.
+#[derive(Default)]
+struct Conn {
+    private: Vec<u8>,
+    responder_resources: u8,
+    initiator_depth: u8,
+    qp_num: u32,
+}
+
+// --- ids --------------------------------------------------------------------------------
+
+/// An id's state that its threads share with the program's calls.
+#[derive(Default)]
+struct IdState {
+    ctx: Option<&'static SrContext>,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    /// A connection request waiting for `rdma_accept` or `rdma_reject`.
+    req: Option<ConnRequest>,
+    /// Events handed out and not yet acknowledged: `rdma_destroy_id` waits for them.
+    unacked: u32,
+    /// Set when the connection ended (`DISCONNECTED` delivered once).
+    disconnected: bool,
+}
+
+/// An id as librdmacm lays it out, with its state behind it.
+#[repr(C)]
+pub struct SrCmId {
+    /// What the program reads; written by this library as the id moves on (before the
+    /// event or return that says so), hence a cell.
+    id: std::cell::UnsafeCell<sys::rdma_cm_id>,
+    chan: &'static SrEventChannel,
+    st: Mutex<IdState>,
+    acked: Condvar,
+    /// Stops the listener's thread.
+    stop: Arc<AtomicBool>,
+    listener: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl SrCmId {
+    /// The C id, to read or write a field (the program reads it only between our calls
+    /// and events, as librdmacm's contract has it).
+    fn c(&self) -> *mut sys::rdma_cm_id {
+        self.id.get()
+    }
+}
+
+/// Live ids. Every event is posted under this lock, and an id leaves it before it is
+/// freed, so no event ever names a freed id.
+fn ids() -> &'static Mutex<HashMap<usize, ()>> {
+    static IDS: OnceLock<Mutex<HashMap<usize, ()>>> = OnceLock::new();
+    IDS.get_or_init(Mutex::default)
+}
+
+fn id<'a>(p: *const sys::rdma_cm_id) -> Option<&'a SrCmId> {
+    // SAFETY: a live id is the first field of a boxed SrCmId.
+    ids()
+        .lock()
+        .contains_key(&(p as usize))
+        .then(|| unsafe { &*p.cast::<SrCmId>() })
+}
+
+/// Posts `kind` for id `p` (and `listen`, for a connection request) if it still exists.
+fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, conn: Conn) {
+    let live = ids().lock();
+    if !live.contains_key(&p) {
+        return;
+    }
+    // SAFETY: live (checked under the lock that destroy_id takes to remove it).
+    let i = unsafe { &*(p as *const SrCmId) };
+    if kind == sys::RDMA_CM_EVENT_DISCONNECTED {
+        let mut st = i.st.lock();
+        if st.disconnected {
+            return;
+        }
+        st.disconnected = true;
+    }
+    i.st.lock().unacked += 1;
+    let mut e = Box::new(SrEvent {
+        ev: sys::rdma_cm_event {
+            id: p as *mut sys::rdma_cm_id,
+            listen_id: listen as *mut sys::rdma_cm_id,
+            event: kind,
+            status,
+            ..Default::default()
+        },
+        private: conn.private,
+    });
+    let len = u8::try_from(e.private.len()).unwrap_or(u8::MAX);
+    e.ev.param.conn = sys::rdma_conn_param {
+        private_data: if e.private.is_empty() {
+            ptr::null()
+        } else {
+            e.private.as_ptr().cast()
+        },
+        private_data_len: len,
+        responder_resources: conn.responder_resources,
+        initiator_depth: conn.initiator_depth,
+        qp_num: conn.qp_num,
+        ..Default::default()
+    };
+    i.chan.push(e);
+}
+
+fn new_id(
+    chan: &'static SrEventChannel,
+    context: *mut c_void,
+    ps: sys::rdma_port_space,
+    qp_type: sys::ibv_qp_type,
+) -> *mut SrCmId {
+    chan.ids.fetch_add(1, Ordering::AcqRel);
+    let b = Box::new(SrCmId {
+        id: std::cell::UnsafeCell::new(sys::rdma_cm_id {
+            channel: ptr::from_ref(&chan.ch).cast_mut(),
+            context,
+            ps,
+            port_num: crate::device::PORT,
+            qp_type,
+            ..Default::default()
+        }),
+        chan,
+        st: Mutex::default(),
+        acked: Condvar::new(),
+        stop: Arc::new(AtomicBool::new(false)),
+        listener: Mutex::new(None),
+    });
+    let p = Box::into_raw(b);
+    ids().lock().insert(p as usize, ());
+    p
+}
+
+/// `rdma_create_id`: with a channel; a NULL channel (librdmacm's synchronous mode) is not
+/// built yet.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_create_id(
+    ch: *mut sys::rdma_event_channel,
+    out: *mut *mut sys::rdma_cm_id,
+    context: *mut c_void,
+    ps: sys::rdma_port_space,
+) -> c_int {
+    let qp_type = match ps {
+        sys::RDMA_PS_TCP => sys::IBV_QPT_RC,
+        sys::RDMA_PS_UDP => sys::IBV_QPT_UD,
+        _ => return errno::fail(libc::EINVAL),
+    };
+    if out.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    let Some(chan) = channel(ch) else {
+        return errno::fail(if ch.is_null() {
+            libc::ENOSYS
+        } else {
+            libc::EINVAL
+        });
+    };
+    // SAFETY: a live channel lives until destroyed, which waits for its ids.
+    let chan: &'static SrEventChannel = unsafe { &*ptr::from_ref(chan) };
+    let p = new_id(chan, context, ps, qp_type);
+    // SAFETY: the program's out-pointer (checked non-NULL).
+    unsafe { *out = p.cast() };
+    0
+}
+
+/// `rdma_destroy_id`: waits until every event reported on it is acknowledged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    i.stop.store(true, Ordering::Release);
+    if let Some(h) = i.listener.lock().take() {
+        let _ = h.join();
+    }
+    {
+        let mut st = i.st.lock();
+        while st.unacked > 0 {
+            i.acked.wait(&mut st);
+        }
+    }
+    ids().lock().remove(&(p as usize));
+    i.chan.ids.fetch_sub(1, Ordering::AcqRel);
+    // SAFETY: it was live and no thread posts to it any more: ours alone.
+    drop(unsafe { Box::from_raw(p.cast::<SrCmId>()) });
+    0
+}
+
+/// `rdma_get_cm_event`: the next event, blocking unless the program made the channel's fd
+/// non-blocking (then -1, `EAGAIN`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_get_cm_event(
+    ch: *mut sys::rdma_event_channel,
+    out: *mut *mut sys::rdma_cm_event,
+) -> c_int {
+    let Some(c) = channel(ch) else {
+        return errno::fail(libc::EINVAL);
+    };
+    if out.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    // SAFETY: fcntl on the channel's own fd.
+    let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
+    let nonblocking = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+    match c.pop(nonblocking) {
+        Some(e) => {
+            // SAFETY: the program's out-pointer; the event's first field is the C event.
+            unsafe { *out = e.cast() };
+            0
+        }
+        None => errno::fail(libc::EAGAIN),
+    }
+}
+
+/// `rdma_ack_cm_event`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_ack_cm_event(e: *mut sys::rdma_cm_event) -> c_int {
+    if e.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    // SAFETY: an event this library handed out (the program's promise, as librdmacm's).
+    let ev = unsafe { Box::from_raw(e.cast::<SrEvent>()) };
+    if let Some(i) = id(ev.ev.id) {
+        let mut st = i.st.lock();
+        st.unacked = st.unacked.saturating_sub(1);
+        if st.unacked == 0 {
+            i.acked.notify_all();
+        }
+    }
+    0
+}
+
+// --- addresses --------------------------------------------------------------------------
+
+/// A C socket address as Rust's (IPv4 and IPv6 only).
+///
+/// # Safety
+/// `a` is NULL or points at a socket address as long as its family says.
+unsafe fn sockaddr(a: *const sys::sockaddr) -> Option<SocketAddr> {
+    if a.is_null() {
+        return None;
+    }
+    // SAFETY: the family field is first in every socket address.
+    match unsafe { (*a).sa_family } as c_int {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let s = unsafe { ptr::read_unaligned(a.cast::<libc::sockaddr_in>()) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr));
+            Some(SocketAddr::new(ip.into(), u16::from_be(s.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let s = unsafe { ptr::read_unaligned(a.cast::<libc::sockaddr_in6>()) };
+            let ip = std::net::Ipv6Addr::from(s.sin6_addr.s6_addr);
+            Some(SocketAddr::new(ip.into(), u16::from_be(s.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+/// Writes `a` into a C address union's storage.
+fn set_storage(dst: &mut sys::sockaddr_storage, a: SocketAddr) {
+    let sa = socket2::SockAddr::from(a);
+    let n = (sa.len() as usize).min(size_of::<sys::sockaddr_storage>());
+    // SAFETY: both are plain octets; `n` fits both.
+    unsafe {
+        ptr::write_bytes(
+            ptr::from_mut(dst).cast::<u8>(),
+            0,
+            size_of::<sys::sockaddr_storage>(),
+        );
+        ptr::copy_nonoverlapping(sa.as_ptr().cast::<u8>(), ptr::from_mut(dst).cast::<u8>(), n);
+    }
+}
+
+fn set_addrs(i: &SrCmId, local: Option<SocketAddr>, peer: Option<SocketAddr>) {
+    // SAFETY: our own struct, in a cell; the program reads these addresses once the event
+    // or call that says they are set has returned.
+    let a = unsafe { &mut (*i.c()).route.addr };
+    if let Some(l) = local {
+        // SAFETY: writing the storage member of the union.
+        set_storage(unsafe { &mut a.__bindgen_anon_1.src_storage }, l);
+    }
+    if let Some(p) = peer {
+        // SAFETY: as above.
+        set_storage(unsafe { &mut a.__bindgen_anon_2.dst_storage }, p);
+    }
+}
+
+/// The device a connection from local address `local` runs on.
+fn device_for(local: IpAddr) -> Option<&'static SrDevice> {
+    let roce = std::env::var(TRANSPORT_VAR).is_ok_and(|t| t.eq_ignore_ascii_case("roce"));
+    let devs = crate::list::devices();
+    if !roce {
+        return devs
+            .iter()
+            .find(|d| d.inner.transport() == Transport::Iwarp);
+    }
+    let want = match local {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        other => other,
+    };
+    devs.iter()
+        .find(|d| d.inner.roce_config().is_some_and(|c| c.addr == want))
+}
+
+/// The context librdmacm's ids share on `d` (one per device and process, as librdmacm's;
+/// and one for the active side, which leaves the loopback's 127.0.0.1 to servers).
+fn shared_context(d: &'static SrDevice, active: bool) -> Result<&'static SrContext, c_int> {
+    static OPEN: OnceLock<Mutex<HashMap<(usize, bool), usize>>> = OnceLock::new();
+    let mut open = OPEN.get_or_init(Mutex::default).lock();
+    let key = (ptr::from_ref(d) as usize, active);
+    let p = match open.get(&key) {
+        Some(&p) => p as *mut sys::ibv_context,
+        None => {
+            let p = crate::ops::open_device(d, active)?;
+            open.insert(key, p as usize);
+            p
+        }
+    };
+    context(p).ok_or(libc::ENODEV)
+}
+
+/// Puts `i` on the device of `local`: `active` for an id that connects out.
+fn attach(i: &SrCmId, local: IpAddr, active: bool) -> Result<&'static SrContext, c_int> {
+    let d = device_for(local).ok_or(libc::EADDRNOTAVAIL)?;
+    let c = shared_context(d, active)?;
+    i.st.lock().ctx = Some(c);
+    // SAFETY: our own struct; the program reads `verbs` once the call or event says so.
+    unsafe { (*i.c()).verbs = c.as_ptr() };
+    Ok(c)
+}
+
+/// `rdma_bind_addr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_bind_addr(
+    p: *mut sys::rdma_cm_id,
+    addr: *mut sys::sockaddr,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    // SAFETY: the program's address.
+    let Some(a) = (unsafe { sockaddr(addr) }) else {
+        return errno::fail(libc::EAFNOSUPPORT);
+    };
+    if let Err(e) = attach(i, a.ip(), false) {
+        return errno::fail(e);
+    }
+    i.st.lock().local = Some(a);
+    set_addrs(i, Some(a), None);
+    0
+}
+
+/// `rdma_resolve_addr`: the local address is the one the route to `dst` leaves from (or
+/// `src`); `ADDR_RESOLVED` follows at once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_resolve_addr(
+    p: *mut sys::rdma_cm_id,
+    src: *mut sys::sockaddr,
+    dst: *mut sys::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    // SAFETY: the program's addresses.
+    let (src, dst) = unsafe { (sockaddr(src), sockaddr(dst)) };
+    let Some(dst) = dst else {
+        return errno::fail(libc::EINVAL);
+    };
+    let local = match src.or(i.st.lock().local) {
+        Some(s) => s,
+        None => match route_from(dst) {
+            Some(ip) => SocketAddr::new(ip, 0),
+            None => {
+                post(
+                    p as usize,
+                    0,
+                    sys::RDMA_CM_EVENT_ADDR_ERROR,
+                    -libc::ENETUNREACH,
+                    Conn::default(),
+                );
+                return 0;
+            }
+        },
+    };
+    if let Err(e) = attach(i, local.ip(), true) {
+        return errno::fail(e);
+    }
+    {
+        let mut st = i.st.lock();
+        st.local = Some(local);
+        st.peer = Some(dst);
+    }
+    set_addrs(i, Some(local), Some(dst));
+    post(
+        p as usize,
+        0,
+        sys::RDMA_CM_EVENT_ADDR_RESOLVED,
+        0,
+        Conn::default(),
+    );
+    0
+}
+
+/// The local address the kernel would send to `dst` from.
+fn route_from(dst: SocketAddr) -> Option<IpAddr> {
+    let any: SocketAddr = match dst {
+        SocketAddr::V4(_) => "0.0.0.0:0".parse().ok()?,
+        SocketAddr::V6(_) => "[::]:0".parse().ok()?,
+    };
+    let s = UdpSocket::bind(any).ok()?;
+    s.connect(dst).ok()?;
+    s.local_addr().ok().map(|a| a.ip())
+}
+
+/// `rdma_resolve_route`: nothing to find beyond the address; `ROUTE_RESOLVED` at once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_resolve_route(
+    p: *mut sys::rdma_cm_id,
+    _timeout_ms: c_int,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    if i.st.lock().peer.is_none() {
+        return errno::fail(libc::EINVAL);
+    }
+    post(
+        p as usize,
+        0,
+        sys::RDMA_CM_EVENT_ROUTE_RESOLVED,
+        0,
+        Conn::default(),
+    );
+    0
+}
+
+// --- QPs --------------------------------------------------------------------------------
+
+/// `rdma_create_qp`: a QP on the id's device, in `pd` (or a PD of the id's own).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_create_qp(
+    p: *mut sys::rdma_cm_id,
+    pd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    // SAFETY: our own struct.
+    let verbs = unsafe { (*i.c()).verbs };
+    if verbs.is_null() || attr.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    let pd = match pd.is_null() {
+        // SAFETY: the id's context, live.
+        true => unsafe { crate::pd::sr_ibv_alloc_pd(verbs) },
+        false => pd,
+    };
+    // SAFETY: the program's attributes; our own create.
+    let q = unsafe { crate::qp::sr_ibv_create_qp(pd, attr) };
+    if q.is_null() {
+        return -1;
+    }
+    // SAFETY: our own struct, written before the program reads it.
+    unsafe {
+        let m = i.c();
+        (*m).qp = q;
+        (*m).pd = pd;
+        (*m).send_cq = (*attr).send_cq;
+        (*m).recv_cq = (*attr).recv_cq;
+    }
+    0
+}
+
+/// `rdma_destroy_qp`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_destroy_qp(p: *mut sys::rdma_cm_id) {
+    if let Some(i) = id(p) {
+        // SAFETY: our own struct; the QP this id made, if any.
+        unsafe {
+            let q = (*i.c()).qp;
+            if !q.is_null() {
+                crate::qp::sr_ibv_destroy_qp(q);
+                (*i.c()).qp = ptr::null_mut();
+            }
+        }
+    }
+}
+
+// --- connections ------------------------------------------------------------------------
+
+/// `rdma_listen`: connection requests arrive as `CONNECT_REQUEST` events, each with a new
+/// id of its own.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let (ctx, local) = {
+        let st = i.st.lock();
+        match (st.ctx, st.local) {
+            (Some(c), Some(l)) => (c, l),
+            _ => return errno::fail(libc::EINVAL),
+        }
+    };
+    let mut params = softrdma::ListenParams::default();
+    if backlog > 0 {
+        params.backlog = backlog as u32;
+    }
+    let l = match Listener::bind_with(&ctx.inner, local, params) {
+        Ok(l) => l,
+        Err(softrdma::Error::Io(e)) => {
+            return errno::fail(e.raw_os_error().unwrap_or(libc::EADDRINUSE));
+        }
+        Err(_) => return errno::fail(libc::EADDRINUSE),
+    };
+    let bound = l.local_addr();
+    i.st.lock().local = Some(bound);
+    set_addrs(i, Some(bound), None);
+    let stop = i.stop.clone();
+    let (listen_id, chan) = (p as usize, i.chan);
+    // SAFETY: our own struct.
+    let c_id = unsafe { &*i.c() };
+    let (ctx_p, context_v, ps, qp_type) = (
+        ctx.as_ptr() as usize,
+        c_id.context as usize,
+        c_id.ps,
+        c_id.qp_type,
+    );
+    let h = std::thread::Builder::new()
+        .name("softrdma-cm-listen".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                let req = match l.accept_timeout(LISTEN_TICK) {
+                    Ok(r) => r,
+                    Err(_) => continue,
+                };
+                let child = new_id(chan, context_v as *mut c_void, ps, qp_type);
+                // SAFETY: the id just made; no event names it yet.
+                let c = unsafe { &*child };
+                let (ird, ord) = req.peer_ird_ord().unwrap_or((0, 0));
+                let conn = Conn {
+                    private: req.private_data().to_vec(),
+                    responder_resources: ird.min(255) as u8,
+                    initiator_depth: ord.min(255) as u8,
+                    qp_num: 0,
+                };
+                let (la, pa) = (req.local_addr(), req.peer_addr());
+                {
+                    let mut st = c.st.lock();
+                    st.ctx = context(ctx_p as *const sys::ibv_context);
+                    st.local = Some(la);
+                    st.peer = Some(pa);
+                    st.req = Some(req);
+                }
+                // SAFETY: our own struct, before the event hands it out.
+                unsafe { (*c.c()).verbs = ctx_p as *mut _ };
+                set_addrs(c, Some(la), Some(pa));
+                post(
+                    child as usize,
+                    listen_id,
+                    sys::RDMA_CM_EVENT_CONNECT_REQUEST,
+                    0,
+                    conn,
+                );
+            }
+        });
+    match h {
+        Ok(h) => {
+            *i.listener.lock() = Some(h);
+            0
+        }
+        Err(_) => errno::fail(libc::ENOMEM),
+    }
+}
+
+/// The QP behind an id, if it made one.
+fn id_qp(i: &SrCmId) -> Option<&'static crate::qp::SrQp> {
+    // SAFETY: our own struct.
+    crate::qp::qp(unsafe { (*i.c()).qp })
+}
+
+fn conn_param(c: *const sys::rdma_conn_param) -> (Vec<u8>, u16, u16) {
+    if c.is_null() {
+        return (Vec::new(), 16, 16);
+    }
+    // SAFETY: the program's parameters.
+    let c = unsafe { &*c };
+    let pd = match (c.private_data.is_null(), c.private_data_len) {
+        (false, n) if n > 0 => {
+            // SAFETY: `private_data_len` octets at `private_data`.
+            unsafe { std::slice::from_raw_parts(c.private_data.cast::<u8>(), n as usize) }.to_vec()
+        }
+        _ => Vec::new(),
+    };
+    (
+        pd,
+        u16::from(c.responder_resources),
+        u16::from(c.initiator_depth),
+    )
+}
+
+fn established(p: usize, info: &softrdma::ConnectionInfo, qp_num: u32) {
+    let conn = Conn {
+        private: info.peer_private_data.clone(),
+        responder_resources: info.ird.min(255) as u8,
+        initiator_depth: info.ord.min(255) as u8,
+        qp_num,
+    };
+    post(p, 0, sys::RDMA_CM_EVENT_ESTABLISHED, 0, conn);
+}
+
+/// `rdma_connect`: `ESTABLISHED`, `REJECTED` or `UNREACHABLE` follows.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_connect(
+    p: *mut sys::rdma_cm_id,
+    param: *mut sys::rdma_conn_param,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let Some(q) = id_qp(i) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let Some(peer) = i.st.lock().peer else {
+        return errno::fail(libc::EINVAL);
+    };
+    let (private_data, ird, ord) = conn_param(param);
+    let params = ConnectParams {
+        private_data,
+        ird,
+        ord,
+        ..ConnectParams::default()
+    };
+    let (pu, qn) = (p as usize, q.inner.qp_num());
+    watch(i, qn);
+    let qp = q.inner.clone();
+    let spawned = std::thread::Builder::new()
+        .name("softrdma-cm-connect".into())
+        .spawn(move || match qp.connect(peer, params) {
+            Ok(info) => established(pu, &info, qn),
+            Err(softrdma::Error::Rejected {
+                reason,
+                private_data,
+            }) => {
+                let conn = Conn {
+                    private: private_data,
+                    ..Conn::default()
+                };
+                // librdmacm's status: the IB CM's reason, or ECONNREFUSED over iWARP.
+                let status = reason.map_or(libc::ECONNREFUSED, c_int::from);
+                post(pu, 0, sys::RDMA_CM_EVENT_REJECTED, status, conn);
+            }
+            Err(_) => post(
+                pu,
+                0,
+                sys::RDMA_CM_EVENT_UNREACHABLE,
+                -libc::ETIMEDOUT,
+                Conn::default(),
+            ),
+        });
+    match spawned {
+        Ok(_) => 0,
+        Err(_) => errno::fail(libc::ENOMEM),
+    }
+}
+
+/// `rdma_accept`: `ESTABLISHED` follows.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_accept(
+    p: *mut sys::rdma_cm_id,
+    param: *mut sys::rdma_conn_param,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let Some(q) = id_qp(i) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let Some(req) = i.st.lock().req.take() else {
+        return errno::fail(libc::EINVAL);
+    };
+    let (private_data, ird, ord) = conn_param(param);
+    let params = AcceptParams {
+        private_data,
+        ird,
+        ord,
+        ..AcceptParams::default()
+    };
+    let (pu, qn) = (p as usize, q.inner.qp_num());
+    watch(i, qn);
+    let qp = q.inner.clone();
+    let spawned = std::thread::Builder::new()
+        .name("softrdma-cm-accept".into())
+        .spawn(move || match req.accept(&qp, params) {
+            Ok(info) => established(pu, &info, qn),
+            Err(_) => post(
+                pu,
+                0,
+                sys::RDMA_CM_EVENT_CONNECT_ERROR,
+                -libc::ECONNABORTED,
+                Conn::default(),
+            ),
+        });
+    match spawned {
+        Ok(_) => 0,
+        Err(_) => errno::fail(libc::ENOMEM),
+    }
+}
+
+/// `rdma_reject`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_reject(
+    p: *mut sys::rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let Some(req) = i.st.lock().req.take() else {
+        return errno::fail(libc::EINVAL);
+    };
+    let data = match (private_data.is_null(), len) {
+        (false, n) if n > 0 => {
+            // SAFETY: `len` octets at `private_data`.
+            unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), n as usize) }.to_vec()
+        }
+        _ => Vec::new(),
+    };
+    match req.reject(&data) {
+        Ok(()) => 0,
+        Err(_) => errno::fail(libc::EINVAL),
+    }
+}
+
+/// `rdma_disconnect`: the peer and this side each get `DISCONNECTED`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_disconnect(p: *mut sys::rdma_cm_id) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    if let Some(q) = id_qp(i) {
+        let _ = q.inner.disconnect();
+    }
+    post(
+        p as usize,
+        0,
+        sys::RDMA_CM_EVENT_DISCONNECTED,
+        0,
+        Conn::default(),
+    );
+    0
+}
+
+/// `rdma_establish` (RDMACM_1.2): for ids whose QP the program connected itself; softrdma's
+/// are established by the time their event says so.
+#[unsafe(no_mangle)]
+pub extern "C" fn sr_rdma_establish(_p: *mut sys::rdma_cm_id) -> c_int {
+    0
+}
+
+/// `rdma_set_option`: accepted and ignored (type of service, reuse address, ACK timeout:
+/// nothing softrdma's connections take).
+#[unsafe(no_mangle)]
+pub extern "C" fn sr_rdma_set_option(
+    _p: *mut sys::rdma_cm_id,
+    _level: c_int,
+    _name: c_int,
+    _val: *mut c_void,
+    _len: usize,
+) -> c_int {
+    0
+}
+
+// --- the peer's disconnect --------------------------------------------------------------
+
+/// QP numbers of connected ids, per context: the context's `Disconnected` event is the
+/// id's `DISCONNECTED`.
+fn watched() -> &'static Mutex<HashMap<(usize, u32), usize>> {
+    static W: OnceLock<Mutex<HashMap<(usize, u32), usize>>> = OnceLock::new();
+    W.get_or_init(Mutex::default)
+}
+
+/// Routes the id's context's `Disconnected` for `qp_num` to the id, starting the context's
+/// watcher once.
+fn watch(i: &SrCmId, qp_num: u32) {
+    let Some(ctx) = i.st.lock().ctx else {
+        return;
+    };
+    let key = ctx.as_ptr() as usize;
+    watched()
+        .lock()
+        .insert((key, qp_num), ptr::from_ref(i) as usize);
+    static STARTED: OnceLock<Mutex<Vec<usize>>> = OnceLock::new();
+    let mut started = STARTED.get_or_init(Mutex::default).lock();
+    if started.contains(&key) {
+        return;
+    }
+    started.push(key);
+    let _ = std::thread::Builder::new()
+        .name("softrdma-cm-events".into())
+        .spawn(move || {
+            // Shared contexts live for the process.
+            let Some(c) = context(key as *const sys::ibv_context) else {
+                return;
+            };
+            loop {
+                let Some(ev) = c.inner.get_async_event(Duration::from_secs(3600)) else {
+                    continue;
+                };
+                if let softrdma::AsyncEvent::Disconnected { qp_num } = ev
+                    && let Some(id) = watched().lock().remove(&(key, qp_num))
+                {
+                    post(id, 0, sys::RDMA_CM_EVENT_DISCONNECTED, 0, Conn::default());
+                }
+            }
+        });
+}

@@ -1,0 +1,182 @@
+//! librdmacm's programs (Debian's `rdmacm-utils`) on softrdma through the drop-in library,
+//! a pair of processes over loopback, on both transports (issue 43): `rping -V` checks
+//! every octet of every round.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{free_port, lib_dir, wait_listening};
+
+fn start(prog: &str, args: &[String], transport: &str) -> Child {
+    Command::new(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env(softrdma_capi::cm::TRANSPORT_VAR, transport)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{prog}: {e}"))
+}
+
+fn finish(c: Child, who: &str) -> String {
+    let out = c.wait_with_output().expect("wait");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{who}: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// `rping` as server and client, `count` rounds of `size` octets; both outputs. iWARP's
+/// client starts once the server's TCP listener is there; RoCE's listener is a service of
+/// the server's UDP socket, so a client that came too early is rejected and runs again.
+fn rping_pair(transport: &str, count: u32, size: u32) -> (String, String) {
+    let port = free_port();
+    let p = port.to_string();
+    let (c, s) = (count.to_string(), size.to_string());
+    let server = start(
+        "rping",
+        &strs(&["-s", "-a", "127.0.0.1", "-p", &p, "-C", &c, "-S", &s, "-V"]),
+        transport,
+    );
+    let client_args = strs(&[
+        "-c",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &p,
+        "-C",
+        &c,
+        "-S",
+        &s,
+        "-v",
+        "-V",
+    ]);
+    if transport == "iwarp" {
+        wait_listening(port, Duration::from_secs(30));
+    }
+    let t0 = std::time::Instant::now();
+    let co = loop {
+        let out = start("rping", &client_args, transport)
+            .wait_with_output()
+            .expect("wait");
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            transport != "iwarp" && t0.elapsed() < Duration::from_secs(30),
+            "client: {out:?}"
+        );
+    };
+    let so = finish(server, "server");
+    (so, co)
+}
+
+fn rounds_done(out: &str, count: u32) {
+    assert!(
+        out.contains(&format!("ping data: rdma-ping-{}:", count - 1)),
+        "{out}"
+    );
+}
+
+#[test]
+fn rping_over_iwarp_checks_every_round() {
+    for (count, size) in [(50, 64), (5, 60000), (10, 1000)] {
+        let (_, c) = rping_pair("iwarp", count, size);
+        rounds_done(&c, count);
+    }
+}
+
+#[test]
+fn rping_over_roce_checks_every_round() {
+    for (count, size) in [(50, 64), (5, 60000)] {
+        let (_, c) = rping_pair("roce", count, size);
+        rounds_done(&c, count);
+    }
+}
+
+/// Debian's rping against softrdma's own (`softrdma rping`, the native API) in each role,
+/// on both transports: a bug cannot hide behind its twin (issue 43, Done-when 2).
+#[test]
+fn rping_against_softrdma_rping_both_ways() {
+    let bin = common::softrdma_bin();
+    for transport in ["iwarp", "roce"] {
+        for debian_serves in [true, false] {
+            let port = free_port();
+            let p = port.to_string();
+            let native = |server: bool| {
+                let mut c = Command::new(&bin);
+                c.args(["rping", if server { "-s" } else { "-c" }, "-a", "127.0.0.1"]);
+                c.args(["-p", &p, "-C", "20", "-V", "--transport", transport]);
+                if !server {
+                    // Its own loopback address: the Debian server keeps 127.0.0.1.
+                    c.args(["-I", "127.0.0.9"]);
+                }
+                c.stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("softrdma rping")
+            };
+            let debian = |server: bool| {
+                let role = if server { "-s" } else { "-c" };
+                start(
+                    "rping",
+                    &strs(&[role, "-a", "127.0.0.1", "-p", &p, "-C", "20", "-v", "-V"]),
+                    transport,
+                )
+            };
+            let server = match debian_serves {
+                true => debian(true),
+                false => native(true),
+            };
+            wait_for_server(transport, port);
+            // RoCE: a request that comes between the server's socket and its listener is
+            // rejected; the client then runs again.
+            let t0 = std::time::Instant::now();
+            let c = loop {
+                let out = match debian_serves {
+                    true => native(false),
+                    false => debian(false),
+                }
+                .wait_with_output()
+                .expect("wait");
+                if out.status.success() {
+                    break String::from_utf8_lossy(&out.stdout).into_owned();
+                }
+                assert!(
+                    transport == "roce" && t0.elapsed() < Duration::from_secs(30),
+                    "{transport} client: {out:?}"
+                );
+            };
+            finish(server, &format!("{transport} server"));
+            if !debian_serves {
+                rounds_done(&c, 20);
+            }
+        }
+    }
+}
+
+/// iWARP: the TCP listener; RoCE: the server's UDP socket on 127.0.0.1:4791 (its listener
+/// follows at once).
+fn wait_for_server(transport: &str, port: u16) {
+    if transport == "iwarp" {
+        wait_listening(port, Duration::from_secs(30));
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string("/proc/net/udp")
+        .is_ok_and(|t| t.lines().any(|l| l.contains("0100007F:12B7")))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no RoCE server");
+        std::thread::yield_now();
+    }
+}
