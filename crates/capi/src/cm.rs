@@ -70,6 +70,24 @@ impl SrEventChannel {
         self.cond.notify_all();
     }
 
+    /// Drops the queued events of id `p` (never reported: they go with it).
+    fn forget(&self, p: *mut sys::rdma_cm_id) {
+        let mut q = self.q.lock();
+        let had = !q.is_empty();
+        q.retain(|&e| {
+            // SAFETY: queued events are boxed SrEvents nobody was handed.
+            let mine = unsafe { (*(e as *const SrEvent)).ev.id } == p;
+            if mine {
+                // SAFETY: as above; taken out of the queue, so freed once.
+                drop(unsafe { Box::from_raw(e as *mut SrEvent) });
+            }
+            !mine
+        });
+        if had && q.is_empty() {
+            let _ = (&self.rx).read(&mut [0u8; 1]);
+        }
+    }
+
     /// The next event; `None` at once when `nonblocking` and there is none.
     fn pop(&self, nonblocking: bool) -> Option<*mut SrEvent> {
         let mut q = self.q.lock();
@@ -198,8 +216,23 @@ fn id<'a>(p: *const sys::rdma_cm_id) -> Option<&'a SrCmId> {
         .then(|| unsafe { &*p.cast::<SrCmId>() })
 }
 
+/// `$SOFTRDMA_CM_TRACE` set: each event posted is said on standard error (which id, what,
+/// the status), for a user finding out what a program and its peer did.
+fn trace(what: std::fmt::Arguments<'_>) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("SOFTRDMA_CM_TRACE").is_some()) {
+        eprintln!("softrdma cm: {what}");
+    }
+}
+
 /// Posts `kind` for id `p` (and `listen`, for a connection request) if it still exists.
 fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, conn: Conn) {
+    // SAFETY: the name of an event kind is a static C string.
+    let name = unsafe { std::ffi::CStr::from_ptr(crate::strs::sr_rdma_event_str(kind as c_int)) };
+    trace(format_args!(
+        "id {p:#x}: {} status {status}",
+        name.to_string_lossy()
+    ));
     let live = ids().lock();
     if !live.contains_key(&p) {
         return;
@@ -213,7 +246,6 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
         }
         st.disconnected = true;
     }
-    i.st.lock().unacked += 1;
     let mut e = Box::new(SrEvent {
         ev: sys::rdma_cm_event {
             id: p as *mut sys::rdma_cm_id,
@@ -294,6 +326,7 @@ pub unsafe extern "C" fn sr_rdma_create_id(
     // SAFETY: a live channel lives until destroyed, which waits for its ids.
     let chan: &'static SrEventChannel = unsafe { &*ptr::from_ref(chan) };
     let p = new_id(chan, context, ps, qp_type);
+    trace(format_args!("id {:#x}: created", p as usize));
     // SAFETY: the program's out-pointer (checked non-NULL).
     unsafe { *out = p.cast() };
     0
@@ -302,6 +335,7 @@ pub unsafe extern "C" fn sr_rdma_create_id(
 /// `rdma_destroy_id`: waits until every event reported on it is acknowledged.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
+    trace(format_args!("id {:#x}: destroyed", p as usize));
     let Some(i) = id(p) else {
         return errno::fail(libc::EINVAL);
     };
@@ -315,7 +349,12 @@ pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
             i.acked.wait(&mut st);
         }
     }
-    ids().lock().remove(&(p as usize));
+    {
+        let mut live = ids().lock();
+        live.remove(&(p as usize));
+        // Events never reported go with it.
+        i.chan.forget(p);
+    }
     i.chan.ids.fetch_sub(1, Ordering::AcqRel);
     // SAFETY: it was live and no thread posts to it any more: ours alone.
     drop(unsafe { Box::from_raw(p.cast::<SrCmId>()) });
@@ -340,6 +379,14 @@ pub unsafe extern "C" fn sr_rdma_get_cm_event(
     let nonblocking = flags >= 0 && flags & libc::O_NONBLOCK != 0;
     match c.pop(nonblocking) {
         Some(e) => {
+            // Reported now: its id cannot be destroyed before the program acknowledges it
+            // (events still queued go with the id, as librdmacm's do).
+            // SAFETY: a queued event is a boxed SrEvent; its id is live (destroy_id takes
+            // its events out of the queue before the id goes).
+            let ev_id = unsafe { (*e).ev.id };
+            if let Some(i) = id(ev_id) {
+                i.st.lock().unacked += 1;
+            }
             // SAFETY: the program's out-pointer; the event's first field is the C event.
             unsafe { *out = e.cast() };
             0
@@ -497,6 +544,7 @@ pub unsafe extern "C" fn sr_rdma_resolve_addr(
     dst: *mut sys::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
+    trace(format_args!("id {:#x}: resolve_addr", p as usize));
     let Some(i) = id(p) else {
         return errno::fail(libc::EINVAL);
     };
@@ -641,6 +689,11 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
             (Some(c), Some(l)) => (c, l),
             _ => return errno::fail(libc::EINVAL),
         }
+    };
+    // A RoCE listener serves its context's address (a wildcard names it).
+    let local = match ctx.inner.roce_local_addr() {
+        Ok(r) if local.ip().is_unspecified() => SocketAddr::new(r.ip(), local.port()),
+        _ => local,
     };
     let mut params = softrdma::ListenParams::default();
     if backlog > 0 {

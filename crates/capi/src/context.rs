@@ -15,6 +15,9 @@ use crate::errno;
 
 use crate::live::Live;
 use crate::sys;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// A context as rdma-core lays it out, with softrdma's behind it.
 #[repr(C)]
@@ -24,6 +27,8 @@ pub struct SrContext {
     pub dev: &'static SrDevice,
     /// GID index 0: the address this context's RoCE socket is bound to.
     pub gid: [u8; 16],
+    /// Opened for the active side of librdmacm (see [`open`]).
+    leave_loopback: bool,
     /// `async_fd` reads this pipe; events are written to its other end.
     _async_rx: PipeReader,
     pub async_tx: PipeWriter,
@@ -55,9 +60,10 @@ pub(crate) fn context<'a>(p: *const sys::ibv_context) -> Option<&'a SrContext> {
 pub(crate) fn open(
     d: &'static SrDevice,
     ops: sys::ibv_context_ops,
+    verbs_ops: impl FnOnce(&mut sys::verbs_context),
     leave_loopback: bool,
 ) -> Result<*mut sys::ibv_context, c_int> {
-    let inner = open_inner(d, leave_loopback)?;
+    let inner = acquire(d, leave_loopback)?;
     let gid = match inner.roce_gid() {
         Ok(g) => g,
         Err(_) => d.gid(),
@@ -70,6 +76,7 @@ pub(crate) fn open(
         query_device_ex: Some(query_device_ex_op),
         ..Default::default()
     };
+    verbs_ops(&mut vctx);
     let c = &mut vctx.context;
     c.device = d.as_ptr();
     c.ops = ops;
@@ -83,6 +90,7 @@ pub(crate) fn open(
         inner,
         dev: d,
         gid,
+        leave_loopback,
         _async_rx: rx,
         async_tx: tx,
         _cmd: cmd,
@@ -98,6 +106,39 @@ impl SrContext {
     /// The pointer programs hold.
     pub fn as_ptr(&self) -> *mut sys::ibv_context {
         ptr::from_ref(&self.vctx.context).cast_mut()
+    }
+}
+
+/// softrdma's contexts on each device, shared by the program's contexts on it (and
+/// librdmacm's): one socket per device and process, as one kernel device serves every
+/// context of a process. Counted; the last close closes it.
+type Shared = Mutex<HashMap<(usize, bool), (softrdma::Context, usize)>>;
+
+fn shared() -> &'static Shared {
+    static S: OnceLock<Shared> = OnceLock::new();
+    S.get_or_init(Mutex::default)
+}
+
+fn acquire(d: &'static SrDevice, leave_loopback: bool) -> Result<softrdma::Context, c_int> {
+    let mut s = shared().lock();
+    let key = (ptr::from_ref(d) as usize, leave_loopback);
+    if let Some((c, n)) = s.get_mut(&key) {
+        *n += 1;
+        return Ok(c.clone());
+    }
+    let c = open_inner(d, leave_loopback)?;
+    s.insert(key, (c.clone(), 1));
+    Ok(c)
+}
+
+fn release(d: &'static SrDevice, leave_loopback: bool) {
+    let mut s = shared().lock();
+    let key = (ptr::from_ref(d) as usize, leave_loopback);
+    if let Some((_, n)) = s.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            s.remove(&key);
+        }
     }
 }
 
@@ -163,7 +204,9 @@ pub unsafe extern "C" fn sr_ibv_close_device(ctx: *mut sys::ibv_context) -> c_in
         return libc::EINVAL;
     }
     // SAFETY: it was live, so it is the context field of a boxed SrContext, now ours alone.
-    drop(unsafe { Box::from_raw(ctx.byte_sub(CONTEXT_AT).cast::<SrContext>()) });
+    let c = unsafe { Box::from_raw(ctx.byte_sub(CONTEXT_AT).cast::<SrContext>()) };
+    release(c.dev, c.leave_loopback);
+    drop(c);
     0
 }
 

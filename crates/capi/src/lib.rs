@@ -13,6 +13,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+pub mod addrinfo;
 pub mod ah;
 pub mod cm;
 pub mod context;

@@ -26,7 +26,12 @@ pub(crate) fn open_device(
     d: &'static crate::device::SrDevice,
     leave_loopback: bool,
 ) -> Result<*mut sys::ibv_context, c_int> {
-    context::open(d, ops(), leave_loopback)
+    context::open(
+        d,
+        ops(),
+        |v| v.create_qp_ex = Some(qp::create_qp_ex),
+        leave_loopback,
+    )
 }
 
 /// `ibv_open_device`.

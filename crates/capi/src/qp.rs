@@ -24,8 +24,11 @@ const ROCE_PORT: u16 = 4791;
 /// A queue pair as rdma-core lays it out, with softrdma's behind it.
 #[repr(C)]
 pub struct SrQp {
-    /// What the program reads (`state` follows `ibv_modify_qp`), hence a cell.
-    qp: std::cell::UnsafeCell<sys::ibv_qp>,
+    /// What the program reads (`state` follows `ibv_modify_qp`; `ibv_qp_ex` carries the
+    /// `ibv_wr_*` calls and the next request's id and flags), hence a cell.
+    qp: std::cell::UnsafeCell<sys::ibv_qp_ex>,
+    /// Requests built between `ibv_wr_start` and `ibv_wr_complete`.
+    batch: parking_lot::Mutex<Batch>,
     /// Shared with librdmacm's connecting threads, which may outlive the handle.
     pub inner: std::sync::Arc<softrdma::Qp>,
     send_cq: &'static SrCq,
@@ -128,7 +131,8 @@ fn create_qp(
         s.users.fetch_add(1, Ordering::AcqRel);
     }
     let b = Box::new(SrQp {
-        qp: std::cell::UnsafeCell::new(sys::ibv_qp {
+        batch: parking_lot::Mutex::default(),
+        qp: std::cell::UnsafeCell::new(with_wr_ops(sys::ibv_qp {
             context: p.ctx_ptr(),
             qp_context: a.qp_context,
             pd,
@@ -140,7 +144,7 @@ fn create_qp(
             state: sys::IBV_QPS_RESET,
             qp_type: a.qp_type,
             ..Default::default()
-        }),
+        })),
         inner: std::sync::Arc::new(inner),
         send_cq: scq,
         recv_cq: rcq,
@@ -231,7 +235,7 @@ pub unsafe extern "C" fn sr_ibv_modify_qp(
             if mask as u32 & sys::IBV_QP_STATE != 0 {
                 // SAFETY: our own struct, in a cell; rdma-core keeps the state the program
                 // reads here.
-                unsafe { (*q.qp.get()).state = a.qp_state };
+                unsafe { (*q.qp.get()).qp_base.state = a.qp_state };
             }
             0
         }
@@ -341,7 +345,7 @@ pub unsafe extern "C" fn sr_ibv_query_qp(
     };
     let state = state_to_c(q.inner.state());
     // SAFETY: our own struct (read).
-    let c = unsafe { &*q.qp.get() };
+    let c = unsafe { &(*q.qp.get()).qp_base };
     // SAFETY: the program passes room for both structs (checked non-NULL).
     unsafe {
         attr.write(sys::ibv_qp_attr {
@@ -375,29 +379,42 @@ pub(crate) unsafe extern "C" fn post_send(
     // providers do not check either).
     let q = unsafe { &*p.cast::<SrQp>() };
     // SAFETY: our own struct (read).
-    let ud = unsafe { (*q.qp.get()).qp_type } == sys::IBV_QPT_UD;
+    let ud = unsafe { (*q.qp.get()).qp_base.qp_type } == sys::IBV_QPT_UD;
     let mut cur = wr;
     let mut refused: Option<(*mut sys::ibv_send_wr, c_int)> = None;
     let mut ptrs: smallvec::SmallVec<[*mut sys::ibv_send_wr; 8]> = smallvec::SmallVec::new();
+    // Inline requests' octets, held until the post has copied them.
+    let mut copies: smallvec::SmallVec<[crate::wr::InlineCopy; 2]> = smallvec::SmallVec::new();
+    let pd = &q.pd.inner;
     let list = std::iter::from_fn(|| {
         if cur.is_null() || refused.is_some() {
             return None;
         }
         // SAFETY: the program's linked list of requests.
         let w = unsafe { &*cur };
-        match send_wr(w, ud) {
-            Some(s) => {
+        let converted = send_wr(w, ud).ok_or(libc::EINVAL).and_then(|mut s| {
+            if w.send_flags & sys::IBV_SEND_INLINE != 0 {
+                let data = crate::wr::inline_octets(w).ok_or(libc::EINVAL)?;
+                if let Some(c) = crate::wr::inline_copy(pd, &mut s, data)? {
+                    copies.push(c);
+                }
+            }
+            Ok(s)
+        });
+        match converted {
+            Ok(s) => {
                 ptrs.push(cur);
                 cur = w.next;
                 Some(s)
             }
-            None => {
-                refused = Some((cur, libc::EINVAL));
+            Err(e) => {
+                refused = Some((cur, e));
                 None
             }
         }
     });
     let posted = q.inner.post_send_list(list);
+    drop(copies);
     let failed = match posted {
         Ok(()) => refused,
         Err((i, e)) => Some((ptrs.get(i).copied().unwrap_or(cur), post_errno(&e))),
@@ -458,4 +475,425 @@ pub(crate) unsafe extern "C" fn post_recv(
             e
         }
     }
+}
+
+// --- the extended QP: ibv_create_qp_ex and the ibv_wr_* calls -------------------------
+
+/// The verbs op behind `ibv_create_qp_ex`: a PD is required; the send operations asked
+/// for are all carried (the `ibv_wr_*` calls of each QP refuse the others at
+/// `ibv_wr_complete`).
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _ctx: *mut sys::ibv_context,
+    attr: *mut sys::ibv_qp_init_attr_ex,
+) -> *mut sys::ibv_qp {
+    if attr.is_null() {
+        errno::set(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: the program's attributes (checked non-NULL).
+    let a = unsafe { &mut *attr };
+    let known = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 || a.comp_mask & !known != 0 {
+        errno::set(if a.comp_mask & !known != 0 {
+            libc::EOPNOTSUPP
+        } else {
+            libc::EINVAL
+        });
+        return ptr::null_mut();
+    }
+    let mut init = sys::ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    match create_qp(a.pd, &mut init) {
+        Ok(q) => {
+            a.cap = init.cap;
+            q
+        }
+        Err(e) => {
+            errno::set(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_qp_to_qp_ex`: every QP of ours is an extended one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_ibv_qp_to_qp_ex(p: *mut sys::ibv_qp) -> *mut sys::ibv_qp_ex {
+    match qp(p) {
+        Some(q) => q.qp.get(),
+        None => {
+            errno::set(libc::EINVAL);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// Requests built by the `ibv_wr_*` calls, posted together by `ibv_wr_complete`.
+#[derive(Default)]
+struct Batch {
+    wrs: Vec<softrdma::SendWr>,
+    /// Inline octets, per request (index into `wrs`).
+    inline: Vec<(usize, Vec<u8>)>,
+    /// The first call that could not be carried: `ibv_wr_complete` reports it.
+    error: Option<c_int>,
+}
+
+fn with_wr_ops(base: sys::ibv_qp) -> sys::ibv_qp_ex {
+    sys::ibv_qp_ex {
+        qp_base: base,
+        wr_start: Some(wr_start),
+        wr_complete: Some(wr_complete),
+        wr_abort: Some(wr_abort),
+        wr_send: Some(wr_send),
+        wr_send_imm: Some(wr_send_imm),
+        wr_send_inv: Some(wr_send_inv),
+        wr_rdma_write: Some(wr_rdma_write),
+        wr_rdma_write_imm: Some(wr_rdma_write_imm),
+        wr_rdma_read: Some(wr_rdma_read),
+        wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
+        wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
+        wr_set_sge: Some(wr_set_sge),
+        wr_set_sge_list: Some(wr_set_sge_list),
+        wr_set_inline_data: Some(wr_set_inline_data),
+        wr_set_inline_data_list: Some(wr_set_inline_data_list),
+        wr_set_ud_addr: Some(wr_set_ud_addr),
+        wr_bind_mw: Some(wr_bind_mw),
+        wr_local_inv: Some(wr_local_inv),
+        wr_send_tso: Some(wr_send_tso),
+        wr_set_xrc_srqn: Some(wr_set_xrc_srqn),
+        wr_atomic_write: Some(wr_atomic_write),
+        ..Default::default()
+    }
+}
+
+/// The QP behind an `ibv_qp_ex` (the program's promise that it is one of ours, as with the
+/// ops).
+///
+/// # Safety
+/// `x` is the extended QP of a live QP of this library.
+unsafe fn of<'a>(x: *mut sys::ibv_qp_ex) -> &'a SrQp {
+    // SAFETY: the caller's promise: the first field of a boxed SrQp.
+    unsafe { &*x.cast::<SrQp>() }
+}
+
+/// Starts a request of `opcode`, taking the id and flags the program set in the struct.
+unsafe fn begin(x: *mut sys::ibv_qp_ex, opcode: softrdma::WrOpcode) {
+    // SAFETY: as `of`.
+    let q = unsafe { of(x) };
+    // SAFETY: the program wrote these fields before this call.
+    let (wr_id, wr_flags) = unsafe { ((*x).wr_id, (*x).wr_flags) };
+    let mut flags = softrdma::SendFlags::empty();
+    for (bit, f) in [
+        (sys::IBV_SEND_SIGNALED, softrdma::SendFlags::SIGNALED),
+        (sys::IBV_SEND_SOLICITED, softrdma::SendFlags::SOLICITED),
+        (sys::IBV_SEND_FENCE, softrdma::SendFlags::FENCE),
+    ] {
+        if wr_flags & bit != 0 {
+            flags |= f;
+        }
+    }
+    q.batch.lock().wrs.push(softrdma::SendWr {
+        wr_id,
+        opcode,
+        sg_list: Default::default(),
+        flags,
+        ud: None,
+    });
+}
+
+/// Records that the program asked for what is not carried.
+unsafe fn refuse(x: *mut sys::ibv_qp_ex) {
+    // SAFETY: as `of`.
+    let q = unsafe { of(x) };
+    q.batch.lock().error.get_or_insert(libc::EOPNOTSUPP);
+}
+
+unsafe extern "C" fn wr_start(x: *mut sys::ibv_qp_ex) {
+    // SAFETY: as `of`.
+    *unsafe { of(x) }.batch.lock() = Batch::default();
+}
+
+unsafe extern "C" fn wr_abort(x: *mut sys::ibv_qp_ex) {
+    // SAFETY: as `of`.
+    *unsafe { of(x) }.batch.lock() = Batch::default();
+}
+
+/// `ibv_wr_complete`: posts what was built; 0 or the errno of the first refused request
+/// (as rdma-core's providers, nothing of a refused batch is posted after it).
+unsafe extern "C" fn wr_complete(x: *mut sys::ibv_qp_ex) -> c_int {
+    // SAFETY: as `of`.
+    let q = unsafe { of(x) };
+    let Batch {
+        mut wrs,
+        inline,
+        error,
+    } = std::mem::take(&mut *q.batch.lock());
+    if let Some(e) = error {
+        return e;
+    }
+    let mut copies = Vec::with_capacity(inline.len());
+    for (i, data) in inline {
+        match wrs
+            .get_mut(i)
+            .map(|w| crate::wr::inline_copy(&q.pd.inner, w, data))
+        {
+            Some(Ok(Some(c))) => copies.push(c),
+            Some(Ok(None)) => {}
+            Some(Err(e)) => return e,
+            None => return libc::EINVAL,
+        }
+    }
+    let posted = q.inner.post_send_list(wrs);
+    drop(copies);
+    match posted {
+        Ok(()) => 0,
+        Err((_, e)) => post_errno(&e),
+    }
+}
+
+unsafe extern "C" fn wr_send(x: *mut sys::ibv_qp_ex) {
+    // SAFETY: the program's extended QP.
+    unsafe { begin(x, softrdma::WrOpcode::Send) }
+}
+
+unsafe extern "C" fn wr_send_imm(x: *mut sys::ibv_qp_ex, imm: u32) {
+    let imm = u32::from_be(imm);
+    // SAFETY: the program's extended QP.
+    unsafe { begin(x, softrdma::WrOpcode::SendWithImm { imm }) }
+}
+
+unsafe extern "C" fn wr_send_inv(x: *mut sys::ibv_qp_ex, rkey: u32) {
+    let invalidate_rkey = softrdma::Key(rkey);
+    // SAFETY: the program's extended QP.
+    unsafe {
+        begin(
+            x,
+            softrdma::WrOpcode::SendWithInvalidate { invalidate_rkey },
+        )
+    }
+}
+
+unsafe extern "C" fn wr_rdma_write(x: *mut sys::ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    let rkey = softrdma::Key(rkey);
+    // SAFETY: the program's extended QP.
+    unsafe { begin(x, softrdma::WrOpcode::RdmaWrite { remote_addr, rkey }) }
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(
+    x: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    imm: u32,
+) {
+    let (rkey, imm) = (softrdma::Key(rkey), u32::from_be(imm));
+    // SAFETY: the program's extended QP.
+    unsafe {
+        begin(
+            x,
+            softrdma::WrOpcode::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+        )
+    }
+}
+
+unsafe extern "C" fn wr_rdma_read(x: *mut sys::ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    let rkey = softrdma::Key(rkey);
+    // SAFETY: the program's extended QP.
+    unsafe { begin(x, softrdma::WrOpcode::RdmaRead { remote_addr, rkey }) }
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    x: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    let rkey = softrdma::Key(rkey);
+    let op = softrdma::WrOpcode::AtomicCmpSwap {
+        remote_addr,
+        rkey,
+        compare,
+        swap,
+    };
+    // SAFETY: the program's extended QP.
+    unsafe { begin(x, op) }
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    x: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    let rkey = softrdma::Key(rkey);
+    // SAFETY: the program's extended QP.
+    unsafe {
+        begin(
+            x,
+            softrdma::WrOpcode::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            },
+        )
+    }
+}
+
+/// Sets the entries of the request begun last.
+unsafe fn set_sges(x: *mut sys::ibv_qp_ex, sges: impl Iterator<Item = softrdma::Sge>) {
+    // SAFETY: as `of`.
+    let q = unsafe { of(x) };
+    let mut b = q.batch.lock();
+    match b.wrs.last_mut() {
+        Some(w) => w.sg_list = sges.collect(),
+        None => {
+            b.error.get_or_insert(libc::EINVAL);
+        }
+    }
+}
+
+unsafe extern "C" fn wr_set_sge(x: *mut sys::ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    // SAFETY: the program's extended QP.
+    unsafe {
+        set_sges(
+            x,
+            std::iter::once(softrdma::Sge::new(softrdma::Key(lkey), addr, length)),
+        )
+    }
+}
+
+unsafe extern "C" fn wr_set_sge_list(x: *mut sys::ibv_qp_ex, n: usize, list: *const sys::ibv_sge) {
+    match c_int::try_from(n).ok().and_then(|n| sges(list, n)) {
+        // SAFETY: the program's extended QP.
+        Some(s) => unsafe { set_sges(x, s) },
+        // SAFETY: as above.
+        None => unsafe { refuse(x) },
+    }
+}
+
+/// Inline octets of the request begun last, copied now (the program may reuse them).
+unsafe fn set_inline(x: *mut sys::ibv_qp_ex, pieces: &[(*const u8, usize)]) {
+    // SAFETY: as `of`.
+    let q = unsafe { of(x) };
+    let mut data = Vec::new();
+    for &(p, n) in pieces {
+        if n > 0 && !p.is_null() {
+            // SAFETY: `n` octets at `p`, the program's to read.
+            data.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+        }
+    }
+    let mut b = q.batch.lock();
+    match b.wrs.len().checked_sub(1) {
+        Some(i) => b.inline.push((i, data)),
+        None => {
+            b.error.get_or_insert(libc::EINVAL);
+        }
+    }
+}
+
+unsafe extern "C" fn wr_set_inline_data(
+    x: *mut sys::ibv_qp_ex,
+    addr: *mut core::ffi::c_void,
+    length: usize,
+) {
+    // SAFETY: the program's extended QP and octets.
+    unsafe { set_inline(x, &[(addr.cast::<u8>().cast_const(), length)]) }
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    x: *mut sys::ibv_qp_ex,
+    n: usize,
+    list: *const sys::ibv_data_buf,
+) {
+    if n > MAX_SGE as usize || (n > 0 && list.is_null()) {
+        // SAFETY: the program's extended QP.
+        unsafe { refuse(x) };
+        return;
+    }
+    let pieces: Vec<(*const u8, usize)> = (0..n)
+        .map(|i| {
+            // SAFETY: the program's array of `n` buffers.
+            let b = unsafe { *list.add(i) };
+            (b.addr.cast::<u8>().cast_const(), b.length)
+        })
+        .collect();
+    // SAFETY: the program's extended QP and octets.
+    unsafe { set_inline(x, &pieces) }
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    x: *mut sys::ibv_qp_ex,
+    ah: *mut sys::ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    // SAFETY: as `of`.
+    let q = unsafe { of(x) };
+    let mut b = q.batch.lock();
+    match (b.wrs.last_mut(), ah.is_null()) {
+        (Some(w), false) => {
+            w.ud = Some(softrdma::UdDest {
+                // SAFETY: the program names an address handle of ours.
+                ah: unsafe { crate::ah::ah_id(ah) },
+                remote_qpn,
+                remote_qkey,
+            })
+        }
+        _ => {
+            b.error.get_or_insert(libc::EINVAL);
+        }
+    }
+}
+
+// Not carried yet: memory windows and local invalidation as work requests, TSO, XRC, and
+// atomic write; a batch that asks for one fails at `ibv_wr_complete` with EOPNOTSUPP.
+
+unsafe extern "C" fn wr_bind_mw(
+    x: *mut sys::ibv_qp_ex,
+    _mw: *mut sys::ibv_mw,
+    _rkey: u32,
+    _bind: *const sys::ibv_mw_bind_info,
+) {
+    // SAFETY: the program's extended QP.
+    unsafe { refuse(x) }
+}
+
+unsafe extern "C" fn wr_local_inv(x: *mut sys::ibv_qp_ex, _rkey: u32) {
+    // SAFETY: the program's extended QP.
+    unsafe { refuse(x) }
+}
+
+unsafe extern "C" fn wr_send_tso(
+    x: *mut sys::ibv_qp_ex,
+    _hdr: *mut core::ffi::c_void,
+    _hdr_sz: u16,
+    _mss: u16,
+) {
+    // SAFETY: the program's extended QP.
+    unsafe { refuse(x) }
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(x: *mut sys::ibv_qp_ex, _srqn: u32) {
+    // SAFETY: the program's extended QP.
+    unsafe { refuse(x) }
+}
+
+unsafe extern "C" fn wr_atomic_write(
+    x: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _remote_addr: u64,
+    _data: *const core::ffi::c_void,
+) {
+    // SAFETY: the program's extended QP.
+    unsafe { refuse(x) }
 }

@@ -55,7 +55,6 @@ null!(
     sr_ibv_import_mr,
     sr_ibv_import_pd,
     sr_ibv_import_dm,
-    sr_ibv_qp_to_qp_ex,
     sr_rdma_get_devices,
 );
 
@@ -84,7 +83,6 @@ minus_one!(libc::EOPNOTSUPP;
     sr_rdma_join_multicast_ex,
     sr_rdma_leave_multicast,
     sr_rdma_migrate_id,
-    sr_rdma_getaddrinfo,
     sr_rdma_init_qp_attr,
     sr_rdma_get_remote_ece,
     sr_rdma_set_local_ece,
@@ -131,7 +129,6 @@ nothing!(
     sr_ibv_copy_path_rec_to_kern,
     sr_rdma_destroy_srq,
     sr_rdma_destroy_ep,
-    sr_rdma_freeaddrinfo,
     sr_rdma_free_devices,
 );
 

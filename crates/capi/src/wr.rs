@@ -3,7 +3,12 @@
 
 use core::ffi::c_int;
 
-use softrdma::{Key, PostError, SendFlags, SendWr, Sge, UdDest, WrOpcode};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use softrdma::{
+    Access, Buffer, Key, MrAttr, MrFlags, PostError, SendFlags, SendWr, Sge, UdDest, WrOpcode,
+};
 
 use crate::device::MAX_SGE;
 use crate::sys;
@@ -23,6 +28,7 @@ pub(crate) fn sges(list: *const sys::ibv_sge, n: c_int) -> Option<impl Iterator<
 /// A C send request as softrdma's, or `None` for one it does not carry. `ud`: the QP is
 /// UD, and the request names its destination.
 pub(crate) fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
+    let opcode = opcode(w)?;
     let mut flags = SendFlags::empty();
     for (bit, f) in [
         (sys::IBV_SEND_SIGNALED, SendFlags::SIGNALED),
@@ -34,6 +40,33 @@ pub(crate) fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
             flags |= f;
         }
     }
+    let ud = match ud {
+        false => None,
+        true => {
+            // SAFETY: a UD QP's requests carry the `ud` member.
+            let u = unsafe { w.wr.ud };
+            if u.ah.is_null() {
+                return None;
+            }
+            Some(UdDest {
+                // SAFETY: the program names an address handle of ours.
+                ah: unsafe { crate::ah::ah_id(u.ah) },
+                remote_qpn: u.remote_qpn,
+                remote_qkey: u.remote_qkey,
+            })
+        }
+    };
+    Some(SendWr {
+        wr_id: w.wr_id,
+        opcode,
+        sg_list: sges(w.sg_list, w.num_sge)?.collect(),
+        flags,
+        ud,
+    })
+}
+
+/// What a C send request does.
+fn opcode(w: &sys::ibv_send_wr) -> Option<WrOpcode> {
     // SAFETY: which member of the union is meant follows from the opcode, read below.
     let (rdma, atomic) = unsafe { (w.wr.rdma, w.wr.atomic) };
     // SAFETY: as above (the immediate data and the invalidated key share a union).
@@ -43,7 +76,7 @@ pub(crate) fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
             w.__bindgen_anon_1.invalidate_rkey,
         )
     };
-    let opcode = match w.opcode {
+    Some(match w.opcode {
         sys::IBV_WR_SEND => WrOpcode::Send,
         sys::IBV_WR_SEND_WITH_IMM => WrOpcode::SendWithImm { imm },
         sys::IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInvalidate {
@@ -74,30 +107,72 @@ pub(crate) fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
             add: atomic.compare_add,
         },
         _ => return None,
-    };
-    let ud = match ud {
-        false => None,
-        true => {
-            // SAFETY: a UD QP's requests carry the `ud` member.
-            let u = unsafe { w.wr.ud };
-            if u.ah.is_null() {
-                return None;
-            }
-            Some(UdDest {
-                // SAFETY: the program names an address handle of ours.
-                ah: unsafe { crate::ah::ah_id(u.ah) },
-                remote_qpn: u.remote_qpn,
-                remote_qkey: u.remote_qkey,
-            })
-        }
-    };
-    Some(SendWr {
-        wr_id: w.wr_id,
-        opcode,
-        sg_list: sges(w.sg_list, w.num_sge)?.collect(),
-        flags,
-        ud,
     })
+}
+
+/// The octets of an `IBV_SEND_INLINE` request, gathered from its entries' addresses (no
+/// region covers them: their keys are not looked at), or `None` for a count out of range.
+pub(crate) fn inline_octets(w: &sys::ibv_send_wr) -> Option<Vec<u8>> {
+    if w.num_sge < 0 || (w.num_sge > 0 && w.sg_list.is_null()) || w.num_sge as u32 > MAX_SGE {
+        return None;
+    }
+    let mut v = Vec::new();
+    for i in 0..w.num_sge as usize {
+        // SAFETY: the program's array of `num_sge` entries, each naming its own octets.
+        let s = unsafe { *w.sg_list.add(i) };
+        if s.length > 0 {
+            // SAFETY: `length` octets at `addr`, the program's to read (the verbs' contract).
+            let src = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+            v.extend_from_slice(src);
+        }
+    }
+    Some(v)
+}
+
+/// An inline request's octets in memory a region covers for as long as the post takes:
+/// softrdma copies an `INLINE` request's octets when it is posted, so the region goes once
+/// the post has returned. Fields drop in order: the region, its buffer, the octets.
+pub(crate) struct InlineCopy {
+    _mr: softrdma::Mr,
+    _buf: Arc<Buffer>,
+    _data: Vec<u8>,
+}
+
+/// Points `wr` at `data` through a region of `pd` made for it; the returned copy holds
+/// them until the post is done.
+pub(crate) fn inline_copy(
+    pd: &softrdma::Pd,
+    wr: &mut SendWr,
+    mut data: Vec<u8>,
+) -> Result<Option<InlineCopy>, c_int> {
+    wr.flags |= SendFlags::INLINE;
+    wr.sg_list.clear();
+    if data.is_empty() {
+        return Ok(None);
+    }
+    let len = data.len();
+    let ptr = NonNull::new(data.as_mut_ptr()).ok_or(libc::EINVAL)?;
+    // SAFETY: the vector's octets stay where they are (it is not touched again) until the
+    // copy drops, after its region (field order).
+    let buf = unsafe { Buffer::foreign(ptr, len) };
+    let iova = ptr.as_ptr() as u64;
+    let mr = pd
+        .reg_mr_with(
+            buf.clone(),
+            MrAttr {
+                range: 0..len,
+                iova,
+                access: Access::empty(),
+                flags: MrFlags::empty(),
+            },
+        )
+        .map_err(|_| libc::ENOMEM)?;
+    wr.sg_list.push(Sge::new(mr.lkey(), iova, len as u32));
+    Ok(Some(InlineCopy {
+        _mr: mr,
+        _buf: buf,
+        _data: data,
+    }))
 }
 
 /// The errno rdma-core's providers give for a refused request.

@@ -1,0 +1,100 @@
+//! Debian's perftest on softrdma through the drop-in library, a pair of processes over
+//! loopback (issue 43): every bandwidth and latency tool on the RoCE device with QPs brought
+//! up out of band (perftest's default `ibv_wr_*` posting and `--use_old_post_send`), and
+//! over iWARP through rdma_cm (`-R`, as iWARP hardware needs).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{free_port, lib_dir, wait_listening};
+
+fn loopback_device() -> String {
+    softrdma_capi::list::devices()
+        .iter()
+        .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
+        .expect("a RoCE device on 127.0.0.1")
+        .inner
+        .name()
+        .to_owned()
+}
+
+fn start(prog: &str, args: &[String]) -> Child {
+    Command::new(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{prog}: {e}"))
+}
+
+fn finish(c: Child, who: &str) -> String {
+    let out = c.wait_with_output().expect("wait");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{who}: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// Runs `prog` as server and client with `args`; the client's report must carry a result
+/// row for `bytes`-octet messages.
+fn pair(prog: &str, args: &[&str], bytes: u32) {
+    let port = free_port();
+    let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    a.extend(["-p".to_string(), port.to_string()]);
+    let server = start(prog, &a);
+    wait_listening(port, Duration::from_secs(30));
+    a.push("127.0.0.1".into());
+    let client = start(prog, &a);
+    let c = finish(client, &format!("{prog} {args:?} client"));
+    finish(server, &format!("{prog} {args:?} server"));
+    let row = c.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        f.next() == Some(&bytes.to_string()) && f.next().is_some_and(|n| n.parse::<u64>().is_ok())
+    });
+    assert!(
+        row,
+        "{prog} {args:?}: no result row for {bytes} octets:\n{c}"
+    );
+}
+
+#[test]
+fn every_perftest_tool_on_roce_both_post_apis() {
+    let dev = loopback_device();
+    for (prog, bytes) in [
+        ("ib_write_bw", 65536),
+        ("ib_read_bw", 65536),
+        ("ib_send_bw", 65536),
+        ("ib_atomic_bw", 8),
+        ("ib_write_lat", 2),
+        ("ib_read_lat", 2),
+        ("ib_send_lat", 2),
+    ] {
+        for old in [false, true] {
+            let mut args = vec!["-d", &dev, "-x", "0", "-n", "200"];
+            if old {
+                args.push("--use_old_post_send");
+            }
+            pair(prog, &args, bytes);
+        }
+    }
+}
+
+#[test]
+fn perftest_over_iwarp_through_rdma_cm() {
+    let dev = softrdma::TCP_DEVICE_NAME;
+    for (prog, bytes) in [
+        ("ib_write_bw", 65536),
+        ("ib_read_bw", 65536),
+        ("ib_send_bw", 65536),
+        ("ib_send_lat", 2),
+    ] {
+        pair(prog, &["-R", "-d", dev, "-n", "200"], bytes);
+    }
+}
