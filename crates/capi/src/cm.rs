@@ -31,8 +31,32 @@ use crate::sys;
 /// The environment variable that picks the transport of librdmacm's connections.
 pub const TRANSPORT_VAR: &str = "SOFTRDMA_TRANSPORT";
 
-/// How long a listener's thread waits between looks at whether its id is still there.
-const LISTEN_TICK: Duration = Duration::from_millis(50);
+/// A flag a thread can await.
+#[derive(Default)]
+struct Stop {
+    set: AtomicBool,
+    event: event_listener::Event,
+}
+
+impl Stop {
+    fn set(&self) {
+        self.set.store(true, Ordering::Release);
+        self.event.notify(usize::MAX);
+    }
+
+    async fn wait(&self) {
+        loop {
+            if self.set.load(Ordering::Acquire) {
+                return;
+            }
+            let l = self.event.listen();
+            if self.set.load(Ordering::Acquire) {
+                return;
+            }
+            l.await;
+        }
+    }
+}
 
 // --- event channels ---------------------------------------------------------------------
 
@@ -188,8 +212,8 @@ pub struct SrCmId {
     chan: &'static SrEventChannel,
     st: Mutex<IdState>,
     acked: Condvar,
-    /// Stops the listener's thread.
-    stop: Arc<AtomicBool>,
+    /// Stops the listener's thread, at once (it waits on this and on the listener).
+    stop: Arc<Stop>,
     listener: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -291,7 +315,7 @@ fn new_id(
         chan,
         st: Mutex::default(),
         acked: Condvar::new(),
-        stop: Arc::new(AtomicBool::new(false)),
+        stop: Arc::new(Stop::default()),
         listener: Mutex::new(None),
     });
     let p = Box::into_raw(b);
@@ -339,7 +363,7 @@ pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
     let Some(i) = id(p) else {
         return errno::fail(libc::EINVAL);
     };
-    i.stop.store(true, Ordering::Release);
+    i.stop.set();
     if let Some(h) = i.listener.lock().take() {
         let _ = h.join();
     }
@@ -722,10 +746,20 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
     let h = std::thread::Builder::new()
         .name("softrdma-cm-listen".into())
         .spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                let req = match l.accept_timeout(LISTEN_TICK) {
-                    Ok(r) => r,
-                    Err(_) => continue,
+            loop {
+                // The next request, or the id's end (accepting is cancel-safe: a request
+                // not taken stays with the listener, which goes with the thread).
+                let next = futures_lite::future::block_on(futures_lite::future::or(
+                    async { Some(l.accept_async().await) },
+                    async {
+                        stop.wait().await;
+                        None
+                    },
+                ));
+                let req = match next {
+                    Some(Ok(r)) => r,
+                    Some(Err(_)) => continue,
+                    None => break,
                 };
                 let child = new_id(chan, context_v as *mut c_void, ps, qp_type);
                 // SAFETY: the id just made; no event names it yet.
@@ -843,13 +877,26 @@ pub unsafe extern "C" fn sr_rdma_connect(
                 let status = reason.map_or(libc::ECONNREFUSED, c_int::from);
                 post(pu, 0, sys::RDMA_CM_EVENT_REJECTED, status, conn);
             }
-            Err(_) => post(
-                pu,
-                0,
-                sys::RDMA_CM_EVENT_UNREACHABLE,
-                -libc::ETIMEDOUT,
-                Conn::default(),
-            ),
+            // Nobody listens (a TCP reset): rejected, as the kernel's iWARP CM says it.
+            Err(softrdma::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                post(
+                    pu,
+                    0,
+                    sys::RDMA_CM_EVENT_REJECTED,
+                    -libc::ECONNREFUSED,
+                    Conn::default(),
+                )
+            }
+            Err(e) => {
+                trace(format_args!("id {pu:#x}: connect failed: {e}"));
+                post(
+                    pu,
+                    0,
+                    sys::RDMA_CM_EVENT_UNREACHABLE,
+                    -libc::ETIMEDOUT,
+                    Conn::default(),
+                )
+            }
         });
     match spawned {
         Ok(_) => 0,

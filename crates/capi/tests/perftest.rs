@@ -42,9 +42,15 @@ fn finish(c: Child, who: &str) -> String {
     text
 }
 
+/// One pair at a time: perftest's clients connect their data QPs as soon as the control
+/// exchange is done, and a server slowed by another pair on the same two cores may not be
+/// listening again yet (perftest's retry after that refusal then fails inside perftest).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `prog` as server and client with `args`; the client's report must carry a result
 /// row for `bytes`-octet messages.
 fn pair(prog: &str, args: &[&str], bytes: u32) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     a.extend(["-p".to_string(), port.to_string()]);

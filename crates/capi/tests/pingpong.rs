@@ -178,3 +178,41 @@ fn ibv_rc_uc_ud_pingpong_against_softrdma_pingpong_both_ways() {
         }
     }
 }
+
+/// The pair as an unprivileged user through `softrdma run` (as `nobody` when the tests run
+/// as root): no capability, no kernel module, nothing of root's.
+#[test]
+fn an_unprivileged_pair_through_softrdma_run() {
+    let bin = common::softrdma_bin();
+    let lib = common::our_lib();
+    // SAFETY: getuid cannot fail.
+    let root = unsafe { libc::getuid() } == 0;
+    let port = free_port();
+    let run = |client: bool| {
+        let mut c = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
+            c.arg(&bin);
+            c
+        } else {
+            Command::new(&bin)
+        };
+        c.args(["run", "--lib"]).arg(&lib).arg("--");
+        c.args(["ibv_rc_pingpong", "-d", &loopback_device(), "-g", "0"]);
+        c.args(["-p", &port.to_string(), "-n", "100", "-c"]);
+        if client {
+            c.arg("127.0.0.1");
+        }
+        // Not root's private directory: the user's own.
+        c.env_remove("XDG_RUNTIME_DIR").env_remove("SOFTRDMA_SYSFS");
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("softrdma run")
+    };
+    let server = run(false);
+    wait_listening(port, Duration::from_secs(30));
+    let client = run(true);
+    iters_done(&finish(client, "client"), 100);
+    iters_done(&finish(server, "server"), 100);
+}

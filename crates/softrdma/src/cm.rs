@@ -392,7 +392,12 @@ impl Drop for Listener {
     fn drop(&mut self) {
         if let Lis::Tcp { tcp, shared, token } = &self.inner {
             shared.close();
-            let _ = tcp.command(Cmd::Unlisten(*token));
+            // The port is free once this returns (a program listens on it again at once:
+            // librdmacm's servers do), unless this is the progress thread itself.
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            if tcp.command(Cmd::Unlisten(*token, Some(tx))).is_ok() && !tcp.on_progress_thread() {
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+            }
         }
     }
 }

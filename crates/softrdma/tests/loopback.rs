@@ -1469,3 +1469,17 @@ fn silent_connection_flood_does_not_lock_out_a_prompt_client() {
     assert!(c.half_open_evicted >= 44, "{c:?}");
     drop(flood);
 }
+
+/// A listener's port is free again once it is dropped: a server listens on it again at
+/// once (librdmacm's servers do, and perftest's clients connect the moment they may).
+#[test]
+fn a_dropped_listener_frees_its_port_at_once() {
+    let ctx = Context::open().unwrap();
+    let mut l = Listener::bind(&ctx, "127.0.0.1:0").unwrap();
+    let addr = l.local_addr();
+    assert!(Listener::bind(&ctx, addr).is_err(), "one listener per port");
+    for _ in 0..50 {
+        drop(l);
+        l = Listener::bind(&ctx, addr).expect("the port is free once its listener is dropped");
+    }
+}

@@ -200,6 +200,14 @@ impl TcpShared {
         Ok(shared)
     }
 
+    /// Whether the calling thread is this context's progress thread.
+    pub(crate) fn on_progress_thread(&self) -> bool {
+        self.thread
+            .lock()
+            .as_ref()
+            .is_some_and(|h| h.thread().id() == std::thread::current().id())
+    }
+
     /// Queues a command for the progress thread.
     pub(crate) fn command(&self, cmd: Cmd) -> Result<(), Error> {
         if !self.alive.load(Ordering::Acquire) {
@@ -614,7 +622,9 @@ pub(crate) enum Cmd {
         listener: TcpListener,
         shared: Arc<ListenerShared>,
     },
-    Unlisten(Token),
+    /// Stop listening; the listening socket is closed before `done` is answered (so the
+    /// port is free again when the [`Listener`](crate::Listener)'s drop returns).
+    Unlisten(Token, Option<SyncSender<()>>),
     Connect {
         qp: Arc<TcpQp>,
         stream: mio::net::TcpStream,

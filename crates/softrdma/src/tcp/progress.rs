@@ -478,7 +478,7 @@ impl Driver {
                     shared.close();
                 }
             }
-            Cmd::Unlisten(token) => {
+            Cmd::Unlisten(token, done) => {
                 if let Some(mut l) = self.listeners.remove(&token) {
                     let _ = self.registry.deregister(&mut l.listener);
                     l.shared.close();
@@ -493,6 +493,10 @@ impl Driver {
                             now,
                         );
                     }
+                    drop(l);
+                }
+                if let Some(d) = done {
+                    let _ = d.try_send(());
                 }
             }
             Cmd::Connect {
