@@ -861,9 +861,8 @@ pub unsafe extern "C" fn sr_rdma_connect(
     let (pu, qn) = (p as usize, q.inner.qp_num());
     watch(i, qn);
     let qp = q.inner.clone();
-    let spawned = std::thread::Builder::new()
-        .name("softrdma-cm-connect".into())
-        .spawn(move || match qp.connect(peer, params) {
+    in_background("softrdma-cm-connect", move || {
+        match qp.connect(peer, params) {
             Ok(info) => established(pu, &info, qn),
             Err(softrdma::Error::Rejected {
                 reason,
@@ -897,8 +896,14 @@ pub unsafe extern "C" fn sr_rdma_connect(
                     Conn::default(),
                 )
             }
-        });
-    match spawned {
+        }
+    })
+}
+
+/// Runs `f` on a thread of its own (a call that waits for the peer answers with an event):
+/// 0, or -1 with `ENOMEM` if no thread can be made.
+fn in_background(name: &str, f: impl FnOnce() + Send + 'static) -> c_int {
+    match std::thread::Builder::new().name(name.into()).spawn(f) {
         Ok(_) => 0,
         Err(_) => errno::fail(libc::ENOMEM),
     }
@@ -929,9 +934,8 @@ pub unsafe extern "C" fn sr_rdma_accept(
     let (pu, qn) = (p as usize, q.inner.qp_num());
     watch(i, qn);
     let qp = q.inner.clone();
-    let spawned = std::thread::Builder::new()
-        .name("softrdma-cm-accept".into())
-        .spawn(move || match req.accept(&qp, params) {
+    in_background("softrdma-cm-accept", move || {
+        match req.accept(&qp, params) {
             Ok(info) => established(pu, &info, qn),
             Err(_) => post(
                 pu,
@@ -940,11 +944,8 @@ pub unsafe extern "C" fn sr_rdma_accept(
                 -libc::ECONNABORTED,
                 Conn::default(),
             ),
-        });
-    match spawned {
-        Ok(_) => 0,
-        Err(_) => errno::fail(libc::ENOMEM),
-    }
+        }
+    })
 }
 
 /// `rdma_reject`.

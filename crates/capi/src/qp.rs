@@ -16,7 +16,7 @@ use crate::errno;
 use crate::live::Live;
 use crate::pd::{SrPd, pd};
 use crate::sys;
-use crate::wr::{post_errno, send_wr, sges};
+use crate::wr::{post_errno, post_list, send_wr, sges};
 
 /// The UDP port of RoCEv2 (IBA Annex A17), where every context receives.
 const ROCE_PORT: u16 = 4791;
@@ -380,55 +380,21 @@ pub(crate) unsafe extern "C" fn post_send(
     let q = unsafe { &*p.cast::<SrQp>() };
     // SAFETY: our own struct (read).
     let ud = unsafe { (*q.qp.get()).qp_base.qp_type } == sys::IBV_QPT_UD;
-    let mut cur = wr;
-    let mut refused: Option<(*mut sys::ibv_send_wr, c_int)> = None;
-    let mut ptrs: smallvec::SmallVec<[*mut sys::ibv_send_wr; 8]> = smallvec::SmallVec::new();
     // Inline requests' octets, held until the post has copied them.
     let mut copies: smallvec::SmallVec<[crate::wr::InlineCopy; 2]> = smallvec::SmallVec::new();
     let pd = &q.pd.inner;
-    let list = std::iter::from_fn(|| {
-        if cur.is_null() || refused.is_some() {
-            return None;
-        }
-        // SAFETY: the program's linked list of requests.
-        let w = unsafe { &*cur };
-        let converted = send_wr(w, ud).ok_or(libc::EINVAL).and_then(|mut s| {
-            if w.send_flags & sys::IBV_SEND_INLINE != 0 {
-                let data = crate::wr::inline_octets(w).ok_or(libc::EINVAL)?;
-                if let Some(c) = crate::wr::inline_copy(pd, &mut s, data)? {
-                    copies.push(c);
-                }
-            }
-            Ok(s)
-        });
-        match converted {
-            Ok(s) => {
-                ptrs.push(cur);
-                cur = w.next;
-                Some(s)
-            }
-            Err(e) => {
-                refused = Some((cur, e));
-                None
+    let convert = |w: &sys::ibv_send_wr| {
+        let mut s = send_wr(w, ud).ok_or(libc::EINVAL)?;
+        if w.send_flags & sys::IBV_SEND_INLINE != 0 {
+            let data = crate::wr::inline_octets(w).ok_or(libc::EINVAL)?;
+            if let Some(c) = crate::wr::inline_copy(pd, &mut s, data)? {
+                copies.push(c);
             }
         }
-    });
-    let posted = q.inner.post_send_list(list);
-    drop(copies);
-    let failed = match posted {
-        Ok(()) => refused,
-        Err((i, e)) => Some((ptrs.get(i).copied().unwrap_or(cur), post_errno(&e))),
+        Ok(s)
     };
-    match failed {
-        None => 0,
-        Some((at, e)) => {
-            if !bad.is_null() {
-                // SAFETY: the program's out-pointer.
-                unsafe { *bad = at };
-            }
-            e
-        }
-    }
+    // SAFETY: the program's list and out-pointer.
+    unsafe { post_list(wr, bad, convert, |l| q.inner.post_send_list(l)) }
 }
 
 /// The `post_recv` op, as `post_send`.
@@ -439,42 +405,13 @@ pub(crate) unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: as for post_send.
     let q = unsafe { &*p.cast::<SrQp>() };
-    let mut cur = wr;
-    let mut refused: Option<(*mut sys::ibv_recv_wr, c_int)> = None;
-    let mut ptrs: smallvec::SmallVec<[*mut sys::ibv_recv_wr; 8]> = smallvec::SmallVec::new();
-    let list = std::iter::from_fn(|| {
-        if cur.is_null() || refused.is_some() {
-            return None;
-        }
-        // SAFETY: the program's linked list of requests.
-        let w = unsafe { &*cur };
-        match sges(w.sg_list, w.num_sge) {
-            Some(s) => {
-                ptrs.push(cur);
-                cur = w.next;
-                Some(RecvWr::new(w.wr_id, s))
-            }
-            None => {
-                refused = Some((cur, libc::EINVAL));
-                None
-            }
-        }
-    });
-    let posted = q.inner.post_recv_list(list);
-    let failed = match posted {
-        Ok(()) => refused,
-        Err((i, e)) => Some((ptrs.get(i).copied().unwrap_or(cur), post_errno(&e))),
+    let convert = |w: &sys::ibv_recv_wr| {
+        sges(w.sg_list, w.num_sge)
+            .map(|s| RecvWr::new(w.wr_id, s))
+            .ok_or(libc::EINVAL)
     };
-    match failed {
-        None => 0,
-        Some((at, e)) => {
-            if !bad.is_null() {
-                // SAFETY: the program's out-pointer.
-                unsafe { *bad = at };
-            }
-            e
-        }
-    }
+    // SAFETY: the program's list and out-pointer.
+    unsafe { post_list(wr, bad, convert, |l| q.inner.post_recv_list(l)) }
 }
 
 // --- the extended QP: ibv_create_qp_ex and the ibv_wr_* calls -------------------------

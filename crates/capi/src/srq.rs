@@ -158,25 +158,17 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: the op is reached through an SRQ of ours (the program's promise).
     let s = unsafe { &*p.cast::<SrSrq>() };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the program's linked list of requests.
-        let w = unsafe { &*cur };
-        let e = match crate::wr::sges(w.sg_list, w.num_sge) {
-            Some(sg) => match s.inner.post_recv(RecvWr::new(w.wr_id, sg)) {
-                Ok(()) => None,
-                Err(e) => Some(crate::wr::post_errno(&e)),
-            },
-            None => Some(libc::EINVAL),
-        };
-        if let Some(e) = e {
-            if !bad.is_null() {
-                // SAFETY: the program's out-pointer.
-                unsafe { *bad = cur };
-            }
-            return e;
+    let convert = |w: &sys::ibv_recv_wr| {
+        crate::wr::sges(w.sg_list, w.num_sge)
+            .map(|sg| RecvWr::new(w.wr_id, sg))
+            .ok_or(libc::EINVAL)
+    };
+    let post = |l: &mut dyn Iterator<Item = RecvWr>| {
+        for (i, w) in l.enumerate() {
+            s.inner.post_recv(w).map_err(|e| (i, e))?;
         }
-        cur = w.next;
-    }
-    0
+        Ok(())
+    };
+    // SAFETY: the program's list and out-pointer.
+    unsafe { crate::wr::post_list(wr, bad, convert, post) }
 }

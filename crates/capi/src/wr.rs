@@ -183,3 +183,73 @@ pub(crate) fn post_errno(e: &softrdma::Error) -> c_int {
         _ => libc::EINVAL,
     }
 }
+
+/// A request of the program's linked lists.
+pub(crate) trait Linked {
+    fn next(&self) -> *mut Self;
+}
+
+impl Linked for sys::ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl Linked for sys::ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts the program's list from `first`: each request converted by `convert` (refused:
+/// its errno), the converted ones handed to `post` in order. The first refused request is
+/// named in `*bad` and its errno returned; those before it are posted (rdma-core's rule).
+///
+/// # Safety
+/// `first` is NULL or the program's NULL-terminated list; `bad` is NULL or writable.
+pub(crate) unsafe fn post_list<W: Linked, R>(
+    first: *mut W,
+    bad: *mut *mut W,
+    mut convert: impl FnMut(&W) -> Result<R, c_int>,
+    post: impl FnOnce(&mut dyn Iterator<Item = R>) -> Result<(), (usize, softrdma::Error)>,
+) -> c_int {
+    let mut cur = first;
+    let mut taken = 0usize;
+    let mut refused: Option<(usize, c_int)> = None;
+    let mut list = std::iter::from_fn(|| {
+        if cur.is_null() || refused.is_some() {
+            return None;
+        }
+        // SAFETY: the program's list (the caller's promise).
+        let w = unsafe { &*cur };
+        match convert(w) {
+            Ok(r) => {
+                cur = w.next();
+                taken += 1;
+                Some(r)
+            }
+            Err(e) => {
+                refused = Some((taken, e));
+                None
+            }
+        }
+    });
+    let posted = post(&mut list);
+    let failed = match posted {
+        Ok(()) => refused,
+        Err((i, e)) => Some((i, post_errno(&e))),
+    };
+    let Some((i, e)) = failed else {
+        return 0;
+    };
+    if !bad.is_null() {
+        let mut at = first;
+        for _ in 0..i {
+            // SAFETY: the first `i` requests were walked above.
+            at = unsafe { (*at).next() };
+        }
+        // SAFETY: the program's out-pointer.
+        unsafe { *bad = at };
+    }
+    e
+}

@@ -5,42 +5,9 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, lib_dir, wait_listening};
-
-fn loopback_device() -> String {
-    softrdma_capi::list::devices()
-        .iter()
-        .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
-        .expect("a RoCE device on 127.0.0.1")
-        .inner
-        .name()
-        .to_owned()
-}
-
-fn start(prog: &str, args: &[String]) -> Child {
-    Command::new(prog)
-        .args(args)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{prog}: {e}"))
-}
-
-fn finish(c: Child, who: &str) -> String {
-    let out = c.wait_with_output().expect("wait");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{who}: {}\n{text}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
+use common::{finish, free_port, loopback_device, start, wait_listening};
 
 /// One pair at a time: perftest's clients connect their data QPs as soon as the control
 /// exchange is done, and a server slowed by another pair on the same two cores may not be
@@ -54,10 +21,10 @@ fn pair(prog: &str, args: &[&str], bytes: u32) {
     let port = free_port();
     let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     a.extend(["-p".to_string(), port.to_string()]);
-    let server = start(prog, &a);
+    let server = start(prog, &a, &[]);
     wait_listening(port, Duration::from_secs(30));
     a.push("127.0.0.1".into());
-    let client = start(prog, &a);
+    let client = start(prog, &a, &[]);
     let c = finish(client, &format!("{prog} {args:?} client"));
     finish(server, &format!("{prog} {args:?} server"));
     let row = c.lines().any(|l| {

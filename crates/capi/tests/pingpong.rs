@@ -5,45 +5,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, lib_dir, wait_listening};
-
-fn loopback_device() -> String {
-    softrdma_capi::list::devices()
-        .iter()
-        .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
-        .expect("a RoCE device on 127.0.0.1")
-        .inner
-        .name()
-        .to_owned()
-}
-
-fn start(prog: &str, args: &[String]) -> Child {
-    Command::new(prog)
-        .args(args)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{prog}: {e}"))
-}
-
-fn finish(c: Child, who: &str) -> String {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = c.wait_with_output().expect("wait");
-    let out = String::from_utf8_lossy(&stdout).into_owned();
-    assert!(
-        status.success(),
-        "{who}: {status}\n{out}\n{}",
-        String::from_utf8_lossy(&stderr)
-    );
-    out
-}
+use common::{finish, free_port, loopback_device, start, wait_listening};
 
 /// `prog` as server and as client with `extra` options; both outputs.
 fn pair(prog: &str, extra: &[&str]) -> (String, String) {
@@ -53,10 +18,10 @@ fn pair(prog: &str, extra: &[&str]) -> (String, String) {
         .map(|s| s.to_string())
         .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
-    let server = start(prog, &args);
+    let server = start(prog, &args, &[]);
     wait_listening(port, Duration::from_secs(30));
     args.push("127.0.0.1".into());
-    let client = start(prog, &args);
+    let client = start(prog, &args, &[]);
     let c = finish(client, "client");
     let s = finish(server, "server");
     (s, c)
@@ -161,7 +126,7 @@ fn ibv_rc_uc_ud_pingpong_against_softrdma_pingpong_both_ways() {
                     .expect("softrdma")
             };
             let (server, client) = if debian_serves {
-                let s = start(prog, &debian_args);
+                let s = start(prog, &debian_args, &[]);
                 wait_listening(port, Duration::from_secs(30));
                 (s, native(true))
             } else {
@@ -169,7 +134,7 @@ fn ibv_rc_uc_ud_pingpong_against_softrdma_pingpong_both_ways() {
                 wait_listening(port, Duration::from_secs(30));
                 let mut a = debian_args.clone();
                 a.push("127.0.0.1".into());
-                (s, start(prog, &a))
+                (s, start(prog, &a, &[]))
             };
             let c = finish(client, "client");
             let s = finish(server, "server");

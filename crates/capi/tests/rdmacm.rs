@@ -4,33 +4,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, lib_dir, wait_listening};
-
-fn start(prog: &str, args: &[String], transport: &str) -> Child {
-    Command::new(prog)
-        .args(args)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .env(softrdma_capi::cm::TRANSPORT_VAR, transport)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{prog}: {e}"))
-}
-
-fn finish(c: Child, who: &str) -> String {
-    let out = c.wait_with_output().expect("wait");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{who}: {}\n{text}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
+use common::{finish, free_port, start, wait_listening};
 
 fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
@@ -46,7 +23,7 @@ fn rping_pair(transport: &str, count: u32, size: u32) -> (String, String) {
     let server = start(
         "rping",
         &strs(&["-s", "-a", "127.0.0.1", "-p", &p, "-C", &c, "-S", &s, "-V"]),
-        transport,
+        &[(softrdma_capi::cm::TRANSPORT_VAR, transport)],
     );
     let client_args = strs(&[
         "-c",
@@ -66,9 +43,13 @@ fn rping_pair(transport: &str, count: u32, size: u32) -> (String, String) {
     }
     let t0 = std::time::Instant::now();
     let co = loop {
-        let out = start("rping", &client_args, transport)
-            .wait_with_output()
-            .expect("wait");
+        let out = start(
+            "rping",
+            &client_args,
+            &[(softrdma_capi::cm::TRANSPORT_VAR, transport)],
+        )
+        .wait_with_output()
+        .expect("wait");
         if out.status.success() {
             break String::from_utf8_lossy(&out.stdout).into_owned();
         }
@@ -131,7 +112,7 @@ fn rping_against_softrdma_rping_both_ways() {
                 start(
                     "rping",
                     &strs(&[role, "-a", "127.0.0.1", "-p", &p, "-C", "20", "-v", "-V"]),
-                    transport,
+                    &[(softrdma_capi::cm::TRANSPORT_VAR, transport)],
                 )
             };
             let server = match debian_serves {

@@ -3,29 +3,20 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::lib_dir;
 use softrdma_capi::list::devices;
 
-fn run(prog: &str, args: &[&str]) -> Output {
-    let out = Command::new(prog)
-        .args(args)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .output()
-        .unwrap_or_else(|e| panic!("{prog} (Debian's ibverbs-utils): {e}"));
-    assert!(
-        out.status.success(),
-        "{prog} {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+/// `prog`'s standard output; it must succeed.
+fn run(prog: &str, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    common::finish(common::start(prog, &args, &[]), prog)
 }
 
 #[test]
 fn ibv_devices_lists_every_device_with_its_guid() {
-    let out = String::from_utf8(run("ibv_devices", &[]).stdout).unwrap();
+    let out = run("ibv_devices", &[]);
     let rows: Vec<(String, String)> = out
         .lines()
         .skip(2)
@@ -43,8 +34,7 @@ fn ibv_devices_lists_every_device_with_its_guid() {
 
 #[test]
 fn ibv_devinfo_describes_the_iwarp_and_the_loopback_roce_device() {
-    let iw = String::from_utf8(run("ibv_devinfo", &["-v", "-d", softrdma::TCP_DEVICE_NAME]).stdout)
-        .unwrap();
+    let iw = run("ibv_devinfo", &["-v", "-d", softrdma::TCP_DEVICE_NAME]);
     for want in [
         "transport:\t\t\tiWARP (1)",
         "state:\t\t\tPORT_ACTIVE (4)",
@@ -59,7 +49,7 @@ fn ibv_devinfo_describes_the_iwarp_and_the_loopback_roce_device() {
         .iter()
         .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
         .expect("a RoCE device on 127.0.0.1");
-    let ro = String::from_utf8(run("ibv_devinfo", &["-v", "-d", lo.inner.name()]).stdout).unwrap();
+    let ro = run("ibv_devinfo", &["-v", "-d", lo.inner.name()]);
     for want in [
         "transport:\t\t\tInfiniBand (0)",
         "active_mtu:\t\t4096 (5)",

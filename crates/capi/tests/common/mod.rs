@@ -87,3 +87,39 @@ pub fn wait_listening(port: u16, limit: std::time::Duration) {
         std::thread::yield_now();
     }
 }
+
+/// The RoCE device on 127.0.0.1.
+pub fn loopback_device() -> String {
+    softrdma_capi::list::devices()
+        .iter()
+        .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
+        .expect("a RoCE device on 127.0.0.1")
+        .inner
+        .name()
+        .to_owned()
+}
+
+/// Starts `prog` on this build's library (with `env` besides), its output captured.
+pub fn start(prog: &str, args: &[String], env: &[(&str, &str)]) -> std::process::Child {
+    Command::new(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{prog}: {e}"))
+}
+
+/// Waits for `c`, which must succeed; its standard output.
+pub fn finish(c: std::process::Child, who: &str) -> String {
+    let out = c.wait_with_output().expect("wait");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{who}: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
