@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{finish, free_port, loopback_device, start, wait_listening};
+use common::{finish, free_port, loopback_device, start};
 
 /// One pair at a time: perftest's clients connect their data QPs as soon as the control
 /// exchange is done, and a server slowed by another pair on the same two cores may not be
@@ -21,8 +21,8 @@ fn pair(prog: &str, args: &[&str], bytes: u32) {
     let port = free_port();
     let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     a.extend(["-p".to_string(), port.to_string()]);
-    let server = start(prog, &a, &[]);
-    wait_listening(port, Duration::from_secs(30));
+    let mut server = start(prog, &a, &[]);
+    common::wait_server(&mut server, port, Duration::from_secs(30));
     a.push("127.0.0.1".into());
     let client = start(prog, &a, &[]);
     let c = finish(client, &format!("{prog} {args:?} client"));

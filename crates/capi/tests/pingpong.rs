@@ -18,8 +18,8 @@ fn pair(prog: &str, extra: &[&str]) -> (String, String) {
         .map(|s| s.to_string())
         .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
-    let server = start(prog, &args, &[]);
-    wait_listening(port, Duration::from_secs(30));
+    let mut server = start(prog, &args, &[]);
+    common::wait_server(&mut server, port, Duration::from_secs(30));
     args.push("127.0.0.1".into());
     let client = start(prog, &args, &[]);
     let c = finish(client, "client");

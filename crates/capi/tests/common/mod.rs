@@ -66,21 +66,44 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Waits until `server` listens on TCP `port`; panics, with what it said, if it exits first
+/// or `limit` passes.
+pub fn wait_server(server: &mut std::process::Child, port: u16, limit: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    loop {
+        if listening(port) {
+            return;
+        }
+        if let Ok(Some(st)) = server.try_wait() {
+            let mut err = String::new();
+            if let Some(e) = server.stderr.as_mut() {
+                let _ = std::io::Read::read_to_string(e, &mut err);
+            }
+            panic!("the server exited ({st}) before listening on {port}: {err}");
+        }
+        assert!(t0.elapsed() < limit, "nothing listens on port {port}");
+        std::thread::yield_now();
+    }
+}
+
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
+            })
+        })
+    })
+}
+
 /// Waits until something listens on TCP `port` (as `/proc/net/tcp` says), or panics after
 /// `limit` — so a client starts only when its server can take it.
 pub fn wait_listening(port: u16, limit: std::time::Duration) {
-    let want = format!(":{port:04X}");
     let t0 = std::time::Instant::now();
     loop {
-        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-            std::fs::read_to_string(f).is_ok_and(|t| {
-                t.lines().skip(1).any(|l| {
-                    let c: Vec<&str> = l.split_whitespace().collect();
-                    c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
-                })
-            })
-        });
-        if listening {
+        if listening(port) {
             return;
         }
         assert!(t0.elapsed() < limit, "nothing listens on port {port}");
