@@ -47,6 +47,14 @@ fn ibv_rc_pingpong_sleeping_on_events() {
     iters_done(&c, 300);
 }
 
+/// `-N`: rdma-core's new posting API (`ibv_qp_to_qp_ex`, `ibv_wr_start` … `ibv_wr_complete`).
+#[test]
+fn ibv_rc_pingpong_new_post_api() {
+    let (s, c) = pair("ibv_rc_pingpong", &["-n", "200", "-N", "-c"]);
+    iters_done(&s, 200);
+    iters_done(&c, 200);
+}
+
 #[test]
 fn ibv_rc_pingpong_sizes_and_mtus() {
     for (size, mtu) in [("1", "256"), ("4097", "1024"), ("65536", "4096")] {
