@@ -29,9 +29,10 @@ pub struct SrContext {
     pub gid: [u8; 16],
     /// Opened for the active side of librdmacm (see [`open`]).
     leave_loopback: bool,
-    /// `async_fd` reads this pipe; events are written to its other end.
-    _async_rx: PipeReader,
-    pub async_tx: PipeWriter,
+    /// `async_fd` reads this pipe; events are written to its other end (none yet: see
+    /// `ibv_get_async_event`).
+    async_rx: PipeReader,
+    _async_tx: PipeWriter,
     _cmd: OwnedFd,
 }
 
@@ -91,8 +92,8 @@ pub(crate) fn open(
         dev: d,
         gid,
         leave_loopback,
-        _async_rx: rx,
-        async_tx: tx,
+        async_rx: rx,
+        _async_tx: tx,
         _cmd: cmd,
     });
     let raw = Box::into_raw(b);
@@ -450,3 +451,31 @@ pub extern "C" fn sr_ibv_dontfork_range(_base: *mut c_void, _len: usize) -> c_in
 pub extern "C" fn sr_ibv_dofork_range(_base: *mut c_void, _len: usize) -> c_int {
     0
 }
+
+/// `ibv_get_async_event`: no asynchronous event is reported yet (QP and CQ errors reach the
+/// program as completions in error), so this waits as rdma-core's does for an event that does
+/// not come: a blocking read of `async_fd`, or -1 with `EAGAIN` when the program made it
+/// non-blocking (as UCX, SPDK and Ceph do before polling it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_ibv_get_async_event(
+    ctx: *mut sys::ibv_context,
+    event: *mut sys::ibv_async_event,
+) -> c_int {
+    let Some(c) = context(ctx) else {
+        return errno::fail(libc::EINVAL);
+    };
+    if event.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    let mut b = [0u8; 1];
+    match std::io::Read::read(&mut &c.async_rx, &mut b) {
+        // Nothing writes the pipe while the context lives: an octet or its end means the
+        // context is going.
+        Ok(_) => errno::fail(libc::EBADF),
+        Err(e) => errno::fail(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+/// `ibv_ack_async_event`: nothing to count, as no event is handed out.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_ibv_ack_async_event(_event: *mut sys::ibv_async_event) {}

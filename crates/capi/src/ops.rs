@@ -117,6 +117,30 @@ mod tests {
         }
     }
 
+    /// No asynchronous event is reported: a program that made `async_fd` non-blocking (as
+    /// UCX and SPDK do) hears `EAGAIN`, and the fd is not readable.
+    #[test]
+    fn the_async_fd_stays_quiet() {
+        let c = open_named(softrdma::TCP_DEVICE_NAME);
+        // SAFETY: a live context and its own fd; an event struct of ours.
+        unsafe {
+            let fd = (*c).async_fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK), 0);
+            let mut ev = sys::ibv_async_event::default();
+            assert_eq!(sr_ibv_get_async_event(c, &mut ev), -1);
+            assert_eq!(*libc::__errno_location(), libc::EAGAIN);
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            assert_eq!(libc::poll(&mut p, 1, 0), 0);
+            assert_eq!(sr_ibv_get_async_event(ptr::null_mut(), &mut ev), -1);
+            assert_eq!(sr_ibv_close_device(c), 0);
+        }
+    }
+
     #[test]
     fn an_iwarp_context_is_extended_and_answers_queries() {
         let c = open_named(softrdma::TCP_DEVICE_NAME);

@@ -71,7 +71,6 @@ errno_value!(
 );
 
 minus_one!(libc::EOPNOTSUPP;
-    sr_ibv_get_async_event,
     sr_rdma_create_ep,
     sr_rdma_create_qp_ex,
     sr_rdma_create_srq,
@@ -119,7 +118,6 @@ minus_one!(libc::ENOSYS;
 );
 
 nothing!(
-    sr_ibv_ack_async_event,
     sr_ibv_unimport_mr,
     sr_ibv_unimport_pd,
     sr_ibv_unimport_dm,
