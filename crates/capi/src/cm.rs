@@ -185,6 +185,8 @@ struct Conn {
     responder_resources: u8,
     initiator_depth: u8,
     qp_num: u32,
+    /// A UD peer found (`param.ud`): its address, QP number and Q_Key.
+    ud: Option<(IpAddr, u32, u32)>,
 }
 
 // --- ids --------------------------------------------------------------------------------
@@ -281,6 +283,22 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
         private: conn.private,
     });
     let len = u8::try_from(e.private.len()).unwrap_or(u8::MAX);
+    let private_data = if e.private.is_empty() {
+        ptr::null()
+    } else {
+        e.private.as_ptr().cast()
+    };
+    if let Some((ip, qp_num, qkey)) = conn.ud {
+        e.ev.param.ud = sys::rdma_ud_param {
+            private_data,
+            private_data_len: len,
+            ah_attr: ah_attr_to(ip),
+            qp_num,
+            qkey,
+        };
+        i.chan.push(e);
+        return;
+    }
     e.ev.param.conn = sys::rdma_conn_param {
         private_data: if e.private.is_empty() {
             ptr::null()
@@ -672,6 +690,15 @@ pub unsafe extern "C" fn sr_rdma_create_qp(
     if q.is_null() {
         return -1;
     }
+    if let Some(sq) = crate::qp::qp(q)
+        // SAFETY: the program's attributes (checked non-NULL above).
+        && unsafe { (*attr).qp_type } == sys::IBV_QPT_UD
+        && let Err(e) = crate::qp::ready_ud(sq)
+    {
+        // SAFETY: the QP just made.
+        unsafe { crate::qp::sr_ibv_destroy_qp(q) };
+        return errno::fail(e);
+    }
     // SAFETY: our own struct, written before the program reads it.
     unsafe {
         let m = i.c();
@@ -765,13 +792,15 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
                 // SAFETY: the id just made; no event names it yet.
                 let c = unsafe { &*child };
                 let (ird, ord) = req.peer_ird_ord().unwrap_or((0, 0));
+                let (la, pa) = (req.local_addr(), req.peer_addr());
                 let conn = Conn {
                     private: req.private_data().to_vec(),
                     responder_resources: ird.min(255) as u8,
                     initiator_depth: ord.min(255) as u8,
                     qp_num: 0,
+                    // A UD request (SIDR) says who asks in `param.ud`.
+                    ud: (qp_type == sys::IBV_QPT_UD).then_some((pa.ip(), 0, 0)),
                 };
-                let (la, pa) = (req.local_addr(), req.peer_addr());
                 {
                     let mut st = c.st.lock();
                     st.ctx = context(ctx_p as *const sys::ibv_context);
@@ -827,13 +856,40 @@ fn conn_param(c: *const sys::rdma_conn_param) -> (Vec<u8>, u16, u16) {
 }
 
 fn established(p: usize, info: &softrdma::ConnectionInfo, qp_num: u32) {
+    let ud = match info.detail {
+        softrdma::ConnectionDetail::Roce {
+            remote_qpn,
+            remote_qkey,
+            ..
+        } if remote_qkey != 0 => Some((info.peer_addr.ip(), remote_qpn, remote_qkey)),
+        _ => None,
+    };
     let conn = Conn {
         private: info.peer_private_data.clone(),
         responder_resources: info.ird.min(255) as u8,
         initiator_depth: info.ord.min(255) as u8,
         qp_num,
+        ud,
     };
     post(p, 0, sys::RDMA_CM_EVENT_ESTABLISHED, 0, conn);
+}
+
+/// The address of the RoCEv2 peer at `ip` (its GID), as `param.ud.ah_attr` gives it.
+fn ah_attr_to(ip: IpAddr) -> sys::ibv_ah_attr {
+    let raw = match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    };
+    sys::ibv_ah_attr {
+        grh: sys::ibv_global_route {
+            dgid: sys::ibv_gid { raw },
+            hop_limit: 64,
+            ..Default::default()
+        },
+        is_global: 1,
+        port_num: crate::device::PORT,
+        ..Default::default()
+    }
 }
 
 /// `rdma_connect`: `ESTABLISHED`, `REJECTED` or `UNREACHABLE` follows.
@@ -934,8 +990,12 @@ pub unsafe extern "C" fn sr_rdma_accept(
     let (pu, qn) = (p as usize, q.inner.qp_num());
     watch(i, qn);
     let qp = q.inner.clone();
+    // librdmacm's passive side of a UD exchange (SIDR) hears nothing after its answer.
+    // SAFETY: our own struct (read).
+    let ud = unsafe { (*i.c()).qp_type } == sys::IBV_QPT_UD;
     in_background("softrdma-cm-accept", move || {
         match req.accept(&qp, params) {
+            Ok(_) if ud => {}
             Ok(info) => established(pu, &info, qn),
             Err(_) => post(
                 pu,

@@ -29,6 +29,8 @@ pub struct SrQp {
     qp: std::cell::UnsafeCell<sys::ibv_qp_ex>,
     /// Requests built between `ibv_wr_start` and `ibv_wr_complete`.
     batch: parking_lot::Mutex<Batch>,
+    /// The Q_Key last set (`ibv_query_qp` reports it).
+    qkey: std::sync::atomic::AtomicU32,
     /// Shared with librdmacm's connecting threads, which may outlive the handle.
     pub inner: std::sync::Arc<softrdma::Qp>,
     send_cq: &'static SrCq,
@@ -132,6 +134,7 @@ fn create_qp(
     }
     let b = Box::new(SrQp {
         batch: parking_lot::Mutex::default(),
+        qkey: std::sync::atomic::AtomicU32::new(0),
         qp: std::cell::UnsafeCell::new(with_wr_ops(sys::ibv_qp {
             context: p.ctx_ptr(),
             qp_context: a.qp_context,
@@ -318,7 +321,39 @@ fn modify(q: &SrQp, a: &sys::ibv_qp_attr, mask: u32) -> Result<(), c_int> {
     q.inner.modify(&attr).map_err(|e| match e {
         softrdma::Error::Unsupported(_) => libc::EOPNOTSUPP,
         _ => libc::EINVAL,
-    })
+    })?;
+    if let Some(k) = attr.qkey {
+        q.qkey.store(k, Ordering::Release);
+    }
+    Ok(())
+}
+
+/// librdmacm's UD QPs go to RTS as `rdma_create_qp` makes them (INIT with librdmacm's Q_Key,
+/// RTR, RTS): their peers are found per message, not connected.
+pub(crate) fn ready_ud(q: &SrQp) -> Result<(), c_int> {
+    for (state, qkey, c_state) in [
+        (
+            QpState::Init,
+            Some(softrdma::RDMA_UDP_QKEY),
+            sys::IBV_QPS_INIT,
+        ),
+        (QpState::Rtr, None, sys::IBV_QPS_RTR),
+        (QpState::Rts, None, sys::IBV_QPS_RTS),
+    ] {
+        let attr = QpAttr {
+            state: Some(state),
+            qkey,
+            sq_psn: (state == QpState::Rts).then_some(0),
+            ..QpAttr::default()
+        };
+        q.inner.modify(&attr).map_err(|_| libc::EINVAL)?;
+        if let Some(k) = qkey {
+            q.qkey.store(k, Ordering::Release);
+        }
+        // SAFETY: our own struct, in a cell.
+        unsafe { (*q.qp.get()).qp_base.state = c_state };
+    }
+    Ok(())
 }
 
 /// `ibv_query_qp`: the state and capabilities, and the attributes the QP was made with.
@@ -351,6 +386,7 @@ pub unsafe extern "C" fn sr_ibv_query_qp(
         attr.write(sys::ibv_qp_attr {
             qp_state: state,
             cur_qp_state: state,
+            qkey: q.qkey.load(Ordering::Acquire),
             cap,
             port_num: PORT,
             ..Default::default()

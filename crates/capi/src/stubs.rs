@@ -50,7 +50,6 @@ macro_rules! nothing {
 
 null!(
     sr_ibv_reg_dmabuf_mr,
-    sr_ibv_create_ah_from_wc,
     sr_ibv_import_device,
     sr_ibv_import_mr,
     sr_ibv_import_pd,
@@ -62,7 +61,6 @@ errno_value!(
     sr_ibv_rereg_mr,
     sr_ibv_resize_cq,
     sr_ibv_query_qp_data_in_order,
-    sr_ibv_init_ah_from_wc,
     sr_ibv_attach_mcast,
     sr_ibv_detach_mcast,
     sr_ibv_query_ece,

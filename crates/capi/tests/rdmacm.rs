@@ -17,6 +17,7 @@ fn strs(v: &[&str]) -> Vec<String> {
 /// client starts once the server's TCP listener is there; RoCE's listener is a service of
 /// the server's UDP socket, so a client that came too early is rejected and runs again.
 fn rping_pair(transport: &str, count: u32, size: u32) -> (String, String) {
+    let _roce = roce_server(transport);
     let port = free_port();
     let p = port.to_string();
     let (c, s) = (count.to_string(), size.to_string());
@@ -41,25 +42,36 @@ fn rping_pair(transport: &str, count: u32, size: u32) -> (String, String) {
     if transport == "iwarp" {
         wait_listening(port, Duration::from_secs(30));
     }
+    let co = client_until_ok("rping", &client_args, transport);
+    let so = finish(server, "server");
+    (so, co)
+}
+
+/// A RoCE server of these tests holds the loopback's 127.0.0.1, where its clients look for
+/// it: one at a time (the next one would take another address, which its client does not
+/// know).
+fn roce_server(transport: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    (transport == "roce").then(|| ONE.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Runs the client until it succeeds: over iWARP once (its server's TCP listener is there
+/// first), over RoCE again while it is refused (the listener is a service of the server's UDP
+/// socket, which may be bound before it listens), for up to 30 s. Its standard output.
+fn client_until_ok(prog: &str, args: &[String], transport: &str) -> String {
     let t0 = std::time::Instant::now();
-    let co = loop {
-        let out = start(
-            "rping",
-            &client_args,
-            &[(softrdma_capi::cm::TRANSPORT_VAR, transport)],
-        )
-        .wait_with_output()
-        .expect("wait");
+    loop {
+        let out = start(prog, args, &[(softrdma_capi::cm::TRANSPORT_VAR, transport)])
+            .wait_with_output()
+            .expect("wait");
         if out.status.success() {
-            break String::from_utf8_lossy(&out.stdout).into_owned();
+            return String::from_utf8_lossy(&out.stdout).into_owned();
         }
         assert!(
             transport != "iwarp" && t0.elapsed() < Duration::from_secs(30),
-            "client: {out:?}"
+            "{prog} client: {out:?}"
         );
-    };
-    let so = finish(server, "server");
-    (so, co)
+    }
 }
 
 fn rounds_done(out: &str, count: u32) {
@@ -92,6 +104,7 @@ fn rping_against_softrdma_rping_both_ways() {
     let bin = common::softrdma_bin();
     for transport in ["iwarp", "roce"] {
         for debian_serves in [true, false] {
+            let _roce = roce_server(transport);
             let port = free_port();
             let p = port.to_string();
             let native = |server: bool| {
@@ -160,4 +173,20 @@ fn wait_for_server(transport: &str, port: u16) {
         assert!(t0.elapsed() < Duration::from_secs(30), "no RoCE server");
         std::thread::yield_now();
     }
+}
+
+/// `udaddy`: UD through rdma_cm on RoCE (SIDR finds the server's QP and Q_Key; the server
+/// answers each message through an address handle made from its GRH).
+#[test]
+fn udaddy_over_roce() {
+    let _roce = roce_server("roce");
+    let server = start("udaddy", &[], &[(softrdma_capi::cm::TRANSPORT_VAR, "roce")]);
+    wait_for_server("roce", 0);
+    let c = client_until_ok("udaddy", &strs(&["-s", "127.0.0.1"]), "roce");
+    assert!(c.contains("data transfers complete"), "{c}");
+    let s = finish(server, "udaddy server");
+    assert!(
+        s.contains("sending replies") && s.contains("return status 0"),
+        "{s}"
+    );
 }
