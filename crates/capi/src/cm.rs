@@ -835,7 +835,21 @@ fn id_qp(i: &SrCmId) -> Option<&'static crate::qp::SrQp> {
     crate::qp::qp(unsafe { (*i.c()).qp })
 }
 
-fn conn_param(c: *const sys::rdma_conn_param) -> (Vec<u8>, u16, u16) {
+/// The id `p`, its QP, and the program's connection parameters (private data, responder
+/// resources, initiator depth), for `rdma_connect` and `rdma_accept`.
+fn id_qp_param<'a>(
+    p: *mut sys::rdma_cm_id,
+    param: *const sys::rdma_conn_param,
+) -> Option<(&'a SrCmId, &'static crate::qp::SrQp, ConnParam)> {
+    let i = id(p)?;
+    let q = id_qp(i)?;
+    Some((i, q, conn_param(param)))
+}
+
+/// Private data, responder resources (IRD), initiator depth (ORD).
+type ConnParam = (Vec<u8>, u16, u16);
+
+fn conn_param(c: *const sys::rdma_conn_param) -> ConnParam {
     if c.is_null() {
         return (Vec::new(), 16, 16);
     }
@@ -898,16 +912,12 @@ pub unsafe extern "C" fn sr_rdma_connect(
     p: *mut sys::rdma_cm_id,
     param: *mut sys::rdma_conn_param,
 ) -> c_int {
-    let Some(i) = id(p) else {
-        return errno::fail(libc::EINVAL);
-    };
-    let Some(q) = id_qp(i) else {
+    let Some((i, q, (private_data, ird, ord))) = id_qp_param(p, param) else {
         return errno::fail(libc::EINVAL);
     };
     let Some(peer) = i.st.lock().peer else {
         return errno::fail(libc::EINVAL);
     };
-    let (private_data, ird, ord) = conn_param(param);
     let params = ConnectParams {
         private_data,
         ird,
@@ -971,16 +981,12 @@ pub unsafe extern "C" fn sr_rdma_accept(
     p: *mut sys::rdma_cm_id,
     param: *mut sys::rdma_conn_param,
 ) -> c_int {
-    let Some(i) = id(p) else {
-        return errno::fail(libc::EINVAL);
-    };
-    let Some(q) = id_qp(i) else {
+    let Some((i, q, (private_data, ird, ord))) = id_qp_param(p, param) else {
         return errno::fail(libc::EINVAL);
     };
     let Some(req) = i.st.lock().req.take() else {
         return errno::fail(libc::EINVAL);
     };
-    let (private_data, ird, ord) = conn_param(param);
     let params = AcceptParams {
         private_data,
         ird,
