@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{finish, free_port, loopback_device, start};
+use common::{finish, loopback_device, start};
 
 /// One pair at a time: perftest's clients connect their data QPs as soon as the control
 /// exchange is done, and a server slowed by another pair on the same two cores may not be
@@ -18,11 +16,13 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// row for `bytes`-octet messages.
 fn pair(prog: &str, args: &[&str], bytes: u32) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port();
-    let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    a.extend(["-p".to_string(), port.to_string()]);
-    let mut server = start(prog, &a, &[]);
-    common::wait_server(&mut server, port, Duration::from_secs(30));
+    let with_port = |port: u16| -> Vec<String> {
+        let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        a.extend(["-p".to_string(), port.to_string()]);
+        a
+    };
+    let (server, port) = common::listening_server(prog, with_port, &[]);
+    let mut a = with_port(port);
     a.push("127.0.0.1".into());
     let client = start(prog, &a, &[]);
     let c = finish(client, &format!("{prog} {args:?} client"));

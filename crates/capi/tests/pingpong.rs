@@ -12,14 +12,17 @@ use common::{finish, free_port, loopback_device, start, wait_listening};
 
 /// `prog` as server and as client with `extra` options; both outputs.
 fn pair(prog: &str, extra: &[&str]) -> (String, String) {
-    let port = free_port();
-    let mut args: Vec<String> = ["-d", &loopback_device(), "-g", "0", "-p", &port.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let mut server = start(prog, &args, &[]);
-    common::wait_server(&mut server, port, Duration::from_secs(30));
+    let dev = loopback_device();
+    let with_port = |port: u16| -> Vec<String> {
+        let mut a: Vec<String> = ["-d", &dev, "-g", "0", "-p", &port.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let (server, port) = common::listening_server(prog, with_port, &[]);
+    let mut args = with_port(port);
     args.push("127.0.0.1".into());
     let client = start(prog, &args, &[]);
     let c = finish(client, "client");

@@ -66,24 +66,50 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Waits until `server` listens on TCP `port`; panics, with what it said, if it exits first
-/// or `limit` passes.
-pub fn wait_server(server: &mut std::process::Child, port: u16, limit: std::time::Duration) {
+/// Waits until `server` listens on TCP `port`; what it said if it exits first; panics if
+/// `limit` passes.
+pub fn wait_server(
+    server: &mut std::process::Child,
+    port: u16,
+    limit: std::time::Duration,
+) -> Result<(), String> {
     let t0 = std::time::Instant::now();
     loop {
         if listening(port) {
-            return;
+            return Ok(());
         }
         if let Ok(Some(st)) = server.try_wait() {
             let mut err = String::new();
             if let Some(e) = server.stderr.as_mut() {
                 let _ = std::io::Read::read_to_string(e, &mut err);
             }
-            panic!("the server exited ({st}) before listening on {port}: {err}");
+            return Err(format!(
+                "the server exited ({st}) before listening on {port}: {err}"
+            ));
         }
         assert!(t0.elapsed() < limit, "nothing listens on port {port}");
         std::thread::yield_now();
     }
+}
+
+/// Starts the server `args(port)` gives, on a free port, and waits until it listens there;
+/// a port taken between the choice and the server's bind (another process's connection)
+/// means another port. The server and its port.
+pub fn listening_server(
+    prog: &str,
+    args: impl Fn(u16) -> Vec<String>,
+    env: &[(&str, &str)],
+) -> (std::process::Child, u16) {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let mut server = start(prog, &args(port), env);
+        match wait_server(&mut server, port, std::time::Duration::from_secs(30)) {
+            Ok(()) => return (server, port),
+            Err(e) => last = e,
+        }
+    }
+    panic!("{prog}: no server listened: {last}");
 }
 
 fn listening(port: u16) -> bool {
