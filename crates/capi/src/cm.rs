@@ -918,10 +918,14 @@ pub unsafe extern "C" fn sr_rdma_connect(
     let Some(peer) = i.st.lock().peer else {
         return errno::fail(libc::EINVAL);
     };
+    // RFC 6581 peer-to-peer mode (an RTR after the MPA Reply), as Linux's iWARP CM asks for
+    // it: librdmacm's programs may have the passive side send first (cmatose does), which
+    // RFC 5044 §7.1 forbids a responder until the initiator's first FPDU arrives.
     let params = ConnectParams {
         private_data,
         ird,
         ord,
+        p2p: true,
         ..ConnectParams::default()
     };
     let (pu, qn) = (p as usize, q.inner.qp_num());

@@ -190,3 +190,25 @@ fn udaddy_over_roce() {
         "{s}"
     );
 }
+
+/// `ucmatose` over iWARP: its passive side sends first, which MPA allows a responder only
+/// after the initiator's RTR (RFC 6581 peer-to-peer mode, which our active side asks for).
+#[test]
+fn ucmatose_over_iwarp_passive_side_sends_first() {
+    let (server, port) = common::listening_server(
+        "ucmatose",
+        |p| strs(&["-p", &p.to_string(), "-C", "20"]),
+        &[(softrdma_capi::cm::TRANSPORT_VAR, "iwarp")],
+    );
+    let c = client_until_ok(
+        "ucmatose",
+        &strs(&["-s", "127.0.0.1", "-p", &port.to_string(), "-C", "20"]),
+        "iwarp",
+    );
+    assert!(
+        c.contains("data transfers complete") && c.contains("return status 0"),
+        "{c}"
+    );
+    let s = finish(server, "ucmatose server");
+    assert!(s.contains("return status 0"), "{s}");
+}
