@@ -123,24 +123,25 @@ pub unsafe extern "C" fn sr_ibv_init_ah_from_wc(
     let Some(ip) = sender_of(area) else {
         return errno::fail(libc::EINVAL);
     };
-    let raw = match ip {
-        std::net::IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        std::net::IpAddr::V6(a) => a.octets(),
-    };
     // SAFETY: the program passes room for the attributes.
-    unsafe {
-        attr.write(sys::ibv_ah_attr {
-            grh: sys::ibv_global_route {
-                dgid: sys::ibv_gid { raw },
-                hop_limit: 0xff,
-                ..Default::default()
-            },
-            is_global: 1,
-            port_num,
-            ..Default::default()
-        })
-    };
+    unsafe { attr.write(ah_attr_to(ip, port_num, 0xff)) };
     0
+}
+
+/// The address of the RoCEv2 peer at `ip` (its GID, the GRH mandatory on RoCE).
+pub(crate) fn ah_attr_to(ip: std::net::IpAddr, port_num: u8, hop_limit: u8) -> sys::ibv_ah_attr {
+    sys::ibv_ah_attr {
+        grh: sys::ibv_global_route {
+            dgid: sys::ibv_gid {
+                raw: softrdma::gid_from_ip(ip),
+            },
+            hop_limit,
+            ..Default::default()
+        },
+        is_global: 1,
+        port_num,
+        ..Default::default()
+    }
 }
 
 /// `ibv_create_ah_from_wc`.

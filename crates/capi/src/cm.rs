@@ -10,7 +10,7 @@
 //! device is the one of the local address the route leaves from.
 
 use core::ffi::{c_int, c_void};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{PipeReader, PipeWriter, Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -229,8 +229,8 @@ impl SrCmId {
 
 /// Live ids. Every event is posted under this lock, and an id leaves it before it is
 /// freed, so no event ever names a freed id.
-fn ids() -> &'static Mutex<HashMap<usize, ()>> {
-    static IDS: OnceLock<Mutex<HashMap<usize, ()>>> = OnceLock::new();
+fn ids() -> &'static Mutex<HashSet<usize>> {
+    static IDS: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
     IDS.get_or_init(Mutex::default)
 }
 
@@ -238,7 +238,7 @@ fn id<'a>(p: *const sys::rdma_cm_id) -> Option<&'a SrCmId> {
     // SAFETY: a live id is the first field of a boxed SrCmId.
     ids()
         .lock()
-        .contains_key(&(p as usize))
+        .contains(&(p as usize))
         .then(|| unsafe { &*p.cast::<SrCmId>() })
 }
 
@@ -260,7 +260,7 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
         name.to_string_lossy()
     ));
     let live = ids().lock();
-    if !live.contains_key(&p) {
+    if !live.contains(&p) {
         return;
     }
     // SAFETY: live (checked under the lock that destroy_id takes to remove it).
@@ -292,7 +292,7 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
         e.ev.param.ud = sys::rdma_ud_param {
             private_data,
             private_data_len: len,
-            ah_attr: ah_attr_to(ip),
+            ah_attr: crate::ah::ah_attr_to(ip, crate::device::PORT, 64),
             qp_num,
             qkey,
         };
@@ -337,7 +337,7 @@ fn new_id(
         listener: Mutex::new(None),
     });
     let p = Box::into_raw(b);
-    ids().lock().insert(p as usize, ());
+    ids().lock().insert(p as usize);
     p
 }
 
@@ -886,24 +886,6 @@ fn established(p: usize, info: &softrdma::ConnectionInfo, qp_num: u32) {
         ud,
     };
     post(p, 0, sys::RDMA_CM_EVENT_ESTABLISHED, 0, conn);
-}
-
-/// The address of the RoCEv2 peer at `ip` (its GID), as `param.ud.ah_attr` gives it.
-fn ah_attr_to(ip: IpAddr) -> sys::ibv_ah_attr {
-    let raw = match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    };
-    sys::ibv_ah_attr {
-        grh: sys::ibv_global_route {
-            dgid: sys::ibv_gid { raw },
-            hop_limit: 64,
-            ..Default::default()
-        },
-        is_global: 1,
-        port_num: crate::device::PORT,
-        ..Default::default()
-    }
 }
 
 /// `rdma_connect`: `ESTABLISHED`, `REJECTED` or `UNREACHABLE` follows.

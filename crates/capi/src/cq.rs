@@ -279,15 +279,13 @@ pub(crate) unsafe extern "C" fn poll_cq(
     // SAFETY: as for req_notify_cq.
     let c = unsafe { &*p.cast::<SrCq>() };
     let mut got = 0;
-    while got < n {
-        let Some(w) = c.inner.poll_one() else {
-            break;
-        };
-        // SAFETY: the program gave room for `n` entries.
-        unsafe { wc.add(got as usize).write(to_c(&w)) };
+    // One drive of the transport per call, not one per completion taken.
+    c.inner.poll_each(n as usize, |w| {
+        // SAFETY: the program gave room for `n` entries; at most `n` are written.
+        unsafe { wc.add(got).write(to_c(&w)) };
         got += 1;
-    }
-    got
+    });
+    got as c_int
 }
 
 /// A completion as `ibv_wc` has it.

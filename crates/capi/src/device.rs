@@ -110,17 +110,14 @@ impl SrDevice {
     /// GID index 0 of the port: the RoCEv2 device's address, IPv4-mapped; the iWARP
     /// device's is its GUID (as siw's is its MAC address).
     pub fn gid(&self) -> [u8; 16] {
-        let mut g = [0u8; 16];
-        match self.inner.roce_config().map(|c| c.addr) {
-            Some(std::net::IpAddr::V4(a)) => {
-                g[10] = 0xff;
-                g[11] = 0xff;
-                g[12..].copy_from_slice(&a.octets());
+        match self.inner.roce_config() {
+            Some(c) => softrdma::gid_from_ip(c.addr),
+            None => {
+                let mut g = [0u8; 16];
+                g[..8].copy_from_slice(&self.guid.to_be_bytes());
+                g
             }
-            Some(std::net::IpAddr::V6(a)) => g = a.octets(),
-            None => g[..8].copy_from_slice(&self.guid.to_be_bytes()),
         }
-        g
     }
 
     /// The GID's type (`ibv_gid_type`).

@@ -99,6 +99,11 @@ pub(crate) fn access_of(access: c_int) -> Result<Access, c_int> {
     {
         return Err(libc::EINVAL);
     }
+    Ok(rights(access as u32))
+}
+
+/// The rights `ibv_access_flags` bits name (unknown bits ignored: callers check them).
+pub(crate) fn rights(bits: u32) -> Access {
     let mut a = Access::empty();
     for (f, r) in [
         (sys::IBV_ACCESS_LOCAL_WRITE, Access::LOCAL_WRITE),
@@ -107,11 +112,11 @@ pub(crate) fn access_of(access: c_int) -> Result<Access, c_int> {
         (sys::IBV_ACCESS_REMOTE_ATOMIC, Access::REMOTE_ATOMIC),
         (sys::IBV_ACCESS_MW_BIND, Access::MW_BIND),
     ] {
-        if has(f) {
+        if bits & f != 0 {
             a |= r;
         }
     }
-    Ok(a)
+    a
 }
 
 fn reg(

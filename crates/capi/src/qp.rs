@@ -205,17 +205,11 @@ fn state_to_c(s: softrdma::QpState) -> sys::ibv_qp_state {
 
 /// What a QP's access flags allow peers (`IBV_ACCESS_REMOTE_*`).
 fn qp_access(f: u32) -> Access {
-    let mut a = Access::empty();
-    for (bit, r) in [
-        (sys::IBV_ACCESS_REMOTE_WRITE, Access::REMOTE_WRITE),
-        (sys::IBV_ACCESS_REMOTE_READ, Access::REMOTE_READ),
-        (sys::IBV_ACCESS_REMOTE_ATOMIC, Access::REMOTE_ATOMIC),
-    ] {
-        if f & bit != 0 {
-            a |= r;
-        }
-    }
-    a
+    crate::pd::rights(
+        f & (sys::IBV_ACCESS_REMOTE_WRITE
+            | sys::IBV_ACCESS_REMOTE_READ
+            | sys::IBV_ACCESS_REMOTE_ATOMIC),
+    )
 }
 
 /// `ibv_modify_qp`.
@@ -561,16 +555,7 @@ unsafe fn begin(x: *mut sys::ibv_qp_ex, opcode: softrdma::WrOpcode) {
     let q = unsafe { of(x) };
     // SAFETY: the program wrote these fields before this call.
     let (wr_id, wr_flags) = unsafe { ((*x).wr_id, (*x).wr_flags) };
-    let mut flags = softrdma::SendFlags::empty();
-    for (bit, f) in [
-        (sys::IBV_SEND_SIGNALED, softrdma::SendFlags::SIGNALED),
-        (sys::IBV_SEND_SOLICITED, softrdma::SendFlags::SOLICITED),
-        (sys::IBV_SEND_FENCE, softrdma::SendFlags::FENCE),
-    ] {
-        if wr_flags & bit != 0 {
-            flags |= f;
-        }
-    }
+    let flags = crate::wr::send_flags(wr_flags);
     q.batch.lock().wrs.push(softrdma::SendWr {
         wr_id,
         opcode,

@@ -25,20 +25,29 @@ pub(crate) fn sges(list: *const sys::ibv_sge, n: c_int) -> Option<impl Iterator<
     }))
 }
 
-/// A C send request as softrdma's, or `None` for one it does not carry. `ud`: the QP is
-/// UD, and the request names its destination.
-pub(crate) fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
-    let opcode = opcode(w)?;
+/// `IBV_SEND_SIGNALED`, `_SOLICITED` and `_FENCE` as softrdma's flags (inline is the
+/// caller's: it copies the octets).
+pub(crate) fn send_flags(bits: u32) -> SendFlags {
     let mut flags = SendFlags::empty();
     for (bit, f) in [
         (sys::IBV_SEND_SIGNALED, SendFlags::SIGNALED),
         (sys::IBV_SEND_SOLICITED, SendFlags::SOLICITED),
         (sys::IBV_SEND_FENCE, SendFlags::FENCE),
-        (sys::IBV_SEND_INLINE, SendFlags::INLINE),
     ] {
-        if w.send_flags & bit != 0 {
+        if bits & bit != 0 {
             flags |= f;
         }
+    }
+    flags
+}
+
+/// A C send request as softrdma's, or `None` for one it does not carry. `ud`: the QP is
+/// UD, and the request names its destination.
+pub(crate) fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
+    let opcode = opcode(w)?;
+    let mut flags = send_flags(w.send_flags);
+    if w.send_flags & sys::IBV_SEND_INLINE != 0 {
+        flags |= SendFlags::INLINE;
     }
     let ud = match ud {
         false => None,

@@ -309,10 +309,16 @@ impl Cq {
     /// datagrams that have arrived (a busy-polling caller then sees a completion without any
     /// thread hand-off, as with a hardware CQ).
     pub fn poll(&self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        self.poll_each(max, |wc| out.push(wc))
+    }
+
+    /// [`Cq::poll`] handing each completion to `f` instead of a vector (a C caller's array):
+    /// the transport is driven at most once per call, however many are taken.
+    pub fn poll_each(&self, max: usize, mut f: impl FnMut(WorkCompletion)) -> usize {
         self.drive();
         let mut s = self.shared.state.lock();
         let n = max.min(s.entries.len());
-        out.extend(s.entries.drain(..n));
+        s.entries.drain(..n).for_each(&mut f);
         n
     }
 

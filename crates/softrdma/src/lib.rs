@@ -83,7 +83,7 @@ pub use event::AsyncEvent;
 pub use mr::{Mr, MrAttr, Mw};
 pub use qp::{Qp, QpInitAttr};
 pub use roce::cm::RDMA_UDP_QKEY;
-pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_to_ip};
+pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_from_ip, gid_to_ip};
 pub use srq::{Srq, SrqAttr};
 pub use state::{QpCounters, QpState, TransportCounters};
 pub use tap::{Direction, Tap, Tapped};

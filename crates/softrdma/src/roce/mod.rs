@@ -1704,6 +1704,12 @@ pub fn gid_to_ip(gid: &[u8; 16]) -> IpAddr {
     softrdma_wire::rocev2::gid_to_ip(gid)
 }
 
+/// The GID of an address: IPv4-mapped for IPv4 (RoCEv2's convention), the address itself
+/// for IPv6.
+pub fn gid_from_ip(ip: IpAddr) -> [u8; 16] {
+    softrdma_wire::rocev2::gid_from_ip(ip)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
