@@ -107,43 +107,41 @@ fn ibv_rc_uc_ud_pingpong_against_softrdma_pingpong_both_ways() {
         ("ibv_ud_pingpong", "--ud"),
     ] {
         for debian_serves in [true, false] {
-            let port = free_port();
-            let debian_args: Vec<String> = [
-                "-d",
-                &loopback_device(),
-                "-g",
-                "0",
-                "-p",
-                &port.to_string(),
-                "-n",
-                "100",
-                "-c",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let dev = loopback_device();
+            let debian = |port: u16| -> Vec<String> {
+                [
+                    "-d",
+                    &dev,
+                    "-g",
+                    "0",
+                    "-p",
+                    &port.to_string(),
+                    "-n",
+                    "100",
+                    "-c",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+            };
             // The native side binds an address of its own, so whichever starts first, the
             // library's process may keep 127.0.0.1.
-            let native = |client: bool| {
-                let mut c = Command::new(&bin);
-                c.args(["pingpong", kind, "-p", &port.to_string(), "-n", "100"]);
-                c.args(["--bind", "127.0.0.9"]);
-                if client {
-                    c.arg("127.0.0.1");
-                }
-                c.stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("softrdma")
+            let native = |port: u16| -> Vec<String> {
+                ["pingpong", kind, "-p", &port.to_string(), "-n", "100"]
+                    .iter()
+                    .chain(&["--bind", "127.0.0.9"])
+                    .map(|s| s.to_string())
+                    .collect()
             };
+            let bin = bin.to_str().expect("a UTF-8 path");
             let (server, client) = if debian_serves {
-                let s = start(prog, &debian_args, &[]);
-                wait_listening(port, Duration::from_secs(30));
-                (s, native(true))
+                let (s, port) = common::listening_server(prog, debian, &[]);
+                let mut a = native(port);
+                a.push("127.0.0.1".into());
+                (s, start(bin, &a, &[]))
             } else {
-                let s = native(false);
-                wait_listening(port, Duration::from_secs(30));
-                let mut a = debian_args.clone();
+                let (s, port) = common::listening_server(bin, native, &[]);
+                let mut a = debian(port);
                 a.push("127.0.0.1".into());
                 (s, start(prog, &a, &[]))
             };
