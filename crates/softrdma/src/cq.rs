@@ -11,7 +11,7 @@ use std::future::{Future, poll_fn};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -25,6 +25,10 @@ use crate::Error;
 use crate::event::{AsyncEvent, EventQueue};
 pub use crate::leader::{BusyPoll, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL};
 use crate::leader::{FLOW_POLL, STAND_DOWN, Spin, Waiter};
+
+/// How long the polls of a CQ find nothing before each yields its core ([`Cq::poll_each`]):
+/// longer than a round trip here, so that a ping-pong's poller keeps its core.
+const YIELD_AFTER: Duration = Duration::from_micros(50);
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -99,6 +103,10 @@ pub(crate) struct CqShared {
     channel: Option<Arc<ChannelShared>>,
     /// The context's asynchronous events (`CqError`).
     events: Option<Arc<EventQueue>>,
+    /// When the polls that found nothing began (nanoseconds after `base`; 0: the last poll
+    /// found something), see [`Cq::poll_each`].
+    empty_since: AtomicU64,
+    base: Instant,
 }
 
 impl Waiter for CqShared {
@@ -254,6 +262,8 @@ impl Cq {
                 ready: Event::new(),
                 channel: channel.map(|c| c.shared.clone()),
                 events,
+                empty_since: AtomicU64::new(0),
+                base: Instant::now(),
             }),
         };
         if let Some(ch) = channel {
@@ -330,10 +340,27 @@ impl Cq {
 
     fn drive(&self) {
         if self.shared.has_entries() {
+            self.shared.empty_since.store(0, Ordering::Relaxed);
             return;
         }
         for d in self.shared.drivers() {
             d.progress(&self.shared);
+        }
+        if self.shared.has_entries() {
+            self.shared.empty_since.store(0, Ordering::Relaxed);
+            return;
+        }
+        // A program that spins on its CQ (perftest, every verbs benchmark) holds a core the
+        // background thread may need to move its data: once its polls have found nothing
+        // for a while, each gives the core to whoever else is runnable there (issue 43:
+        // 64 KiB Writes on two cores, 0.65 GB/s without, 2.1 GB/s with). Sooner, a poll
+        // that waits for an answer would yield to the thread that handles that answer's
+        // arrival and lose the race for it; alone on its core, a yield returns at once.
+        let now = (self.shared.base.elapsed().as_nanos() as u64).max(1);
+        match self.shared.empty_since.load(Ordering::Relaxed) {
+            0 => self.shared.empty_since.store(now, Ordering::Relaxed),
+            t if now - t >= YIELD_AFTER.as_nanos() as u64 => std::thread::yield_now(),
+            _ => {}
         }
     }
 
