@@ -9,7 +9,7 @@ use crate::errno;
 use crate::sys;
 
 /// `RAI_PASSIVE` (`rdma_cma.h`): the address is one to listen on.
-const RAI_PASSIVE: c_int = 1;
+pub(crate) const RAI_PASSIVE: c_int = 1;
 
 /// One result with room for its two addresses.
 #[repr(C)]

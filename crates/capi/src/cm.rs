@@ -217,7 +217,20 @@ pub struct SrCmId {
     /// Stops the listener's thread, at once (it waits on this and on the listener).
     stop: Arc<Stop>,
     listener: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Made without a channel (librdmacm's synchronous mode): `chan` is the id's own, and
+    /// each call that asks the peer returns once its event is in (`id.event`).
+    sync: bool,
+    /// `rdma_create_ep` on a passive id: the QP each request's id gets in
+    /// `rdma_get_request`.
+    ep_attr: Mutex<Option<QpInit>>,
 }
+
+/// A program's `ibv_qp_init_attr`, kept for `rdma_get_request`.
+struct QpInit(sys::ibv_qp_init_attr);
+
+// SAFETY: the attributes' pointers are the program's objects, only handed back to its
+// own calls (`rdma_create_qp`).
+unsafe impl Send for QpInit {}
 
 impl SrCmId {
     /// The C id, to read or write a field (the program reads it only between our calls
@@ -265,6 +278,13 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
     }
     // SAFETY: live (checked under the lock that destroy_id takes to remove it).
     let i = unsafe { &*(p as *const SrCmId) };
+    // A connection request is the listener's event (its child may have a channel of its
+    // own).
+    let chan = match listen != 0 && live.contains(&listen) {
+        // SAFETY: as above.
+        true => unsafe { &*(listen as *const SrCmId) }.chan,
+        false => i.chan,
+    };
     if kind == sys::RDMA_CM_EVENT_DISCONNECTED {
         let mut st = i.st.lock();
         if st.disconnected {
@@ -296,7 +316,7 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
             qp_num,
             qkey,
         };
-        i.chan.push(e);
+        chan.push(e);
         return;
     }
     e.ev.param.conn = sys::rdma_conn_param {
@@ -311,7 +331,7 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
         qp_num: conn.qp_num,
         ..Default::default()
     };
-    i.chan.push(e);
+    chan.push(e);
 }
 
 fn new_id(
@@ -319,6 +339,7 @@ fn new_id(
     context: *mut c_void,
     ps: sys::rdma_port_space,
     qp_type: sys::ibv_qp_type,
+    sync: bool,
 ) -> *mut SrCmId {
     chan.ids.fetch_add(1, Ordering::AcqRel);
     let b = Box::new(SrCmId {
@@ -335,14 +356,16 @@ fn new_id(
         acked: Condvar::new(),
         stop: Arc::new(Stop::default()),
         listener: Mutex::new(None),
+        sync,
+        ep_attr: Mutex::new(None),
     });
     let p = Box::into_raw(b);
     ids().lock().insert(p as usize);
     p
 }
 
-/// `rdma_create_id`: with a channel; a NULL channel (librdmacm's synchronous mode) is not
-/// built yet.
+/// `rdma_create_id`. With a NULL channel the id is synchronous (librdmacm's mode): it gets
+/// a channel of its own, and the calls that wait for an event return with it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sr_rdma_create_id(
     ch: *mut sys::rdma_event_channel,
@@ -358,16 +381,16 @@ pub unsafe extern "C" fn sr_rdma_create_id(
     if out.is_null() {
         return errno::fail(libc::EINVAL);
     }
-    let Some(chan) = channel(ch) else {
-        return errno::fail(if ch.is_null() {
-            libc::ENOSYS
-        } else {
-            libc::EINVAL
-        });
+    let sync = ch.is_null();
+    let Some(chan) = (match sync {
+        true => own_channel(),
+        false => channel(ch),
+    }) else {
+        return errno::fail(if sync { libc::EMFILE } else { libc::EINVAL });
     };
     // SAFETY: a live channel lives until destroyed, which waits for its ids.
     let chan: &'static SrEventChannel = unsafe { &*ptr::from_ref(chan) };
-    let p = new_id(chan, context, ps, qp_type);
+    let p = new_id(chan, context, ps, qp_type, sync);
     trace(format_args!("id {:#x}: created", p as usize));
     // SAFETY: the program's out-pointer (checked non-NULL).
     unsafe { *out = p.cast() };
@@ -381,6 +404,13 @@ pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
     let Some(i) = id(p) else {
         return errno::fail(libc::EINVAL);
     };
+    // The event a synchronous call kept (librdmacm acknowledges it here too).
+    // SAFETY: our own struct.
+    let kept = unsafe { std::mem::replace(&mut (*i.c()).event, ptr::null_mut()) };
+    if !kept.is_null() {
+        // SAFETY: an event this library handed out and nobody acknowledged.
+        unsafe { sr_rdma_ack_cm_event(kept) };
+    }
     i.stop.set();
     if let Some(h) = i.listener.lock().take() {
         let _ = h.join();
@@ -398,9 +428,51 @@ pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
         i.chan.forget(p);
     }
     i.chan.ids.fetch_sub(1, Ordering::AcqRel);
+    let own = i.sync.then_some(i.chan);
     // SAFETY: it was live and no thread posts to it any more: ours alone.
     drop(unsafe { Box::from_raw(p.cast::<SrCmId>()) });
+    if let Some(c) = own {
+        // SAFETY: the id's own channel, which nothing else reports to.
+        unsafe { sr_rdma_destroy_event_channel(ptr::from_ref(&c.ch).cast_mut()) };
+    }
     0
+}
+
+/// A channel of a synchronous id's own.
+fn own_channel() -> Option<&'static SrEventChannel> {
+    let ch = sr_rdma_create_event_channel();
+    channel(ch)
+}
+
+/// librdmacm's `ucma_complete`: a synchronous id's call waits for its event, keeps it in
+/// `id.event` (acknowledging the one kept before) and fails with the event's status.
+fn complete(i: &SrCmId) -> c_int {
+    if !i.sync {
+        return 0;
+    }
+    let c = i.c();
+    // SAFETY: our own struct; the event kept is one this library handed out.
+    unsafe {
+        let kept = std::mem::replace(&mut (*c).event, ptr::null_mut());
+        if !kept.is_null() {
+            sr_rdma_ack_cm_event(kept);
+        }
+    }
+    let mut ev = ptr::null_mut();
+    // SAFETY: the id's own channel, live while the id is.
+    if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&i.chan.ch).cast_mut(), &mut ev) } != 0 {
+        return -1;
+    }
+    // SAFETY: our own struct; the event just handed out.
+    let (kind, status) = unsafe {
+        (*c).event = ev;
+        ((*ev).event, (*ev).status)
+    };
+    match status {
+        0 => 0,
+        _ if kind == sys::RDMA_CM_EVENT_REJECTED => errno::fail(libc::ECONNREFUSED),
+        s => errno::fail(s.saturating_abs()),
+    }
 }
 
 /// `rdma_get_cm_event`: the next event, blocking unless the program made the channel's fd
@@ -551,8 +623,15 @@ fn attach(i: &SrCmId, local: IpAddr, active: bool) -> Result<&'static SrContext,
     let d = device_for(local).ok_or(libc::EADDRNOTAVAIL)?;
     let c = shared_context(d, active)?;
     i.st.lock().ctx = Some(c);
-    // SAFETY: our own struct; the program reads `verbs` once the call or event says so.
-    unsafe { (*i.c()).verbs = c.as_ptr() };
+    let pd = default_pd(c);
+    // SAFETY: our own struct; the program reads `verbs` and `pd` once the call or event
+    // says so.
+    unsafe {
+        (*i.c()).verbs = c.as_ptr();
+        if (*i.c()).pd.is_null() {
+            (*i.c()).pd = pd;
+        }
+    }
     Ok(c)
 }
 
@@ -607,7 +686,7 @@ pub unsafe extern "C" fn sr_rdma_resolve_addr(
                     -libc::ENETUNREACH,
                     Conn::default(),
                 );
-                return 0;
+                return complete(i);
             }
         },
     };
@@ -627,7 +706,7 @@ pub unsafe extern "C" fn sr_rdma_resolve_addr(
         0,
         Conn::default(),
     );
-    0
+    complete(i)
 }
 
 /// The local address the kernel would send to `dst` from.
@@ -660,12 +739,30 @@ pub unsafe extern "C" fn sr_rdma_resolve_route(
         0,
         Conn::default(),
     );
-    0
+    complete(i)
 }
 
 // --- QPs --------------------------------------------------------------------------------
 
-/// `rdma_create_qp`: a QP on the id's device, in `pd` (or a PD of the id's own).
+/// The PD librdmacm's ids on `ctx` share (`id.pd` until a QP says otherwise), made once:
+/// the shared contexts live for the process, and so does it.
+fn default_pd(ctx: &SrContext) -> *mut sys::ibv_pd {
+    static PDS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    let mut pds = PDS.get_or_init(Mutex::default).lock();
+    let key = ctx.as_ptr() as usize;
+    if let Some(&pd) = pds.get(&key) {
+        return pd as *mut sys::ibv_pd;
+    }
+    // SAFETY: a live context of ours.
+    let pd = unsafe { crate::pd::sr_ibv_alloc_pd(ctx.as_ptr()) };
+    if !pd.is_null() {
+        pds.insert(key, pd as usize);
+    }
+    pd
+}
+
+/// `rdma_create_qp`: as `rdma_create_qp_ex` with `pd` (NULL: the id's); the attributes the
+/// QP got are written back.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sr_rdma_create_qp(
     p: *mut sys::rdma_cm_id,
@@ -675,54 +772,327 @@ pub unsafe extern "C" fn sr_rdma_create_qp(
     let Some(i) = id(p) else {
         return errno::fail(libc::EINVAL);
     };
-    // SAFETY: our own struct.
-    let verbs = unsafe { (*i.c()).verbs };
-    if verbs.is_null() || attr.is_null() {
+    if attr.is_null() {
         return errno::fail(libc::EINVAL);
     }
-    let pd = match pd.is_null() {
-        // SAFETY: the id's context, live.
-        true => unsafe { crate::pd::sr_ibv_alloc_pd(verbs) },
-        false => pd,
+    // SAFETY: the program's attributes (checked non-NULL).
+    let a = unsafe { &mut *attr };
+    let mut ex = sys::ibv_qp_init_attr_ex {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+        comp_mask: sys::IBV_QP_INIT_ATTR_PD,
+        // SAFETY: our own struct.
+        pd: if pd.is_null() {
+            unsafe { (*i.c()).pd }
+        } else {
+            pd
+        },
+        ..Default::default()
     };
-    // SAFETY: the program's attributes; our own create.
-    let q = unsafe { crate::qp::sr_ibv_create_qp(pd, attr) };
+    let r = create_qp_ex(i, &mut ex);
+    a.send_cq = ex.send_cq;
+    a.recv_cq = ex.recv_cq;
+    a.srq = ex.srq;
+    a.cap = ex.cap;
+    r
+}
+
+/// `rdma_create_qp_ex`: a QP on the id's device, in the attributes' PD or the id's; a CQ
+/// and completion channel of the id's own (`id.send_cq`, `id.recv_cq`) for each queue the
+/// program gave none, as librdmacm makes them, sized by that queue.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_create_qp_ex(
+    p: *mut sys::rdma_cm_id,
+    attr: *mut sys::ibv_qp_init_attr_ex,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    if attr.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    // SAFETY: the program's attributes (checked non-NULL).
+    create_qp_ex(i, unsafe { &mut *attr })
+}
+
+fn create_qp_ex(i: &SrCmId, a: &mut sys::ibv_qp_init_attr_ex) -> c_int {
+    let m = i.c();
+    // SAFETY: our own struct (read).
+    let (verbs, has_qp, id_pd) = unsafe { ((*m).verbs, !(*m).qp.is_null(), (*m).pd) };
+    if verbs.is_null() || has_qp {
+        return errno::fail(libc::EINVAL);
+    }
+    if a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.comp_mask |= sys::IBV_QP_INIT_ATTR_PD;
+        a.pd = id_pd;
+    }
+    match crate::pd::pd(a.pd) {
+        Some(pd) if pd.ctx.as_ptr() == verbs => {}
+        _ => return errno::fail(libc::EINVAL),
+    }
+    // SAFETY: our own struct, written before the program reads it.
+    unsafe {
+        let made = if a.send_cq.is_null() && (*m).send_cq.is_null() {
+            own_cq(
+                verbs,
+                a.cap.max_send_wr,
+                &mut (*m).send_cq_channel,
+                &mut (*m).send_cq,
+            )
+        } else {
+            Ok(())
+        }
+        .and_then(|()| match a.recv_cq.is_null() && (*m).recv_cq.is_null() {
+            true => own_cq(
+                verbs,
+                a.cap.max_recv_wr,
+                &mut (*m).recv_cq_channel,
+                &mut (*m).recv_cq,
+            ),
+            false => Ok(()),
+        });
+        if let Err(e) = made {
+            destroy_own_cqs(m);
+            return errno::fail(e);
+        }
+        if a.send_cq.is_null() {
+            a.send_cq = (*m).send_cq;
+        }
+        if a.recv_cq.is_null() {
+            a.recv_cq = (*m).recv_cq;
+        }
+        if a.srq.is_null() {
+            a.srq = (*m).srq;
+        }
+    }
+    // SAFETY: the attributes, filled in; our own verbs op.
+    let q = unsafe { crate::qp::create_qp_ex(verbs, a) };
     if q.is_null() {
+        destroy_own_cqs(m);
         return -1;
     }
     if let Some(sq) = crate::qp::qp(q)
-        // SAFETY: the program's attributes (checked non-NULL above).
-        && unsafe { (*attr).qp_type } == sys::IBV_QPT_UD
+        && a.qp_type == sys::IBV_QPT_UD
         && let Err(e) = crate::qp::ready_ud(sq)
     {
         // SAFETY: the QP just made.
         unsafe { crate::qp::sr_ibv_destroy_qp(q) };
+        destroy_own_cqs(m);
         return errno::fail(e);
     }
     // SAFETY: our own struct, written before the program reads it.
     unsafe {
-        let m = i.c();
         (*m).qp = q;
-        (*m).pd = pd;
-        (*m).send_cq = (*attr).send_cq;
-        (*m).recv_cq = (*attr).recv_cq;
+        (*m).pd = a.pd;
     }
     0
 }
 
-/// `rdma_destroy_qp`.
+/// A completion channel and a CQ of `size` entries on it, for an id (librdmacm's
+/// `ucma_create_cqs`).
+///
+/// # Safety
+/// `verbs` is a live context; the out-pointers are the id's fields.
+unsafe fn own_cq(
+    verbs: *mut sys::ibv_context,
+    size: u32,
+    ch: &mut *mut sys::ibv_comp_channel,
+    cq: &mut *mut sys::ibv_cq,
+) -> Result<(), c_int> {
+    // SAFETY: a live context (the caller's promise).
+    let c = unsafe { crate::cq::sr_ibv_create_comp_channel(verbs) };
+    if c.is_null() {
+        return Err(errno::get().max(libc::ENOMEM));
+    }
+    *ch = c;
+    let size = c_int::try_from(size.max(1)).unwrap_or(c_int::MAX);
+    // SAFETY: as above; the channel just made.
+    let q = unsafe { crate::cq::sr_ibv_create_cq(verbs, size, ptr::null_mut(), c, 0) };
+    if q.is_null() {
+        return Err(errno::get().max(libc::EINVAL));
+    }
+    *cq = q;
+    Ok(())
+}
+
+/// Destroys the CQs and channels this library made for id `m` (librdmacm's
+/// `ucma_destroy_cqs`).
+fn destroy_own_cqs(m: *mut sys::rdma_cm_id) {
+    // SAFETY: our own struct; its CQ and channel fields are only ever ones `own_cq` made.
+    unsafe {
+        for cq in [&mut (*m).recv_cq, &mut (*m).send_cq] {
+            let q = std::mem::replace(cq, ptr::null_mut());
+            if !q.is_null() {
+                crate::cq::sr_ibv_destroy_cq(q);
+            }
+        }
+        for ch in [&mut (*m).recv_cq_channel, &mut (*m).send_cq_channel] {
+            let c = std::mem::replace(ch, ptr::null_mut());
+            if !c.is_null() {
+                crate::cq::sr_ibv_destroy_comp_channel(c);
+            }
+        }
+    }
+}
+
+/// `rdma_destroy_qp`: the id's QP, and the CQs made for it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sr_rdma_destroy_qp(p: *mut sys::rdma_cm_id) {
     if let Some(i) = id(p) {
         // SAFETY: our own struct; the QP this id made, if any.
         unsafe {
-            let q = (*i.c()).qp;
+            let q = std::mem::replace(&mut (*i.c()).qp, ptr::null_mut());
             if !q.is_null() {
                 crate::qp::sr_ibv_destroy_qp(q);
-                (*i.c()).qp = ptr::null_mut();
             }
         }
+        destroy_own_cqs(i.c());
     }
+}
+
+/// `rdma_create_ep`: a synchronous id for `res` — passive (`RAI_PASSIVE`): bound to its
+/// source address, `qp_init_attr` kept for the QP of each request `rdma_get_request`
+/// returns; active: its address and route resolved and, with `qp_init_attr`, its QP made.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_create_ep(
+    out: *mut *mut sys::rdma_cm_id,
+    res: *mut sys::rdma_addrinfo,
+    pd: *mut sys::ibv_pd,
+    qp_init_attr: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    if out.is_null() || res.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    // SAFETY: the program's address information (checked non-NULL).
+    let r = unsafe { &*res };
+    let Ok(ps) = sys::rdma_port_space::try_from(r.ai_port_space) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let mut p = ptr::null_mut();
+    // SAFETY: a NULL channel (synchronous), our own out-pointer.
+    if unsafe { sr_rdma_create_id(ptr::null_mut(), &mut p, ptr::null_mut(), ps) } != 0 {
+        return -1;
+    }
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    // SAFETY: the program's attributes, if any.
+    let attr = unsafe { qp_init_attr.as_mut() };
+    let qp_type = sys::ibv_qp_type::try_from(r.ai_qp_type).unwrap_or(sys::IBV_QPT_RC);
+    let r = if r.ai_flags & crate::addrinfo::RAI_PASSIVE != 0 {
+        // SAFETY: as above, and our own id.
+        let ret = unsafe { sr_rdma_bind_addr(p, r.ai_src_addr) };
+        if ret == 0 {
+            if !pd.is_null() {
+                // SAFETY: our own struct.
+                unsafe { (*i.c()).pd = pd };
+            }
+            if let Some(a) = attr {
+                let mut a = *a;
+                a.qp_type = qp_type;
+                *i.ep_attr.lock() = Some(QpInit(a));
+            }
+        }
+        ret
+    } else {
+        // SAFETY: as above.
+        let mut ret = unsafe { sr_rdma_resolve_addr(p, r.ai_src_addr, r.ai_dst_addr, 2000) };
+        if ret == 0 {
+            // SAFETY: our own id.
+            ret = unsafe { sr_rdma_resolve_route(p, 2000) };
+        }
+        if ret == 0
+            && let Some(a) = attr
+        {
+            a.qp_type = qp_type;
+            // SAFETY: our own id, the program's attributes.
+            ret = unsafe { sr_rdma_create_qp(p, pd, a) };
+        }
+        ret
+    };
+    if r != 0 {
+        let e = errno::get();
+        // SAFETY: the id just made.
+        unsafe { sr_rdma_destroy_ep(p) };
+        return errno::fail(e);
+    }
+    // SAFETY: the program's out-pointer (checked non-NULL).
+    unsafe { *out = p };
+    0
+}
+
+/// `rdma_destroy_ep`: the id's QP (and CQs made for it), then the id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_destroy_ep(p: *mut sys::rdma_cm_id) {
+    // SAFETY: our own calls; each checks the id.
+    unsafe {
+        sr_rdma_destroy_qp(p);
+        sr_rdma_destroy_id(p);
+    }
+}
+
+/// `rdma_get_request`: on a synchronous listening id, the next connection request's id,
+/// with a QP if `rdma_create_ep` was given attributes (in its PD). The request's event is
+/// kept in the new id's `event`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_get_request(
+    listen: *mut sys::rdma_cm_id,
+    out: *mut *mut sys::rdma_cm_id,
+) -> c_int {
+    let Some(l) = id(listen) else {
+        return errno::fail(libc::EINVAL);
+    };
+    if !l.sync || out.is_null() {
+        return errno::fail(libc::EINVAL);
+    }
+    let m = l.c();
+    // SAFETY: our own struct; the event kept is one this library handed out.
+    unsafe {
+        let kept = std::mem::replace(&mut (*m).event, ptr::null_mut());
+        if !kept.is_null() {
+            sr_rdma_ack_cm_event(kept);
+        }
+    }
+    let mut ev = ptr::null_mut();
+    // SAFETY: the listener's own channel.
+    if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&l.chan.ch).cast_mut(), &mut ev) } != 0 {
+        return -1;
+    }
+    // SAFETY: the event just handed out.
+    let e = unsafe { &*ev };
+    let fail = |err: c_int| {
+        // SAFETY: our own struct: the event stays with the listener, as librdmacm's.
+        unsafe { (*m).event = ev };
+        errno::fail(err)
+    };
+    if e.event == sys::RDMA_CM_EVENT_REJECTED {
+        return fail(libc::ECONNREFUSED);
+    }
+    if e.status != 0 {
+        return fail(e.status.saturating_abs());
+    }
+    if e.event != sys::RDMA_CM_EVENT_CONNECT_REQUEST {
+        return fail(libc::EINVAL);
+    }
+    let attr = l.ep_attr.lock().as_ref().map(|a| a.0);
+    if let Some(mut a) = attr {
+        // SAFETY: the request's id (live: its event is not acknowledged) and the
+        // listener's PD.
+        if unsafe { sr_rdma_create_qp(e.id, (*m).pd, &mut a) } != 0 {
+            return fail(errno::get());
+        }
+    }
+    // SAFETY: the program's out-pointer; the request's id.
+    unsafe {
+        *out = e.id;
+        (*e.id).event = ev;
+    }
+    0
 }
 
 // --- connections ------------------------------------------------------------------------
@@ -761,7 +1131,7 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
     i.st.lock().local = Some(bound);
     set_addrs(i, Some(bound), None);
     let stop = i.stop.clone();
-    let (listen_id, chan) = (p as usize, i.chan);
+    let (listen_id, chan, sync) = (p as usize, i.chan, i.sync);
     // SAFETY: our own struct.
     let c_id = unsafe { &*i.c() };
     let (ctx_p, context_v, ps, qp_type) = (
@@ -788,7 +1158,19 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
                     Some(Err(_)) => continue,
                     None => break,
                 };
-                let child = new_id(chan, context_v as *mut c_void, ps, qp_type);
+                // A synchronous listener's requests get ids of their own mode and channel
+                // (librdmacm migrates them); the request itself goes to the listener's.
+                let child_chan = match sync {
+                    true => match own_channel() {
+                        Some(c) => c,
+                        None => {
+                            let _ = req.reject(&[]);
+                            continue;
+                        }
+                    },
+                    false => chan,
+                };
+                let child = new_id(child_chan, context_v as *mut c_void, ps, qp_type, sync);
                 // SAFETY: the id just made; no event names it yet.
                 let c = unsafe { &*child };
                 let (ird, ord) = req.peer_ird_ord().unwrap_or((0, 0));
@@ -808,8 +1190,14 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
                     st.peer = Some(pa);
                     st.req = Some(req);
                 }
+                // The device's shared PD, as librdmacm gives a request's id.
+                let pd =
+                    context(ctx_p as *const sys::ibv_context).map_or(ptr::null_mut(), default_pd);
                 // SAFETY: our own struct, before the event hands it out.
-                unsafe { (*c.c()).verbs = ctx_p as *mut _ };
+                unsafe {
+                    (*c.c()).verbs = ctx_p as *mut _;
+                    (*c.c()).pd = pd;
+                }
                 set_addrs(c, Some(la), Some(pa));
                 post(
                     child as usize,
@@ -913,7 +1301,7 @@ pub unsafe extern "C" fn sr_rdma_connect(
     let (pu, qn) = (p as usize, q.inner.qp_num());
     watch(i, qn);
     let qp = q.inner.clone();
-    in_background("softrdma-cm-connect", move || {
+    let started = in_background("softrdma-cm-connect", move || {
         match qp.connect(peer, params) {
             Ok(info) => established(pu, &info, qn),
             Err(softrdma::Error::Rejected {
@@ -949,7 +1337,11 @@ pub unsafe extern "C" fn sr_rdma_connect(
                 )
             }
         }
-    })
+    });
+    match started {
+        0 => complete(i),
+        e => e,
+    }
 }
 
 /// Runs `f` on a thread of its own (a call that waits for the peer answers with an event):
@@ -985,7 +1377,7 @@ pub unsafe extern "C" fn sr_rdma_accept(
     // librdmacm's passive side of a UD exchange (SIDR) hears nothing after its answer.
     // SAFETY: our own struct (read).
     let ud = unsafe { (*i.c()).qp_type } == sys::IBV_QPT_UD;
-    in_background("softrdma-cm-accept", move || {
+    let started = in_background("softrdma-cm-accept", move || {
         match req.accept(&qp, params) {
             Ok(_) if ud => {}
             Ok(info) => established(pu, &info, qn),
@@ -997,7 +1389,12 @@ pub unsafe extern "C" fn sr_rdma_accept(
                 Conn::default(),
             ),
         }
-    })
+    });
+    // A UD answer has no event to wait for (librdmacm returns at once too).
+    match started {
+        0 if !ud => complete(i),
+        e => e,
+    }
 }
 
 /// `rdma_reject`.
@@ -1032,6 +1429,7 @@ pub unsafe extern "C" fn sr_rdma_disconnect(p: *mut sys::rdma_cm_id) -> c_int {
     let Some(i) = id(p) else {
         return errno::fail(libc::EINVAL);
     };
+    let was = i.st.lock().disconnected;
     if let Some(q) = id_qp(i) {
         let _ = q.inner.disconnect();
     }
@@ -1042,7 +1440,12 @@ pub unsafe extern "C" fn sr_rdma_disconnect(p: *mut sys::rdma_cm_id) -> c_int {
         0,
         Conn::default(),
     );
-    0
+    // A synchronous id waits for its DISCONNECTED, unless it was taken already (the peer's,
+    // which a call of the program's consumed): then there is none to come.
+    if was && i.chan.q.lock().is_empty() {
+        return 0;
+    }
+    complete(i)
 }
 
 /// `rdma_establish` (RDMACM_1.2): for ids whose QP the program connected itself; softrdma's

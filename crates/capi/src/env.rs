@@ -117,3 +117,20 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
+
+/// The variable whose filter (`RUST_LOG`'s syntax: `softrdma=debug,softrdma_iwarp=info`)
+/// puts softrdma's own events on the program's standard error.
+pub const LOG_VAR: &str = "SOFTRDMA_LOG";
+
+/// With [`LOG_VAR`] set, softrdma's events go to standard error (once per process; a
+/// program that installed a `tracing` subscriber of its own keeps it).
+pub(crate) fn init_log() {
+    let Some(filter) = std::env::var_os(LOG_VAR) else {
+        return;
+    };
+    let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(filter.to_string_lossy());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

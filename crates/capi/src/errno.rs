@@ -13,3 +13,9 @@ pub(crate) fn fail(e: c_int) -> c_int {
     set(e);
     -1
 }
+
+/// The calling thread's `errno`.
+pub(crate) fn get() -> c_int {
+    // SAFETY: as in `set`.
+    unsafe { *libc::__errno_location() }
+}

@@ -15,6 +15,7 @@ use crate::sysfs;
 pub fn devices() -> &'static [SrDevice] {
     static DEVICES: OnceLock<Vec<SrDevice>> = OnceLock::new();
     DEVICES.get_or_init(|| {
+        crate::env::init_log();
         let list: Vec<SrDevice> = Device::list()
             .into_iter()
             .enumerate()

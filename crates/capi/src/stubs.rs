@@ -69,11 +69,8 @@ errno_value!(
 );
 
 minus_one!(libc::EOPNOTSUPP;
-    sr_rdma_create_ep,
-    sr_rdma_create_qp_ex,
     sr_rdma_create_srq,
     sr_rdma_create_srq_ex,
-    sr_rdma_get_request,
     sr_rdma_reject_ece,
     sr_rdma_notify,
     sr_rdma_join_multicast,
@@ -124,7 +121,6 @@ nothing!(
     sr_ibv_copy_path_rec_from_kern,
     sr_ibv_copy_path_rec_to_kern,
     sr_rdma_destroy_srq,
-    sr_rdma_destroy_ep,
     sr_rdma_free_devices,
 );
 

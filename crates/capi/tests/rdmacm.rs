@@ -212,3 +212,69 @@ fn ucmatose_over_iwarp_passive_side_sends_first() {
     let s = finish(server, "ucmatose server");
     assert!(s.contains("return status 0"), "{s}");
 }
+
+/// `rdma_server` and `rdma_client`: librdmacm's synchronous mode (ids without a channel,
+/// `rdma_create_ep`, `rdma_get_request`, the CQs and completion channels librdmacm makes
+/// for a QP given none, `rdma_reg_msgs` in the id's PD), a Send each way, on both
+/// transports.
+#[test]
+fn rdma_server_and_client_synchronous_mode_both_transports() {
+    for transport in ["iwarp", "roce"] {
+        let _roce = roce_server(transport);
+        let port = free_port();
+        let p = port.to_string();
+        let env = [(softrdma_capi::cm::TRANSPORT_VAR, transport)];
+        let server = start("rdma_server", &strs(&["-p", &p]), &env);
+        wait_for_server(transport, port);
+        let c = client_until_ok(
+            "rdma_client",
+            &strs(&["-s", "127.0.0.1", "-p", &p]),
+            transport,
+        );
+        assert!(c.contains("rdma_client: end 0"), "{transport}: {c}");
+        let s = finish(server, &format!("{transport} rdma_server"));
+        assert!(s.contains("rdma_server: end 0"), "{transport}: {s}");
+    }
+}
+
+/// `cmtime`: many connections at once through every step of librdmacm (ids, resolution,
+/// `rdma_create_qp` with neither PD nor CQs, connect, disconnect, destroy), on both
+/// transports; every connection must be accepted (a refused one prints its event).
+#[test]
+fn cmtime_connects_every_id_both_transports() {
+    for transport in ["iwarp", "roce"] {
+        let _roce = roce_server(transport);
+        let port = free_port();
+        let p = port.to_string();
+        let env = [(softrdma_capi::cm::TRANSPORT_VAR, transport)];
+        let mut server = start(
+            "cmtime",
+            &strs(&["-b", "127.0.0.1", "-p", &p, "-c", "50"]),
+            &env,
+        );
+        wait_for_server(transport, port);
+        let c = client_until_ok(
+            "cmtime",
+            &strs(&["-s", "127.0.0.1", "-p", &p, "-c", "50"]),
+            transport,
+        );
+        // The server serves until stopped.
+        let _ = server.kill();
+        let s = finish_killed(server);
+        assert!(
+            !c.contains("event:") && !c.contains("failure") && c.contains("disconnect   :"),
+            "{transport} client: {c}"
+        );
+        assert!(!s.contains("failure"), "{transport} server: {s}");
+    }
+}
+
+/// The output of a server that was killed.
+fn finish_killed(c: std::process::Child) -> String {
+    let out = c.wait_with_output().expect("wait");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -1315,6 +1315,35 @@ fn half_open_connections_are_capped() {
     drop(idle);
 }
 
+/// A burst of connections from one address past its `max_half_open_per_source` quota is
+/// accepted while they are young and the listener has room: a client that opens many at
+/// once (Debian's cmtime opens 100 through rdma_cm) may have them all accepted before it
+/// sent its first MPA Request, and evicting them then refused a legitimate client.
+#[test]
+fn a_burst_from_one_address_past_its_quota_is_not_evicted_while_young() {
+    let server = Side::new(QpCap::default());
+    let lp = ListenParams {
+        max_half_open_per_source: 2,
+        ..ListenParams::default()
+    };
+    let listener = Listener::bind_with(&server.ctx, "127.0.0.1:0", lp).unwrap();
+    let addr = listener.local_addr();
+    let start = Instant::now();
+    let burst: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    until("the burst accepted", &|| {
+        iwarp_stats(&server.ctx).accepts == 8
+    });
+    let c = iwarp_stats(&server.ctx);
+    // Within the grace (one second) none goes; a machine too slow for that proves nothing.
+    if start.elapsed() < Duration::from_millis(900) {
+        assert_eq!(c.half_open_evicted, 0, "{c:?}");
+    }
+    connect_and_move_data(&server, &listener, addr, None, *TIMEOUT);
+    drop(burst);
+}
+
 fn iwarp_stats(ctx: &Context) -> IwarpDeviceCounters {
     match ctx.counters() {
         DeviceCounters::Iwarp(c) => c,

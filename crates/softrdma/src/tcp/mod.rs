@@ -457,21 +457,21 @@ pub(crate) struct ListenerShared {
 #[derive(Default)]
 pub(crate) struct HalfOpenSet {
     next: u64,
-    by_age: BTreeMap<u64, (Token, IpAddr)>,
+    by_age: BTreeMap<u64, (Token, IpAddr, Instant)>,
     per_source: HashMap<IpAddr, u32>,
 }
 
 impl HalfOpenSet {
-    fn insert(&mut self, token: Token, ip: IpAddr) -> u64 {
+    fn insert(&mut self, token: Token, ip: IpAddr, now: Instant) -> u64 {
         let seq = self.next;
         self.next += 1;
-        self.by_age.insert(seq, (token, ip));
+        self.by_age.insert(seq, (token, ip, now));
         *self.per_source.entry(ip).or_default() += 1;
         seq
     }
 
     fn remove(&mut self, seq: u64) -> Option<Token> {
-        let (token, ip) = self.by_age.remove(&seq)?;
+        let (token, ip, _) = self.by_age.remove(&seq)?;
         if let Some(n) = self.per_source.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
@@ -486,6 +486,10 @@ impl HalfOpenSet {
         self.by_age.len()
     }
 }
+
+/// How long a source's silent connections may stay past its quota while the listener has
+/// room ([`HalfOpen::victim`]).
+const HALF_OPEN_GRACE: Duration = Duration::from_secs(1);
 
 /// One accepted connection in MPA startup, counted against the listener's
 /// `max_half_open` and `max_half_open_per_source` until its Request arrives or it goes.
@@ -505,24 +509,52 @@ impl HalfOpen {
         l: &Arc<ListenerShared>,
         token: Token,
         ip: IpAddr,
+        now: Instant,
     ) -> (HalfOpen, Option<Token>) {
+        let mut s = l.half_open.lock();
+        let victim = Self::victim_in(l, &s, ip, now);
+        let evicted = victim.and_then(|seq| s.remove(seq));
+        let seq = s.insert(token, ip, now);
+        drop(s);
+        (HalfOpen { l: l.clone(), seq }, evicted)
+    }
+}
+
+impl HalfOpen {
+    /// The connection that would give its place up to a newcomer from `ip` (see
+    /// [`HalfOpen::take`]), if one would.
+    pub(crate) fn victim(l: &Arc<ListenerShared>, ip: IpAddr, now: Instant) -> Option<Token> {
+        let s = l.half_open.lock();
+        Self::victim_in(l, &s, ip, now).and_then(|seq| s.by_age.get(&seq).map(|(t, ..)| *t))
+    }
+
+    /// The oldest of `ip`'s when it holds its quota — unless that one is younger than
+    /// [`HALF_OPEN_GRACE`] and the listener has room: a client opening many connections
+    /// at once (Debian's cmtime opens 100) may have them all accepted before it sent the
+    /// first Request, and a flood from one address still only pushes out its own once they
+    /// are that old; the oldest of all when the listener is full.
+    fn victim_in(l: &ListenerShared, s: &HalfOpenSet, ip: IpAddr, now: Instant) -> Option<u64> {
         let max = l.params.max_half_open.max(1) as usize;
         let per_source = l.params.max_half_open_per_source.max(1);
-        let mut s = l.half_open.lock();
-        let victim = if s.per_source.get(&ip).copied().unwrap_or(0) >= per_source {
-            s.by_age
+        let full = s.len() >= max;
+        if s.per_source.get(&ip).copied().unwrap_or(0) >= per_source {
+            let own = s
+                .by_age
                 .iter()
-                .find(|(_, (_, from))| *from == ip)
-                .map(|(&seq, _)| seq)
-        } else if s.len() >= max {
+                .find(|(_, (_, from, _))| *from == ip)
+                .map(|(&seq, &(_, _, at))| (seq, at));
+            match own {
+                Some((seq, at)) if full || now.saturating_duration_since(at) >= HALF_OPEN_GRACE => {
+                    return Some(seq);
+                }
+                _ => {}
+            }
+        }
+        if full {
             s.by_age.keys().next().copied()
         } else {
             None
-        };
-        let evicted = victim.and_then(|seq| s.remove(seq));
-        let seq = s.insert(token, ip);
-        drop(s);
-        (HalfOpen { l: l.clone(), seq }, evicted)
+        }
     }
 }
 

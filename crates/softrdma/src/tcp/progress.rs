@@ -72,6 +72,10 @@ const RX_BUDGET: usize = 4 * 1024 * 1024;
 /// Transmit buffer fill level that triggers a write.
 const TX_HIGH: usize = 256 * 1024;
 
+/// Silent connections read again, at most, before one gives its place to a newcomer: a
+/// bound on the work one accept can cause.
+const HALF_OPEN_RECHECKS: usize = 8;
+
 struct Listening {
     listener: TcpListener,
     shared: Arc<ListenerShared>,
@@ -795,8 +799,24 @@ impl Driver {
                 false,
             ) {
                 // Silent connections are bounded by `max_half_open` (and per source): the
-                // oldest silent one makes room rather than the newcomer being refused.
-                let (half_open, evicted) = HalfOpen::take(&shared, t, canonical_ip(peer.ip()));
+                // oldest silent one makes room rather than the newcomer being refused. One
+                // due to go may have sent its Request since it was accepted (a client's
+                // burst of connections, all accepted before any was read: Debian's
+                // cmtime opens 100 at once): read it first, and a few after it.
+                let ip = canonical_ip(peer.ip());
+                for _ in 0..HALF_OPEN_RECHECKS {
+                    let Some(v) = HalfOpen::victim(&shared, ip, now)
+                        .and_then(|old| touch(&mut self.conns, &mut self.touched, old))
+                    else {
+                        break;
+                    };
+                    v.read(ctx, &mut self.bufs, now);
+                    v.service(ctx, &mut self.bufs);
+                    if v.half_open.is_some() {
+                        break;
+                    }
+                }
+                let (half_open, evicted) = HalfOpen::take(&shared, t, ip, now);
                 if let Some(old) = evicted
                     && let Some(v) = touch(&mut self.conns, &mut self.touched, old)
                 {
