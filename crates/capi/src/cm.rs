@@ -260,7 +260,15 @@ fn id<'a>(p: *const sys::rdma_cm_id) -> Option<&'a SrCmId> {
 fn trace(what: std::fmt::Arguments<'_>) {
     static ON: OnceLock<bool> = OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os("SOFTRDMA_CM_TRACE").is_some()) {
-        eprintln!("softrdma cm: {what}");
+        // CLOCK_MONOTONIC, the same in every process: what took long, and which side of a
+        // connection came first, shows.
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a timespec of ours to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        eprintln!("softrdma cm {}.{:06}: {what}", ts.tv_sec, ts.tv_nsec / 1000);
     }
 }
 
@@ -1101,6 +1109,7 @@ pub unsafe extern "C" fn sr_rdma_get_request(
 /// id of its own.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int) -> c_int {
+    trace(format_args!("id {:#x}: listen", p as usize));
     let Some(i) = id(p) else {
         return errno::fail(libc::EINVAL);
     };
@@ -1128,6 +1137,7 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
         Err(_) => return errno::fail(libc::EADDRINUSE),
     };
     let bound = l.local_addr();
+    trace(format_args!("id {:#x}: listening on {bound}", p as usize));
     i.st.lock().local = Some(bound);
     set_addrs(i, Some(bound), None);
     let stop = i.stop.clone();
@@ -1302,7 +1312,7 @@ pub unsafe extern "C" fn sr_rdma_connect(
     watch(i, qn);
     let qp = q.inner.clone();
     let started = in_background("softrdma-cm-connect", move || {
-        match qp.connect(peer, params) {
+        match connect_retrying(&qp, peer, params) {
             Ok(info) => established(pu, &info, qn),
             Err(softrdma::Error::Rejected {
                 reason,
@@ -1342,6 +1352,40 @@ pub unsafe extern "C" fn sr_rdma_connect(
         0 => complete(i),
         e => e,
     }
+}
+
+/// IB CM REJ reason 8, "invalid service ID": nobody listens on the port (IBA 12.6.7.2).
+const REJ_INVALID_SERVICE_ID: u16 = 8;
+
+/// How often a RoCE connect refused for want of a listener is tried again, and the first
+/// pause (doubling).
+const NO_LISTENER_RETRIES: u32 = 4;
+const NO_LISTENER_PAUSE: Duration = Duration::from_millis(5);
+
+/// `qp.connect`, tried again over the next 75 ms while a RoCE peer answers that nobody
+/// listens yet: programs that hand a server's rdma_cm a second connection right after the
+/// first (perftest's `-R` connects its data QP as soon as its control exchange ends) race
+/// the server's new `rdma_listen`, which the kernel's slower address and route resolution
+/// lets them win. A port nobody listens on is reported that much later.
+fn connect_retrying(
+    qp: &softrdma::Qp,
+    peer: SocketAddr,
+    params: ConnectParams,
+) -> Result<softrdma::ConnectionInfo, softrdma::Error> {
+    let mut pause = NO_LISTENER_PAUSE;
+    for _ in 0..NO_LISTENER_RETRIES {
+        match qp.connect(peer, params.clone()) {
+            Err(softrdma::Error::Rejected {
+                reason: Some(REJ_INVALID_SERVICE_ID),
+                ..
+            }) => {
+                std::thread::sleep(pause);
+                pause *= 2;
+            }
+            r => return r,
+        }
+    }
+    qp.connect(peer, params)
 }
 
 /// Runs `f` on a thread of its own (a call that waits for the peer answers with an event):

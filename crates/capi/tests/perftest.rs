@@ -1,11 +1,11 @@
 //! Debian's perftest on softrdma through the drop-in library, a pair of processes over
 //! loopback (issue 43): every bandwidth and latency tool on the RoCE device with QPs brought
-//! up out of band (perftest's default `ibv_wr_*` posting and `--use_old_post_send`), and
-//! over iWARP through rdma_cm (`-R`, as iWARP hardware needs).
+//! up out of band (perftest's default `ibv_wr_*` posting and `--use_old_post_send`) and
+//! through rdma_cm (`-R`), and over iWARP through rdma_cm (`-R`, as iWARP hardware needs).
 
 mod common;
 
-use common::{finish, loopback_device, start};
+use common::{finish, loopback_device, start, wait_for_server};
 
 /// One pair at a time: perftest's clients connect their data QPs as soon as the control
 /// exchange is done, and a server slowed by another pair on the same two cores may not be
@@ -59,15 +59,71 @@ fn every_perftest_tool_on_roce_both_post_apis() {
     }
 }
 
+/// Every tool, as `(program, size of its result row)`.
+const TOOLS: [(&str, u32); 7] = [
+    ("ib_write_bw", 65536),
+    ("ib_read_bw", 65536),
+    ("ib_send_bw", 65536),
+    ("ib_atomic_bw", 8),
+    ("ib_write_lat", 2),
+    ("ib_read_lat", 2),
+    ("ib_send_lat", 2),
+];
+
 #[test]
 fn perftest_over_iwarp_through_rdma_cm() {
     let dev = softrdma::TCP_DEVICE_NAME;
-    for (prog, bytes) in [
-        ("ib_write_bw", 65536),
-        ("ib_read_bw", 65536),
-        ("ib_send_bw", 65536),
-        ("ib_send_lat", 2),
-    ] {
+    for (prog, bytes) in TOOLS {
         pair(prog, &["-R", "-d", dev, "-n", "200"], bytes);
+    }
+}
+
+/// `-R` on RoCE: perftest's control exchange and its data QP each through rdma_cm (the IB
+/// CM on QP1). Its client connects the data QP as soon as the exchange ends, racing the
+/// server's second `rdma_listen` (the library's connect tries again while the server
+/// answers that nobody listens yet).
+#[test]
+fn perftest_over_roce_through_rdma_cm() {
+    let dev = loopback_device();
+    let env = [(softrdma_capi::cm::TRANSPORT_VAR, "roce")];
+    for (prog, bytes) in TOOLS {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let port = common::free_port().to_string();
+        let args: Vec<String> = ["-R", "-d", &dev, "-x", "0", "-n", "200", "-p", &port]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let server = start(prog, &args, &env);
+        wait_for_server("roce", 0);
+        let mut client_args = args.clone();
+        client_args.push("127.0.0.1".into());
+        // The server's socket is bound just before it listens: a client that came in
+        // between is refused (perftest says so and exits) and runs again.
+        let t0 = std::time::Instant::now();
+        let c = loop {
+            let out = start(prog, &client_args, &env)
+                .wait_with_output()
+                .expect("wait");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            if out.status.success() {
+                break text;
+            }
+            assert!(
+                text.contains("RDMA_CM_EVENT_REJECTED")
+                    && t0.elapsed() < std::time::Duration::from_secs(30),
+                "{prog} -R on RoCE, client: {text}"
+            );
+        };
+        finish(server, &format!("{prog} -R on RoCE, server"));
+        let row = c.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            f.next() == Some(&bytes.to_string())
+                && f.next().is_some_and(|n| n.parse::<u64>().is_ok())
+        });
+        assert!(
+            row,
+            "{prog} -R on RoCE: no result row for {bytes} octets:\n{c}"
+        );
     }
 }

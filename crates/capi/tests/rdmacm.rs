@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{finish, free_port, start, wait_listening};
+use common::{finish, free_port, start, wait_for_server, wait_listening};
 
 fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
@@ -156,22 +156,6 @@ fn rping_against_softrdma_rping_both_ways() {
                 rounds_done(&c, 20);
             }
         }
-    }
-}
-
-/// iWARP: the TCP listener; RoCE: the server's UDP socket on 127.0.0.1:4791 (its listener
-/// follows at once).
-fn wait_for_server(transport: &str, port: u16) {
-    if transport == "iwarp" {
-        wait_listening(port, Duration::from_secs(30));
-        return;
-    }
-    let t0 = std::time::Instant::now();
-    while !std::fs::read_to_string("/proc/net/udp")
-        .is_ok_and(|t| t.lines().any(|l| l.contains("0100007F:12B7")))
-    {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no RoCE server");
-        std::thread::yield_now();
     }
 }
 

@@ -137,6 +137,25 @@ pub fn wait_listening(port: u16, limit: std::time::Duration) {
     }
 }
 
+/// iWARP: the TCP listener; RoCE: the server's UDP socket on 127.0.0.1:4791 (its listener
+/// follows at once).
+pub fn wait_for_server(transport: &str, port: u16) {
+    if transport == "iwarp" {
+        wait_listening(port, std::time::Duration::from_secs(30));
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string("/proc/net/udp")
+        .is_ok_and(|t| t.lines().any(|l| l.contains("0100007F:12B7")))
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "no RoCE server"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// The RoCE device on 127.0.0.1.
 pub fn loopback_device() -> String {
     softrdma_capi::list::devices()
