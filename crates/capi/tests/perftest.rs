@@ -27,12 +27,8 @@ fn pair(prog: &str, args: &[&str], bytes: u32) {
     let client = start(prog, &a, &[]);
     let c = finish(client, &format!("{prog} {args:?} client"));
     finish(server, &format!("{prog} {args:?} server"));
-    let row = c.lines().any(|l| {
-        let mut f = l.split_whitespace();
-        f.next() == Some(&bytes.to_string()) && f.next().is_some_and(|n| n.parse::<u64>().is_ok())
-    });
     assert!(
-        row,
+        has_row(&c, bytes),
         "{prog} {args:?}: no result row for {bytes} octets:\n{c}"
     );
 }
@@ -116,14 +112,147 @@ fn perftest_over_roce_through_rdma_cm() {
             );
         };
         finish(server, &format!("{prog} -R on RoCE, server"));
-        let row = c.lines().any(|l| {
-            let mut f = l.split_whitespace();
-            f.next() == Some(&bytes.to_string())
-                && f.next().is_some_and(|n| n.parse::<u64>().is_ok())
-        });
         assert!(
-            row,
+            has_row(&c, bytes),
             "{prog} -R on RoCE: no result row for {bytes} octets:\n{c}"
         );
     }
+}
+
+/// Debian's perftest against `softrdma perf --perftest` (the native API) in both roles, on
+/// both transports, so a bug cannot hide behind its twin (issue 43, Done-when 2): perf
+/// serves a Debian client (`-R`), and a Debian server (`-R`, and on RoCE also with its QPs
+/// brought up out of band) serves perf. The Debian side's report must carry its row.
+#[test]
+fn debian_perftest_against_softrdma_perf_both_roles() {
+    let bin = common::softrdma_bin();
+    let roce_dev = loopback_device();
+    let native = |args: &[&str]| {
+        std::process::Command::new(&bin)
+            .arg("perf")
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("softrdma perf")
+    };
+    // (transport, the Debian client)
+    let perf_serves = [
+        ("iwarp", "ib_write_bw"),
+        ("iwarp", "ib_read_bw"),
+        ("iwarp", "ib_send_bw"),
+        ("roce", "ib_write_bw"),
+        ("roce", "ib_read_bw"),
+        ("roce", "ib_send_bw"),
+    ];
+    for (transport, prog) in perf_serves {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let port = common::free_port();
+        let p = port.to_string();
+        let server = native(&[
+            "--server",
+            "--perftest",
+            "--transport",
+            transport,
+            "-B",
+            "127.0.0.1",
+            "-p",
+            &p,
+        ]);
+        common::wait_for_server(transport, port);
+        let dev = if transport == "iwarp" {
+            softrdma::TCP_DEVICE_NAME.to_string()
+        } else {
+            roce_dev.clone()
+        };
+        let env = [(softrdma_capi::cm::TRANSPORT_VAR, transport)];
+        let args: Vec<String> = [
+            "-R",
+            "-d",
+            &dev,
+            "-x",
+            "0",
+            "-n",
+            "200",
+            "-p",
+            &p,
+            "127.0.0.1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let c = finish(
+            start(prog, &args, &env),
+            &format!("{prog} against perf ({transport})"),
+        );
+        finish(
+            server,
+            &format!("perf --server --perftest ({transport}, {prog})"),
+        );
+        assert!(
+            has_row(&c, 65536),
+            "{prog} against perf ({transport}):\n{c}"
+        );
+    }
+    // (transport, the Debian server's -R, perf's --test, the Debian program, row size)
+    let debian_serves = [
+        ("iwarp", true, "write", "ib_write_bw", 65536),
+        ("iwarp", true, "read", "ib_read_bw", 65536),
+        ("iwarp", true, "send", "ib_send_bw", 65536),
+        ("roce", true, "write", "ib_write_bw", 65536),
+        ("roce", false, "write", "ib_write_bw", 65536),
+        ("roce", false, "read", "ib_read_bw", 65536),
+        ("roce", false, "atomic", "ib_atomic_bw", 8),
+    ];
+    for (transport, cm, test, prog, bytes) in debian_serves {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let port = common::free_port();
+        let p = port.to_string();
+        let dev = if transport == "iwarp" {
+            softrdma::TCP_DEVICE_NAME.to_string()
+        } else {
+            roce_dev.clone()
+        };
+        let mut args = vec!["-d", &dev, "-x", "0", "-n", "200", "-p", &p];
+        if cm {
+            args.insert(0, "-R");
+        }
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let env = [(softrdma_capi::cm::TRANSPORT_VAR, transport)];
+        let server = start(prog, &args, &env);
+        // Out of band, perftest's own TCP socket; through rdma_cm over RoCE, its UDP socket
+        // (the listener follows at once; perf's connect tries again meanwhile).
+        common::wait_for_server(if cm { transport } else { "iwarp" }, port);
+        let mut perf = vec!["--perftest", "--transport", transport, "--test", test];
+        perf.extend(["-n", "200", "-p", &p]);
+        if cm {
+            perf.push("-R");
+        }
+        if transport == "roce" {
+            // Its own loopback address: the Debian server holds 127.0.0.1.
+            perf.extend(["-B", "127.0.0.9"]);
+        }
+        perf.push("127.0.0.1");
+        let c = native(&perf).wait_with_output().expect("wait");
+        let s = finish(
+            server,
+            &format!("{prog} serving perf ({transport}, -R {cm})"),
+        );
+        assert!(
+            c.status.success(),
+            "perf --perftest against {prog} ({transport}, -R {cm}): {c:?}"
+        );
+        assert!(
+            has_row(&s, bytes),
+            "{prog} serving perf ({transport}):\n{s}"
+        );
+    }
+}
+
+/// A perftest report's result row for `bytes`-octet messages.
+fn has_row(report: &str, bytes: u32) -> bool {
+    report.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        f.next() == Some(&bytes.to_string()) && f.next().is_some_and(|n| n.parse::<u64>().is_ok())
+    })
 }

@@ -262,3 +262,46 @@ fn finish_killed(c: std::process::Child) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Debian's `udaddy` against `softrdma udaddy` (the native API) in both roles (issue 43,
+/// Done-when 2).
+#[test]
+fn udaddy_against_softrdma_udaddy_both_ways() {
+    let bin = common::softrdma_bin();
+    let env = [(softrdma_capi::cm::TRANSPORT_VAR, "roce")];
+    for debian_serves in [true, false] {
+        let _roce = roce_server("roce");
+        let native = |args: &[&str]| {
+            Command::new(&bin)
+                .arg("udaddy")
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("softrdma udaddy")
+        };
+        if debian_serves {
+            let server = start("udaddy", &[], &env);
+            wait_for_server("roce", 0);
+            // Its own loopback address: the Debian server holds 127.0.0.1.
+            let out = native(&["-s", "127.0.0.1", "-b", "127.0.0.9"])
+                .wait_with_output()
+                .expect("wait");
+            assert!(out.status.success(), "softrdma udaddy client: {out:?}");
+            let s = finish(server, "udaddy server");
+            assert!(
+                s.contains("sending replies") && s.contains("return status 0"),
+                "{s}"
+            );
+        } else {
+            let server = native(&["-b", "127.0.0.1"]);
+            wait_for_server("roce", 0);
+            let c = client_until_ok("udaddy", &strs(&["-s", "127.0.0.1"]), "roce");
+            assert!(
+                c.contains("data transfers complete") && c.contains("return status 0"),
+                "{c}"
+            );
+            finish(server, "softrdma udaddy server");
+        }
+    }
+}
