@@ -1019,15 +1019,18 @@ impl RoceShared {
             rounds += 1;
             rx.got.clear();
             {
-                let mut iovs: Vec<[IoSliceMut<'_>; 1]> = rx
-                    .bufs
-                    .iter_mut()
-                    .map(|b| [IoSliceMut::new(&mut b[..])])
-                    .collect();
+                // On the stack: a receive allocates nothing (the batch is at most
+                // RECV_BATCH buffers, GRO's fewer).
+                let n = rx.bufs.len().min(RECV_BATCH);
+                let mut iovs: [[IoSliceMut<'_>; 1]; RECV_BATCH] =
+                    std::array::from_fn(|_| [IoSliceMut::new(&mut [])]);
+                for (iov, b) in iovs.iter_mut().zip(rx.bufs.iter_mut()) {
+                    *iov = [IoSliceMut::new(&mut b[..])];
+                }
                 if let Ok(res) = recvmmsg(
                     fd,
                     &mut rx.hdrs,
-                    iovs.iter_mut(),
+                    iovs[..n].iter_mut(),
                     MsgFlags::MSG_DONTWAIT,
                     None,
                 ) {
@@ -1304,7 +1307,8 @@ impl RoceShared {
                 next = next.min(t);
             }
         }
-        let qps: Vec<_> = self.qps.read().values().cloned().collect();
+        // On the stack for the usual few QPs: a timer pass allocates nothing.
+        let qps: SmallVec<[Arc<RoceQpShared>; 16]> = self.qps.read().values().cloned().collect();
         for q in qps {
             let mut e = q.engine.lock();
             if let Some(t) = e.qp.poll_timeout() {
