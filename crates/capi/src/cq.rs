@@ -1,13 +1,15 @@
 //! Completion channels and completion queues: `ibv_create_comp_channel`,
-//! `ibv_create_cq`, `ibv_get_cq_event`, `ibv_ack_cq_events`, and the context's `poll_cq` and
-//! `req_notify_cq` ops.
+//! `ibv_create_cq`, `ibv_get_cq_event`, `ibv_ack_cq_events`, the context's `poll_cq` and
+//! `req_notify_cq` ops, and the extended CQ (`ibv_create_cq_ex`: `start_poll`, `next_poll`,
+//! `end_poll` and the `read_*` calls; every CQ of ours is laid out as one).
 
 use core::ffi::{c_int, c_void};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::ptr;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::lock_api::RawMutex as _;
+use parking_lot::{Condvar, Mutex, RawMutex};
 use softrdma::{CompletionChannel, Cq, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::context::{SrContext, context};
@@ -82,9 +84,15 @@ pub unsafe extern "C" fn sr_ibv_destroy_comp_channel(ch: *mut sys::ibv_comp_chan
 /// A completion queue as rdma-core lays it out, with softrdma's behind it.
 #[repr(C)]
 pub struct SrCq {
-    /// What the program reads (`comp_events_completed` counts acknowledgements), hence a
-    /// cell.
-    cq: std::cell::UnsafeCell<sys::ibv_cq>,
+    /// What the program reads (`comp_events_completed` counts acknowledgements; an
+    /// extended CQ's `status` and `wr_id` are the current completion's), hence a cell.
+    /// `ibv_cq` is its first part.
+    cq: std::cell::UnsafeCell<sys::ibv_cq_ex>,
+    /// The completion an extended poll is at (`start_poll` to `end_poll`, under `polling`).
+    cur: std::cell::UnsafeCell<sys::ibv_wc>,
+    /// Held from a `start_poll` that found a completion to its `end_poll` (rdma-core's
+    /// providers lock the CQ so too).
+    polling: RawMutex,
     pub inner: Cq,
     channel: Option<&'static SrChannel>,
     /// Events handed out and not yet acknowledged; `ibv_destroy_cq` waits for them.
@@ -104,7 +112,7 @@ pub(crate) fn cq<'a>(p: *const sys::ibv_cq) -> Option<&'a SrCq> {
 
 impl SrCq {
     pub fn as_ptr(&self) -> *mut sys::ibv_cq {
-        self.cq.get()
+        self.cq.get().cast()
     }
 }
 
@@ -150,14 +158,29 @@ fn create_cq(
             _ => libc::EINVAL,
         })?;
     let b = Box::new(SrCq {
-        cq: std::cell::UnsafeCell::new(sys::ibv_cq {
+        cq: std::cell::UnsafeCell::new(sys::ibv_cq_ex {
             context: ctx,
             channel: ch,
             cq_context,
             handle: inner.id(),
             cqe: c_int::try_from(inner.capacity()).unwrap_or(c_int::MAX),
+            start_poll: Some(start_poll),
+            next_poll: Some(next_poll),
+            end_poll: Some(end_poll),
+            read_opcode: Some(read_opcode),
+            read_vendor_err: Some(read_vendor_err),
+            read_byte_len: Some(read_byte_len),
+            read_imm_data: Some(read_imm_data),
+            read_qp_num: Some(read_qp_num),
+            read_src_qp: Some(read_src_qp),
+            read_wc_flags: Some(read_wc_flags),
+            read_slid: Some(read_slid),
+            read_sl: Some(read_sl),
+            read_dlid_path_bits: Some(read_dlid_path_bits),
             ..Default::default()
         }),
+        cur: std::cell::UnsafeCell::new(sys::ibv_wc::default()),
+        polling: RawMutex::INIT,
         inner,
         channel: chan,
         unacked: Mutex::new(0),
@@ -288,6 +311,168 @@ pub(crate) unsafe extern "C" fn poll_cq(
     got as c_int
 }
 
+// --- the extended CQ -------------------------------------------------------------------
+
+/// What `ibv_create_cq_ex` may ask each completion to carry: the standard fields (time
+/// stamps, VLANs, flow tags and tag matching are not softrdma's to give).
+const WC_FLAGS: u64 = sys::IBV_WC_STANDARD_FLAGS as u64;
+
+/// The context's `create_cq_ex` op (`ibv_create_cq_ex`): a CQ polled with `start_poll`,
+/// `next_poll` and `end_poll` (and with `ibv_poll_cq` through `ibv_cq_ex_to_cq`).
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    ctx: *mut sys::ibv_context,
+    attr: *mut sys::ibv_cq_init_attr_ex,
+) -> *mut sys::ibv_cq_ex {
+    // SAFETY: the program's attributes, if any.
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        errno::set(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let known = sys::IBV_CQ_INIT_ATTR_MASK_FLAGS | sys::IBV_CQ_INIT_ATTR_MASK_PD;
+    let flags = sys::IBV_CREATE_CQ_ATTR_SINGLE_THREADED | sys::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+    let err = if a.comp_mask & !known != 0 {
+        Some(libc::EINVAL)
+    } else if a.wc_flags & !WC_FLAGS != 0
+        || a.comp_mask & sys::IBV_CQ_INIT_ATTR_MASK_PD != 0
+        || (a.comp_mask & sys::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !flags != 0)
+    {
+        // Time stamps, parent domains, unknown flags: not ours to give.
+        Some(libc::EOPNOTSUPP)
+    } else {
+        None
+    };
+    if let Some(e) = err {
+        errno::set(e);
+        return ptr::null_mut();
+    }
+    let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
+    let comp_vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
+    match create_cq(ctx, cqe, a.cq_context, a.channel, comp_vector) {
+        Ok(p) => p.cast(),
+        Err(e) => {
+            errno::set(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// The CQ behind an extended CQ's op.
+///
+/// # Safety
+/// `p` is a CQ of ours (the program's promise, as with rdma-core's providers).
+unsafe fn ex<'a>(p: *mut sys::ibv_cq_ex) -> &'a SrCq {
+    // SAFETY: the caller's promise; the extended CQ is the first field of a boxed SrCq.
+    unsafe { &*p.cast::<SrCq>() }
+}
+
+/// Takes the next completion into `cur` and the CQ's `status` and `wr_id`; `ENOENT` if
+/// there is none. The caller holds `polling`.
+fn advance(c: &SrCq) -> c_int {
+    let mut got = None;
+    c.inner.poll_each(1, |w| got = Some(to_c(&w)));
+    let Some(w) = got else {
+        return libc::ENOENT;
+    };
+    // SAFETY: the poller's own fields, under `polling`; the program reads `status` and
+    // `wr_id` only between its poll calls.
+    unsafe {
+        *c.cur.get() = w;
+        (*c.cq.get()).status = w.status;
+        (*c.cq.get()).wr_id = w.wr_id;
+    }
+    0
+}
+
+unsafe extern "C" fn start_poll(p: *mut sys::ibv_cq_ex, attr: *mut sys::ibv_poll_cq_attr) -> c_int {
+    // SAFETY: the op's contract.
+    let c = unsafe { ex(p) };
+    // SAFETY: the program's attributes, if any.
+    if unsafe { attr.as_ref() }.is_some_and(|a| a.comp_mask != 0) {
+        return libc::EINVAL;
+    }
+    c.polling.lock();
+    let r = advance(c);
+    if r != 0 {
+        // Nothing to poll: the program does not call end_poll.
+        // SAFETY: locked just above, by this thread.
+        unsafe { c.polling.unlock() };
+    }
+    r
+}
+
+unsafe extern "C" fn next_poll(p: *mut sys::ibv_cq_ex) -> c_int {
+    // SAFETY: the op's contract (between start_poll and end_poll: `polling` is held).
+    advance(unsafe { ex(p) })
+}
+
+unsafe extern "C" fn end_poll(p: *mut sys::ibv_cq_ex) {
+    // SAFETY: the op's contract.
+    let c = unsafe { ex(p) };
+    if c.polling.is_locked() {
+        // SAFETY: held since this thread's start_poll (the verbs' contract).
+        unsafe { c.polling.unlock() };
+    }
+}
+
+/// The current completion of an extended poll.
+///
+/// # Safety
+/// As [`ex`], between `start_poll` and `end_poll`.
+unsafe fn cur<'a>(p: *mut sys::ibv_cq_ex) -> &'a sys::ibv_wc {
+    // SAFETY: the caller's promise.
+    unsafe { &*ex(p).cur.get() }
+}
+
+unsafe extern "C" fn read_opcode(p: *mut sys::ibv_cq_ex) -> sys::ibv_wc_opcode {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.opcode
+}
+
+unsafe extern "C" fn read_vendor_err(p: *mut sys::ibv_cq_ex) -> u32 {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.vendor_err
+}
+
+unsafe extern "C" fn read_byte_len(p: *mut sys::ibv_cq_ex) -> u32 {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.byte_len
+}
+
+unsafe extern "C" fn read_imm_data(p: *mut sys::ibv_cq_ex) -> sys::__be32 {
+    // SAFETY: the op's contract; both members of the union are 32-bit integers.
+    unsafe { cur(p).__bindgen_anon_1.imm_data }
+}
+
+unsafe extern "C" fn read_qp_num(p: *mut sys::ibv_cq_ex) -> u32 {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.qp_num
+}
+
+unsafe extern "C" fn read_src_qp(p: *mut sys::ibv_cq_ex) -> u32 {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.src_qp
+}
+
+unsafe extern "C" fn read_wc_flags(p: *mut sys::ibv_cq_ex) -> core::ffi::c_uint {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.wc_flags
+}
+
+unsafe extern "C" fn read_slid(p: *mut sys::ibv_cq_ex) -> u32 {
+    // SAFETY: the op's contract.
+    u32::from(unsafe { cur(p) }.slid)
+}
+
+unsafe extern "C" fn read_sl(p: *mut sys::ibv_cq_ex) -> u8 {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.sl
+}
+
+unsafe extern "C" fn read_dlid_path_bits(p: *mut sys::ibv_cq_ex) -> u8 {
+    // SAFETY: the op's contract.
+    unsafe { cur(p) }.dlid_path_bits
+}
+
 /// A completion as `ibv_wc` has it.
 pub(crate) fn to_c(w: &WorkCompletion) -> sys::ibv_wc {
     let status = match w.status {
@@ -339,5 +524,147 @@ pub(crate) fn to_c(w: &WorkCompletion) -> sys::ibv_wc {
         slid: 0,
         sl: 0,
         dlid_path_bits: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A context on the iWARP device (no socket of its own to bind).
+    fn iwarp_context() -> *mut sys::ibv_context {
+        let d = crate::list::devices()
+            .iter()
+            .find(|d| d.inner.transport() == softrdma::Transport::Iwarp)
+            .expect("the iWARP device");
+        // SAFETY: a listed device.
+        let c = unsafe { crate::ops::sr_ibv_open_device(d.as_ptr()) };
+        assert!(!c.is_null());
+        c
+    }
+
+    fn attr(wc_flags: u64) -> sys::ibv_cq_init_attr_ex {
+        sys::ibv_cq_init_attr_ex {
+            cqe: 16,
+            wc_flags,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_extended_cq_refuses_what_it_cannot_give() {
+        let ctx = iwarp_context();
+        // SAFETY: our own op, our context, attributes of ours.
+        unsafe {
+            let ts = u64::from(sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+            assert!(create_cq_ex(ctx, &mut attr(ts)).is_null());
+            assert_eq!(errno::get(), libc::EOPNOTSUPP);
+            let mut a = attr(WC_FLAGS);
+            a.comp_mask = 1 << 7;
+            assert!(create_cq_ex(ctx, &mut a).is_null());
+            assert_eq!(errno::get(), libc::EINVAL);
+            let mut a = attr(WC_FLAGS);
+            a.cqe = 0;
+            assert!(create_cq_ex(ctx, &mut a).is_null());
+            assert_eq!(errno::get(), libc::EINVAL);
+            assert!(create_cq_ex(ctx, ptr::null_mut()).is_null());
+        }
+    }
+
+    /// Flushed receives, read with `start_poll`, `next_poll` and the `read_*` calls: each
+    /// once, in order, with its QP; `ENOENT` when none is left (and no `end_poll` owed).
+    #[test]
+    fn an_extended_cq_polls_each_completion_once() {
+        let ctx = iwarp_context();
+        // SAFETY: the C calls of this library on objects it made; sizes and pointers as
+        // rdma-core's callers pass them.
+        unsafe {
+            let cqx = create_cq_ex(ctx, &mut attr(WC_FLAGS));
+            assert!(!cqx.is_null());
+            let cq = cqx.cast::<sys::ibv_cq>();
+            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
+            let mut init = sys::ibv_qp_init_attr {
+                send_cq: cq,
+                recv_cq: cq,
+                cap: sys::ibv_qp_cap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: sys::IBV_QPT_RC,
+                ..Default::default()
+            };
+            let qp = crate::qp::sr_ibv_create_qp(pd, &mut init);
+            assert!(!qp.is_null(), "errno {}", errno::get());
+            let mut buf = vec![0u8; 256];
+            let mr = crate::pd::sr_ibv_reg_mr(
+                pd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
+            );
+            assert!(!mr.is_null());
+            for id in [7u64, 8] {
+                let mut sge = sys::ibv_sge {
+                    addr: buf.as_ptr() as u64,
+                    length: 64,
+                    lkey: (*mr).lkey,
+                };
+                let mut wr = sys::ibv_recv_wr {
+                    wr_id: id,
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                    ..Default::default()
+                };
+                let mut bad = ptr::null_mut();
+                assert_eq!(crate::qp::post_recv(qp, &mut wr, &mut bad), 0);
+            }
+            let mut a = sys::ibv_qp_attr {
+                qp_state: sys::IBV_QPS_ERR,
+                ..Default::default()
+            };
+            assert_eq!(
+                crate::qp::sr_ibv_modify_qp(qp, &mut a, sys::IBV_QP_STATE as c_int),
+                0
+            );
+            let x = &mut *cqx;
+            let mut pa = sys::ibv_poll_cq_attr::default();
+            // The flush may still be on its way: poll until the first comes.
+            let mut r = libc::ENOENT;
+            for _ in 0..1_000_000 {
+                r = (x.start_poll.unwrap())(cqx, &mut pa);
+                if r == 0 {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            assert_eq!(r, 0);
+            let mut seen = vec![(x.wr_id, x.status)];
+            assert_eq!((x.read_opcode.unwrap())(cqx), sys::IBV_WC_RECV);
+            assert_eq!((x.read_qp_num.unwrap())(cqx), (*qp).qp_num);
+            while (x.next_poll.unwrap())(cqx) == 0 {
+                seen.push((x.wr_id, x.status));
+            }
+            (x.end_poll.unwrap())(cqx);
+            assert_eq!(
+                seen,
+                [7, 8].map(|id| (id, sys::IBV_WC_WR_FLUSH_ERR)),
+                "each once, in order"
+            );
+            // Nothing left: ENOENT, and the CQ is not left locked.
+            assert_eq!((x.start_poll.unwrap())(cqx, &mut pa), libc::ENOENT);
+            assert_eq!((x.start_poll.unwrap())(cqx, ptr::null_mut()), libc::ENOENT);
+            pa.comp_mask = 1;
+            assert_eq!((x.start_poll.unwrap())(cqx, &mut pa), libc::EINVAL);
+            // The same queue as an ordinary CQ.
+            let mut wc = sys::ibv_wc::default();
+            assert_eq!(poll_cq(cq, 1, &mut wc), 0);
+            assert_eq!(crate::qp::sr_ibv_destroy_qp(qp), 0);
+            assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
+            assert_eq!(sr_ibv_destroy_cq(cq), 0);
+            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
+        }
     }
 }

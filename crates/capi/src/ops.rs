@@ -29,7 +29,10 @@ pub(crate) fn open_device(
     context::open(
         d,
         ops(),
-        |v| v.create_qp_ex = Some(qp::create_qp_ex),
+        |v| {
+            v.create_qp_ex = Some(qp::create_qp_ex);
+            v.create_cq_ex = Some(crate::cq::create_cq_ex);
+        },
         leave_loopback,
     )
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::{finish, free_port, loopback_device, start, wait_listening};
@@ -164,12 +164,12 @@ fn an_unprivileged_pair_through_softrdma_run() {
     let port = free_port();
     let run = |client: bool| {
         let mut c = if root {
-            let mut c = Command::new("setpriv");
+            let mut c = common::command("setpriv");
             c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
             c.arg(&bin);
             c
         } else {
-            Command::new(&bin)
+            common::command(&bin)
         };
         c.args(["run", "--lib"]).arg(&lib).arg("--");
         c.args(["ibv_rc_pingpong", "-d", &loopback_device(), "-g", "0"]);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::{finish, free_port, start, wait_for_server, wait_listening};
@@ -108,7 +108,7 @@ fn rping_against_softrdma_rping_both_ways() {
             let port = free_port();
             let p = port.to_string();
             let native = |server: bool| {
-                let mut c = Command::new(&bin);
+                let mut c = common::command(&bin);
                 c.args(["rping", if server { "-s" } else { "-c" }, "-a", "127.0.0.1"]);
                 c.args(["-p", &p, "-C", "20", "-V", "--transport", transport]);
                 if !server {
@@ -272,7 +272,7 @@ fn udaddy_against_softrdma_udaddy_both_ways() {
     for debian_serves in [true, false] {
         let _roce = roce_server("roce");
         let native = |args: &[&str]| {
-            Command::new(&bin)
+            common::command(&bin)
                 .arg("udaddy")
                 .args(args)
                 .stdout(Stdio::piped())

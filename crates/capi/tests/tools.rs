@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::lib_dir;
 use softrdma_capi::list::devices;
 
@@ -69,7 +67,7 @@ fn ibv_devinfo_describes_the_iwarp_and_the_loopback_roce_device() {
 
 #[test]
 fn a_device_that_is_not_there() {
-    let out = Command::new("ibv_devinfo")
+    let out = common::command("ibv_devinfo")
         .args(["-d", "softrdma_nonexistent"])
         .env("LD_LIBRARY_PATH", lib_dir())
         .output()
@@ -83,7 +81,7 @@ fn a_device_that_is_not_there() {
 fn softrdma_run_puts_the_library_under_the_program() {
     let bin = common::softrdma_bin();
     let lib = common::our_lib();
-    let out = Command::new(&bin)
+    let out = common::command(&bin)
         .args(["run", "--lib"])
         .arg(&lib)
         .args(["--", "ibv_devices"])
@@ -94,7 +92,7 @@ fn softrdma_run_puts_the_library_under_the_program() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(softrdma::TCP_DEVICE_NAME), "{text}");
     // The library's directory holds it; without --lib the binary's neighbour is used.
-    let out = Command::new(&bin)
+    let out = common::command(&bin)
         .args(["run", "--", "sh", "-c", "echo $LD_LIBRARY_PATH"])
         .env("LD_LIBRARY_PATH", "/keep/this")
         .env("SOFTRDMA_LIB", lib.parent().unwrap())
@@ -104,21 +102,21 @@ fn softrdma_run_puts_the_library_under_the_program() {
     let dir = softrdma_capi::env::lib_dir_for(&lib).unwrap();
     assert_eq!(path.trim(), format!("{}:/keep/this", dir.display()));
     // Exit statuses pass through; no program, no library: a shell's and ours.
-    let st = Command::new(&bin)
+    let st = common::command(&bin)
         .args(["run", "--lib"])
         .arg(&lib)
         .args(["--", "sh", "-c", "exit 7"])
         .status()
         .unwrap();
     assert_eq!(st.code(), Some(7));
-    let st = Command::new(&bin)
+    let st = common::command(&bin)
         .args(["run", "--lib"])
         .arg(&lib)
         .args(["--", "/nonexistent/program"])
         .status()
         .unwrap();
     assert_eq!(st.code(), Some(127));
-    let st = Command::new(&bin)
+    let st = common::command(&bin)
         .args(["run", "--lib", "/nonexistent/lib.so", "--", "true"])
         .status()
         .unwrap();

@@ -314,9 +314,16 @@ impl Qp {
     /// `ibv_modify_qp` (InfiniBand QPs: state transitions and their attributes, for users
     /// who exchange QP numbers out of band, as pingpong and perftest do). For RC/UC the path
     /// must be set ([`Qp::set_remote`]) before RTR. An iWARP QP's state follows its
-    /// connection ([`Qp::connect`], [`Qp::disconnect`]).
+    /// connection ([`Qp::connect`], [`Qp::disconnect`]); the one move it takes here is to
+    /// Error, which is [`Qp::disconnect`].
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
         match &self.inner {
+            // iWARP QPs move through the connection manager; to Error is the one move the
+            // verbs make (RDMAC verbs 8.2: flush, and an abortive close of a connection), as
+            // siw and librdmacm's callers flushing a QP before they destroy it do.
+            Inner::Tcp(_) if *attr == QpAttr::state(softrdma_ib::QpState::Error) => {
+                self.disconnect()
+            }
             Inner::Tcp(_) => Err(Error::Unsupported("modify_qp on iWARP QPs")),
             Inner::Roce(q) => self.ctx.roce()?.modify(q, attr),
         }

@@ -1287,6 +1287,32 @@ fn solicited_notification_and_pollable_fd() {
     assert!(ch.try_get_cq_event().is_none());
 }
 
+/// An iWARP QP takes one `modify`: to Error, which flushes what it holds (as siw, and as
+/// C programs flushing a QP before destroying it expect); any other move is refused.
+#[test]
+fn an_iwarp_qp_modified_to_error_flushes_its_receives() {
+    let side = Side::new(QpCap::default());
+    let mr = side.mr(64);
+    for id in [1, 2] {
+        side.qp.post_recv(RecvWr::new(id, [mr.sge(0, 64)])).unwrap();
+    }
+    assert!(matches!(
+        side.qp.modify(&ib::QpAttr::state(ib::QpState::Rtr)),
+        Err(Error::Unsupported(_))
+    ));
+    side.qp
+        .modify(&ib::QpAttr::state(ib::QpState::Error))
+        .unwrap();
+    let wcs = side.wait(2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [
+            (1, WcStatus::WorkRequestFlushed),
+            (2, WcStatus::WorkRequestFlushed)
+        ]
+    );
+}
+
 /// Issue 14, half-open connections: a listener holds at most `max_half_open` accepted TCP
 /// connections whose MPA Request has not arrived; a further one closes the oldest silent
 /// one (counted) instead of being refused, and a real client then connects and moves data.

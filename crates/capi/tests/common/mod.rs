@@ -167,9 +167,27 @@ pub fn loopback_device() -> String {
         .to_owned()
 }
 
+/// A command whose process is killed when the test thread that started it ends: a test
+/// that fails leaves no server behind holding its ports (and 127.0.0.1's RoCE port) for the
+/// tests after it.
+pub fn command(prog: impl AsRef<std::ffi::OsStr>) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(prog);
+    // SAFETY: prctl is async-signal-safe, as pre_exec requires; it touches no memory of ours.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c
+}
+
 /// Starts `prog` on this build's library (with `env` besides), its output captured.
 pub fn start(prog: &str, args: &[String], env: &[(&str, &str)]) -> std::process::Child {
-    Command::new(prog)
+    command(prog)
         .args(args)
         .env("LD_LIBRARY_PATH", lib_dir())
         .envs(env.iter().copied())
