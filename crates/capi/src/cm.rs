@@ -15,7 +15,7 @@ use std::io::{PipeReader, PipeWriter, Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -26,37 +26,11 @@ use crate::context::{SrContext, context};
 use crate::device::SrDevice;
 use crate::errno;
 use crate::live::Live;
+use crate::stop::Stop;
 use crate::sys;
 
 /// The environment variable that picks the transport of librdmacm's connections.
 pub const TRANSPORT_VAR: &str = "SOFTRDMA_TRANSPORT";
-
-/// A flag a thread can await.
-#[derive(Default)]
-struct Stop {
-    set: AtomicBool,
-    event: event_listener::Event,
-}
-
-impl Stop {
-    fn set(&self) {
-        self.set.store(true, Ordering::Release);
-        self.event.notify(usize::MAX);
-    }
-
-    async fn wait(&self) {
-        loop {
-            if self.set.load(Ordering::Acquire) {
-                return;
-            }
-            let l = self.event.listen();
-            if self.set.load(Ordering::Acquire) {
-                return;
-            }
-            l.await;
-        }
-    }
-}
 
 // --- event channels ---------------------------------------------------------------------
 
@@ -1521,38 +1495,22 @@ fn watched() -> &'static Mutex<HashMap<(usize, u32), usize>> {
     W.get_or_init(Mutex::default)
 }
 
-/// Routes the id's context's `Disconnected` for `qp_num` to the id, starting the context's
-/// watcher once.
+/// Routes the id's context's `Disconnected` for `qp_num` to the id (the context's events
+/// come through [`disconnected`]).
 fn watch(i: &SrCmId, qp_num: u32) {
     let Some(ctx) = i.st.lock().ctx else {
         return;
     };
     let key = ctx.as_ptr() as usize;
+    crate::async_events::on_disconnected(disconnected);
     watched()
         .lock()
         .insert((key, qp_num), ptr::from_ref(i) as usize);
-    static STARTED: OnceLock<Mutex<Vec<usize>>> = OnceLock::new();
-    let mut started = STARTED.get_or_init(Mutex::default).lock();
-    if started.contains(&key) {
-        return;
+}
+
+/// Context `ctx`'s QP `qp_num` was disconnected: its id hears `DISCONNECTED`.
+fn disconnected(ctx: usize, qp_num: u32) {
+    if let Some(id) = watched().lock().remove(&(ctx, qp_num)) {
+        post(id, 0, sys::RDMA_CM_EVENT_DISCONNECTED, 0, Conn::default());
     }
-    started.push(key);
-    let _ = std::thread::Builder::new()
-        .name("softrdma-cm-events".into())
-        .spawn(move || {
-            // Shared contexts live for the process.
-            let Some(c) = context(key as *const sys::ibv_context) else {
-                return;
-            };
-            loop {
-                let Some(ev) = c.inner.get_async_event(Duration::from_secs(3600)) else {
-                    continue;
-                };
-                if let softrdma::AsyncEvent::Disconnected { qp_num } = ev
-                    && let Some(id) = watched().lock().remove(&(key, qp_num))
-                {
-                    post(id, 0, sys::RDMA_CM_EVENT_DISCONNECTED, 0, Conn::default());
-                }
-            }
-        });
 }

@@ -29,10 +29,12 @@ pub struct SrContext {
     pub gid: [u8; 16],
     /// Opened for the active side of librdmacm (see [`open`]).
     leave_loopback: bool,
-    /// `async_fd` reads this pipe; events are written to its other end (none yet: see
-    /// `ibv_get_async_event`).
+    /// `async_fd` reads this pipe: it holds one octet while an event waits in `async_q`.
     async_rx: PipeReader,
-    _async_tx: PipeWriter,
+    async_tx: PipeWriter,
+    /// Asynchronous events not yet taken (`ibv_get_async_event`), oldest first.
+    async_q: Mutex<std::collections::VecDeque<sys::ibv_async_event>>,
+    async_cond: parking_lot::Condvar,
     _cmd: OwnedFd,
 }
 
@@ -63,8 +65,9 @@ pub(crate) fn open(
     ops: sys::ibv_context_ops,
     verbs_ops: impl FnOnce(&mut sys::verbs_context),
     leave_loopback: bool,
+    dispatch: Dispatch,
 ) -> Result<*mut sys::ibv_context, c_int> {
-    let inner = acquire(d, leave_loopback)?;
+    let inner = acquire(d, leave_loopback, dispatch)?;
     let gid = match inner.roce_gid() {
         Ok(g) => g,
         Err(_) => d.gid(),
@@ -93,7 +96,9 @@ pub(crate) fn open(
         gid,
         leave_loopback,
         async_rx: rx,
-        _async_tx: tx,
+        async_tx: tx,
+        async_q: Mutex::default(),
+        async_cond: parking_lot::Condvar::new(),
         _cmd: cmd,
     });
     let raw = Box::into_raw(b);
@@ -103,44 +108,114 @@ pub(crate) fn open(
     Ok(p)
 }
 
+/// How many asynchronous events a context keeps for the program; the oldest goes first.
+const ASYNC_EVENTS: usize = 1024;
+
 impl SrContext {
     /// The pointer programs hold.
     pub fn as_ptr(&self) -> *mut sys::ibv_context {
         ptr::from_ref(&self.vctx.context).cast_mut()
     }
+
+    /// Queues an asynchronous event for `ibv_get_async_event` (`async_fd` readable).
+    pub(crate) fn post_async(&self, ev: sys::ibv_async_event) {
+        let mut q = self.async_q.lock();
+        if q.len() >= ASYNC_EVENTS {
+            q.pop_front();
+        }
+        if q.is_empty() {
+            // At most one octet sits in the pipe: this never blocks.
+            let _ = std::io::Write::write_all(&mut &self.async_tx, &[1]);
+        }
+        q.push_back(ev);
+        drop(q);
+        self.async_cond.notify_all();
+    }
+
+    /// The next asynchronous event for `ibv_get_async_event`: waits for one unless the
+    /// program made `async_fd` non-blocking (then `EAGAIN`).
+    pub(crate) fn next_async(&self) -> Result<sys::ibv_async_event, c_int> {
+        // SAFETY: fcntl on the context's own fd.
+        let flags = unsafe { libc::fcntl(self.vctx.context.async_fd, libc::F_GETFL) };
+        let nonblocking = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+        let mut q = self.async_q.lock();
+        loop {
+            if let Some(ev) = q.pop_front() {
+                if q.is_empty() {
+                    let _ = std::io::Read::read(&mut &self.async_rx, &mut [0u8; 1]);
+                }
+                return Ok(ev);
+            }
+            if nonblocking {
+                return Err(libc::EAGAIN);
+            }
+            self.async_cond.wait(&mut q);
+        }
+    }
+
+    /// Whether this context shares the softrdma context that `key` names.
+    pub(crate) fn on(&self, key: SharedKey) -> bool {
+        (ptr::from_ref(self.dev) as usize, self.leave_loopback) == key
+    }
 }
+
+/// The program's live contexts (a snapshot).
+pub(crate) fn live_contexts() -> Vec<&'static SrContext> {
+    LIVE.snapshot()
+        .into_iter()
+        .filter_map(|p| context(p as *const sys::ibv_context))
+        .collect()
+}
+
+/// Which shared softrdma context: the device's address, and whether it leaves 127.0.0.1.
+pub(crate) type SharedKey = (usize, bool);
+
+/// Starts what hands a new shared context's asynchronous events to the program's contexts
+/// on it; dropped (and so stopped) when the last of those closes.
+pub(crate) type Dispatch = fn(softrdma::Context, SharedKey) -> Box<dyn Send>;
 
 /// softrdma's contexts on each device, shared by the program's contexts on it (and
 /// librdmacm's): one socket per device and process, as one kernel device serves every
 /// context of a process. Counted; the last close closes it.
-type Shared = Mutex<HashMap<(usize, bool), (softrdma::Context, usize)>>;
+type Shared = Mutex<HashMap<SharedKey, (softrdma::Context, usize, Box<dyn Send>)>>;
 
 fn shared() -> &'static Shared {
     static S: OnceLock<Shared> = OnceLock::new();
     S.get_or_init(Mutex::default)
 }
 
-fn acquire(d: &'static SrDevice, leave_loopback: bool) -> Result<softrdma::Context, c_int> {
+fn acquire(
+    d: &'static SrDevice,
+    leave_loopback: bool,
+    dispatch: Dispatch,
+) -> Result<softrdma::Context, c_int> {
     let mut s = shared().lock();
     let key = (ptr::from_ref(d) as usize, leave_loopback);
-    if let Some((c, n)) = s.get_mut(&key) {
+    if let Some((c, n, _)) = s.get_mut(&key) {
         *n += 1;
         return Ok(c.clone());
     }
     let c = open_inner(d, leave_loopback)?;
-    s.insert(key, (c.clone(), 1));
+    let events = dispatch(c.clone(), key);
+    s.insert(key, (c.clone(), 1, events));
     Ok(c)
 }
 
 fn release(d: &'static SrDevice, leave_loopback: bool) {
-    let mut s = shared().lock();
     let key = (ptr::from_ref(d) as usize, leave_loopback);
-    if let Some((_, n)) = s.get_mut(&key) {
-        *n -= 1;
-        if *n == 0 {
-            s.remove(&key);
+    let gone = {
+        let mut s = shared().lock();
+        match s.get_mut(&key) {
+            Some((_, n, _)) if *n > 1 => {
+                *n -= 1;
+                None
+            }
+            Some(_) => s.remove(&key),
+            None => None,
         }
-    }
+    };
+    // Outside the lock: the dispatcher's thread is joined as it drops.
+    drop(gone);
 }
 
 /// softrdma's context on `d`. A RoCE context binds its device's address and port 4791, so
@@ -451,31 +526,3 @@ pub extern "C" fn sr_ibv_dontfork_range(_base: *mut c_void, _len: usize) -> c_in
 pub extern "C" fn sr_ibv_dofork_range(_base: *mut c_void, _len: usize) -> c_int {
     0
 }
-
-/// `ibv_get_async_event`: no asynchronous event is reported yet (QP and CQ errors reach the
-/// program as completions in error), so this waits as rdma-core's does for an event that does
-/// not come: a blocking read of `async_fd`, or -1 with `EAGAIN` when the program made it
-/// non-blocking (as UCX, SPDK and Ceph do before polling it).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sr_ibv_get_async_event(
-    ctx: *mut sys::ibv_context,
-    event: *mut sys::ibv_async_event,
-) -> c_int {
-    let Some(c) = context(ctx) else {
-        return errno::fail(libc::EINVAL);
-    };
-    if event.is_null() {
-        return errno::fail(libc::EINVAL);
-    }
-    let mut b = [0u8; 1];
-    match std::io::Read::read(&mut &c.async_rx, &mut b) {
-        // Nothing writes the pipe while the context lives: an octet or its end means the
-        // context is going.
-        Ok(_) => errno::fail(libc::EBADF),
-        Err(e) => errno::fail(e.raw_os_error().unwrap_or(libc::EIO)),
-    }
-}
-
-/// `ibv_ack_async_event`: nothing to count, as no event is handed out.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sr_ibv_ack_async_event(_event: *mut sys::ibv_async_event) {}

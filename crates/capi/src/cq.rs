@@ -110,6 +110,20 @@ pub(crate) fn cq<'a>(p: *const sys::ibv_cq) -> Option<&'a SrCq> {
     CQS.contains(p).then(|| unsafe { &*p.cast::<SrCq>() })
 }
 
+/// The live CQ whose softrdma queue is `cq_id` among those of the contexts `mine` picks,
+/// with its context.
+pub(crate) fn find(
+    cq_id: u32,
+    mine: impl Fn(&SrContext) -> bool,
+) -> Option<(&'static SrContext, *mut sys::ibv_cq)> {
+    CQS.snapshot().into_iter().find_map(|p| {
+        let c: &'static SrCq = cq(p as *const sys::ibv_cq)?;
+        // SAFETY: our own struct (read).
+        let ctx = context(unsafe { (*c.cq.get()).context })?;
+        (c.inner.id() == cq_id && mine(ctx)).then_some((ctx, p as *mut sys::ibv_cq))
+    })
+}
+
 impl SrCq {
     pub fn as_ptr(&self) -> *mut sys::ibv_cq {
         self.cq.get().cast()
@@ -315,7 +329,7 @@ pub(crate) unsafe extern "C" fn poll_cq(
 
 /// What `ibv_create_cq_ex` may ask each completion to carry: the standard fields (time
 /// stamps, VLANs, flow tags and tag matching are not softrdma's to give).
-const WC_FLAGS: u64 = sys::IBV_WC_STANDARD_FLAGS as u64;
+pub(crate) const WC_FLAGS: u64 = sys::IBV_WC_STANDARD_FLAGS as u64;
 
 /// The context's `create_cq_ex` op (`ibv_create_cq_ex`): a CQ polled with `start_poll`,
 /// `next_poll` and `end_poll` (and with `ibv_poll_cq` through `ibv_cq_ex_to_cq`).
@@ -524,147 +538,5 @@ pub(crate) fn to_c(w: &WorkCompletion) -> sys::ibv_wc {
         slid: 0,
         sl: 0,
         dlid_path_bits: 0,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A context on the iWARP device (no socket of its own to bind).
-    fn iwarp_context() -> *mut sys::ibv_context {
-        let d = crate::list::devices()
-            .iter()
-            .find(|d| d.inner.transport() == softrdma::Transport::Iwarp)
-            .expect("the iWARP device");
-        // SAFETY: a listed device.
-        let c = unsafe { crate::ops::sr_ibv_open_device(d.as_ptr()) };
-        assert!(!c.is_null());
-        c
-    }
-
-    fn attr(wc_flags: u64) -> sys::ibv_cq_init_attr_ex {
-        sys::ibv_cq_init_attr_ex {
-            cqe: 16,
-            wc_flags,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn an_extended_cq_refuses_what_it_cannot_give() {
-        let ctx = iwarp_context();
-        // SAFETY: our own op, our context, attributes of ours.
-        unsafe {
-            let ts = u64::from(sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
-            assert!(create_cq_ex(ctx, &mut attr(ts)).is_null());
-            assert_eq!(errno::get(), libc::EOPNOTSUPP);
-            let mut a = attr(WC_FLAGS);
-            a.comp_mask = 1 << 7;
-            assert!(create_cq_ex(ctx, &mut a).is_null());
-            assert_eq!(errno::get(), libc::EINVAL);
-            let mut a = attr(WC_FLAGS);
-            a.cqe = 0;
-            assert!(create_cq_ex(ctx, &mut a).is_null());
-            assert_eq!(errno::get(), libc::EINVAL);
-            assert!(create_cq_ex(ctx, ptr::null_mut()).is_null());
-        }
-    }
-
-    /// Flushed receives, read with `start_poll`, `next_poll` and the `read_*` calls: each
-    /// once, in order, with its QP; `ENOENT` when none is left (and no `end_poll` owed).
-    #[test]
-    fn an_extended_cq_polls_each_completion_once() {
-        let ctx = iwarp_context();
-        // SAFETY: the C calls of this library on objects it made; sizes and pointers as
-        // rdma-core's callers pass them.
-        unsafe {
-            let cqx = create_cq_ex(ctx, &mut attr(WC_FLAGS));
-            assert!(!cqx.is_null());
-            let cq = cqx.cast::<sys::ibv_cq>();
-            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
-            let mut init = sys::ibv_qp_init_attr {
-                send_cq: cq,
-                recv_cq: cq,
-                cap: sys::ibv_qp_cap {
-                    max_send_wr: 4,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: sys::IBV_QPT_RC,
-                ..Default::default()
-            };
-            let qp = crate::qp::sr_ibv_create_qp(pd, &mut init);
-            assert!(!qp.is_null(), "errno {}", errno::get());
-            let mut buf = vec![0u8; 256];
-            let mr = crate::pd::sr_ibv_reg_mr(
-                pd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
-            );
-            assert!(!mr.is_null());
-            for id in [7u64, 8] {
-                let mut sge = sys::ibv_sge {
-                    addr: buf.as_ptr() as u64,
-                    length: 64,
-                    lkey: (*mr).lkey,
-                };
-                let mut wr = sys::ibv_recv_wr {
-                    wr_id: id,
-                    sg_list: &mut sge,
-                    num_sge: 1,
-                    ..Default::default()
-                };
-                let mut bad = ptr::null_mut();
-                assert_eq!(crate::qp::post_recv(qp, &mut wr, &mut bad), 0);
-            }
-            let mut a = sys::ibv_qp_attr {
-                qp_state: sys::IBV_QPS_ERR,
-                ..Default::default()
-            };
-            assert_eq!(
-                crate::qp::sr_ibv_modify_qp(qp, &mut a, sys::IBV_QP_STATE as c_int),
-                0
-            );
-            let x = &mut *cqx;
-            let mut pa = sys::ibv_poll_cq_attr::default();
-            // The flush may still be on its way: poll until the first comes.
-            let mut r = libc::ENOENT;
-            for _ in 0..1_000_000 {
-                r = (x.start_poll.unwrap())(cqx, &mut pa);
-                if r == 0 {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-            assert_eq!(r, 0);
-            let mut seen = vec![(x.wr_id, x.status)];
-            assert_eq!((x.read_opcode.unwrap())(cqx), sys::IBV_WC_RECV);
-            assert_eq!((x.read_qp_num.unwrap())(cqx), (*qp).qp_num);
-            while (x.next_poll.unwrap())(cqx) == 0 {
-                seen.push((x.wr_id, x.status));
-            }
-            (x.end_poll.unwrap())(cqx);
-            assert_eq!(
-                seen,
-                [7, 8].map(|id| (id, sys::IBV_WC_WR_FLUSH_ERR)),
-                "each once, in order"
-            );
-            // Nothing left: ENOENT, and the CQ is not left locked.
-            assert_eq!((x.start_poll.unwrap())(cqx, &mut pa), libc::ENOENT);
-            assert_eq!((x.start_poll.unwrap())(cqx, ptr::null_mut()), libc::ENOENT);
-            pa.comp_mask = 1;
-            assert_eq!((x.start_poll.unwrap())(cqx, &mut pa), libc::EINVAL);
-            // The same queue as an ordinary CQ.
-            let mut wc = sys::ibv_wc::default();
-            assert_eq!(poll_cq(cq, 1, &mut wc), 0);
-            assert_eq!(crate::qp::sr_ibv_destroy_qp(qp), 0);
-            assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
-            assert_eq!(sr_ibv_destroy_cq(cq), 0);
-            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
-        }
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod addrinfo;
 pub mod ah;
+mod async_events;
 pub mod cm;
 pub mod context;
 pub mod cq;
@@ -27,6 +28,7 @@ mod ops;
 pub mod pd;
 pub mod qp;
 pub mod srq;
+mod stop;
 mod strs;
 mod stubs;
 #[allow(

@@ -31,4 +31,9 @@ impl Live {
     pub(crate) fn contains<T>(&self, p: *const T) -> bool {
         !p.is_null() && self.set().lock().contains(&(p as usize))
     }
+
+    /// The live handles now (for the rare walks over all of them).
+    pub(crate) fn snapshot(&self) -> Vec<usize> {
+        self.set().lock().iter().copied().collect()
+    }
 }

@@ -34,7 +34,16 @@ pub(crate) fn open_device(
             v.create_cq_ex = Some(crate::cq::create_cq_ex);
         },
         leave_loopback,
+        dispatch,
     )
+}
+
+/// A shared context's asynchronous events go to the program's contexts on it.
+fn dispatch(inner: softrdma::Context, key: context::SharedKey) -> Box<dyn Send> {
+    Box::new(crate::async_events::Dispatcher::start(
+        inner,
+        move |c: &context::SrContext| c.on(key),
+    ))
 }
 
 /// `ibv_open_device`.
@@ -56,6 +65,7 @@ pub unsafe extern "C" fn sr_ibv_open_device(dev: *mut sys::ibv_device) -> *mut s
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::async_events::sr_ibv_get_async_event;
     use crate::context::*;
     use crate::device::guid_of;
     use crate::list::*;
@@ -298,4 +308,252 @@ mod tests {
     }
 
     use std::ffi::CString;
+}
+
+#[cfg(test)]
+mod cq_ex_tests {
+    use super::*;
+    use crate::cq::{WC_FLAGS, create_cq_ex, poll_cq, sr_ibv_destroy_cq};
+    use crate::errno;
+    use core::ffi::c_int;
+
+    /// A context on the iWARP device (no socket of its own to bind).
+    fn iwarp_context() -> *mut sys::ibv_context {
+        let d = crate::list::devices()
+            .iter()
+            .find(|d| d.inner.transport() == softrdma::Transport::Iwarp)
+            .expect("the iWARP device");
+        // SAFETY: a listed device.
+        let c = unsafe { sr_ibv_open_device(d.as_ptr()) };
+        assert!(!c.is_null());
+        c
+    }
+
+    fn attr(wc_flags: u64) -> sys::ibv_cq_init_attr_ex {
+        sys::ibv_cq_init_attr_ex {
+            cqe: 16,
+            wc_flags,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_extended_cq_refuses_what_it_cannot_give() {
+        let ctx = iwarp_context();
+        // SAFETY: our own op, our context, attributes of ours.
+        unsafe {
+            let ts = u64::from(sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+            assert!(create_cq_ex(ctx, &mut attr(ts)).is_null());
+            assert_eq!(errno::get(), libc::EOPNOTSUPP);
+            let mut a = attr(WC_FLAGS);
+            a.comp_mask = 1 << 7;
+            assert!(create_cq_ex(ctx, &mut a).is_null());
+            assert_eq!(errno::get(), libc::EINVAL);
+            let mut a = attr(WC_FLAGS);
+            a.cqe = 0;
+            assert!(create_cq_ex(ctx, &mut a).is_null());
+            assert_eq!(errno::get(), libc::EINVAL);
+            assert!(create_cq_ex(ctx, ptr::null_mut()).is_null());
+        }
+    }
+
+    /// Flushed receives, read with `start_poll`, `next_poll` and the `read_*` calls: each
+    /// once, in order, with its QP; `ENOENT` when none is left (and no `end_poll` owed).
+    #[test]
+    fn an_extended_cq_polls_each_completion_once() {
+        let ctx = iwarp_context();
+        // SAFETY: the C calls of this library on objects it made; sizes and pointers as
+        // rdma-core's callers pass them.
+        unsafe {
+            let cqx = create_cq_ex(ctx, &mut attr(WC_FLAGS));
+            assert!(!cqx.is_null());
+            let cq = cqx.cast::<sys::ibv_cq>();
+            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
+            let mut init = sys::ibv_qp_init_attr {
+                send_cq: cq,
+                recv_cq: cq,
+                cap: sys::ibv_qp_cap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: sys::IBV_QPT_RC,
+                ..Default::default()
+            };
+            let qp = crate::qp::sr_ibv_create_qp(pd, &mut init);
+            assert!(!qp.is_null(), "errno {}", errno::get());
+            let mut buf = vec![0u8; 256];
+            let mr = crate::pd::sr_ibv_reg_mr(
+                pd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
+            );
+            assert!(!mr.is_null());
+            for id in [7u64, 8] {
+                let mut sge = sys::ibv_sge {
+                    addr: buf.as_ptr() as u64,
+                    length: 64,
+                    lkey: (*mr).lkey,
+                };
+                let mut wr = sys::ibv_recv_wr {
+                    wr_id: id,
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                    ..Default::default()
+                };
+                let mut bad = ptr::null_mut();
+                assert_eq!(crate::qp::post_recv(qp, &mut wr, &mut bad), 0);
+            }
+            let mut a = sys::ibv_qp_attr {
+                qp_state: sys::IBV_QPS_ERR,
+                ..Default::default()
+            };
+            assert_eq!(
+                crate::qp::sr_ibv_modify_qp(qp, &mut a, sys::IBV_QP_STATE as c_int),
+                0
+            );
+            let x = &mut *cqx;
+            let mut pa = sys::ibv_poll_cq_attr::default();
+            // The flush may still be on its way: poll until the first comes.
+            let mut r = libc::ENOENT;
+            for _ in 0..1_000_000 {
+                r = (x.start_poll.unwrap())(cqx, &mut pa);
+                if r == 0 {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            assert_eq!(r, 0);
+            let mut seen = vec![(x.wr_id, x.status)];
+            assert_eq!((x.read_opcode.unwrap())(cqx), sys::IBV_WC_RECV);
+            assert_eq!((x.read_qp_num.unwrap())(cqx), (*qp).qp_num);
+            while (x.next_poll.unwrap())(cqx) == 0 {
+                seen.push((x.wr_id, x.status));
+            }
+            (x.end_poll.unwrap())(cqx);
+            assert_eq!(
+                seen,
+                [7, 8].map(|id| (id, sys::IBV_WC_WR_FLUSH_ERR)),
+                "each once, in order"
+            );
+            // Nothing left: ENOENT, and the CQ is not left locked.
+            assert_eq!((x.start_poll.unwrap())(cqx, &mut pa), libc::ENOENT);
+            assert_eq!((x.start_poll.unwrap())(cqx, ptr::null_mut()), libc::ENOENT);
+            pa.comp_mask = 1;
+            assert_eq!((x.start_poll.unwrap())(cqx, &mut pa), libc::EINVAL);
+            // The same queue as an ordinary CQ.
+            let mut wc = sys::ibv_wc::default();
+            assert_eq!(poll_cq(cq, 1, &mut wc), 0);
+            assert_eq!(crate::qp::sr_ibv_destroy_qp(qp), 0);
+            assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
+            assert_eq!(sr_ibv_destroy_cq(cq), 0);
+            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod async_event_tests {
+    use super::*;
+    use crate::async_events::{sr_ibv_ack_async_event, sr_ibv_get_async_event};
+    use crate::errno;
+
+    /// A CQ that overruns is reported on its context's async fd (`IBV_EVENT_CQ_ERR`, naming
+    /// the CQ): the fd turns readable, the event is taken once, acknowledged where rdma-core
+    /// counts it, and the fd is quiet again.
+    #[test]
+    fn a_cq_overrun_is_an_async_event_of_its_context() {
+        let d = list::devices()
+            .iter()
+            .find(|d| d.inner.transport() == softrdma::Transport::Iwarp)
+            .expect("the iWARP device");
+        // SAFETY: the C calls of this library on objects it made, with arguments as
+        // rdma-core's callers pass them.
+        unsafe {
+            let ctx = sr_ibv_open_device(d.as_ptr());
+            assert!(!ctx.is_null());
+            let fd = (*ctx).async_fd;
+            let cq = cq::sr_ibv_create_cq(ctx, 1, ptr::null_mut(), ptr::null_mut(), 0);
+            assert!(!cq.is_null());
+            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
+            let mut init = sys::ibv_qp_init_attr {
+                send_cq: cq,
+                recv_cq: cq,
+                cap: sys::ibv_qp_cap {
+                    max_send_wr: 4,
+                    max_recv_wr: 8,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: sys::IBV_QPT_RC,
+                ..Default::default()
+            };
+            let q = qp::sr_ibv_create_qp(pd, &mut init);
+            assert!(!q.is_null());
+            let mut buf = [0u8; 64];
+            let mr = crate::pd::sr_ibv_reg_mr(
+                pd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
+            );
+            let capacity = (*cq).cqe as u64;
+            for id in 0..=capacity + 1 {
+                let mut sge = sys::ibv_sge {
+                    addr: buf.as_ptr() as u64,
+                    length: 64,
+                    lkey: (*mr).lkey,
+                };
+                let mut wr = sys::ibv_recv_wr {
+                    wr_id: id,
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                    ..Default::default()
+                };
+                let mut bad = ptr::null_mut();
+                assert_eq!(qp::post_recv(q, &mut wr, &mut bad), 0);
+            }
+            // Flushing more receives than the CQ holds overruns it.
+            let mut a = sys::ibv_qp_attr {
+                qp_state: sys::IBV_QPS_ERR,
+                ..Default::default()
+            };
+            assert_eq!(
+                qp::sr_ibv_modify_qp(q, &mut a, sys::IBV_QP_STATE as c_int),
+                0
+            );
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // A safety net, not a wait for a time: the event comes as the flush does.
+            assert_eq!(
+                libc::poll(&mut p, 1, 30_000),
+                1,
+                "the async fd turns readable"
+            );
+            let mut ev = std::mem::zeroed::<sys::ibv_async_event>();
+            assert_eq!(sr_ibv_get_async_event(ctx, &mut ev), 0);
+            assert_eq!(ev.event_type, sys::IBV_EVENT_CQ_ERR);
+            assert_eq!(ev.element.cq, cq);
+            sr_ibv_ack_async_event(&mut ev);
+            assert_eq!((*cq).async_events_completed, 1);
+            // Taken: nothing more, and the fd is quiet.
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            assert_eq!(sr_ibv_get_async_event(ctx, &mut ev), -1);
+            assert_eq!(errno::get(), libc::EAGAIN);
+            assert_eq!(libc::poll(&mut p, 1, 0), 0);
+            assert_eq!(qp::sr_ibv_destroy_qp(q), 0);
+            assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
+            assert_eq!(cq::sr_ibv_destroy_cq(cq), 0);
+            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
+            assert_eq!(context::sr_ibv_close_device(ctx), 0);
+        }
+    }
 }

@@ -41,6 +41,19 @@ pub struct SrQp {
 
 static QPS: Live = Live::new();
 
+/// The live QP numbered `qp_num` among those of the contexts `mine` picks, with its
+/// context.
+pub(crate) fn find(
+    qp_num: u32,
+    mine: impl Fn(&crate::context::SrContext) -> bool,
+) -> Option<(&'static crate::context::SrContext, *mut sys::ibv_qp)> {
+    QPS.snapshot().into_iter().find_map(|p| {
+        let q: &'static SrQp = qp(p as *const sys::ibv_qp)?;
+        let ctx = q.pd.ctx;
+        (q.inner.qp_num() == qp_num && mine(ctx)).then_some((ctx, p as *mut sys::ibv_qp))
+    })
+}
+
 pub(crate) fn qp<'a>(p: *const sys::ibv_qp) -> Option<&'a SrQp> {
     // SAFETY: a live QP is the first field of a boxed SrQp.
     QPS.contains(p).then(|| unsafe { &*p.cast::<SrQp>() })

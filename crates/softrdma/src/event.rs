@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use event_listener::Event;
 use parking_lot::{Condvar, Mutex};
 use softrdma_iwarp::rdmap::QpEvent;
+use softrdma_wire::rdmap::TerminateCode;
 
 /// Async events kept per context before the oldest are dropped.
 const ASYNC_EVENT_LIMIT: usize = 4096;
@@ -39,6 +40,21 @@ pub enum AsyncEvent {
         /// What the engine reported.
         event: QpEvent,
     },
+}
+
+impl AsyncEvent {
+    /// A QP's event caused by a protection error (a Terminate of class RDMAP remote
+    /// protection, sent or received): the verbs report it as `IBV_EVENT_QP_ACCESS_ERR`
+    /// rather than `IBV_EVENT_QP_FATAL`.
+    pub fn is_access_error(&self) -> bool {
+        matches!(
+            self,
+            AsyncEvent::Qp {
+                event: QpEvent::LocalError(t) | QpEvent::TerminateReceived(t),
+                ..
+            } if matches!(t.code, TerminateCode::RdmaRemoteProtection(_))
+        )
+    }
 }
 
 /// A bounded queue of events: the oldest is dropped when it is full.
