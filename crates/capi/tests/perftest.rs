@@ -137,11 +137,14 @@ fn perftest_over_iwarp_through_rdma_cm() {
 fn perftest_over_roce_through_rdma_cm() {
     let dev = loopback_device();
     let env = [(softrdma_capi::cm::TRANSPORT_VAR, "roce")];
-    for (prog, bytes) in TOOLS {
+    for ((prog, bytes), old) in TOOLS.iter().flat_map(|t| [(*t, false), (*t, true)]) {
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        attempts(&format!("{prog} -R on RoCE"), || {
+        attempts(&format!("{prog} -R on RoCE (old post {old})"), || {
             let port = common::free_port().to_string();
-            let args = strs(&["-R", "-d", &dev, "-x", "0", "-n", "200", "-p", &port]);
+            let mut args = strs(&["-R", "-d", &dev, "-x", "0", "-n", "200", "-p", &port]);
+            if old {
+                args.push("--use_old_post_send".into());
+            }
             let server = start(prog, &args, &env);
             wait_for_server("roce", 0);
             let mut client_args = args.clone();
