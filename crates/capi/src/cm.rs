@@ -86,6 +86,29 @@ impl SrEventChannel {
         }
     }
 
+    /// Moves the queued events of id `p` to `to` (`rdma_migrate_id`), in their order.
+    fn move_events(&self, p: *mut sys::rdma_cm_id, to: &SrEventChannel) {
+        let mut q = self.q.lock();
+        let had = !q.is_empty();
+        let mut moved = Vec::new();
+        q.retain(|&e| {
+            // SAFETY: queued events are boxed SrEvents nobody was handed.
+            let mine = unsafe { (*(e as *const SrEvent)).ev.id } == p;
+            if mine {
+                moved.push(e);
+            }
+            !mine
+        });
+        if had && q.is_empty() {
+            let _ = (&self.rx).read(&mut [0u8; 1]);
+        }
+        drop(q);
+        for e in moved {
+            // SAFETY: taken out of this queue just above: boxed, and handed to `to` alone.
+            to.push(unsafe { Box::from_raw(e as *mut SrEvent) });
+        }
+    }
+
     /// The next event; `None` at once when `nonblocking` and there is none.
     fn pop(&self, nonblocking: bool) -> Option<*mut SrEvent> {
         let mut q = self.q.lock();
@@ -185,15 +208,16 @@ pub struct SrCmId {
     /// What the program reads; written by this library as the id moves on (before the
     /// event or return that says so), hence a cell.
     id: std::cell::UnsafeCell<sys::rdma_cm_id>,
-    chan: &'static SrEventChannel,
+    /// Its channel, and whether the id is synchronous (made without a channel: the
+    /// channel is the id's own, and each call that asks the peer returns once its event is
+    /// in, `id.event`). `rdma_migrate_id` changes both, under the live-id lock that every
+    /// event is posted under.
+    chan: Mutex<(&'static SrEventChannel, bool)>,
     st: Mutex<IdState>,
     acked: Condvar,
     /// Stops the listener's thread, at once (it waits on this and on the listener).
     stop: Arc<Stop>,
     listener: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Made without a channel (librdmacm's synchronous mode): `chan` is the id's own, and
-    /// each call that asks the peer returns once its event is in (`id.event`).
-    sync: bool,
     /// `rdma_create_ep` on a passive id: the QP each request's id gets in
     /// `rdma_get_request`.
     ep_attr: Mutex<Option<QpInit>>,
@@ -207,6 +231,16 @@ struct QpInit(sys::ibv_qp_init_attr);
 unsafe impl Send for QpInit {}
 
 impl SrCmId {
+    /// Its channel now.
+    fn chan(&self) -> &'static SrEventChannel {
+        self.chan.lock().0
+    }
+
+    /// Whether it is synchronous now.
+    fn sync(&self) -> bool {
+        self.chan.lock().1
+    }
+
     /// The C id, to read or write a field (the program reads it only between our calls
     /// and events, as librdmacm's contract has it).
     fn c(&self) -> *mut sys::rdma_cm_id {
@@ -264,8 +298,8 @@ fn post(p: usize, listen: usize, kind: sys::rdma_cm_event_type, status: c_int, c
     // own).
     let chan = match listen != 0 && live.contains(&listen) {
         // SAFETY: as above.
-        true => unsafe { &*(listen as *const SrCmId) }.chan,
-        false => i.chan,
+        true => unsafe { &*(listen as *const SrCmId) }.chan(),
+        false => i.chan(),
     };
     if kind == sys::RDMA_CM_EVENT_DISCONNECTED {
         let mut st = i.st.lock();
@@ -333,12 +367,11 @@ fn new_id(
             qp_type,
             ..Default::default()
         }),
-        chan,
+        chan: Mutex::new((chan, sync)),
         st: Mutex::default(),
         acked: Condvar::new(),
         stop: Arc::new(Stop::default()),
         listener: Mutex::new(None),
-        sync,
         ep_attr: Mutex::new(None),
     });
     let p = Box::into_raw(b);
@@ -407,15 +440,76 @@ pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
         let mut live = ids().lock();
         live.remove(&(p as usize));
         // Events never reported go with it.
-        i.chan.forget(p);
+        i.chan().forget(p);
     }
-    i.chan.ids.fetch_sub(1, Ordering::AcqRel);
-    let own = i.sync.then_some(i.chan);
+    let (chan, sync) = *i.chan.lock();
+    chan.ids.fetch_sub(1, Ordering::AcqRel);
+    let own = sync.then_some(chan);
     // SAFETY: it was live and no thread posts to it any more: ours alone.
     drop(unsafe { Box::from_raw(p.cast::<SrCmId>()) });
     if let Some(c) = own {
         // SAFETY: the id's own channel, which nothing else reports to.
         unsafe { sr_rdma_destroy_event_channel(ptr::from_ref(&c.ch).cast_mut()) };
+    }
+    0
+}
+
+/// `rdma_migrate_id`: the id, and its events not yet reported, move to channel `ch` (NULL:
+/// a channel of its own, the id synchronous from then on); first every event it reported
+/// must be acknowledged (librdmacm waits for that too). A synchronous id's own channel goes,
+/// with the event it kept.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sr_rdma_migrate_id(
+    p: *mut sys::rdma_cm_id,
+    ch: *mut sys::rdma_event_channel,
+) -> c_int {
+    let Some(i) = id(p) else {
+        return errno::fail(libc::EINVAL);
+    };
+    let was_sync = i.sync();
+    let sync = ch.is_null();
+    if sync && was_sync {
+        return errno::fail(libc::EINVAL);
+    }
+    let Some(to) = (match sync {
+        true => own_channel(),
+        false => channel(ch),
+    }) else {
+        return errno::fail(if sync { libc::EMFILE } else { libc::EINVAL });
+    };
+    // SAFETY: a live channel lives until destroyed, which waits for its ids.
+    let to: &'static SrEventChannel = unsafe { &*ptr::from_ref(to) };
+    if was_sync {
+        // SAFETY: our own struct; the event kept is one this library handed out.
+        let kept = unsafe { std::mem::replace(&mut (*i.c()).event, ptr::null_mut()) };
+        if !kept.is_null() {
+            // SAFETY: as above.
+            unsafe { sr_rdma_ack_cm_event(kept) };
+        }
+    }
+    {
+        let mut st = i.st.lock();
+        while st.unacked > 0 {
+            i.acked.wait(&mut st);
+        }
+    }
+    let from = {
+        // Under the live-id lock, as every event is posted: none lands on the old channel
+        // once the queued ones have moved.
+        let _live = ids().lock();
+        let mut c = i.chan.lock();
+        let from = c.0;
+        from.move_events(p, to);
+        to.ids.fetch_add(1, Ordering::AcqRel);
+        from.ids.fetch_sub(1, Ordering::AcqRel);
+        *c = (to, sync);
+        // SAFETY: our own struct; the program reads `channel` once the call returned.
+        unsafe { (*i.c()).channel = ptr::from_ref(&to.ch).cast_mut() };
+        from
+    };
+    if was_sync {
+        // SAFETY: the id's own channel, which nothing reports to any more.
+        unsafe { sr_rdma_destroy_event_channel(ptr::from_ref(&from.ch).cast_mut()) };
     }
     0
 }
@@ -429,7 +523,7 @@ fn own_channel() -> Option<&'static SrEventChannel> {
 /// librdmacm's `ucma_complete`: a synchronous id's call waits for its event, keeps it in
 /// `id.event` (acknowledging the one kept before) and fails with the event's status.
 fn complete(i: &SrCmId) -> c_int {
-    if !i.sync {
+    if !i.sync() {
         return 0;
     }
     let c = i.c();
@@ -442,7 +536,7 @@ fn complete(i: &SrCmId) -> c_int {
     }
     let mut ev = ptr::null_mut();
     // SAFETY: the id's own channel, live while the id is.
-    if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&i.chan.ch).cast_mut(), &mut ev) } != 0 {
+    if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&i.chan().ch).cast_mut(), &mut ev) } != 0 {
         return -1;
     }
     // SAFETY: our own struct; the event just handed out.
@@ -1029,7 +1123,7 @@ pub unsafe extern "C" fn sr_rdma_get_request(
     let Some(l) = id(listen) else {
         return errno::fail(libc::EINVAL);
     };
-    if !l.sync || out.is_null() {
+    if !l.sync() || out.is_null() {
         return errno::fail(libc::EINVAL);
     }
     let m = l.c();
@@ -1042,7 +1136,7 @@ pub unsafe extern "C" fn sr_rdma_get_request(
     }
     let mut ev = ptr::null_mut();
     // SAFETY: the listener's own channel.
-    if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&l.chan.ch).cast_mut(), &mut ev) } != 0 {
+    if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&l.chan().ch).cast_mut(), &mut ev) } != 0 {
         return -1;
     }
     // SAFETY: the event just handed out.
@@ -1115,7 +1209,7 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
     i.st.lock().local = Some(bound);
     set_addrs(i, Some(bound), None);
     let stop = i.stop.clone();
-    let (listen_id, chan, sync) = (p as usize, i.chan, i.sync);
+    let (listen_id, (chan, sync)) = (p as usize, *i.chan.lock());
     // SAFETY: our own struct.
     let c_id = unsafe { &*i.c() };
     let (ctx_p, context_v, ps, qp_type) = (
@@ -1460,7 +1554,7 @@ pub unsafe extern "C" fn sr_rdma_disconnect(p: *mut sys::rdma_cm_id) -> c_int {
     );
     // A synchronous id waits for its DISCONNECTED, unless it was taken already (the peer's,
     // which a call of the program's consumed): then there is none to come.
-    if was && i.chan.q.lock().is_empty() {
+    if was && i.chan().q.lock().is_empty() {
         return 0;
     }
     complete(i)
@@ -1512,5 +1606,74 @@ fn watch(i: &SrCmId, qp_num: u32) {
 fn disconnected(ctx: usize, qp_num: u32) {
     if let Some(id) = watched().lock().remove(&(ctx, qp_num)) {
         post(id, 0, sys::RDMA_CM_EVENT_DISCONNECTED, 0, Conn::default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {
+        libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(ip),
+            },
+            sin_zero: [0; 8],
+        }
+    }
+
+    fn readable(fd: c_int) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of ours; no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    /// `rdma_migrate_id`: an event not yet reported moves with the id to the new channel
+    /// (the old one's fd goes quiet, the new one's readable); to no channel, the id turns
+    /// synchronous; a synchronous id cannot go to no channel again.
+    #[test]
+    fn a_migrated_id_takes_its_events_along_and_may_turn_synchronous() {
+        // SAFETY: this library's calls on objects it made, as librdmacm's callers make them.
+        unsafe {
+            let (a, b) = (
+                sr_rdma_create_event_channel(),
+                sr_rdma_create_event_channel(),
+            );
+            let mut p = ptr::null_mut();
+            assert_eq!(
+                sr_rdma_create_id(a, &mut p, ptr::null_mut(), sys::RDMA_PS_TCP),
+                0
+            );
+            let mut dst = sin([127, 0, 0, 1], 9);
+            assert_eq!(
+                sr_rdma_resolve_addr(p, ptr::null_mut(), (&raw mut dst).cast(), 1000),
+                0
+            );
+            assert!(readable((*a).fd) && !readable((*b).fd));
+            assert_eq!(sr_rdma_migrate_id(p, b), 0);
+            assert_eq!((*p).channel, b);
+            assert!(!readable((*a).fd) && readable((*b).fd));
+            let mut ev = ptr::null_mut();
+            assert_eq!(sr_rdma_get_cm_event(b, &mut ev), 0);
+            assert_eq!((*ev).event, sys::RDMA_CM_EVENT_ADDR_RESOLVED);
+            assert_eq!((*ev).id, p);
+            assert_eq!(sr_rdma_ack_cm_event(ev), 0);
+            // To no channel: synchronous from then on.
+            assert_eq!(sr_rdma_migrate_id(p, ptr::null_mut()), 0);
+            assert!(!(*p).channel.is_null() && (*p).channel != b);
+            assert_eq!(sr_rdma_resolve_route(p, 1000), 0);
+            assert_eq!((*(*p).event).event, sys::RDMA_CM_EVENT_ROUTE_RESOLVED);
+            assert_eq!(sr_rdma_migrate_id(p, ptr::null_mut()), -1);
+            assert_eq!(crate::errno::get(), libc::EINVAL);
+            assert_eq!(sr_rdma_destroy_id(p), 0);
+            sr_rdma_destroy_event_channel(a);
+            sr_rdma_destroy_event_channel(b);
+        }
     }
 }

@@ -76,7 +76,6 @@ minus_one!(libc::EOPNOTSUPP;
     sr_rdma_join_multicast,
     sr_rdma_join_multicast_ex,
     sr_rdma_leave_multicast,
-    sr_rdma_migrate_id,
     sr_rdma_init_qp_attr,
     sr_rdma_get_remote_ece,
     sr_rdma_set_local_ece,
