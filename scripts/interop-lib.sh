@@ -119,3 +119,30 @@ summary() {
   echo "$1: $PASSED passed, $FAILED failed (logs and pcaps in $OUT)"
   [ "$FAILED" = 0 ]
 }
+
+# The C ABI's rping cases (issue 43), shared by interop-siw.sh and interop-rxe.sh: Debian's
+# rping on softrdma against the guest's. Each script defines `section LOG SIDE` and
+# `capi_pings` (the pings each side must print now). Debian's rping writes its pings to standard
+# output (a file here: block-buffered) and its events to standard error, so a line of either
+# may land inside one of the other: count occurrences, not lines.
+count_o() { section "$1" "$2" | grep -aoE "$3" | grep -c . || true; }
+check_capi_rping_c() {  # our client (-V: it compares every pong) did its pings; the server saw them and our disconnect
+  local n s CAPI_PINGS
+  CAPI_PINGS=$(capi_pings)
+  n=$(section "$1" host | grep -aoE '(server )?ping data: rdma-ping-[0-9]+' | grep -vc '^server' || true)
+  [ "$n" = "$CAPI_PINGS" ] || { echo "host rping client printed $n of $CAPI_PINGS pings"; return 1; }
+  ! section "$1" host | grep -aq 'data mismatch' || { echo "host rping client: data mismatch"; return 1; }
+  s=$(count_o "$1" guest 'server ping data: rdma-ping-[0-9]+')
+  [ "$s" = "$CAPI_PINGS" ] || { echo "guest rping server printed $s of $CAPI_PINGS pings"; return 1; }
+  section "$1" guest | grep -q "server DISCONNECT EVENT" || { echo "the guest server saw no disconnect"; return 1; }
+}
+check_capi_rping_s() {  # the guest client's -V passed; our server did its pings and saw the disconnect
+  local g s CAPI_PINGS
+  CAPI_PINGS=$(capi_pings)
+  g=$(count_o "$1" guest '^ping data: rdma-ping-[0-9]+')
+  s=$(count_o "$1" host 'server ping data: rdma-ping-[0-9]+')
+  [ "$g" = "$CAPI_PINGS" ] || { echo "guest rping client printed $g of $CAPI_PINGS pings"; return 1; }
+  ! section "$1" guest | grep -q 'data mismatch' || { echo "guest rping client: data mismatch"; return 1; }
+  [ "$s" = "$CAPI_PINGS" ] || { echo "host rping server printed $s of $CAPI_PINGS pings"; return 1; }
+  section "$1" host | grep -aq "server DISCONNECT EVENT" || { echo "host rping server saw no disconnect"; return 1; }
+}

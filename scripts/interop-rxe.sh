@@ -28,6 +28,19 @@
 #                                           (needs `apt-get install nftables` on the host; the kernel
 #                                           has nf_tables built in even where it lacks sch_netem)
 #
+# The C ABI cases (issue 43): the host side is an unmodified Debian program run on softrdma through
+# `softrdma run` (libsoftrdma_capi.so as libibverbs/librdmacm), on the RoCE device of 10.77.0.1
+# (softrdma_roce_<ifname>, its GID index, both read from `softrdma run -- ibv_devinfo -v`):
+#   capi-rping-c-S<size>                    host rping -c (--transport roce)  vs  guest rping -s
+#                                           (--capi-rping-sizes, -C 10 -V: the client checks every pong)
+#   capi-rping-s-S<size>                    guest rping -c -V  vs  host rping -s (--transport roce)
+#   capi-{rc,ud}_pingpong-s<size>-guest-server  guest ibv_*_pingpong server  vs  host ibv_*_pingpong
+#                                           client (QPs brought up out of band, -c: the server checks)
+#   capi-{rc,ud}_pingpong-s<size>-host-server   host ibv_*_pingpong server  vs  guest client
+#   capi-ib_write_bw-{guest,host}-server    perftest's own TCP exchange (no -R), both roles
+#   capi-udaddy-{guest,host}-server         UD through rdma_cm (SIDR), host udaddy (--transport roce)
+#   capi-lossy-rc_pingpong-s4096-guest-server   guest server vs host client at --loss % both ways
+#
 # Every case runs with -c (validate): the pingpong client zeroes byte 0 of each 4 KiB page, the
 # server checks those bytes and prints "invalid data in page N" (its exit status stays 0, so
 # the output is checked). Each case's bridge capture is decoded with `softrdma decode --strict`,
@@ -43,6 +56,7 @@
 #          --rping-sizes "23 26 64 4096 65535"  --rping-count N (default 10)  --cm-loss PCT (default 5)
 #          --cm-connects N (default 20)  --no-cm
 #          --no-perftest  --no-lossy  --no-build  --only REGEX (case names)
+#          --no-capi (the C ABI cases)  --capi-rping-sizes "64 4096 65535"
 #          --timeout S (per case; default 120, perftest 240, lossy 300)
 #          --guest-selfcheck   run only the guest command lines against themselves inside the
 #                              guest (server and client both on rxe0; no softrdma needed)
@@ -67,6 +81,7 @@ LOSS=2
 PP_TIMEOUT=120 LOSSY_TIMEOUT=300 PERF_TIMEOUT=240
 PERFTEST=1 LOSSY=1 BUILD_BIN=1 SELFCHECK=0 ONLY=""
 CM=1 CM_LOSS=5 RPING_SIZES="23 26 64 4096 65535" RPING_COUNT=10 CM_CONNECTS=20
+CAPI=1 CAPI_RPING_SIZES="64 4096 65535"
 OUT=$REPO/target/interop-rxe
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -85,6 +100,8 @@ while [ $# -gt 0 ]; do
     --rping-sizes) RPING_SIZES=$2; shift ;;
     --rping-count) RPING_COUNT=$2; shift ;;
     --no-lossy) LOSSY=0 ;;
+    --no-capi) CAPI=0 ;;
+    --capi-rping-sizes) CAPI_RPING_SIZES=$2; shift ;;
     --no-build) BUILD_BIN=0 ;;
     --only) ONLY=$2; shift ;;
     --guest-selfcheck) SELFCHECK=1 ;;
@@ -102,7 +119,8 @@ OUT=$(cd "$OUT" && pwd)
 BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
 if [ "$SELFCHECK" = 0 ]; then
   if [ "$BUILD_BIN" = 1 ] && [ -z "${SOFTRDMA_BIN:-}" ]; then
-    (cd "$REPO" && cargo build --release -p softrdma-cli) || exit 1
+    # softrdma-capi: libsoftrdma_capi.so beside the binary, where `softrdma run` finds it
+    (cd "$REPO" && cargo build --release -p softrdma-cli -p softrdma-capi) || exit 1
   fi
   [ -x "$BIN" ] || { echo "interop-rxe.sh: no $BIN" >&2; exit 2; }
 fi
@@ -360,6 +378,112 @@ check_lossy_connects_guest() {  # and our server accepted every connection and c
     { echo "softrdma server checked $p of $((2 * CM_CONNECTS)) pings ($m mismatches)"; return 1; }
 }
 
+# ---- the C ABI: Debian's programs on softrdma (softrdma run) -------------------------------
+CAPI_DEV="" CAPI_GIDX=""
+# capi_setup: the RoCE device of HOST_ROCE and the index of its GID ::ffff:HOST_ROCE, as the
+# library reports them in the namespace (ibv_devinfo -v through softrdma run); 1 if none.
+capi_setup() {
+  local info
+  info=$(H "$BIN" run -- ibv_devinfo -v 2>&1) || { CAPI_WHY="softrdma run -- ibv_devinfo -v failed: $(tail -1 <<<"$info")"; return 1; }
+  read -r CAPI_DEV CAPI_GIDX < <(awk -v gid="::ffff:$HOST_ROCE," '
+    $1 == "hca_id:" { dev = $2 }
+    /GID\[ *[0-9]+\]:/ && $NF != "" && index($0, gid) { i = $0; sub(/.*GID\[ */, "", i); sub(/\].*/, "", i); print dev, i; exit }' <<<"$info")
+  [ -n "$CAPI_DEV" ] && [ -n "$CAPI_GIDX" ] || { CAPI_WHY="no softrdma RoCE device with GID ::ffff:$HOST_ROCE"; return 1; }
+  say "C ABI: $CAPI_DEV, GID index $CAPI_GIDX (::ffff:$HOST_ROCE)"
+}
+capi_run() { echo "$BIN run ${1:+--transport $1} --"; }    # [TRANSPORT]: the prefix of a host command
+capi_pp() {  # TYPE SIZE [SERVER]: Debian's ibv_*_pingpong on our RoCE device
+  echo "$(capi_run) ibv_$1_pingpong -d $CAPI_DEV -g $CAPI_GIDX -p $OOB_PORT -s $2 -n $COUNT -c $(pp_mtu "$1") ${3:-}"
+}
+capi_perf() {  # [SERVER]: Debian's ib_write_bw (perftest's TCP exchange, no -R) on our RoCE device
+  echo "$(capi_run) ib_write_bw -d $CAPI_DEV -x $CAPI_GIDX -p $OOB_PORT -F -n $PERF_COUNT -s $PERF_SIZE ${1:-}"
+}
+
+# The C ABI's rping checks are interop-lib.sh's (count_o, check_capi_rping_c/_s); the pings
+# each side must print:
+capi_pings() { echo "$RPING_COUNT"; }
+check_capi_pp() {  # both pingpongs finished (-c: the server checked the data); each saw the other's GID
+  check_pp_side "$1" guest "guest ibv_*_pingpong" || return 1
+  check_pp_side "$1" host "host ibv_*_pingpong (C ABI)" || return 1
+  section "$1" guest | grep -q "remote address: .*GID ::ffff:$HOST_ROCE" ||
+    { echo "the guest did not get GID ::ffff:$HOST_ROCE from us"; return 1; }
+  section "$1" host | grep -q "remote address: .*GID ::ffff:$GUEST_ROCE" ||
+    { echo "we did not get GID ::ffff:$GUEST_ROCE from the guest"; return 1; }
+}
+check_capi_perf() {  # both sides printed the '65536 100 ...' result line
+  local side
+  for side in guest host; do
+    section "$1" $side | grep -qE "^[[:space:]]*${PERF_SIZE}[[:space:]]+${PERF_COUNT}[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+" ||
+      { echo "the $side ib_write_bw printed no '$PERF_SIZE $PERF_COUNT ...' result line"; return 1; }
+  done
+}
+
+capi_names() {
+  local s t sizes
+  for s in $CAPI_RPING_SIZES; do echo "capi-rping-c-S$s capi-rping-s-S$s"; done
+  for t in rc ud; do
+    sizes=$SIZES; [ "$t" = ud ] && sizes=$UD_SIZES
+    for s in $sizes; do echo "capi-${t}_pingpong-s$s-guest-server capi-${t}_pingpong-s$s-host-server"; done
+  done
+  [ "$PERFTEST" = 1 ] && echo "capi-ib_write_bw-guest-server capi-ib_write_bw-host-server"
+  [ "$CM" = 1 ] && echo "capi-udaddy-guest-server capi-udaddy-host-server"
+  [ "$LOSSY" = 1 ] && echo "capi-lossy-rc_pingpong-s4096-guest-server"
+}
+any_selected() { local n; for n in "$@"; do selected "$n" && return 0; done; return 1; }
+CAPI_OK=""
+capi_ready() {  # once: the device, or a failure recorded (and the cases not run)
+  [ -n "$CAPI_OK" ] || { if capi_setup; then CAPI_OK=1; else CAPI_OK=0; record "capi (setup)" fail "$CAPI_WHY"; fi; }
+  [ "$CAPI_OK" = 1 ]
+}
+
+capi_cases() {
+  # shellcheck disable=SC2046
+  any_selected $(capi_names) || return 0
+  capi_ready || return 0
+  local s t sizes
+  for s in $CAPI_RPING_SIZES; do
+    run_case "capi-rping-c-S$s" check_capi_rping_c --guest-first --wait-port 7174 --timeout 120 \
+      --guest "rping -s -a $GUEST_ROCE -C $RPING_COUNT -S $s -V -v" \
+      --host "$(capi_run roce) rping -c -a $GUEST_ROCE -C $RPING_COUNT -S $s -V -v"
+    run_case "capi-rping-s-S$s" check_capi_rping_s --host-first --delay 2 --timeout 120 \
+      --host "$(capi_run roce) rping -s -a $HOST_ROCE -C $RPING_COUNT -S $s -V -v" \
+      --guest "rping -c -a $HOST_ROCE -C $RPING_COUNT -S $s -V -v"
+  done
+  for t in rc ud; do
+    sizes=$SIZES; [ "$t" = ud ] && sizes=$UD_SIZES
+    for s in $sizes; do
+      run_case "capi-${t}_pingpong-s$s-guest-server" check_capi_pp --guest-first --wait-port "$OOB_PORT" \
+        --timeout "$PP_TIMEOUT" --guest "$(guest_pp "$t" "$s")" --host "$(capi_pp "$t" "$s" "$GUEST_ROCE")"
+      run_case "capi-${t}_pingpong-s$s-host-server" check_capi_pp --host-first --wait-port "$OOB_PORT" \
+        --timeout "$PP_TIMEOUT" --host "$(capi_pp "$t" "$s")" --guest "$(guest_pp "$t" "$s" "$HOST_ROCE")"
+    done
+  done
+  if [ "$PERFTEST" = 1 ]; then
+    run_case "capi-ib_write_bw-guest-server" check_capi_perf --guest-first --wait-port "$OOB_PORT" \
+      --timeout "$PERF_TIMEOUT" --guest "$(guest_perf write)" --host "$(capi_perf "$GUEST_ROCE")"
+    run_case "capi-ib_write_bw-host-server" check_capi_perf --host-first --wait-port "$OOB_PORT" \
+      --timeout "$PERF_TIMEOUT" --host "$(capi_perf)" --guest "$(guest_perf write "$HOST_ROCE")"
+  fi
+  if [ "$CM" = 1 ]; then
+    run_case "capi-udaddy-guest-server" check_udaddy --guest-first --wait-port 7174 --timeout 120 \
+      --guest "udaddy" --host "$(capi_run roce) udaddy -s $GUEST_ROCE"
+    run_case "capi-udaddy-host-server" check_udaddy --host-first --delay 2 --timeout 120 \
+      --host "$(capi_run roce) udaddy -b $HOST_ROCE" --guest "udaddy -s $HOST_ROCE"
+  fi
+}
+# Under loss (lossy_cases has it on): the guest's rc_pingpong server against Debian's client on
+# softrdma; the server checks every page (-c).
+capi_lossy_cases() {
+  selected capi-lossy-rc_pingpong-s4096-guest-server || return 0
+  capi_ready || return 0
+  local g0 h0 g1 h1
+  read -r g0 h0 < <(net_loss_counts "$VMRUN" eth0)
+  run_case "capi-lossy-rc_pingpong-s4096-guest-server" check_capi_pp --guest-first --wait-port "$OOB_PORT" \
+    --timeout "$LOSSY_TIMEOUT" --guest "$(guest_pp rc 4096)" --host "$(capi_pp rc 4096 "$GUEST_ROCE")"
+  read -r g1 h1 < <(net_loss_counts "$VMRUN" eth0)
+  NOTES+=("capi-lossy-rc_pingpong-s4096-guest-server: loss dropped $((g1 - g0)) packets guest -> host, $((h1 - h0)) host -> guest")
+}
+
 # ---- case groups --------------------------------------------------------------------------
 have_pingpong() { "$BIN" pingpong --help >/dev/null 2>&1; }
 have_perf_roce() { "$BIN" perf --help 2>&1 | grep -q -- '--transport'; }
@@ -442,6 +566,7 @@ lossy_cases() {
   # Our requester against rxe's responder with loss both ways: multi-packet READs re-issued
   # from the missing response (rxe replays them as Middle/Last), WRITE go-back, ATOMIC replay.
   [ "$PERFTEST" = 1 ] && perftest_cases "lossy-" "$LOSSY_TIMEOUT"
+  [ "$CAPI" = 1 ] && capi_lossy_cases
   loss_off
 }
 
@@ -501,6 +626,7 @@ if start_vm; then
     [ "$PERFTEST" = 1 ] && perftest_cases "" "$PERF_TIMEOUT" "$PERF_MORE_SIZES"
     [ "$CM" = 1 ] && cm_cases
     [ "$CM" = 1 ] && [ "$LOSSY" = 1 ] && lossy_cm_cases
+    [ "$CAPI" = 1 ] && capi_cases
     [ "$LOSSY" = 1 ] && lossy_cases
   fi
 else

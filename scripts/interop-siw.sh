@@ -33,6 +33,25 @@
 #                          through the guest's siw NIC), against our perftest server / client;
 #                          then a new session completes
 #
+# The C ABI cases (issue 43): the host side is an unmodified Debian program run on softrdma's
+# iWARP device (softrdma_tcp0) through `softrdma run --transport iwarp` (libsoftrdma_capi.so as
+# libibverbs/librdmacm):
+#   capi-rping-c-S<size>   host rping -c -V  vs  guest rping -s (--capi-rping-sizes, -C 10; the
+#                          client compares every pong)
+#   capi-rping-s-S<size>   guest rping -c -V  vs  host rping -s
+#   capi-ib_{write,read}_bw-R-host-server, capi-ib_send_lat-R-host-server  host perftest -R server
+#                          vs guest perftest -R client (65536 octets x 200; ib_send_lat 2 x 200)
+#   capi-ib_{write,read}_bw-R-guest-server, capi-ib_send_lat-R-guest-server  the other role, host
+#                          perftest -R client vs guest server: only with --capi-host-clients (see
+#                          the note at capi_perf_cases: they do not pass yet)
+#   capi-lossy-rping-c-S65535  capi-rping-c at --loss % both ways (--lossy-count pings)
+# librdmacm's active side on softrdma asks for RFC 6581 peer-to-peer mode; siw (6.12 siw_accept)
+# puts its RTR upcall on the socket only after sending its MPA Reply, and an RTR that comes
+# first stays unread with the Send after it: the guest's server never sees the connection (a
+# failed host-client case says "the siw_accept RTR race" when its capture shows this). Taking
+# that connection down can then crash the guest's kernel; after any case that leaves a kernel
+# crash on the guest's console, the case fails and the VM is booted again (all cases).
+#
 # Each case's bridge capture is decoded with `softrdma decode --strict`, whole and cut at 128
 # octets a frame as `tcpdump -s 128` takes it (with editcap). Prints PASS/FAIL per
 # case and a summary; exits 0 only if every case passed. Needs root and /dev/net/tun (the VM's
@@ -48,6 +67,8 @@
 #          --loss PCT (integer, default 2)  --lossy-sizes "64 4096 65535"
 #          --lossy-count N (default 100)  --lossy-timeout S (per lossy case, default 300)
 #          --no-lossy  --no-kill (the kill/reset cases)  --kill-after N (pings, default 20)
+#          --no-capi (the C ABI cases)  --capi-rping-sizes "64 4096 65535"
+#          --capi-host-clients (also the capi-...-R-guest-server cases)
 # Environment: SOFTRDMA_BIN (default target/release/softrdma; --no-build implied if set)
 set -uo pipefail
 
@@ -63,6 +84,7 @@ COUNT=10
 CRC=1 PERFTEST=1 BUILD_BIN=1 MTU=""
 LOSS=2 LOSSY=1 LOSSY_SIZES="64 4096 65535" LOSSY_COUNT=100 LOSSY_TIMEOUT=300
 KILL=1 KILL_AFTER=20
+CAPI=1 CAPI_RPING_SIZES="64 4096 65535" CAPI_HOST_CLIENTS=0
 # perftest message sizes: the smallest, one over a page, over a 64 KiB FPDU's worth, 1 MiB.
 PERF_SIZES="65536 2 4097 1048576"
 # Per-case limits of the plain cases (the lossy ones raise them).
@@ -87,6 +109,9 @@ while [ $# -gt 0 ]; do
     --no-lossy) LOSSY=0 ;;
     --no-kill) KILL=0 ;;
     --kill-after) KILL_AFTER=$2; shift ;;
+    --no-capi) CAPI=0 ;;
+    --capi-rping-sizes) CAPI_RPING_SIZES=$2; shift ;;
+    --capi-host-clients) CAPI_HOST_CLIENTS=1 ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "interop-siw.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -101,7 +126,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
 if [ "$BUILD_BIN" = 1 ] && [ -z "${SOFTRDMA_BIN:-}" ]; then
-  (cd "$REPO" && cargo build --release -p softrdma-cli) || exit 1
+  # softrdma-capi: libsoftrdma_capi.so beside the binary, where `softrdma run` finds it
+  (cd "$REPO" && cargo build --release -p softrdma-cli -p softrdma-capi) || exit 1
 fi
 [ -x "$BIN" ] || { echo "interop-siw.sh: no $BIN" >&2; exit 2; }
 # interop.sh --start writes its boot log under runs/ without creating it.
@@ -164,8 +190,9 @@ run_case() {
   selected "$name" || return 0
   local log=$OUT/$name.log pcap=$OUT/$name.pcap
   say "case $name"
-  local l0
+  local l0 k0
   [ -n "${LOSS_ON:-}" ] && l0=$(loss_counts)
+  k0=$(guest_crashes)
   "$INTEROP" --attach --pcap "$pcap" "$@" >"$log" 2>&1
   local rc=$? why=""
   if [ -n "${LOSS_ON:-}" ]; then
@@ -183,8 +210,19 @@ run_case() {
   if [ -z "$why" ] && ! decode_check "$name" "$pcap" "$log"; then
     why="decode --strict of $pcap failed"
   fi
+  [ -n "$why" ] && [[ "$name" == capi-* ]] && why+=$(rtr_race_hint "$pcap")
+  # A failed case may leave the guest's kernel crashing as it tears down (siw, iw_cm): give it
+  # a moment, and boot a fresh VM for the cases after it (the crash is this case's failure).
+  [ $rc != 0 ] && sleep 2
+  if [ "$(guest_crashes)" -gt "$k0" ]; then
+    local crash
+    crash=$(grep -E "$CRASH_RE" "$VMRUN/console.log" | tail -n +$((k0 + 1)) | head -1 | sed 's/^\[ *[0-9.]*\] //')
+    why="${why:+$why; }the guest kernel crashed: $crash (console $VMRUN/console.log)"
+    NOTES+=("$name: the guest kernel crashed ($crash); the VM was booted again")
+    reboot_vm
+  fi
   grep -q '^--- siw close race' "$log" &&
-    NOTES+=("$name: siw failed the guest perftest server's last record after the test (close race, see g_close_race)")
+    NOTES+=("$name: siw failed the guest perftest's last record after the test (close race, see g_close_race)")
   if [ -z "$why" ]; then record "$name" 1 ""; else record "$name" 0 "$why (log $log)"; fi
 }
 
@@ -239,7 +277,9 @@ check_perftest_client() {  # both printed a result line for PERF_SIZE octets x 2
 # the wire when the peer's FIN comes before siw looks at tx_suspend: perftest's server then
 # gets "Bad wc status 2" for its last out-of-band record, after the test and its result
 # line, because our client closes right after that record (as perftest's own client does,
-# only sooner). That exact ending counts as the server's success, with a marker line.
+# only sooner). That exact ending counts as the server's success, with a marker line. The
+# capi-...-R-host-server cases use it for the guest's client: there Debian's perftest server
+# on softrdma closes right after the client's last record.
 g_close_race() {
   echo "[ \$r != 0 ] && awk '/^[[:space:]]*[0-9]+[[:space:]]+[0-9]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+/ { t = 1 } /Bad wc status 2/ && t { b = 1 } /^Failed to close connection between server and client/ && b { f = 1 } END { exit !f }' $1 && { echo \"--- siw close race: exit \$r after the result line\"; r=0; }"
 }
@@ -266,7 +306,39 @@ $(g_close_race /tmp/psrv.out); exit \$r" \
   PERF_SIZE=65536
 }
 
+# guest_crashes: how many kernel crashes (BUG, Oops, panic) the VM's console shows so far
+CRASH_RE='^\[ *[0-9.]+\] (kernel BUG at|Oops:|BUG: |general protection fault|Kernel panic)'
+guest_crashes() {
+  local n=""
+  [ -n "${VMRUN:-}" ] && n=$(grep -cE "$CRASH_RE" "$VMRUN/console.log" 2>/dev/null)
+  echo "${n:-0}"
+}
+# reboot_vm: a fresh VM of the same build after a crash, the loss put back if it was on
+reboot_vm() {
+  local lossy=${LOSS_ON:-}
+  [ -n "$lossy" ] && loss_off
+  start_vm "$VMBUILD" || { say "the VM did not boot again"; return 1; }
+  [ -n "$lossy" ] && loss_on
+  return 0
+}
+# rtr_race_hint PCAP: for a failed C ABI case, what the capture says if siw left our RTR unread:
+# the guest's MPA Reply (to our peer-to-peer Request) was its last word on that connection while
+# we had sent the RTR and our first Send (siw_accept puts its RTR upcall on the socket only after
+# sending the Reply; what came before stays unread until the next segment).
+rtr_race_hint() {
+  local d
+  d=$("$BIN" decode "$1" 2>/dev/null) || return 0
+  awk -v g="$GUEST_SIW" '
+    / MPA Reply .* P2P/ && index($3, g ":") == 1 { conn = $5; rtr = 0; sent = 0; talk = 0; n++ }
+    n && $3 == conn && / RDMA Write STag 0x00000000 .* len 0$/ { rtr = 1; next }
+    n && $3 == conn && / Send / { sent = 1 }
+    n && $5 == conn && / iWARP / { talk = 1 }
+    END { exit !(n && rtr && sent && !talk) }' <<<"$d" &&
+    echo "; siw did not read our RTR and first Send after its MPA Reply (the siw_accept RTR race)"
+  return 0
+}
 start_vm() {  # BUILD-DIR
+  VMBUILD=$1
   "$INTEROP" --stop >/dev/null 2>&1
   say "booting the VM (BUILD=$1)"
   "$INTEROP" --start --build "$1" ${MTU:+--mtu "$MTU"} >/dev/null || { say "VM boot failed"; return 1; }
@@ -324,6 +396,7 @@ lossy_names() {
     for t in ib_write_bw ib_read_bw ib_send_bw; do echo "lossy-$t-R"; done
     for t in write read; do echo "lossy-ib_${t}_bw-R-guest-server"; done
   fi
+  [ "$CAPI" = 1 ] && echo "capi-lossy-rping-c-S65535"
 }
 any_selected() { local n; for n in "$@"; do selected "$n" && return 0; done; return 1; }
 
@@ -340,6 +413,9 @@ lossy_cases() {
   SIZES=$LOSSY_SIZES COUNT=$LOSSY_COUNT RPING_TIMEOUT=$LOSSY_TIMEOUT PERF_TIMEOUT=$LOSSY_TIMEOUT
   rping_cases "lossy-" "softrdma_"
   [ "$PERFTEST" = 1 ] && perftest_cases "lossy-" 65536
+  # Debian's rping on softrdma (the C ABI) under the same loss.
+  SIZES=65535
+  [ "$CAPI" = 1 ] && capi_rping_cases "capi-lossy-"
   SIZES=$sizes COUNT=$count RPING_TIMEOUT=$rt PERF_TIMEOUT=$pt
   loss_off
 }
@@ -663,6 +739,67 @@ check_killed_perf_server() {  # LOG: our first client failed (no hang, no crash)
   grep -qE "$PERF_RESULT" <<<"$g" || { echo "the guest's second server printed no result line"; return 1; }
 }
 
+# ---- the C ABI: Debian's programs on softrdma (softrdma run --transport iwarp) -------------
+CAPI_DEV=softrdma_tcp0
+CAPI_RUN="$BIN run --transport iwarp --"
+# The C ABI's rping checks are interop-lib.sh's (count_o, check_capi_rping_c/_s); the pings
+# each side must print:
+capi_pings() { echo "$COUNT"; }
+CAPI_PERF_SIZE=65536
+check_capi_perf() {  # both perftests printed the result line for CAPI_PERF_SIZE octets x 200
+  local side
+  for side in guest host; do
+    section "$1" $side | grep -qE "^ *$CAPI_PERF_SIZE[[:space:]]+200[[:space:]]+[0-9.]+[[:space:]]+[0-9.]+" ||
+      { echo "no result line for $CAPI_PERF_SIZE octets x 200 from the $side"; return 1; }
+  done
+}
+
+capi_rping_cases() {  # CASE-PREFIX
+  local p=$1 s
+  for s in $SIZES; do
+    run_case "${p}rping-c-S$s" check_capi_rping_c --guest-first --wait-port 7174 --timeout "$RPING_TIMEOUT" \
+      --guest "rping -s -a $GUEST_SIW -C $COUNT -S $s -V -v" \
+      --host "$CAPI_RUN rping -c -a $GUEST_SIW -C $COUNT -S $s -V -v"
+    [[ "$p" == *lossy* ]] && continue     # under loss: the client role only
+    run_case "${p}rping-s-S$s" check_capi_rping_s --host-first --wait-port 7174 --timeout "$RPING_TIMEOUT" \
+      --host "$CAPI_RUN rping -s -a $HOST_SIW -C $COUNT -S $s -V -v" \
+      --guest "rping -c -a $HOST_SIW -C $COUNT -S $s -V -v"
+  done
+}
+# perftest -R both sides. Host server (Debian perftest on softrdma_tcp0) vs guest client: runs.
+# Host client vs the guest's server does not pass yet (--capi-host-clients runs it): perftest's
+# -R client connects its data QP as soon as the control exchange ends, before the guest's
+# server (slow under TCG) listens again, and the TCP RST ends the test (REJECTED -111; the C
+# ABI retries a refused connect on RoCE only); and when the control connection's RTR (we ask
+# for RFC 6581 peer-to-peer mode) reaches siw before siw_accept has put its RTR upcall on the
+# socket, siw leaves it and the first Send unread until the next segment, and the guest's
+# server waits for ESTABLISHED for ever.
+capi_perf_cases() {
+  local t z role
+  for t in ib_write_bw ib_read_bw ib_send_lat; do
+    z=65536; [ "$t" = ib_send_lat ] && z=2
+    CAPI_PERF_SIZE=$z
+    # The guest client can meet siw's close race too (its last record, our server closing).
+    run_case "capi-$t-R-host-server" check_capi_perf --host-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
+      --host "$CAPI_RUN $t -d $CAPI_DEV -R -F -s $z -n 200 -p 18515" \
+      --guest "$t -d siw0 -R -F -s $z -n 200 -p 18515 $HOST_SIW > /tmp/pcli.out 2>&1; r=\$?; cat /tmp/pcli.out
+$(g_close_race /tmp/pcli.out); exit \$r"
+    [ "$CAPI_HOST_CLIENTS" = 1 ] || continue
+    run_case "capi-$t-R-guest-server" check_capi_perf --guest-first --wait-port 18515 --timeout "$PERF_TIMEOUT" \
+      --guest "$t -d siw0 -R -F -s $z -n 200 -p 18515 > /tmp/psrv.out 2>&1; r=\$?; cat /tmp/psrv.out
+$(g_close_race /tmp/psrv.out); exit \$r" \
+      --host "$CAPI_RUN $t -d $CAPI_DEV -R -F -s $z -n 200 -p 18515 $GUEST_SIW"
+  done
+  CAPI_PERF_SIZE=65536
+}
+capi_cases() {
+  local sizes=$SIZES
+  SIZES=$CAPI_RPING_SIZES
+  capi_rping_cases "capi-"
+  SIZES=$sizes
+  [ "$PERFTEST" = 1 ] && capi_perf_cases
+}
+
 trap 'loss_off; H nft delete table inet "$RESET_TABLE" 2>/dev/null; "$INTEROP" --stop >/dev/null 2>&1' EXIT
 
 # siw as Debian builds it: CRC only if the peer asks.
@@ -676,6 +813,7 @@ if start_vm "$STATE/build"; then
     --guest "rping -s -a $GUEST_SIW -C $COUNT -S 1000 -V -v" \
     --host "$BIN rping -c -a $GUEST_SIW -C $COUNT -S 1000 -V -v -d --counters --pcap $OUT/rping-c-S1000-own-pcap.own.pcap"
   [ "$PERFTEST" = 1 ] && perftest_cases
+  [ "$CAPI" = 1 ] && capi_cases
   [ "$KILL" = 1 ] && kill_cases
   [ "$LOSSY" = 1 ] && lossy_cases
 else
