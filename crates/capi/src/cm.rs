@@ -241,6 +241,18 @@ impl SrCmId {
         self.chan.lock().1
     }
 
+    /// Acknowledges the event a synchronous call kept in `id.event`, if any.
+    fn ack_kept(&self) {
+        // SAFETY: our own struct; the event kept is one this library handed out and
+        // nobody acknowledged.
+        unsafe {
+            let kept = std::mem::replace(&mut (*self.c()).event, ptr::null_mut());
+            if !kept.is_null() {
+                sr_rdma_ack_cm_event(kept);
+            }
+        }
+    }
+
     /// The C id, to read or write a field (the program reads it only between our calls
     /// and events, as librdmacm's contract has it).
     fn c(&self) -> *mut sys::rdma_cm_id {
@@ -420,12 +432,7 @@ pub unsafe extern "C" fn sr_rdma_destroy_id(p: *mut sys::rdma_cm_id) -> c_int {
         return errno::fail(libc::EINVAL);
     };
     // The event a synchronous call kept (librdmacm acknowledges it here too).
-    // SAFETY: our own struct.
-    let kept = unsafe { std::mem::replace(&mut (*i.c()).event, ptr::null_mut()) };
-    if !kept.is_null() {
-        // SAFETY: an event this library handed out and nobody acknowledged.
-        unsafe { sr_rdma_ack_cm_event(kept) };
-    }
+    i.ack_kept();
     i.stop.set();
     if let Some(h) = i.listener.lock().take() {
         let _ = h.join();
@@ -480,12 +487,7 @@ pub unsafe extern "C" fn sr_rdma_migrate_id(
     // SAFETY: a live channel lives until destroyed, which waits for its ids.
     let to: &'static SrEventChannel = unsafe { &*ptr::from_ref(to) };
     if was_sync {
-        // SAFETY: our own struct; the event kept is one this library handed out.
-        let kept = unsafe { std::mem::replace(&mut (*i.c()).event, ptr::null_mut()) };
-        if !kept.is_null() {
-            // SAFETY: as above.
-            unsafe { sr_rdma_ack_cm_event(kept) };
-        }
+        i.ack_kept();
     }
     {
         let mut st = i.st.lock();
@@ -527,13 +529,7 @@ fn complete(i: &SrCmId) -> c_int {
         return 0;
     }
     let c = i.c();
-    // SAFETY: our own struct; the event kept is one this library handed out.
-    unsafe {
-        let kept = std::mem::replace(&mut (*c).event, ptr::null_mut());
-        if !kept.is_null() {
-            sr_rdma_ack_cm_event(kept);
-        }
-    }
+    i.ack_kept();
     let mut ev = ptr::null_mut();
     // SAFETY: the id's own channel, live while the id is.
     if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&i.chan().ch).cast_mut(), &mut ev) } != 0 {
@@ -983,14 +979,14 @@ unsafe fn own_cq(
     // SAFETY: a live context (the caller's promise).
     let c = unsafe { crate::cq::sr_ibv_create_comp_channel(verbs) };
     if c.is_null() {
-        return Err(errno::get().max(libc::ENOMEM));
+        return Err(errno::or(libc::ENOMEM));
     }
     *ch = c;
     let size = c_int::try_from(size.max(1)).unwrap_or(c_int::MAX);
     // SAFETY: as above; the channel just made.
     let q = unsafe { crate::cq::sr_ibv_create_cq(verbs, size, ptr::null_mut(), c, 0) };
     if q.is_null() {
-        return Err(errno::get().max(libc::EINVAL));
+        return Err(errno::or(libc::EINVAL));
     }
     *cq = q;
     Ok(())
@@ -1127,13 +1123,7 @@ pub unsafe extern "C" fn sr_rdma_get_request(
         return errno::fail(libc::EINVAL);
     }
     let m = l.c();
-    // SAFETY: our own struct; the event kept is one this library handed out.
-    unsafe {
-        let kept = std::mem::replace(&mut (*m).event, ptr::null_mut());
-        if !kept.is_null() {
-            sr_rdma_ack_cm_event(kept);
-        }
-    }
+    l.ack_kept();
     let mut ev = ptr::null_mut();
     // SAFETY: the listener's own channel.
     if unsafe { sr_rdma_get_cm_event(ptr::from_ref(&l.chan().ch).cast_mut(), &mut ev) } != 0 {

@@ -19,3 +19,11 @@ pub(crate) fn get() -> c_int {
     // SAFETY: as in `set`.
     unsafe { *libc::__errno_location() }
 }
+
+/// The calling thread's `errno`, or `default` where the failing call left none.
+pub(crate) fn or(default: c_int) -> c_int {
+    match get() {
+        0 => default,
+        e => e,
+    }
+}

@@ -311,15 +311,15 @@ mod tests {
 }
 
 #[cfg(test)]
-mod cq_ex_tests {
+mod cq_tests {
     use super::*;
+    use crate::async_events::{sr_ibv_ack_async_event, sr_ibv_get_async_event};
     use crate::cq::{WC_FLAGS, create_cq_ex, poll_cq, sr_ibv_destroy_cq};
     use crate::errno;
-    use core::ffi::c_int;
 
     /// A context on the iWARP device (no socket of its own to bind).
     fn iwarp_context() -> *mut sys::ibv_context {
-        let d = crate::list::devices()
+        let d = list::devices()
             .iter()
             .find(|d| d.inner.transport() == softrdma::Transport::Iwarp)
             .expect("the iWARP device");
@@ -334,6 +334,90 @@ mod cq_ex_tests {
             cqe: 16,
             wc_flags,
             ..Default::default()
+        }
+    }
+
+    /// An RC QP completing into `cq`, with a receive posted for each of `ids` and then
+    /// moved to Error: each receive completes flushed.
+    struct Flushed {
+        pd: *mut sys::ibv_pd,
+        qp: *mut sys::ibv_qp,
+        mr: *mut sys::ibv_mr,
+        _buf: Vec<u8>,
+    }
+
+    impl Flushed {
+        /// # Safety
+        /// `ctx` and `cq` are live objects of this library.
+        unsafe fn new(ctx: *mut sys::ibv_context, cq: *mut sys::ibv_cq, ids: &[u64]) -> Flushed {
+            // SAFETY: the C calls of this library on objects it made, with arguments as
+            // rdma-core's callers pass them.
+            unsafe {
+                let pd = crate::pd::sr_ibv_alloc_pd(ctx);
+                let mut init = sys::ibv_qp_init_attr {
+                    send_cq: cq,
+                    recv_cq: cq,
+                    cap: sys::ibv_qp_cap {
+                        max_send_wr: 4,
+                        max_recv_wr: ids.len() as u32,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 0,
+                    },
+                    qp_type: sys::IBV_QPT_RC,
+                    ..Default::default()
+                };
+                let qp = qp::sr_ibv_create_qp(pd, &mut init);
+                assert!(!qp.is_null(), "errno {}", errno::get());
+                let mut buf = vec![0u8; 64];
+                let mr = crate::pd::sr_ibv_reg_mr(
+                    pd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    sys::IBV_ACCESS_LOCAL_WRITE as c_int,
+                );
+                assert!(!mr.is_null());
+                for &id in ids {
+                    let mut sge = sys::ibv_sge {
+                        addr: buf.as_ptr() as u64,
+                        length: 64,
+                        lkey: (*mr).lkey,
+                    };
+                    let mut wr = sys::ibv_recv_wr {
+                        wr_id: id,
+                        sg_list: &mut sge,
+                        num_sge: 1,
+                        ..Default::default()
+                    };
+                    let mut bad = ptr::null_mut();
+                    assert_eq!(qp::post_recv(qp, &mut wr, &mut bad), 0);
+                }
+                let mut a = sys::ibv_qp_attr {
+                    qp_state: sys::IBV_QPS_ERR,
+                    ..Default::default()
+                };
+                assert_eq!(
+                    qp::sr_ibv_modify_qp(qp, &mut a, sys::IBV_QP_STATE as c_int),
+                    0
+                );
+                Flushed {
+                    pd,
+                    qp,
+                    mr,
+                    _buf: buf,
+                }
+            }
+        }
+    }
+
+    impl Drop for Flushed {
+        fn drop(&mut self) {
+            // SAFETY: the objects `new` made, ended once.
+            unsafe {
+                assert_eq!(qp::sr_ibv_destroy_qp(self.qp), 0);
+                assert_eq!(crate::pd::sr_ibv_dereg_mr(self.mr), 0);
+                assert_eq!(crate::pd::sr_ibv_dealloc_pd(self.pd), 0);
+            }
         }
     }
 
@@ -368,53 +452,7 @@ mod cq_ex_tests {
             let cqx = create_cq_ex(ctx, &mut attr(WC_FLAGS));
             assert!(!cqx.is_null());
             let cq = cqx.cast::<sys::ibv_cq>();
-            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
-            let mut init = sys::ibv_qp_init_attr {
-                send_cq: cq,
-                recv_cq: cq,
-                cap: sys::ibv_qp_cap {
-                    max_send_wr: 4,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: sys::IBV_QPT_RC,
-                ..Default::default()
-            };
-            let qp = crate::qp::sr_ibv_create_qp(pd, &mut init);
-            assert!(!qp.is_null(), "errno {}", errno::get());
-            let mut buf = vec![0u8; 256];
-            let mr = crate::pd::sr_ibv_reg_mr(
-                pd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
-            );
-            assert!(!mr.is_null());
-            for id in [7u64, 8] {
-                let mut sge = sys::ibv_sge {
-                    addr: buf.as_ptr() as u64,
-                    length: 64,
-                    lkey: (*mr).lkey,
-                };
-                let mut wr = sys::ibv_recv_wr {
-                    wr_id: id,
-                    sg_list: &mut sge,
-                    num_sge: 1,
-                    ..Default::default()
-                };
-                let mut bad = ptr::null_mut();
-                assert_eq!(crate::qp::post_recv(qp, &mut wr, &mut bad), 0);
-            }
-            let mut a = sys::ibv_qp_attr {
-                qp_state: sys::IBV_QPS_ERR,
-                ..Default::default()
-            };
-            assert_eq!(
-                crate::qp::sr_ibv_modify_qp(qp, &mut a, sys::IBV_QP_STATE as c_int),
-                0
-            );
+            let f = Flushed::new(ctx, cq, &[7, 8]);
             let x = &mut *cqx;
             let mut pa = sys::ibv_poll_cq_attr::default();
             // The flush may still be on its way: poll until the first comes.
@@ -429,7 +467,7 @@ mod cq_ex_tests {
             assert_eq!(r, 0);
             let mut seen = vec![(x.wr_id, x.status)];
             assert_eq!((x.read_opcode.unwrap())(cqx), sys::IBV_WC_RECV);
-            assert_eq!((x.read_qp_num.unwrap())(cqx), (*qp).qp_num);
+            assert_eq!((x.read_qp_num.unwrap())(cqx), (*f.qp).qp_num);
             while (x.next_poll.unwrap())(cqx) == 0 {
                 seen.push((x.wr_id, x.status));
             }
@@ -447,85 +485,26 @@ mod cq_ex_tests {
             // The same queue as an ordinary CQ.
             let mut wc = sys::ibv_wc::default();
             assert_eq!(poll_cq(cq, 1, &mut wc), 0);
-            assert_eq!(crate::qp::sr_ibv_destroy_qp(qp), 0);
-            assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
+            drop(f);
             assert_eq!(sr_ibv_destroy_cq(cq), 0);
-            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
         }
     }
-}
-
-#[cfg(test)]
-mod async_event_tests {
-    use super::*;
-    use crate::async_events::{sr_ibv_ack_async_event, sr_ibv_get_async_event};
-    use crate::errno;
 
     /// A CQ that overruns is reported on its context's async fd (`IBV_EVENT_CQ_ERR`, naming
     /// the CQ): the fd turns readable, the event is taken once, acknowledged where rdma-core
     /// counts it, and the fd is quiet again.
     #[test]
     fn a_cq_overrun_is_an_async_event_of_its_context() {
-        let d = list::devices()
-            .iter()
-            .find(|d| d.inner.transport() == softrdma::Transport::Iwarp)
-            .expect("the iWARP device");
+        let ctx = iwarp_context();
         // SAFETY: the C calls of this library on objects it made, with arguments as
         // rdma-core's callers pass them.
         unsafe {
-            let ctx = sr_ibv_open_device(d.as_ptr());
-            assert!(!ctx.is_null());
             let fd = (*ctx).async_fd;
             let cq = cq::sr_ibv_create_cq(ctx, 1, ptr::null_mut(), ptr::null_mut(), 0);
             assert!(!cq.is_null());
-            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
-            let mut init = sys::ibv_qp_init_attr {
-                send_cq: cq,
-                recv_cq: cq,
-                cap: sys::ibv_qp_cap {
-                    max_send_wr: 4,
-                    max_recv_wr: 8,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: sys::IBV_QPT_RC,
-                ..Default::default()
-            };
-            let q = qp::sr_ibv_create_qp(pd, &mut init);
-            assert!(!q.is_null());
-            let mut buf = [0u8; 64];
-            let mr = crate::pd::sr_ibv_reg_mr(
-                pd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
-            );
-            let capacity = (*cq).cqe as u64;
-            for id in 0..=capacity + 1 {
-                let mut sge = sys::ibv_sge {
-                    addr: buf.as_ptr() as u64,
-                    length: 64,
-                    lkey: (*mr).lkey,
-                };
-                let mut wr = sys::ibv_recv_wr {
-                    wr_id: id,
-                    sg_list: &mut sge,
-                    num_sge: 1,
-                    ..Default::default()
-                };
-                let mut bad = ptr::null_mut();
-                assert_eq!(qp::post_recv(q, &mut wr, &mut bad), 0);
-            }
             // Flushing more receives than the CQ holds overruns it.
-            let mut a = sys::ibv_qp_attr {
-                qp_state: sys::IBV_QPS_ERR,
-                ..Default::default()
-            };
-            assert_eq!(
-                qp::sr_ibv_modify_qp(q, &mut a, sys::IBV_QP_STATE as c_int),
-                0
-            );
+            let ids: Vec<u64> = (0..=(*cq).cqe as u64 + 1).collect();
+            let f = Flushed::new(ctx, cq, &ids);
             let mut p = libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -549,10 +528,8 @@ mod async_event_tests {
             assert_eq!(sr_ibv_get_async_event(ctx, &mut ev), -1);
             assert_eq!(errno::get(), libc::EAGAIN);
             assert_eq!(libc::poll(&mut p, 1, 0), 0);
-            assert_eq!(qp::sr_ibv_destroy_qp(q), 0);
-            assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
+            drop(f);
             assert_eq!(cq::sr_ibv_destroy_cq(cq), 0);
-            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
             assert_eq!(context::sr_ibv_close_device(ctx), 0);
         }
     }

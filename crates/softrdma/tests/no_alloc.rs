@@ -44,6 +44,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+/// The safety net of every wait here.
+const T: Duration = Duration::from_secs(30);
+
 /// One test at a time: [`ALL_ALLOCS`] counts every thread's.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -75,37 +78,45 @@ fn building_a_request_from_an_array_allocates_nothing() {
     assert_eq!(many.sg_list.len(), 5);
 }
 
-fn devices(t: Transport) -> (Device, Device) {
-    match t {
-        Transport::Iwarp => (Device::tcp(), Device::tcp()),
-        Transport::Roce => {
-            let ips = [1, 2].map(|l| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, l)));
-            let c = RoceConfig::sharing_a_port(&ips).unwrap();
-            (Device::roce(c[0]), Device::roce(c[1]))
-        }
-    }
+/// A server and a client QP connected over loopback, each with its own context, CQ (for
+/// both queues) and region. Fields drop in order: QPs before what they use.
+struct Pair {
+    sqp: Qp,
+    cqp: Qp,
+    smr: Mr,
+    cmr: Mr,
+    scq: Cq,
+    ccq: Cq,
+    _pds: (Pd, Pd),
+    _ctxs: (Context, Context),
 }
 
-/// Posting RDMA Writes and receives and polling their completions, once the queues have
-/// grown to their working size: no allocation on the posting thread, either transport.
-#[test]
-fn steady_state_posting_allocates_nothing() {
-    let _one = serial();
-    const T: Duration = Duration::from_secs(30);
-    for t in [Transport::Iwarp, Transport::Roce] {
-        let (sdev, cdev) = devices(t);
+impl Pair {
+    /// On transport `t` (RoCE: 127.0.0.1 and .2 sharing a port, `gso` as given).
+    fn connected(t: Transport, gso: bool, cq: usize, mr: usize, access: Access) -> Pair {
+        let (sdev, cdev) = match t {
+            Transport::Iwarp => (Device::tcp(), Device::tcp()),
+            Transport::Roce => {
+                let ips =
+                    [1, 2].map(|l| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, l)));
+                let mut c = RoceConfig::sharing_a_port(&ips).unwrap();
+                for c in &mut c {
+                    c.gso = gso;
+                }
+                (Device::roce(c[0]), Device::roce(c[1]))
+            }
+        };
         let (sctx, cctx) = (sdev.open().unwrap(), cdev.open().unwrap());
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         let (spd, cpd) = (sctx.alloc_pd(), cctx.alloc_pd());
         let (scq, ccq) = (
-            sctx.create_cq(256, None).unwrap(),
-            cctx.create_cq(256, None).unwrap(),
+            sctx.create_cq(cq, None).unwrap(),
+            cctx.create_cq(cq, None).unwrap(),
         );
         let sqp = spd.create_qp(QpInitAttr::new(&scq, &scq)).unwrap();
         let cqp = cpd.create_qp(QpInitAttr::new(&ccq, &ccq)).unwrap();
         let (smr, cmr) = (
-            spd.alloc_mr(1 << 16, access).unwrap(),
-            cpd.alloc_mr(1 << 16, access).unwrap(),
+            spd.alloc_mr(mr, access).unwrap(),
+            cpd.alloc_mr(mr, access).unwrap(),
         );
         let listener = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
         let addr = listener.local_addr();
@@ -116,6 +127,35 @@ fn steady_state_posting_allocates_nothing() {
             });
             cqp.connect(addr, ConnectParams::default()).unwrap();
         });
+        Pair {
+            sqp,
+            cqp,
+            smr,
+            cmr,
+            scq,
+            ccq,
+            _pds: (spd, cpd),
+            _ctxs: (sctx, cctx),
+        }
+    }
+}
+
+/// Posting RDMA Writes and receives and polling their completions, once the queues have
+/// grown to their working size: no allocation on the posting thread, either transport.
+#[test]
+fn steady_state_posting_allocates_nothing() {
+    let _one = serial();
+    for t in [Transport::Iwarp, Transport::Roce] {
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let Pair {
+            sqp,
+            cqp,
+            smr,
+            cmr,
+            scq,
+            ccq,
+            ..
+        } = &Pair::connected(t, true, 256, 1 << 16, access);
         let mut wcs = Vec::with_capacity(64);
         // Allocations while building and posting requests (the waits run the transport on
         // this thread too: what arrives is not the post's cost).
@@ -170,37 +210,15 @@ fn steady_state_posting_allocates_nothing() {
 fn a_roce_ping_pong_allocates_nothing_per_message_on_any_thread() {
     use std::sync::atomic::Ordering;
     let _one = serial();
-    const T: Duration = Duration::from_secs(30);
-    let ips = [3, 4].map(|l| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, l)));
-    let mut c = RoceConfig::sharing_a_port(&ips).unwrap();
-    for c in &mut c {
-        c.gso = false;
-    }
-    let (sctx, cctx) = (
-        Device::roce(c[0]).open().unwrap(),
-        Device::roce(c[1]).open().unwrap(),
-    );
-    let access = Access::LOCAL_WRITE;
-    let (spd, cpd) = (sctx.alloc_pd(), cctx.alloc_pd());
-    let (scq, ccq) = (
-        sctx.create_cq(64, None).unwrap(),
-        cctx.create_cq(64, None).unwrap(),
-    );
-    let sqp = spd.create_qp(QpInitAttr::new(&scq, &scq)).unwrap();
-    let cqp = cpd.create_qp(QpInitAttr::new(&ccq, &ccq)).unwrap();
-    let (smr, cmr) = (
-        spd.alloc_mr(4096, access).unwrap(),
-        cpd.alloc_mr(4096, access).unwrap(),
-    );
-    let listener = Listener::bind(&sctx, "127.0.0.3:0").unwrap();
-    let addr = listener.local_addr();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let req = listener.accept_timeout(T).unwrap();
-            req.accept(&sqp, AcceptParams::default()).unwrap();
-        });
-        cqp.connect(addr, ConnectParams::default()).unwrap();
-    });
+    let Pair {
+        sqp,
+        cqp,
+        smr,
+        cmr,
+        scq,
+        ccq,
+        ..
+    } = &Pair::connected(Transport::Roce, false, 64, 4096, Access::LOCAL_WRITE);
     let mut wcs = Vec::with_capacity(8);
     let mut wait = |cq: &Cq, want: usize| {
         let mut got = 0;
@@ -216,10 +234,10 @@ fn a_roce_ping_pong_allocates_nothing_per_message_on_any_thread() {
             sqp.post_recv(RecvWr::new(i, [smr.sge(0, 64)])).unwrap();
             cqp.post_recv(RecvWr::new(i, [cmr.sge(64, 64)])).unwrap();
             cqp.post_send(SendWr::send(i, [cmr.sge(0, 64)])).unwrap();
-            wait(&scq, 1);
+            wait(scq, 1);
             sqp.post_send(SendWr::send(i, [smr.sge(64, 64)])).unwrap();
-            wait(&scq, 1);
-            wait(&ccq, 2);
+            wait(scq, 1);
+            wait(ccq, 2);
         }
     };
     rounds(200);
