@@ -286,18 +286,25 @@ fn measure(c: &Client, a: &RpcBenchArgs, test: RpcTest) -> Result<f64, String> {
 /// Server and client contexts on 127.0.0.1 and 127.0.0.2 (RoCE: one free UDP port).
 fn open_pair(t: TransportArg, raw_tx: RawTxArg) -> Result<(Context, Context), String> {
     let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::V4);
-    let devs = match t {
-        TransportArg::Iwarp => [Device::tcp(), Device::tcp()],
-        TransportArg::Roce => {
-            let mut c = RoceConfig::sharing_a_port(&ips).map_err(|e| format!("RoCE ports: {e}"))?;
-            for cfg in &mut c {
-                cfg.raw_tx = raw_tx.into();
-            }
-            [Device::roce(c[0]), Device::roce(c[1])]
+    match t {
+        TransportArg::Iwarp => {
+            let open = || {
+                Device::tcp()
+                    .open()
+                    .map_err(|e| format!("{}: {e}", softrdma::TCP_DEVICE_NAME))
+            };
+            Ok((open()?, open()?))
         }
-    };
-    let open = |d: &Device| d.open().map_err(|e| format!("{}: {e}", d.name()));
-    Ok((open(&devs[0])?, open(&devs[1])?))
+        TransportArg::Roce => {
+            let cfgs = ips.map(|ip| RoceConfig {
+                raw_tx: raw_tx.into(),
+                ..RoceConfig::new(ip)
+            });
+            let mut c = Device::open_sharing_a_port(&cfgs).map_err(|e| format!("RoCE: {e}"))?;
+            let client = c.pop().ok_or("RoCE: no context")?;
+            Ok((c.pop().ok_or("RoCE: no context")?, client))
+        }
+    }
 }
 
 /// Runs `softrdma rpc bench`; the exit status.

@@ -341,12 +341,12 @@ mod tests {
     #[test]
     fn answers_that_complete_before_the_sends_are_reaped_are_received() {
         let ips = [1, 2].map(|l| IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, l)));
-        let cfgs = RoceConfig::sharing_a_port(&ips).unwrap();
-        let port = cfgs[0].port;
-        let [a, b] = [0, 1].map(|i| Device::roce(cfgs[i]).open().unwrap());
+        let ctxs = Device::open_sharing_a_port(&ips.map(RoceConfig::new)).unwrap();
+        let (a, b) = (&ctxs[0], &ctxs[1]);
+        let port = a.roce_local_addr().unwrap().port();
         let (count, size) = (20, 1000);
-        let client = Node::new(&a, size, count).unwrap();
-        let server = Node::new(&b, size, count).unwrap();
+        let client = Node::new(a, size, count).unwrap();
+        let server = Node::new(b, size, count).unwrap();
         let (c_qpn, s_qpn) = (client.qp.qp_num(), server.qp.qp_num());
         client
             .post_all(SocketAddr::new(ips[1], port), s_qpn, RDMA_UDP_QKEY)

@@ -11,8 +11,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 
 /// A free UDP port on 127.0.0.1 (RoCE's, shared by server and client addresses).
 fn free_udp_port() -> String {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.local_addr().unwrap().port().to_string()
+    softrdma::spare_ports(&[std::net::Ipv4Addr::LOCALHOST.into()], 1)
+        .unwrap()
+        .to_string()
 }
 
 /// A server process, killed if the test ends before it exited.

@@ -146,6 +146,30 @@ impl Device {
         }
     }
 
+    /// Opens a RoCEv2 context for each of `cfgs` (their ports ignored), all on one UDP port
+    /// free on every address: contexts on several addresses of one host that reach each
+    /// other (peers are sent to at the context's own port). The port is chosen and bound in
+    /// one step, again if another process takes it between the choice and the bind (a port
+    /// found free and then opened is a race that parallel tests lose).
+    pub fn open_sharing_a_port(cfgs: &[RoceConfig]) -> Result<Vec<Context>, Error> {
+        let addrs: Vec<IpAddr> = cfgs.iter().map(|c| c.addr).collect();
+        for _ in 0..64 {
+            let port = RoceConfig::sharing_a_port(&addrs)?[0].port;
+            let opened: Result<Vec<Context>, Error> = cfgs
+                .iter()
+                .map(|c| Device::roce(RoceConfig { port, ..*c }).open())
+                .collect();
+            match opened {
+                Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                r => return r,
+            }
+        }
+        Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "no UDP port stayed free on every address",
+        )))
+    }
+
     /// The same device, its contexts held to `limits`.
     pub fn with_limits(mut self, limits: DeviceLimits) -> Device {
         self.limits = limits;

@@ -81,6 +81,7 @@ pub use device::{Context, Device, DeviceCounters, DeviceLimits, Pd, TCP_DEVICE_N
 pub use error::Error;
 pub use event::AsyncEvent;
 pub use mr::{Mr, MrAttr, Mw};
+pub use net::spare_ports;
 pub use qp::{Qp, QpInitAttr};
 pub use roce::cm::RDMA_UDP_QKEY;
 pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_from_ip, gid_to_ip};

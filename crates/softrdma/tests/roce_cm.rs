@@ -12,11 +12,9 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// A server context on 127.0.0.1 and a client context on 127.0.0.2, one UDP port.
 fn contexts() -> (Context, Context) {
     let ips = [1, 2].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
-    let c = RoceConfig::sharing_a_port(&ips).unwrap();
-    (
-        Device::roce(c[0]).open().unwrap(),
-        Device::roce(c[1]).open().unwrap(),
-    )
+    let mut c = Device::open_sharing_a_port(&ips.map(RoceConfig::new)).unwrap();
+    let client = c.pop().unwrap();
+    (c.pop().unwrap(), client)
 }
 
 struct End {
@@ -415,8 +413,9 @@ fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
     use softrdma_ib::cm::{CmService, ReqParams};
     use softrdma_wire::ib::cma::{PortSpace, service_id};
     let ips = [1, 2, 3].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
-    let c = RoceConfig::sharing_a_port(&ips).unwrap();
-    let mut ctxs = c.into_iter().map(|c| Device::roce(c).open().unwrap());
+    let mut ctxs = Device::open_sharing_a_port(&ips.map(RoceConfig::new))
+        .unwrap()
+        .into_iter();
     let (server, client, hostile) = (
         ctxs.next().unwrap(),
         ctxs.next().unwrap(),

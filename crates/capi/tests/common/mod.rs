@@ -58,12 +58,9 @@ pub fn lib_dir() -> PathBuf {
     dir
 }
 
-/// A TCP port nothing listens on now (the kernel's choice; free again when returned).
+/// A port nothing uses now, outside the range the kernel picks from for others.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a port")
-        .port()
+    softrdma::spare_ports(&[std::net::Ipv4Addr::LOCALHOST.into()], 1).expect("a port")
 }
 
 /// Waits until `server` listens on TCP `port`; what it said if it exits first; panics if

@@ -826,23 +826,30 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr, PerfError> {
 
 /// Opens the device of `transport`; RoCE on `ip` and UDP `port`.
 fn open(args: &PerfArgs, ip: IpAddr, port: u16) -> Result<Context, PerfError> {
-    let transport = args.transport;
-    let dev = match transport {
+    let dev = match args.transport {
         Transport::Iwarp => Device::tcp(),
-        Transport::Roce => {
-            let mut cfg = RoceConfig::new(ip);
-            cfg.port = port;
-            cfg.raw_tx = args.raw_tx.into();
-            cfg.gso = !args.no_gso;
-            Device::roce(cfg)
-        }
+        Transport::Roce => Device::roce(roce_config(args, ip, port)),
     };
-    let ctx = dev.open().map_err(|e| match transport {
+    let ctx = dev.open().map_err(|e| match args.transport {
         Transport::Iwarp => PerfError::Usage(format!("cannot open {}: {e}", dev.name())),
         Transport::Roce => PerfError::Usage(format!(
             "cannot open a RoCE device on {ip} port {port}: {e}"
         )),
     })?;
+    ready(args, ctx)
+}
+
+/// The RoCE settings of `args` on `ip` and UDP `port`.
+fn roce_config(args: &PerfArgs, ip: IpAddr, port: u16) -> RoceConfig {
+    let mut cfg = RoceConfig::new(ip);
+    cfg.port = port;
+    cfg.raw_tx = args.raw_tx.into();
+    cfg.gso = !args.no_gso;
+    cfg
+}
+
+/// An opened context with the polling and capture `args` ask for.
+fn ready(args: &PerfArgs, ctx: Context) -> Result<Context, PerfError> {
     ctx.set_background_poll(args.background_poll());
     tap(args, &ctx)?;
     Ok(ctx)
@@ -1403,24 +1410,22 @@ fn run_remote_both(
 /// The server's and the client's context of a loopback run: iWARP, or RoCE on 127.0.0.1
 /// and 127.0.0.2 sharing `--roce-port` or any free one.
 fn loopback_contexts(args: &PerfArgs) -> Result<(Context, Context), PerfError> {
-    let mut port = args.roce_port.unwrap_or(0);
-    if port == 0 && args.transport == Transport::Roce {
-        // Both contexts on one UDP port (RoCE peers are sent to at our own port).
-        let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::from);
-        port = RoceConfig::sharing_a_port(&ips)
-            .map_err(|e| PerfError::Usage(format!("no free UDP port for RoCE on loopback: {e}")))?
-            [0]
-        .port;
-    }
+    let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::from);
     // One side is captured: the other would write every segment again.
     let untapped = PerfArgs {
         tap: None,
         ..args.clone()
     };
-    Ok((
-        open(&untapped, Ipv4Addr::new(127, 0, 0, 1).into(), port)?,
-        open(args, Ipv4Addr::new(127, 0, 0, 2).into(), port)?,
-    ))
+    let port = args.roce_port.unwrap_or(0);
+    if port != 0 || args.transport == Transport::Iwarp {
+        return Ok((open(&untapped, ips[0], port)?, open(args, ips[1], port)?));
+    }
+    // Both RoCE contexts on one UDP port (peers are sent to at our own port).
+    let cfgs = ips.map(|ip| roce_config(args, ip, 0));
+    let mut ctxs = Device::open_sharing_a_port(&cfgs)
+        .map_err(|e| PerfError::Usage(format!("no free UDP port for RoCE on loopback: {e}")))?;
+    let client = ready(args, ctxs.pop().expect("two contexts"))?;
+    Ok((ready(&untapped, ctxs.pop().expect("two contexts"))?, client))
 }
 
 /// Runs `-q`: the scale rows, over loopback or (`server`: our context, the server's

@@ -127,15 +127,9 @@ pub fn spawn_server(
     (child, port, rest)
 }
 
-/// A free TCP port on 127.0.0.1 whose successor is free too (perf's raw baseline port).
+/// A free port on 127.0.0.1 whose successor is free too (perf's raw baseline port).
 pub fn free_ports() -> u16 {
-    loop {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
+    softrdma::spare_ports(&[std::net::Ipv4Addr::LOCALHOST.into()], 2).unwrap()
 }
 
 /// Reads `softrdma nfsd`'s standard output until it named its ports: (NFS/RDMA, TCP).

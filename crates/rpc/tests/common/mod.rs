@@ -37,8 +37,12 @@ pub fn contexts(t: T) -> (Context, Context) {
 /// RoCEv2 devices on 127.0.0.1 and 127.0.0.2, one free UDP port.
 pub fn roce_pair() -> [Context; 2] {
     let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::V4);
-    let cfgs = softrdma::RoceConfig::sharing_a_port(&ips).unwrap();
-    [0, 1].map(|i| Device::roce(cfgs[i]).open().unwrap())
+    let cfgs = ips.map(softrdma::RoceConfig::new);
+    let [a, b]: [Context; 2] = Device::open_sharing_a_port(&cfgs)
+        .unwrap()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!());
+    [a, b]
 }
 
 /// `n` octets that differ with position and `seed`.

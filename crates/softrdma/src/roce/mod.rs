@@ -162,30 +162,18 @@ impl RoceConfig {
     /// Configurations for contexts on several addresses of one host (127.0.0.1,
     /// 127.0.0.2, ...) that reach each other: peers are sent to at the context's own UDP
     /// port, so all get one port, free on every address, other than 4791 (which a kernel
-    /// rxe or another test may hold).
+    /// rxe or another test may hold), from [`crate::spare_ports`]. In one process
+    /// [`crate::Device::open_sharing_a_port`] also closes the window between this choice
+    /// and the opening.
     pub fn sharing_a_port(addrs: &[IpAddr]) -> Result<Vec<RoceConfig>, Error> {
-        let first = *addrs.first().ok_or(Error::InvalidArgument("no address"))?;
-        for _ in 0..64 {
-            let probe = UdpSocket::bind(SocketAddr::new(first, 0))?;
-            let port = probe.local_addr()?.port();
-            let rest: Result<Vec<_>, _> = addrs[1..]
-                .iter()
-                .map(|&a| UdpSocket::bind(SocketAddr::new(a, port)))
-                .collect();
-            if rest.is_ok() {
-                return Ok(addrs
-                    .iter()
-                    .map(|&a| RoceConfig {
-                        port,
-                        ..RoceConfig::new(a)
-                    })
-                    .collect());
-            }
-        }
-        Err(Error::Io(std::io::Error::new(
-            std::io::ErrorKind::AddrInUse,
-            "no UDP port free on every address",
-        )))
+        let port = crate::net::spare_ports(addrs, 1)?;
+        Ok(addrs
+            .iter()
+            .map(|&a| RoceConfig {
+                port,
+                ..RoceConfig::new(a)
+            })
+            .collect())
     }
 }
 
@@ -1728,5 +1716,34 @@ mod tests {
                 assert_eq!(s, Ipv4IdSyndromes::new(len), "len {len}");
             }
         }
+    }
+
+    /// A port taken by a bind to port 0 while a chooser's port was between its choice and
+    /// its opening refused the opening (a CI failure): shared ports come from below the
+    /// ephemeral range, differ from one choice to the next, and are free on every address.
+    #[test]
+    fn shared_ports_are_free_everywhere_and_outside_the_ephemeral_range() {
+        let ips = [1, 2].map(|l| IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, l)));
+        let ports: Vec<u16> = (0..8)
+            .map(|_| {
+                let c = RoceConfig::sharing_a_port(&ips).unwrap();
+                assert_eq!((c[0].addr, c[1].addr), (ips[0], ips[1]));
+                assert_eq!(c[0].port, c[1].port);
+                for c in &c {
+                    UdpSocket::bind(SocketAddr::new(c.addr, c.port)).unwrap();
+                }
+                c[0].port
+            })
+            .collect();
+        let low = crate::net::ephemeral_low();
+        assert!(
+            ports.iter().all(|&p| p >= 1024 && p < low.max(2048)),
+            "{ports:?}"
+        );
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 1, "the same port each time: {ports:?}");
+        assert!(!ports.contains(&ROCEV2_UDP_PORT));
     }
 }
