@@ -45,12 +45,12 @@
 #                          perftest -R client vs guest server: only with --capi-host-clients (see
 #                          the note at capi_perf_cases: they do not pass yet)
 #   capi-lossy-rping-c-S65535  capi-rping-c at --loss % both ways (--lossy-count pings)
-# librdmacm's active side on softrdma asks for RFC 6581 peer-to-peer mode; siw (6.12 siw_accept)
-# puts its RTR upcall on the socket only after sending its MPA Reply, and an RTR that comes
-# first stays unread with the Send after it: the guest's server never sees the connection (a
-# failed host-client case says "the siw_accept RTR race" when its capture shows this). Taking
-# that connection down can then crash the guest's kernel; after any case that leaves a kernel
-# crash on the guest's console, the case fails and the VM is booted again (all cases).
+# librdmacm's active side on softrdma asks for MPA's client-server mode, as siw's does: an RFC
+# 6581 RTR raced siw 6.12's siw_accept, which puts its RTR upcall on the socket only after
+# sending its MPA Reply and left an RTR that came first unread with the Send after it (a failed
+# host-client case says "the siw_accept RTR race" if its capture shows a peer-to-peer Reply
+# left unanswered). Taking such a connection down crashed the guest's kernel; after any case
+# that leaves a kernel crash on the guest's console, the case fails and the VM is booted again.
 #
 # Each case's bridge capture is decoded with `softrdma decode --strict`, whole and cut at 128
 # octets a frame as `tcpdump -s 128` takes it (with editcap). Prints PASS/FAIL per

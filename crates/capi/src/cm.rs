@@ -1183,7 +1183,13 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
         Ok(r) if local.ip().is_unspecified() => SocketAddr::new(r.ip(), local.port()),
         _ => local,
     };
-    let mut params = softrdma::ListenParams::default();
+    // Linux siw's responder: in client-server mode its first FPDUs may follow the MPA Reply
+    // without waiting for the initiator's (librdmacm's programs may have the passive side
+    // send first, as cmatose does). Initiators that need the wait ask for peer-to-peer mode.
+    let mut params = softrdma::ListenParams {
+        early_fpdus: true,
+        ..Default::default()
+    };
     if backlog > 0 {
         params.backlog = backlog as u32;
     }
@@ -1356,14 +1362,15 @@ pub unsafe extern "C" fn sr_rdma_connect(
     let Some(peer) = i.st.lock().peer else {
         return errno::fail(libc::EINVAL);
     };
-    // RFC 6581 peer-to-peer mode (an RTR after the MPA Reply), as Linux's iWARP CM asks for
-    // it: librdmacm's programs may have the passive side send first (cmatose does), which
-    // RFC 5044 §7.1 forbids a responder until the initiator's first FPDU arrives.
+    // Client-server mode, as Linux siw's initiator (module parameter peer_to_peer off): an
+    // RTR would race siw's accept, which reads the socket again only once its RTR handler
+    // is in place. A responder that sends first does so right after its Reply (siw's and
+    // ours, above), which we take.
     let params = ConnectParams {
         private_data,
         ird,
         ord,
-        p2p: true,
+        p2p: false,
         ..ConnectParams::default()
     };
     let (pu, qn) = (p as usize, q.inner.qp_num());
@@ -1415,12 +1422,22 @@ pub unsafe extern "C" fn sr_rdma_connect(
 /// IB CM REJ reason 8, "invalid service ID": nobody listens on the port (IBA 12.6.7.2).
 const REJ_INVALID_SERVICE_ID: u16 = 8;
 
-/// How often a RoCE connect refused for want of a listener is tried again, and the first
+/// How often a connect refused for want of a listener is tried again, and the first
 /// pause (doubling).
 const NO_LISTENER_RETRIES: u32 = 4;
 const NO_LISTENER_PAUSE: Duration = Duration::from_millis(5);
 
-/// `qp.connect`, tried again over the next 75 ms while a RoCE peer answers that nobody
+/// Whether `e` says nobody listens on the peer's port: the IB CM's REJ (RoCE), a TCP reset
+/// (iWARP).
+fn nobody_listens(e: &softrdma::Error) -> bool {
+    match e {
+        softrdma::Error::Rejected { reason, .. } => *reason == Some(REJ_INVALID_SERVICE_ID),
+        softrdma::Error::Io(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        _ => false,
+    }
+}
+
+/// `qp.connect`, tried again over the next 75 ms while the peer answers that nobody
 /// listens yet: programs that hand a server's rdma_cm a second connection right after the
 /// first (perftest's `-R` connects its data QP as soon as its control exchange ends) race
 /// the server's new `rdma_listen`, which the kernel's slower address and route resolution
@@ -1433,10 +1450,7 @@ fn connect_retrying(
     let mut pause = NO_LISTENER_PAUSE;
     for _ in 0..NO_LISTENER_RETRIES {
         match qp.connect(peer, params.clone()) {
-            Err(softrdma::Error::Rejected {
-                reason: Some(REJ_INVALID_SERVICE_ID),
-                ..
-            }) => {
+            Err(e) if nobody_listens(&e) => {
                 std::thread::sleep(pause);
                 pause *= 2;
             }

@@ -175,8 +175,8 @@ fn udaddy_over_roce() {
     );
 }
 
-/// `ucmatose` over iWARP: its passive side sends first, which MPA allows a responder only
-/// after the initiator's RTR (RFC 6581 peer-to-peer mode, which our active side asks for).
+/// `ucmatose` over iWARP: its passive side sends first, right after its MPA Reply (as
+/// Linux siw's responder does in client-server mode), which our active side takes.
 #[test]
 fn ucmatose_over_iwarp_passive_side_sends_first() {
     let (server, port) = common::listening_server(
@@ -195,6 +195,53 @@ fn ucmatose_over_iwarp_passive_side_sends_first() {
     );
     let s = finish(server, "ucmatose server");
     assert!(s.contains("return status 0"), "{s}");
+}
+
+/// librdmacm's active side asks for MPA's client-server mode, as Linux siw's does: an RTR
+/// (peer-to-peer mode) raced siw 6.12's accept, which left it unread (and crashed).
+#[test]
+fn iwarp_connect_asks_for_client_server_mode_as_siw() {
+    let ctx = softrdma::Device::tcp().open().unwrap();
+    let l = softrdma::Listener::bind(&ctx, "127.0.0.1:0").unwrap();
+    let port = l.local_addr().port().to_string();
+    let client = start(
+        "rping",
+        &strs(&["-c", "-a", "127.0.0.1", "-p", &port, "-C", "1"]),
+        &[(softrdma_capi::cm::TRANSPORT_VAR, "iwarp")],
+    );
+    let req = l.accept_timeout(Duration::from_secs(30)).unwrap();
+    let peer = req.peer_params().expect("an MPA Request");
+    let rev2 = peer.rev2.expect("MPA revision 2 with IRD/ORD");
+    assert!(
+        !rev2.p2p && !rev2.write_rtr && !rev2.read_rtr && !rev2.zero_len_rtr,
+        "{peer:?}"
+    );
+    req.reject(b"").unwrap();
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "rping connected to a rejecting listener"
+    );
+}
+
+/// A port nobody listens on: REJECTED with -ECONNREFUSED, as the kernel's iWARP CM says a
+/// TCP reset (after the few tries that let a server's `rdma_listen` come just late).
+#[test]
+fn iwarp_connect_to_a_port_nobody_listens_is_rejected() {
+    let port = free_port().to_string();
+    let out = start(
+        "rping",
+        &strs(&["-c", "-a", "127.0.0.1", "-p", &port, "-C", "1"]),
+        &[(softrdma_capi::cm::TRANSPORT_VAR, "iwarp")],
+    )
+    .wait_with_output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("RDMA_CM_EVENT_REJECTED, error -111"),
+        "{said}"
+    );
 }
 
 /// `rdma_server` and `rdma_client`: librdmacm's synchronous mode (ids without a channel,
