@@ -533,4 +533,267 @@ mod cq_tests {
             assert_eq!(context::sr_ibv_close_device(ctx), 0);
         }
     }
+
+    /// Counts the allocations of each thread (the other tests run beside this one).
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static N: Cell<u64> = const { Cell::new(0) };
+        }
+
+        struct Counting;
+
+        fn count() {
+            let _ = N.try_with(|n| n.set(n.get() + 1));
+        }
+
+        // SAFETY: every call is System's, with the caller's arguments.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+                count();
+                // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
+                unsafe { System.alloc(l) }
+            }
+            unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+                count();
+                // SAFETY: as above.
+                unsafe { System.alloc_zeroed(l) }
+            }
+            unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+                // SAFETY: a block System gave with this layout.
+                unsafe { System.dealloc(p, l) }
+            }
+            unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+                count();
+                // SAFETY: as above.
+                unsafe { System.realloc(p, l, n) }
+            }
+        }
+
+        #[global_allocator]
+        static A: Counting = Counting;
+
+        /// Allocations this thread has made.
+        pub(super) fn allocs() -> u64 {
+            N.with(|n| n.get())
+        }
+    }
+
+    /// Two RC QPs of one RoCE context on 127.0.0.1 connected to each other as
+    /// `ibv_rc_pingpong` connects its pair (`ibv_modify_qp` to RTR and RTS), completing
+    /// into one CQ; `max_inline_data` 64.
+    ///
+    /// # Safety
+    /// `ctx` is a live RoCE context of this library.
+    unsafe fn looped_pair(
+        ctx: *mut sys::ibv_context,
+        cq: *mut sys::ibv_cq,
+        pd: *mut sys::ibv_pd,
+    ) -> [*mut sys::ibv_qp; 2] {
+        // SAFETY: the C calls of this library on objects it made, with arguments as
+        // rdma-core's callers pass them.
+        unsafe {
+            let qps = [0; 2].map(|_| {
+                let mut init = sys::ibv_qp_init_attr {
+                    send_cq: cq,
+                    recv_cq: cq,
+                    cap: sys::ibv_qp_cap {
+                        max_send_wr: 16,
+                        max_recv_wr: 16,
+                        max_send_sge: 2,
+                        max_recv_sge: 1,
+                        max_inline_data: 64,
+                    },
+                    qp_type: sys::IBV_QPT_RC,
+                    ..Default::default()
+                };
+                let qp = qp::sr_ibv_create_qp(pd, &mut init);
+                assert!(!qp.is_null(), "errno {}", errno::get());
+                qp
+            });
+            let mut gid = sys::ibv_gid::default();
+            assert_eq!(context::sr_ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+            for (i, &qp) in qps.iter().enumerate() {
+                let peer = (*qps[1 - i]).qp_num;
+                let mut a = sys::ibv_qp_attr {
+                    qp_state: sys::IBV_QPS_INIT,
+                    port_num: 1,
+                    qp_access_flags: sys::IBV_ACCESS_LOCAL_WRITE,
+                    ..Default::default()
+                };
+                let m = sys::IBV_QP_STATE
+                    | sys::IBV_QP_PKEY_INDEX
+                    | sys::IBV_QP_PORT
+                    | sys::IBV_QP_ACCESS_FLAGS;
+                assert_eq!(qp::sr_ibv_modify_qp(qp, &mut a, m as c_int), 0);
+                let mut a = sys::ibv_qp_attr {
+                    qp_state: sys::IBV_QPS_RTR,
+                    path_mtu: sys::IBV_MTU_1024,
+                    dest_qp_num: peer,
+                    max_dest_rd_atomic: 1,
+                    min_rnr_timer: 12,
+                    ..Default::default()
+                };
+                a.ah_attr.is_global = 1;
+                a.ah_attr.port_num = 1;
+                a.ah_attr.grh.dgid = gid;
+                a.ah_attr.grh.hop_limit = 1;
+                let m = sys::IBV_QP_STATE
+                    | sys::IBV_QP_AV
+                    | sys::IBV_QP_PATH_MTU
+                    | sys::IBV_QP_DEST_QPN
+                    | sys::IBV_QP_RQ_PSN
+                    | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | sys::IBV_QP_MIN_RNR_TIMER;
+                assert_eq!(qp::sr_ibv_modify_qp(qp, &mut a, m as c_int), 0);
+            }
+            for &qp in &qps {
+                let mut a = sys::ibv_qp_attr {
+                    qp_state: sys::IBV_QPS_RTS,
+                    timeout: 14,
+                    retry_cnt: 7,
+                    rnr_retry: 7,
+                    max_rd_atomic: 1,
+                    ..Default::default()
+                };
+                let m = sys::IBV_QP_STATE
+                    | sys::IBV_QP_TIMEOUT
+                    | sys::IBV_QP_RETRY_CNT
+                    | sys::IBV_QP_RNR_RETRY
+                    | sys::IBV_QP_SQ_PSN
+                    | sys::IBV_QP_MAX_QP_RD_ATOMIC;
+                assert_eq!(qp::sr_ibv_modify_qp(qp, &mut a, m as c_int), 0);
+            }
+            qps
+        }
+    }
+
+    /// A ping-pong of Sends over a connected RoCE pair through both post APIs —
+    /// `ibv_post_send` and the `ibv_wr_*` calls, with `INLINE` octets from memory no region
+    /// covers — and `ibv_poll_cq`: the posting and polling thread allocates nothing per
+    /// request once the queues have their working size (the inline octets had a region
+    /// registered over a fresh copy per post, and each `ibv_wr_*` batch a fresh vector).
+    #[test]
+    fn posting_inline_and_polling_allocate_nothing_per_request() {
+        let d = list::devices()
+            .iter()
+            .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
+            .expect("a RoCE device on 127.0.0.1");
+        // SAFETY: the C calls of this library on objects it made, with arguments as
+        // rdma-core's callers pass them; the octets sent and received are this test's.
+        unsafe {
+            let ctx = sr_ibv_open_device(d.as_ptr());
+            assert!(!ctx.is_null());
+            let cq = cq::sr_ibv_create_cq(ctx, 64, ptr::null_mut(), ptr::null_mut(), 0);
+            assert!(!cq.is_null());
+            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
+            let [a, b] = looped_pair(ctx, cq, pd);
+            let mut rx = vec![0u8; 4096];
+            let mr = crate::pd::sr_ibv_reg_mr(
+                pd,
+                rx.as_mut_ptr().cast(),
+                rx.len(),
+                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
+            );
+            assert!(!mr.is_null());
+            let data: [u8; 48] = std::array::from_fn(|i| i as u8);
+            let mut wcs = [sys::ibv_wc::default(); 4];
+            let mut bad = ptr::null_mut();
+            let mut post_recv = |qp: *mut sys::ibv_qp, id: u64| {
+                let mut sge = sys::ibv_sge {
+                    addr: rx.as_ptr() as u64 + (id % 64) * 64,
+                    length: 64,
+                    lkey: (*mr).lkey,
+                };
+                let mut wr = sys::ibv_recv_wr {
+                    wr_id: id,
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                    ..Default::default()
+                };
+                assert_eq!(qp::post_recv(qp, &mut wr, &mut bad), 0);
+            };
+            let mut reap = |want: usize| {
+                let mut got = 0;
+                while got < want {
+                    let n = poll_cq(cq, 4, wcs.as_mut_ptr());
+                    assert!(n >= 0);
+                    for w in &wcs[..n as usize] {
+                        assert_eq!(w.status, sys::IBV_WC_SUCCESS, "wr {}", w.wr_id);
+                        if w.opcode == sys::IBV_WC_RECV {
+                            assert_eq!(w.byte_len, 48);
+                        }
+                    }
+                    got += n as usize;
+                }
+            };
+            let x = qp::sr_ibv_qp_to_qp_ex(b);
+            // One round: a sends to b with ibv_post_send (two pieces inline), b answers
+            // with the ibv_wr_* calls (inline); a Send and a Receive complete on each side.
+            let mut round = |id: u64| {
+                post_recv(b, id);
+                post_recv(a, id + 1);
+                let mut sges = [0, 24].map(|o| sys::ibv_sge {
+                    addr: data[o..].as_ptr() as u64,
+                    length: 24,
+                    lkey: 0,
+                });
+                let mut wr = sys::ibv_send_wr {
+                    wr_id: id,
+                    sg_list: sges.as_mut_ptr(),
+                    num_sge: 2,
+                    opcode: sys::IBV_WR_SEND,
+                    send_flags: sys::IBV_SEND_INLINE | sys::IBV_SEND_SIGNALED,
+                    ..Default::default()
+                };
+                let mut bad = ptr::null_mut();
+                assert_eq!(qp::post_send(a, &mut wr, &mut bad), 0);
+                reap(2);
+                ((*x).wr_start.unwrap())(x);
+                (*x).wr_id = id + 1;
+                (*x).wr_flags = sys::IBV_SEND_SIGNALED;
+                ((*x).wr_send.unwrap())(x);
+                ((*x).wr_set_inline_data.unwrap())(x, data.as_ptr() as *mut _, data.len());
+                assert_eq!(((*x).wr_complete.unwrap())(x), 0);
+                reap(2);
+            };
+            for i in 0..100 {
+                round(2 * i);
+            }
+            let before = counting::allocs();
+            for i in 0..1000 {
+                round(2 * i);
+            }
+            let n = counting::allocs() - before;
+            // 4,000 requests posted and completed: one allocation each would be 4,000.
+            assert!(n < 40, "{n} allocations for 4,000 requests");
+            assert_eq!(rx[..48], data, "what b received last");
+            // Past the QP's inline limit: refused, not copied.
+            let big = [0u8; 65];
+            let mut sge = sys::ibv_sge {
+                addr: big.as_ptr() as u64,
+                length: 65,
+                lkey: 0,
+            };
+            let mut wr = sys::ibv_send_wr {
+                sg_list: &mut sge,
+                num_sge: 1,
+                opcode: sys::IBV_WR_SEND,
+                send_flags: sys::IBV_SEND_INLINE,
+                ..Default::default()
+            };
+            let mut bad = ptr::null_mut();
+            assert_eq!(qp::post_send(a, &mut wr, &mut bad), libc::EINVAL);
+            assert_eq!(bad, &mut wr as *mut _);
+            for qp in [a, b] {
+                assert_eq!(qp::sr_ibv_destroy_qp(qp), 0);
+            }
+            assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
+            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
+            assert_eq!(cq::sr_ibv_destroy_cq(cq), 0);
+            assert_eq!(context::sr_ibv_close_device(ctx), 0);
+        }
+    }
 }

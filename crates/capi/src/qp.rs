@@ -109,6 +109,7 @@ fn create_qp(
         || cap.max_recv_wr > limits.max_qp_wr
         || cap.max_send_sge > MAX_SGE
         || cap.max_recv_sge > MAX_SGE
+        || cap.max_inline_data > limits.max_inline_data
     {
         return Err(libc::EINVAL);
     }
@@ -423,16 +424,11 @@ pub(crate) unsafe extern "C" fn post_send(
     let q = unsafe { &*p.cast::<SrQp>() };
     // SAFETY: our own struct (read).
     let ud = unsafe { (*q.qp.get()).qp_base.qp_type } == sys::IBV_QPT_UD;
-    // Inline requests' octets, held until the post has copied them.
-    let mut copies: smallvec::SmallVec<[crate::wr::InlineCopy; 2]> = smallvec::SmallVec::new();
-    let pd = &q.pd.inner;
     let convert = |w: &sys::ibv_send_wr| {
         let mut s = send_wr(w, ud).ok_or(libc::EINVAL)?;
         if w.send_flags & sys::IBV_SEND_INLINE != 0 {
-            let data = crate::wr::inline_octets(w).ok_or(libc::EINVAL)?;
-            if let Some(c) = crate::wr::inline_copy(pd, &mut s, data)? {
-                copies.push(c);
-            }
+            let pieces = crate::wr::inline_pieces(w).ok_or(libc::EINVAL)?;
+            crate::wr::set_inline(&q.inner, &mut s, pieces)?;
         }
         Ok(s)
     };
@@ -518,8 +514,6 @@ pub unsafe extern "C" fn sr_ibv_qp_to_qp_ex(p: *mut sys::ibv_qp) -> *mut sys::ib
 #[derive(Default)]
 struct Batch {
     wrs: Vec<softrdma::SendWr>,
-    /// Inline octets, per request (index into `wrs`).
-    inline: Vec<(usize, Vec<u8>)>,
     /// The first call that could not be carried: `ibv_wr_complete` reports it.
     error: Option<c_int>,
 }
@@ -575,6 +569,7 @@ unsafe fn begin(x: *mut sys::ibv_qp_ex, opcode: softrdma::WrOpcode) {
         sg_list: Default::default(),
         flags,
         ud: None,
+        inline: None,
     });
 }
 
@@ -585,14 +580,22 @@ unsafe fn refuse(x: *mut sys::ibv_qp_ex) {
     q.batch.lock().error.get_or_insert(libc::EOPNOTSUPP);
 }
 
+impl Batch {
+    /// Empty, its storage kept for the next batch (no allocation per batch).
+    fn reset(&mut self) {
+        self.wrs.clear();
+        self.error = None;
+    }
+}
+
 unsafe extern "C" fn wr_start(x: *mut sys::ibv_qp_ex) {
     // SAFETY: as `of`.
-    *unsafe { of(x) }.batch.lock() = Batch::default();
+    unsafe { of(x) }.batch.lock().reset();
 }
 
 unsafe extern "C" fn wr_abort(x: *mut sys::ibv_qp_ex) {
     // SAFETY: as `of`.
-    *unsafe { of(x) }.batch.lock() = Batch::default();
+    unsafe { of(x) }.batch.lock().reset();
 }
 
 /// `ibv_wr_complete`: posts what was built; 0 or the errno of the first refused request
@@ -600,28 +603,13 @@ unsafe extern "C" fn wr_abort(x: *mut sys::ibv_qp_ex) {
 unsafe extern "C" fn wr_complete(x: *mut sys::ibv_qp_ex) -> c_int {
     // SAFETY: as `of`.
     let q = unsafe { of(x) };
-    let Batch {
-        mut wrs,
-        inline,
-        error,
-    } = std::mem::take(&mut *q.batch.lock());
-    if let Some(e) = error {
+    let mut b = q.batch.lock();
+    if let Some(e) = b.error.take() {
+        b.reset();
         return e;
     }
-    let mut copies = Vec::with_capacity(inline.len());
-    for (i, data) in inline {
-        match wrs
-            .get_mut(i)
-            .map(|w| crate::wr::inline_copy(&q.pd.inner, w, data))
-        {
-            Some(Ok(Some(c))) => copies.push(c),
-            Some(Ok(None)) => {}
-            Some(Err(e)) => return e,
-            None => return libc::EINVAL,
-        }
-    }
-    let posted = q.inner.post_send_list(wrs);
-    drop(copies);
+    let posted = q.inner.post_send_list(b.wrs.drain(..));
+    b.reset();
     match posted {
         Ok(()) => 0,
         Err((_, e)) => post_errno(&e),
@@ -753,22 +741,19 @@ unsafe extern "C" fn wr_set_sge_list(x: *mut sys::ibv_qp_ex, n: usize, list: *co
 }
 
 /// Inline octets of the request begun last, copied now (the program may reuse them).
-unsafe fn set_inline(x: *mut sys::ibv_qp_ex, pieces: &[(*const u8, usize)]) {
+unsafe fn set_inline(
+    x: *mut sys::ibv_qp_ex,
+    pieces: impl Iterator<Item = (*const u8, usize)> + Clone,
+) {
     // SAFETY: as `of`.
     let q = unsafe { of(x) };
-    let mut data = Vec::new();
-    for &(p, n) in pieces {
-        if n > 0 && !p.is_null() {
-            // SAFETY: `n` octets at `p`, the program's to read.
-            data.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
-        }
-    }
     let mut b = q.batch.lock();
-    match b.wrs.len().checked_sub(1) {
-        Some(i) => b.inline.push((i, data)),
-        None => {
-            b.error.get_or_insert(libc::EINVAL);
-        }
+    let set = match b.wrs.last_mut() {
+        Some(w) => crate::wr::set_inline(&q.inner, w, pieces),
+        None => Err(libc::EINVAL),
+    };
+    if let Err(e) = set {
+        b.error.get_or_insert(e);
     }
 }
 
@@ -778,7 +763,7 @@ unsafe extern "C" fn wr_set_inline_data(
     length: usize,
 ) {
     // SAFETY: the program's extended QP and octets.
-    unsafe { set_inline(x, &[(addr.cast::<u8>().cast_const(), length)]) }
+    unsafe { set_inline(x, std::iter::once((addr.cast::<u8>().cast_const(), length))) }
 }
 
 unsafe extern "C" fn wr_set_inline_data_list(
@@ -791,15 +776,13 @@ unsafe extern "C" fn wr_set_inline_data_list(
         unsafe { refuse(x) };
         return;
     }
-    let pieces: Vec<(*const u8, usize)> = (0..n)
-        .map(|i| {
-            // SAFETY: the program's array of `n` buffers.
-            let b = unsafe { *list.add(i) };
-            (b.addr.cast::<u8>().cast_const(), b.length)
-        })
-        .collect();
+    let pieces = (0..n).map(|i| {
+        // SAFETY: the program's array of `n` buffers.
+        let b = unsafe { *list.add(i) };
+        (b.addr.cast::<u8>().cast_const(), b.length)
+    });
     // SAFETY: the program's extended QP and octets.
-    unsafe { set_inline(x, &pieces) }
+    unsafe { set_inline(x, pieces) }
 }
 
 unsafe extern "C" fn wr_set_ud_addr(

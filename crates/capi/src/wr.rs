@@ -3,12 +3,7 @@
 
 use core::ffi::c_int;
 
-use std::ptr::NonNull;
-use std::sync::Arc;
-
-use softrdma::{
-    Access, Buffer, Key, MrAttr, MrFlags, PostError, SendFlags, SendWr, Sge, UdDest, WrOpcode,
-};
+use softrdma::{Key, PostError, SendFlags, SendWr, Sge, UdDest, WrOpcode};
 
 use crate::device::MAX_SGE;
 use crate::sys;
@@ -71,6 +66,7 @@ pub(crate) fn send_wr(w: &sys::ibv_send_wr, ud: bool) -> Option<SendWr> {
         sg_list: sges(w.sg_list, w.num_sge)?.collect(),
         flags,
         ud,
+        inline: None,
     })
 }
 
@@ -119,68 +115,49 @@ fn opcode(w: &sys::ibv_send_wr) -> Option<WrOpcode> {
     })
 }
 
-/// The octets of an `IBV_SEND_INLINE` request, gathered from its entries' addresses (no
-/// region covers them: their keys are not looked at), or `None` for a count out of range.
-pub(crate) fn inline_octets(w: &sys::ibv_send_wr) -> Option<Vec<u8>> {
+/// Makes `wr` an `INLINE` request of the octets `pieces` name, copied now into a buffer
+/// of `qp`'s (no region covers them: an entry's key is not looked at); `EINVAL` past the
+/// QP's inline limit.
+pub(crate) fn set_inline(
+    qp: &softrdma::Qp,
+    wr: &mut SendWr,
+    pieces: impl Iterator<Item = (*const u8, usize)> + Clone,
+) -> Result<(), c_int> {
+    let total = pieces
+        .clone()
+        .try_fold(0usize, |t, (_, n)| t.checked_add(n))
+        .ok_or(libc::EINVAL)?;
+    if total > qp.cap().max_inline_data as usize {
+        return Err(libc::EINVAL);
+    }
+    let mut buf = qp.inline_buf();
+    for (p, n) in pieces {
+        if n > 0 {
+            if p.is_null() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: `n` octets at `p`, the program's to read (the verbs' contract).
+            buf.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+        }
+    }
+    wr.sg_list.clear();
+    wr.flags |= SendFlags::INLINE;
+    wr.inline = Some(buf);
+    Ok(())
+}
+
+/// The pieces of an `IBV_SEND_INLINE` request: its entries' addresses and lengths, or
+/// `None` for a count out of range.
+pub(crate) fn inline_pieces(
+    w: &sys::ibv_send_wr,
+) -> Option<impl Iterator<Item = (*const u8, usize)> + Clone + '_> {
     if w.num_sge < 0 || (w.num_sge > 0 && w.sg_list.is_null()) || w.num_sge as u32 > MAX_SGE {
         return None;
     }
-    let mut v = Vec::new();
-    for i in 0..w.num_sge as usize {
-        // SAFETY: the program's array of `num_sge` entries, each naming its own octets.
+    Some((0..w.num_sge as usize).map(|i| {
+        // SAFETY: the program's array of `num_sge` entries.
         let s = unsafe { *w.sg_list.add(i) };
-        if s.length > 0 {
-            // SAFETY: `length` octets at `addr`, the program's to read (the verbs' contract).
-            let src = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-            v.extend_from_slice(src);
-        }
-    }
-    Some(v)
-}
-
-/// An inline request's octets in memory a region covers for as long as the post takes:
-/// softrdma copies an `INLINE` request's octets when it is posted, so the region goes once
-/// the post has returned. Fields drop in order: the region, its buffer, the octets.
-pub(crate) struct InlineCopy {
-    _mr: softrdma::Mr,
-    _buf: Arc<Buffer>,
-    _data: Vec<u8>,
-}
-
-/// Points `wr` at `data` through a region of `pd` made for it; the returned copy holds
-/// them until the post is done.
-pub(crate) fn inline_copy(
-    pd: &softrdma::Pd,
-    wr: &mut SendWr,
-    mut data: Vec<u8>,
-) -> Result<Option<InlineCopy>, c_int> {
-    wr.flags |= SendFlags::INLINE;
-    wr.sg_list.clear();
-    if data.is_empty() {
-        return Ok(None);
-    }
-    let len = data.len();
-    let ptr = NonNull::new(data.as_mut_ptr()).ok_or(libc::EINVAL)?;
-    // SAFETY: the vector's octets stay where they are (it is not touched again) until the
-    // copy drops, after its region (field order).
-    let buf = unsafe { Buffer::foreign(ptr, len) };
-    let iova = ptr.as_ptr() as u64;
-    let mr = pd
-        .reg_mr_with(
-            buf.clone(),
-            MrAttr {
-                range: 0..len,
-                iova,
-                access: Access::empty(),
-                flags: MrFlags::empty(),
-            },
-        )
-        .map_err(|_| libc::ENOMEM)?;
-    wr.sg_list.push(Sge::new(mr.lkey(), iova, len as u32));
-    Ok(Some(InlineCopy {
-        _mr: mr,
-        _buf: buf,
-        _data: data,
+        (s.addr as *const u8, s.length as usize)
     }))
 }
 

@@ -676,7 +676,7 @@ impl RdmapEngine {
                         sink_to: first.map_or(0, |s| s.addr),
                         sink,
                     },
-                    Payload::Inline(Vec::new()),
+                    Payload::Inline(Default::default()),
                 )
             }
             WrOpcode::AtomicFetchAdd {
@@ -690,7 +690,7 @@ impl RdmapEngine {
                     op: AtomicOp::FetchAdd { add },
                     sink: first_target(data),
                 },
-                Payload::Inline(Vec::new()),
+                Payload::Inline(Default::default()),
             ),
             WrOpcode::AtomicCmpSwap {
                 remote_addr,
@@ -704,7 +704,7 @@ impl RdmapEngine {
                     op: AtomicOp::CmpSwap { compare, swap },
                     sink: first_target(data),
                 },
-                Payload::Inline(Vec::new()),
+                Payload::Inline(Default::default()),
             ),
             WrOpcode::RdmaWriteWithImm {
                 remote_addr,

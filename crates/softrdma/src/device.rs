@@ -55,11 +55,13 @@ pub struct DeviceLimits {
     pub max_srq_wr: u32,
     /// Entries of one completion queue (completions past them overrun it, see [`Cq`]).
     pub max_cqe: u32,
+    /// Octets of one `INLINE` send (a QP's `max_inline_data`).
+    pub max_inline_data: u32,
 }
 
 impl Default for DeviceLimits {
     /// 16,384 QPs, 65,536 regions, 64 GiB registered, 65,536 requests per queue and per
-    /// shared receive queue, 4,194,304 entries per completion queue.
+    /// shared receive queue, 4,194,304 entries per completion queue, 512 octets inline.
     fn default() -> Self {
         DeviceLimits {
             max_qp: 16_384,
@@ -68,6 +70,7 @@ impl Default for DeviceLimits {
             max_qp_wr: 65_536,
             max_srq_wr: 65_536,
             max_cqe: 1 << 22,
+            max_inline_data: 512,
         }
     }
 }
@@ -295,6 +298,18 @@ pub(crate) enum Resource {
 impl CtxShared {
     /// Takes a QP or an MR of `bytes` octets from the limits, or says which one is reached.
     /// Refuses queue depths past the device's `max_qp_wr` (`srq`: `max_srq_wr`).
+    /// A QP's inline octets within the device's limit.
+    pub(crate) fn check_inline(&self, len: u32) -> Result<(), Error> {
+        let max = self.device.limits.max_inline_data;
+        match len > max {
+            true => Err(Error::ResourceLimit {
+                what: "octets inline",
+                limit: u64::from(max),
+            }),
+            false => Ok(()),
+        }
+    }
+
     pub(crate) fn check_depths(&self, depths: &[u32], srq: bool) -> Result<(), Error> {
         let l = self.device.limits;
         let (max, what) = match srq {

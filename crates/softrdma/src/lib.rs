@@ -48,7 +48,8 @@
 //! assert_eq!(wcs[0].status, WcStatus::Success);
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
+// `unsafe` only in `roce::mmsg` (recvmmsg headers nix cannot reuse).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 // Floors, top-down: the API (device, mr, qp, cm) over the transport drivers (tcp, roce)
@@ -105,6 +106,6 @@ pub use softrdma_memory::{
     MrFlags, MwType, PageBuf, PdId, QpId,
 };
 pub use softrdma_verbs_types::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode,
+    InlineBuf, PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
 };

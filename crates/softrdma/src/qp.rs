@@ -15,7 +15,7 @@ use std::sync::Arc;
 use softrdma_ib::{QpAttr, QpCaps, QpType};
 use softrdma_iwarp::rdmap::QpEvent;
 use softrdma_memory::{Key, MemError, PdId};
-use softrdma_verbs_types::{RecvWr, SendWr};
+use softrdma_verbs_types::{InlineBuf, InlinePool, RecvWr, SendWr};
 
 use crate::Error;
 use crate::connparams::{ConnectParams, ConnectionInfo, QpCap};
@@ -78,6 +78,8 @@ pub struct Qp {
     qp_type: QpType,
     cap: QpCap,
     sq_sig_all: bool,
+    /// Buffers for `INLINE` requests' octets, reused.
+    inline: InlinePool,
 }
 
 impl std::fmt::Debug for Qp {
@@ -107,6 +109,7 @@ impl Pd {
         }
         self.ctx
             .check_depths(&[cap.max_send_wr, cap.max_recv_wr], false)?;
+        self.ctx.check_inline(cap.max_inline_data)?;
         let claim = self.ctx.claim(Resource::Qp, 0)?;
         let inner = match &self.ctx.driver {
             Driver::Tcp(t) => {
@@ -161,6 +164,7 @@ impl Pd {
             qp_type: attr.qp_type,
             cap,
             sq_sig_all: attr.sq_sig_all,
+            inline: InlinePool::new(cap.max_send_wr as usize, cap.max_inline_data as usize),
         })
     }
 
@@ -244,20 +248,32 @@ impl Qp {
     /// octets are copied now. An iWARP QP not yet connected keeps the request until it is;
     /// in Error or Closed it completes at once with `WorkRequestFlushed`.
     pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
+        let wr = self.prepared(wr);
         match &self.inner {
             Inner::Tcp(q) => q.post_send(self.ctx.tcp()?, wr),
             Inner::Roce(q) => self
                 .ctx
                 .roce()?
-                .post_send(q, std::iter::once(self.signal(wr)))
+                .post_send(q, std::iter::once(wr))
                 .map_err(|(_, e)| e),
         }
     }
 
-    /// `sq_sig_all`: every request is signaled.
-    fn signal(&self, mut wr: SendWr) -> SendWr {
+    /// An empty buffer for an `INLINE` request's octets ([`SendWr::inline`]), one of this
+    /// QP's: posts cost no allocation once as many have come back as are in flight.
+    pub fn inline_buf(&self) -> InlineBuf {
+        self.inline.take()
+    }
+
+    /// `sq_sig_all` (every request signaled), and a buffer of the QP's own for the octets
+    /// of an `INLINE` request with entries.
+    fn prepared(&self, mut wr: SendWr) -> SendWr {
+        use softrdma_verbs_types::SendFlags;
         if self.sq_sig_all {
-            wr.flags |= softrdma_verbs_types::SendFlags::SIGNALED;
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        if wr.flags.contains(SendFlags::INLINE) && wr.inline.is_none() && !wr.sg_list.is_empty() {
+            wr.inline = Some(self.inline.take());
         }
         wr
     }
@@ -268,13 +284,10 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, Error)> {
+        let wrs = wrs.into_iter().map(|wr| self.prepared(wr));
         match &self.inner {
             Inner::Tcp(q) => q.post_send_list(self.ctx.tcp().map_err(|e| (0, e))?, wrs),
-            Inner::Roce(q) => self
-                .ctx
-                .roce()
-                .map_err(|e| (0, e))?
-                .post_send(q, wrs.into_iter().map(|wr| self.signal(wr))),
+            Inner::Roce(q) => self.ctx.roce().map_err(|e| (0, e))?.post_send(q, wrs),
         }
     }
 

@@ -663,6 +663,7 @@ fn device_limits_refuse_and_give_back() {
             max_qp_wr: 256,
             max_srq_wr: 32,
             max_cqe: 4096,
+            max_inline_data: 256,
         };
         let mut server = Side::new(&sdev, 4096);
         let mut client = Side::new(&cdev.with_limits(limits), 4096); // one region held
@@ -714,6 +715,18 @@ fn device_limits_refuse_and_give_back() {
         limit(
             client.pd.create_qp(deep(1, 257)).map(|_| ()),
             "work requests per queue",
+            256,
+        );
+        let inline = |n: u32| QpInitAttr {
+            cap: QpCap {
+                max_inline_data: n,
+                ..QpCap::default()
+            },
+            ..QpInitAttr::new(cq, cq)
+        };
+        limit(
+            client.pd.create_qp(inline(257)).map(|_| ()),
+            "octets inline",
             256,
         );
         limit(

@@ -135,7 +135,7 @@ pub enum Payload {
     /// Gathered from registered memory when sent.
     Sgl(Sgl),
     /// Copied at post time.
-    Inline(Vec<u8>),
+    Inline(crate::InlineBuf),
 }
 
 impl Payload {
@@ -254,7 +254,7 @@ impl CheckedSend {
 /// Checks a send request with every rule common to the transports (see the module docs);
 /// copies `INLINE` octets now, so the caller may reuse its buffers at once.
 pub fn check_send(
-    wr: SendWr,
+    mut wr: SendWr,
     lim: &SendLimits,
     keys: &KeyTable,
     pd: PdId,
@@ -269,7 +269,16 @@ pub fn check_send(
     if wr.sg_list.len() > max_sge {
         return Err(PostError::TooManySge { max: max_sge });
     }
-    let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    if wr.inline.is_some() {
+        wr.flags |= SendFlags::INLINE;
+    }
+    let inline = wr.flags.contains(SendFlags::INLINE);
+    // Octets given inline, with no entries: the message itself.
+    let given = match &wr.inline {
+        Some(b) if wr.sg_list.is_empty() => b.len() as u64,
+        _ => 0,
+    };
+    let total: u64 = given + wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>();
     if total > lim.max_message.min(u64::from(u32::MAX)) {
         return Err(PostError::MessageTooLong);
     }
@@ -280,7 +289,6 @@ pub fn check_send(
     {
         return Err(PostError::AtomicShape);
     }
-    let inline = wr.flags.contains(SendFlags::INLINE);
     if inline && (sink || len > lim.max_inline) {
         return Err(PostError::Inline {
             max: lim.max_inline,
@@ -293,9 +301,14 @@ pub fn check_send(
     };
     let sgl = check_entries(&wr.sg_list, keys, pd, need)?;
     let payload = if inline {
-        let mut bytes = vec![0u8; len as usize];
-        sgl.gather(0, &mut bytes)
-            .map_err(|error| PostError::LocalProtection { sge: 0, error })?;
+        let mut bytes = wr.inline.take().unwrap_or_default();
+        if !wr.sg_list.is_empty() {
+            let v = bytes.as_mut_vec();
+            v.clear();
+            v.resize(len as usize, 0);
+            sgl.gather(0, v)
+                .map_err(|error| PostError::LocalProtection { sge: 0, error })?;
+        }
         Payload::Inline(bytes)
     } else {
         Payload::Sgl(sgl)

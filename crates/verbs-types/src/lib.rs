@@ -17,12 +17,14 @@ use smallvec::SmallVec;
 use softrdma_memory::{AccessError, Key};
 
 mod check;
+mod inline;
 mod srq;
 
 pub use check::{
     CheckedRecv, CheckedSend, IB_MAX_MESSAGE, IWARP_MAX_MESSAGE, Payload, SendLimits, Sgl,
     check_recv, check_send,
 };
+pub use inline::{InlineBuf, InlinePool};
 pub use srq::{SharedRecvQueue, SrqLimitError};
 
 /// One scatter/gather entry: `length` bytes at virtual address `addr` of the region `lkey`
@@ -226,6 +228,10 @@ pub struct SendWr {
     pub flags: SendFlags,
     /// Destination of a UD send; `None` on connected QPs.
     pub ud: Option<UdDest>,
+    /// `INLINE` octets: with `sg_list` empty, the message itself; otherwise where the
+    /// entries' octets are copied at post time (emptied first). A buffer from the QP's
+    /// [`InlinePool`] makes the post cost no allocation; `None` takes one there.
+    pub inline: Option<InlineBuf>,
 }
 
 impl SendWr {
@@ -237,6 +243,7 @@ impl SendWr {
             sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 
@@ -252,6 +259,7 @@ impl SendWr {
             sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 
@@ -268,6 +276,7 @@ impl SendWr {
             sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 
@@ -279,6 +288,7 @@ impl SendWr {
             sg_list: sink.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 
@@ -290,6 +300,7 @@ impl SendWr {
             sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 
@@ -311,6 +322,7 @@ impl SendWr {
             sg_list: sg_list.into_iter().collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 
@@ -334,6 +346,7 @@ impl SendWr {
             sg_list: std::iter::once(result).collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 
@@ -349,6 +362,7 @@ impl SendWr {
             sg_list: std::iter::once(result).collect(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline: None,
         }
     }
 

@@ -1012,14 +1012,16 @@ impl Connection {
     }
 
     /// Look for the FPDU to resume at after a hole: the first segment start whose octets
-    /// are a plausible FPDU (see [`plausible`]). Octets before it are dropped.
+    /// are a plausible FPDU (see [`plausible`]; without a CRC, with reserved bits clear:
+    /// payload that looks like two headers in a row is less rare than it seems). Octets
+    /// before it are dropped.
     fn resync(&mut self, dir: usize, markers: bool) -> bool {
         let crc = self.negotiated.is_some_and(|n| n.crc);
         let d = &mut self.dirs[dir];
         let mut scratch = std::mem::take(&mut d.ulpdu);
         scratch.resize(usize::from(u16::MAX) + 1, 0);
         let found = d.resync_by(
-            |buf, pos, ended| plausible(buf, pos, markers, crc, ended, &mut scratch, false),
+            |buf, pos, ended| plausible(buf, pos, markers, crc, ended, &mut scratch, !crc),
             |_, _| None,
         );
         d.ulpdu = scratch;
@@ -1412,6 +1414,38 @@ mod tests {
         );
         // The fake FPDU (2 + 20 + 2 + 4 octets) and the 7 after it: dropped, not decoded.
         assert!(e[0].contains("35 octets around it not decoded"), "{}", e[0]);
+    }
+
+    /// Without a CRC, two FPDUs in a row that parse are not enough after a hole when their
+    /// headers set reserved bits (payload octets that happen to look like headers: an
+    /// interop capture with dropped packets resumed inside RDMA Read data and reported
+    /// segments of unknown queues); deframing resumes at the real FPDUs after them.
+    #[test]
+    fn fpdus_with_reserved_bits_set_are_no_place_to_resume() {
+        use softrdma_wire::ddp::MASK_RESERVED;
+        let fpdu = |m, reserved: bool| {
+            let mut u = send(m, 10);
+            if reserved {
+                u[0] |= MASK_RESERVED;
+            }
+            let mut b = vec![0; 128];
+            let n = mpa::encode_fpdu(&[&u], 0, false, false, &mut b).unwrap();
+            b.truncate(n);
+            b
+        };
+        let fake = [fpdu(98, true), fpdu(99, true)].concat();
+        let mut out = Vec::new();
+        let mut c = started(false, false, 0, true, &mut out);
+        let mut seq = mpa::FRAME_HEADER_LEN as u32 + 100;
+        for (i, seg) in [fake, fpdu(7, false), fpdu(8, false)].iter().enumerate() {
+            c.segment(&ctx(20 + i as u64), 0, whole(seq, seg), &mut out);
+            seq += seg.len() as u32;
+        }
+        c.finish(false, &mut out);
+        out.retain(|r| r.proto == "iWARP");
+        assert_eq!(msns(&out), [7, 8]);
+        let e = c.finish_errors();
+        assert!(e.len() == 1 && e[0].contains("at frame 21"), "{e:?}");
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! hash of the QP pair); otherwise through the UDP socket, from its port.
 
 use std::cell::RefCell;
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSlice;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -34,10 +34,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::socket::{
-    MsgFlags, MultiHeaders, SockaddrIn, SockaddrIn6, SockaddrLike, SockaddrStorage, recvmmsg,
-    sendmmsg,
-};
+use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrIn, SockaddrIn6, SockaddrLike, sendmmsg};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use smallvec::SmallVec;
 use softrdma_ib::{
@@ -50,6 +47,9 @@ use softrdma_wire::icrc::{IcrcVerifier, Ipv4IdSyndromes};
 use softrdma_wire::rocev2::ROCEV2_UDP_PORT;
 
 pub(crate) mod cm;
+// The one module of this crate with `unsafe`: the socket layer's receive headers.
+#[allow(unsafe_code)]
+mod mmsg;
 
 use crate::Error;
 use crate::cq::{CqShared, Progress, Pushed};
@@ -935,9 +935,9 @@ fn id_syndromes(payload_len: usize) -> Ipv4IdSyndromes {
 /// Receive buffers of one thread (the receive thread's own, or a polling caller's).
 struct RxBufs {
     bufs: Vec<Vec<u8>>,
-    hdrs: MultiHeaders<SockaddrStorage>,
+    hdrs: mmsg::RecvHeaders,
     /// Per receive: octets, sender, and the GRO segment size (0: one datagram).
-    got: Vec<(usize, Option<SocketAddr>, usize)>,
+    got: Vec<mmsg::Got>,
     touched: Vec<Arc<RoceQpShared>>,
     verifier: IcrcVerifier,
     /// Buffers large enough for GRO runs, with room for the segment size.
@@ -953,26 +953,13 @@ impl RxBufs {
         };
         RxBufs {
             bufs: (0..n).map(|_| vec![0u8; len]).collect(),
-            hdrs: MultiHeaders::preallocate(n, gro.then(|| nix::cmsg_space!(i32))),
+            hdrs: mmsg::RecvHeaders::new(n, gro),
             got: Vec::with_capacity(n),
             touched: Vec::new(),
             verifier: IcrcVerifier::default(),
             gro,
         }
     }
-}
-
-/// The GRO segment size of a receive (0 when it holds one datagram).
-fn gro_segment(r: &nix::sys::socket::RecvMsg<'_, '_, SockaddrStorage>) -> usize {
-    r.cmsgs()
-        .ok()
-        .into_iter()
-        .flatten()
-        .find_map(|c| match c {
-            nix::sys::socket::ControlMessageOwned::UdpGroSegments(s) => usize::try_from(s).ok(),
-            _ => None,
-        })
-        .unwrap_or(0)
 }
 
 thread_local! {
@@ -1006,38 +993,13 @@ impl RoceShared {
         while rounds < 4 || !backlog.is_empty() {
             rounds += 1;
             rx.got.clear();
-            {
-                // On the stack: a receive allocates nothing (the batch is at most
-                // RECV_BATCH buffers, GRO's fewer).
-                let n = rx.bufs.len().min(RECV_BATCH);
-                let mut iovs: [[IoSliceMut<'_>; 1]; RECV_BATCH] =
-                    std::array::from_fn(|_| [IoSliceMut::new(&mut [])]);
-                for (iov, b) in iovs.iter_mut().zip(rx.bufs.iter_mut()) {
-                    *iov = [IoSliceMut::new(&mut b[..])];
-                }
-                if let Ok(res) = recvmmsg(
-                    fd,
-                    &mut rx.hdrs,
-                    iovs[..n].iter_mut(),
-                    MsgFlags::MSG_DONTWAIT,
-                    None,
-                ) {
-                    rx.got.extend(res.map(|r| {
-                        let seg = gro_segment(&r);
-                        (r.bytes, r.address.and_then(|a| socket_addr(&a)), seg)
-                    }));
-                }
-            }
+            // A receive allocates nothing: the headers are the thread's, used again.
+            let _ = rx.hdrs.recv(fd, &mut rx.bufs, &mut rx.got);
             if rx.got.is_empty() {
                 if !self.send_backlog(&mut backlog, hold) {
                     break;
                 }
                 continue;
-            }
-            if rx.gro {
-                // nix's recvmmsg leaves each header's control length as this receive set it
-                // (0 without a segment size): the next one needs the room again.
-                rx.hdrs = MultiHeaders::preallocate(rx.bufs.len(), Some(nix::cmsg_space!(i32)));
             }
             let runs = rx.got.iter().filter(|g| g.2 != 0).count() as u64;
             if runs > 0 {
@@ -1269,15 +1231,6 @@ impl RoceShared {
             self.drain_socket(rx, hold)
         });
         if n > 0 { Turn::Worked } else { Turn::Idle }
-    }
-}
-
-fn socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
-    if let Some(v4) = a.as_sockaddr_in() {
-        Some(SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
-    } else {
-        a.as_sockaddr_in6()
-            .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
     }
 }
 
