@@ -42,15 +42,16 @@
 #   capi-ib_{write,read}_bw-R-host-server, capi-ib_send_lat-R-host-server  host perftest -R server
 #                          vs guest perftest -R client (65536 octets x 200; ib_send_lat 2 x 200)
 #   capi-ib_{write,read}_bw-R-guest-server, capi-ib_send_lat-R-guest-server  the other role, host
-#                          perftest -R client vs guest server: only with --capi-host-clients (see
-#                          the note at capi_perf_cases: they do not pass yet)
+#                          perftest -R client vs guest server (see the note at capi_perf_cases)
 #   capi-lossy-rping-c-S65535  capi-rping-c at --loss % both ways (--lossy-count pings)
-# librdmacm's active side on softrdma asks for MPA's client-server mode, as siw's does: an RFC
-# 6581 RTR raced siw 6.12's siw_accept, which puts its RTR upcall on the socket only after
-# sending its MPA Reply and left an RTR that came first unread with the Send after it (a failed
-# host-client case says "the siw_accept RTR race" if its capture shows a peer-to-peer Reply
-# left unanswered). Taking such a connection down crashed the guest's kernel; after any case
-# that leaves a kernel crash on the guest's console, the case fails and the VM is booted again.
+# librdmacm's active side on softrdma asks for MPA's client-server mode, as siw's does. siw
+# 6.12's siw_accept puts the QP's receive upcall (peer-to-peer mode: the RTR's) on the socket
+# only after sending its MPA Reply, and leaves FPDUs that came first unread until the next
+# segment; under TCG the guest is slow enough there for our first Send (or RTR) to come first.
+# A host-client case that fails so ("the siw_accept race": its capture shows the Reply as the
+# guest's last word while we sent) runs once more, and the notes say so. Taking such a
+# connection down has crashed the guest's kernel; after any case that leaves a kernel crash on
+# the guest's console, the case fails and the VM is booted again.
 #
 # Each case's bridge capture is decoded with `softrdma decode --strict`, whole and cut at 128
 # octets a frame as `tcpdump -s 128` takes it (with editcap). Prints PASS/FAIL per
@@ -68,7 +69,7 @@
 #          --lossy-count N (default 100)  --lossy-timeout S (per lossy case, default 300)
 #          --no-lossy  --no-kill (the kill/reset cases)  --kill-after N (pings, default 20)
 #          --no-capi (the C ABI cases)  --capi-rping-sizes "64 4096 65535"
-#          --capi-host-clients (also the capi-...-R-guest-server cases)
+#          --no-capi-host-clients (leave out the capi-...-R-guest-server cases)
 # Environment: SOFTRDMA_BIN (default target/release/softrdma; --no-build implied if set)
 set -uo pipefail
 
@@ -84,7 +85,7 @@ COUNT=10
 CRC=1 PERFTEST=1 BUILD_BIN=1 MTU=""
 LOSS=2 LOSSY=1 LOSSY_SIZES="64 4096 65535" LOSSY_COUNT=100 LOSSY_TIMEOUT=300
 KILL=1 KILL_AFTER=20
-CAPI=1 CAPI_RPING_SIZES="64 4096 65535" CAPI_HOST_CLIENTS=0
+CAPI=1 CAPI_RPING_SIZES="64 4096 65535" CAPI_HOST_CLIENTS=1
 # perftest message sizes: the smallest, one over a page, over a 64 KiB FPDU's worth, 1 MiB.
 PERF_SIZES="65536 2 4097 1048576"
 # Per-case limits of the plain cases (the lossy ones raise them).
@@ -112,6 +113,7 @@ while [ $# -gt 0 ]; do
     --no-capi) CAPI=0 ;;
     --capi-rping-sizes) CAPI_RPING_SIZES=$2; shift ;;
     --capi-host-clients) CAPI_HOST_CLIENTS=1 ;;
+    --no-capi-host-clients) CAPI_HOST_CLIENTS=0 ;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/, ""); print; next} NR>1 {exit}' "$0"; exit 0 ;;
     *) echo "interop-siw.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -210,7 +212,7 @@ run_case() {
   if [ -z "$why" ] && ! decode_check "$name" "$pcap" "$log"; then
     why="decode --strict of $pcap failed"
   fi
-  [ -n "$why" ] && [[ "$name" == capi-* ]] && why+=$(rtr_race_hint "$pcap")
+  [ -n "$why" ] && [[ "$name" == capi-* ]] && why+=$(accept_race_hint "$pcap")
   # A failed case may leave the guest's kernel crashing as it tears down (siw, iw_cm): give it
   # a moment, and boot a fresh VM for the cases after it (the crash is this case's failure).
   [ $rc != 0 ] && sleep 2
@@ -223,6 +225,18 @@ run_case() {
   fi
   grep -q '^--- siw close race' "$log" &&
     NOTES+=("$name: siw failed the guest perftest's last record after the test (close race, see g_close_race)")
+  # siw's accept race is the guest kernel's, and a matter of timing; perftest's clock calibration
+  # fails on a loaded host ("Correlation coefficient", then no figures): such a case runs once
+  # more (and says so); a second failure stands.
+  local again=""
+  [[ "$why" == *"the siw_accept race"* ]] && again="the siw_accept race"
+  [ -n "$why" ] && grep -q 'Correlation coefficient r^2' "$log" && again="perftest's clock calibration failed"
+  if [ -n "$again" ] && [[ "$why" != *"kernel crashed"* ]] && [ -z "${AGAIN:-}" ]; then
+    NOTES+=("$name: the first run met $again ($log.1); run again")
+    mv "$log" "$log.1"; mv "$pcap" "$pcap.1" 2>/dev/null
+    AGAIN=1 run_case "$name" "$check" "$@"
+    return
+  fi
   if [ -z "$why" ]; then record "$name" 1 ""; else record "$name" 0 "$why (log $log)"; fi
 }
 
@@ -321,20 +335,21 @@ reboot_vm() {
   [ -n "$lossy" ] && loss_on
   return 0
 }
-# rtr_race_hint PCAP: for a failed C ABI case, what the capture says if siw left our RTR unread:
-# the guest's MPA Reply (to our peer-to-peer Request) was its last word on that connection while
-# we had sent the RTR and our first Send (siw_accept puts its RTR upcall on the socket only after
-# sending the Reply; what came before stays unread until the next segment).
-rtr_race_hint() {
+# accept_race_hint PCAP: for a failed C ABI case, what the capture says if siw left our first
+# FPDUs unread: the guest's MPA Reply was its last word on that connection while we had sent
+# FPDUs after it (an RTR in peer-to-peer mode, our first Send in client-server mode).
+# siw_accept puts the QP's (or the RTR's) receive upcall on the socket only after sending the
+# Reply, and what came before stays unread until the next segment; under TCG the guest's
+# accept is slow enough for our first FPDU to come first.
+accept_race_hint() {
   local d
   d=$("$BIN" decode "$1" 2>/dev/null) || return 0
   awk -v g="$GUEST_SIW" '
-    / MPA Reply .* P2P/ && index($3, g ":") == 1 { conn = $5; rtr = 0; sent = 0; talk = 0; n++ }
-    n && $3 == conn && / RDMA Write STag 0x00000000 .* len 0$/ { rtr = 1; next }
-    n && $3 == conn && / Send / { sent = 1 }
+    / MPA Reply / && index($3, g ":") == 1 { conn = $5; sent = 0; talk = 0; n++ }
+    n && $3 == conn && / iWARP / { sent = 1 }
     n && $5 == conn && / iWARP / { talk = 1 }
-    END { exit !(n && rtr && sent && !talk) }' <<<"$d" &&
-    echo "; siw did not read our RTR and first Send after its MPA Reply (the siw_accept RTR race)"
+    END { exit !(n && sent && !talk) }' <<<"$d" &&
+    echo "; siw did not read our first FPDUs after its MPA Reply (the siw_accept race)"
   return 0
 }
 start_vm() {  # BUILD-DIR
@@ -766,14 +781,10 @@ capi_rping_cases() {  # CASE-PREFIX
       --guest "rping -c -a $HOST_SIW -C $COUNT -S $s -V -v"
   done
 }
-# perftest -R both sides. Host server (Debian perftest on softrdma_tcp0) vs guest client: runs.
-# Host client vs the guest's server does not pass yet (--capi-host-clients runs it): perftest's
-# -R client connects its data QP as soon as the control exchange ends, before the guest's
-# server (slow under TCG) listens again, and the TCP RST ends the test (REJECTED -111; the C
-# ABI retries a refused connect on RoCE only); and when the control connection's RTR (we ask
-# for RFC 6581 peer-to-peer mode) reaches siw before siw_accept has put its RTR upcall on the
-# socket, siw leaves it and the first Send unread until the next segment, and the guest's
-# server waits for ESTABLISHED for ever.
+# perftest -R both ways: the host (Debian perftest on softrdma_tcp0) as server vs the guest's
+# client, and as client vs the guest's server. perftest's -R client connects its data QP as
+# soon as the control exchange ends, racing the server's second rdma_listen: the C ABI tries a
+# refused connect again over 75 ms (--no-capi-host-clients leaves the host-client cases out).
 capi_perf_cases() {
   local t z role
   for t in ib_write_bw ib_read_bw ib_send_lat; do
