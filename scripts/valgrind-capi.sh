@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# valgrind-capi.sh - Debian's ibv_rc_pingpong (RoCE) and rping (iWARP) pairs on the drop-in
+# valgrind-capi.sh - Debian's ibv_rc_pingpong and ib_send_lat (RoCE) and rping (iWARP) pairs on the drop-in
 # C ABI, every process under valgrind memcheck (issue 43, Done-when 6). Exits non-zero on any
 # memcheck error or a failed pair. Needs valgrind, ibverbs-utils and rdmacm-utils.
 #   scripts/valgrind-capi.sh [--no-build]
@@ -35,3 +35,8 @@ pair rc_pingpong ibv_rc_pingpong -d "$DEV" -g 0 -p "$PORT" -n 50 -c -- \
   ibv_rc_pingpong -d "$DEV" -g 0 -p "$PORT" -n 50 -c 127.0.0.1
 PORT=$(free_port)
 pair rping rping -s -a 127.0.0.1 -p "$PORT" -C 20 -V -- rping -c -a 127.0.0.1 -p "$PORT" -C 20 -V
+# ib_send_lat: perftest's own QP bring-up and polling (it turns inline and the ibv_wr_* calls off
+# on a device it does not know; scripts/valgrind.sh memchecks capi's test of both).
+PORT=$(free_port)
+pair send_lat ib_send_lat -d "$DEV" -x 0 -n 100 -p "$PORT" -- \
+  ib_send_lat -d "$DEV" -x 0 -n 100 -p "$PORT" 127.0.0.1
