@@ -4,9 +4,10 @@
 
 Per run and transport, interleaved: `ib_write_bw` (64 KiB, BW average) and `ib_send_lat` (2 B,
 t_typical) as a pair of processes under `softrdma run` (iWARP through rdma_cm, `-R`; RoCE on the
-127.0.0.1 device, QPs brought up out of band), and `softrdma perf --loopback` with the same
-size, blocking (its default) and busy-polling (`--busy`, as perftest polls). Prints the medians
-and the ratios C ABI / native. A benchmark: it asserts nothing.
+127.0.0.1 device, QPs brought up out of band), and `softrdma perf` natively with the same size:
+`--loopback` (one process) blocking (its default) and busy-polling (`--busy`, as perftest polls),
+and a `perf --server` and a `perf` client as two processes busy-polling, as the perftest pair
+runs. Prints the medians and the ratios C ABI / native. A benchmark: it asserts nothing.
 
     scripts/bench-capi.py [--runs N] [--only iwarp|roce] [--no-build] [--iters-bw N] [--iters-lat N]
 """
@@ -74,6 +75,36 @@ def native(sr, transport, extra):
     return json.loads(out.stdout)
 
 
+def native_pair(sr, transport, extra):
+    """`perf --server --once` and a `perf` client (from 127.0.0.3) as two processes; the
+    client's JSON report."""
+    for _attempt in range(5):
+        port = str(free_port())
+        roce = []
+        if transport == "roce":
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                u.bind(("127.0.0.1", 0))
+                roce = ["--roce-port", str(u.getsockname()[1])]
+        server = subprocess.Popen([sr, "perf", "--transport", transport, "--server", "--once",
+                                   "-B", "127.0.0.1", "-p", port, *roce, *extra],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while not listening(port) and server.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        out = subprocess.run([sr, "perf", "--transport", transport, "127.0.0.1", "-p", port,
+                              "-B", "127.0.0.3", *roce, "--json", *extra],
+                             capture_output=True, text=True, timeout=300)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        if out.returncode == 0:
+            return json.loads(out.stdout)
+        sys.stderr.write(f"perf pair {extra} failed, again:\n{out.stderr}\n")
+    raise SystemExit(f"perf pair {extra}: five failures")
+
+
 def roce_device(sr):
     out = subprocess.run([sr, "run", "--", "ibv_devinfo", "-v"], capture_output=True, text=True).stdout
     dev = None
@@ -117,22 +148,28 @@ def main():
             add((t, "write_bw", "capi"), row(out, 65536)[1])
             out = pair(sr, t, "ib_send_lat", base + ["-s", "2", "-n", str(a.iters_lat)])
             add((t, "send_lat", "capi"), row(out, 2)[2])
-            for mode, extra in [("native", []), ("native --busy", ["--busy"])]:
-                j = native(sr, t, extra + ["--op", "write", "--bw", "-s", "65536", "-n", str(a.iters_bw)])
+            for mode, run, extra in [("native", native, []), ("native --busy", native, ["--busy"]),
+                                     ("2 procs --busy", native_pair, ["--busy"])]:
+                j = run(sr, t, extra + ["--op", "write", "--bw", "-s", "65536", "-n", str(a.iters_bw)])
                 # MB/s of 2^20 octets, as perftest's column.
                 add((t, "write_bw", mode), j["bw"][0]["rdma"]["mbyte_s"])
-                j = native(sr, t, extra + ["--op", "send", "--lat", "-s", "2", "-n", str(a.iters_lat)])
+                j = run(sr, t, extra + ["--op", "send", "--lat", "-s", "2", "-n", str(a.iters_lat)])
                 add((t, "send_lat", mode), j["lat"][0]["rdma"]["t_typical"])
         sys.stderr.write(f"run {i + 1} of {a.runs} done\n")
     print(f"medians of {a.runs} runs; write_bw in MB/s (BW average), send_lat in µs (t_typical)")
-    print(f"{'transport':9} {'test':9} {'C ABI':>9} {'native':>9} {'ratio':>6} {'busy':>9} {'ratio':>6}  runs (C ABI)")
+    print("native: perf --loopback (one process); busy: the same, --busy; 2p busy: perf --server "
+          "and a perf client, two processes, --busy")
+    print(f"{'transport':9} {'test':9} {'C ABI':>9} {'native':>9} {'ratio':>6} {'busy':>9} {'ratio':>6}"
+          f" {'2p busy':>9} {'ratio':>6}  runs (C ABI)")
     for t in transports:
         for test in ["write_bw", "send_lat"]:
             c = statistics.median(cells[(t, test, "capi")])
             n = statistics.median(cells[(t, test, "native")])
             b = statistics.median(cells[(t, test, "native --busy")])
+            p = statistics.median(cells[(t, test, "2 procs --busy")])
             runs = " ".join(f"{x:.1f}" for x in cells[(t, test, "capi")])
-            print(f"{t:9} {test:9} {c:9.2f} {n:9.2f} {c / n:6.2f} {b:9.2f} {c / b:6.2f}  {runs}")
+            print(f"{t:9} {test:9} {c:9.2f} {n:9.2f} {c / n:6.2f} {b:9.2f} {c / b:6.2f}"
+                  f" {p:9.2f} {c / p:6.2f}  {runs}")
 
 
 if __name__ == "__main__":
