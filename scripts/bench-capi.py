@@ -35,27 +35,34 @@ def listening(port):
     return bool(out.strip())
 
 
+def served(what, port, server_cmd, client_cmd):
+    """Starts `server_cmd`, runs `client_cmd` once the server listens on TCP `port`, and lets
+    the server end; the client's result."""
+    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 20
+    while not listening(port) and server.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    client = subprocess.run(client_cmd, capture_output=True, text=True, timeout=300)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    if client.returncode != 0:
+        sys.stderr.write(f"{what} failed, again:\n{client.stdout}{client.stderr}\n")
+    return client
+
+
 def pair(sr, transport, prog, args):
-    """Runs `prog args` as server and client through `softrdma run`; the client's output."""
+    """Runs `prog args` as server and client through `softrdma run`; the client's output.
+    Both kinds of server listen on TCP: rdma_cm over iWARP, perftest's own exchange on RoCE."""
     for _attempt in range(5):
         port = str(free_port())
         run = [sr, "run", "--transport", transport, "--"]
-        server = subprocess.Popen(run + [prog, *args, "-p", port], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-        # Both kinds of server listen on TCP: rdma_cm over iWARP, perftest's own exchange on RoCE.
-        deadline = time.time() + 20
-        while not listening(port) and server.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
-        client = subprocess.run(run + [prog, *args, "-p", port, "127.0.0.1"], capture_output=True,
-                                text=True, timeout=300)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        client = served(f"{prog} {args}", port, run + [prog, *args, "-p", port],
+                        run + [prog, *args, "-p", port, "127.0.0.1"])
         if client.returncode == 0:
             return client.stdout
-        sys.stderr.write(f"{prog} {args} failed, again:\n{client.stdout}{client.stderr}\n")
     raise SystemExit(f"{prog} {args}: five failures")
 
 
@@ -85,23 +92,13 @@ def native_pair(sr, transport, extra):
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
                 u.bind(("127.0.0.1", 0))
                 roce = ["--roce-port", str(u.getsockname()[1])]
-        server = subprocess.Popen([sr, "perf", "--transport", transport, "--server", "--once",
-                                   "-B", "127.0.0.1", "-p", port, *roce, *extra],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 20
-        while not listening(port) and server.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
-        out = subprocess.run([sr, "perf", "--transport", transport, "127.0.0.1", "-p", port,
-                              "-B", "127.0.0.3", *roce, "--json", *extra],
-                             capture_output=True, text=True, timeout=300)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        out = served(f"perf pair {extra}", port,
+                     [sr, "perf", "--transport", transport, "--server", "--once",
+                      "-B", "127.0.0.1", "-p", port, *roce, *extra],
+                     [sr, "perf", "--transport", transport, "127.0.0.1", "-p", port,
+                      "-B", "127.0.0.3", *roce, "--json", *extra])
         if out.returncode == 0:
             return json.loads(out.stdout)
-        sys.stderr.write(f"perf pair {extra} failed, again:\n{out.stderr}\n")
     raise SystemExit(f"perf pair {extra}: five failures")
 
 

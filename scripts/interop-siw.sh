@@ -191,6 +191,15 @@ run_case() {
   local name=$1 check=$2; shift 2
   selected "$name" || return 0
   local log=$OUT/$name.log pcap=$OUT/$name.pcap
+  # A crash the guest's console showed only after the case before had been judged (its
+  # connections' teardown): that case's failure, not this one's, which gets a fresh VM.
+  if [ -n "${LAST_CASE:-}" ] && [ "$(guest_crashes)" -gt "${LAST_K:-0}" ]; then
+    local late
+    late=$(grep -E "$CRASH_RE" "$VMRUN/console.log" | tail -n +$((LAST_K + 1)) | head -1 | sed 's/^\[ *[0-9.]*\] //')
+    record "$LAST_CASE (teardown)" 0 "the guest kernel crashed after the case ended: $late (console $VMRUN/console.log)"
+    NOTES+=("$LAST_CASE: the guest kernel crashed after the case ended ($late); the VM was booted again")
+    reboot_vm
+  fi
   say "case $name"
   local l0 k0
   [ -n "${LOSS_ON:-}" ] && l0=$(loss_counts)
@@ -238,6 +247,7 @@ run_case() {
     return
   fi
   if [ -z "$why" ]; then record "$name" 1 ""; else record "$name" 0 "$why (log $log)"; fi
+  LAST_CASE=$name LAST_K=$(guest_crashes)
 }
 
 # Checks: print a reason and fail, or print nothing.

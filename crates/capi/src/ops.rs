@@ -337,6 +337,28 @@ mod cq_tests {
         }
     }
 
+    /// An RC QP of `pd` completing into `cq`, with `cap`.
+    ///
+    /// # Safety
+    /// `pd` and `cq` are live objects of this library, of one context.
+    unsafe fn rc_qp(
+        pd: *mut sys::ibv_pd,
+        cq: *mut sys::ibv_cq,
+        cap: sys::ibv_qp_cap,
+    ) -> *mut sys::ibv_qp {
+        let mut init = sys::ibv_qp_init_attr {
+            send_cq: cq,
+            recv_cq: cq,
+            cap,
+            qp_type: sys::IBV_QPT_RC,
+            ..Default::default()
+        };
+        // SAFETY: the caller's live PD and CQ; attributes as rdma-core's callers pass them.
+        let qp = unsafe { qp::sr_ibv_create_qp(pd, &mut init) };
+        assert!(!qp.is_null(), "errno {}", errno::get());
+        qp
+    }
+
     /// An RC QP completing into `cq`, with a receive posted for each of `ids` and then
     /// moved to Error: each receive completes flushed.
     struct Flushed {
@@ -354,21 +376,14 @@ mod cq_tests {
             // rdma-core's callers pass them.
             unsafe {
                 let pd = crate::pd::sr_ibv_alloc_pd(ctx);
-                let mut init = sys::ibv_qp_init_attr {
-                    send_cq: cq,
-                    recv_cq: cq,
-                    cap: sys::ibv_qp_cap {
-                        max_send_wr: 4,
-                        max_recv_wr: ids.len() as u32,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline_data: 0,
-                    },
-                    qp_type: sys::IBV_QPT_RC,
-                    ..Default::default()
+                let cap = sys::ibv_qp_cap {
+                    max_send_wr: 4,
+                    max_recv_wr: ids.len() as u32,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
                 };
-                let qp = qp::sr_ibv_create_qp(pd, &mut init);
-                assert!(!qp.is_null(), "errno {}", errno::get());
+                let qp = rc_qp(pd, cq, cap);
                 let mut buf = vec![0u8; 64];
                 let mr = crate::pd::sr_ibv_reg_mr(
                     pd,
@@ -595,24 +610,14 @@ mod cq_tests {
         // SAFETY: the C calls of this library on objects it made, with arguments as
         // rdma-core's callers pass them.
         unsafe {
-            let qps = [0; 2].map(|_| {
-                let mut init = sys::ibv_qp_init_attr {
-                    send_cq: cq,
-                    recv_cq: cq,
-                    cap: sys::ibv_qp_cap {
-                        max_send_wr: 16,
-                        max_recv_wr: 16,
-                        max_send_sge: 2,
-                        max_recv_sge: 1,
-                        max_inline_data: 64,
-                    },
-                    qp_type: sys::IBV_QPT_RC,
-                    ..Default::default()
-                };
-                let qp = qp::sr_ibv_create_qp(pd, &mut init);
-                assert!(!qp.is_null(), "errno {}", errno::get());
-                qp
-            });
+            let cap = sys::ibv_qp_cap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 2,
+                max_recv_sge: 1,
+                max_inline_data: 64,
+            };
+            let qps = [0; 2].map(|_| rc_qp(pd, cq, cap));
             let mut gid = sys::ibv_gid::default();
             assert_eq!(context::sr_ibv_query_gid(ctx, 1, 0, &mut gid), 0);
             for (i, &qp) in qps.iter().enumerate() {

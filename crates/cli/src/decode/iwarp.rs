@@ -1395,17 +1395,8 @@ mod tests {
             b.truncate(n);
             b
         };
-        let start = mpa::FRAME_HEADER_LEN as u32;
-        // Octets start..start+100 lost; then the fake, then two real FPDUs.
-        let mut seq = start + 100;
-        for (i, seg) in [fake, real(7), real(8)].iter().enumerate() {
-            c.segment(&ctx(20 + i as u64), 0, whole(seq, seg), &mut out);
-            seq += seg.len() as u32;
-        }
-        c.finish(false, &mut out);
-        out.retain(|r| r.proto == "iWARP");
+        let (out, e) = after_a_hole(&mut c, out, &[fake, real(7), real(8)]);
         assert_eq!(msns(&out), [7, 8]);
-        let e = c.finish_errors();
         assert_eq!(e.len(), 1);
         assert!(
             e[0].contains("100 octets not captured") && e[0].contains("at frame 21"),
@@ -1436,16 +1427,26 @@ mod tests {
         let fake = [fpdu(98, true), fpdu(99, true)].concat();
         let mut out = Vec::new();
         let mut c = started(false, false, 0, true, &mut out);
+        let (out, e) = after_a_hole(&mut c, out, &[fake, fpdu(7, false), fpdu(8, false)]);
+        assert_eq!(msns(&out), [7, 8]);
+        assert!(e.len() == 1 && e[0].contains("at frame 21"), "{e:?}");
+    }
+
+    /// `segs` in frames 20, 21, ... after the first 100 octets past the startup frames were
+    /// lost: the iWARP records and the capture's errors.
+    fn after_a_hole(
+        c: &mut Connection,
+        mut out: Vec<Record>,
+        segs: &[Vec<u8>],
+    ) -> (Vec<Record>, Vec<String>) {
         let mut seq = mpa::FRAME_HEADER_LEN as u32 + 100;
-        for (i, seg) in [fake, fpdu(7, false), fpdu(8, false)].iter().enumerate() {
+        for (i, seg) in segs.iter().enumerate() {
             c.segment(&ctx(20 + i as u64), 0, whole(seq, seg), &mut out);
             seq += seg.len() as u32;
         }
         c.finish(false, &mut out);
         out.retain(|r| r.proto == "iWARP");
-        assert_eq!(msns(&out), [7, 8]);
-        let e = c.finish_errors();
-        assert!(e.len() == 1 && e[0].contains("at frame 21"), "{e:?}");
+        (out, c.finish_errors())
     }
 
     #[test]
