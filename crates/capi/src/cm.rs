@@ -656,6 +656,42 @@ fn set_addrs(i: &SrCmId, local: Option<SocketAddr>, peer: Option<SocketAddr>) {
     }
 }
 
+/// The port of an id's address (network order, as librdmacm gives it): 0 for none, or for
+/// a pointer that is no id of ours.
+fn port_of(p: *mut sys::rdma_cm_id, src: bool) -> u16 {
+    let Some(i) = id(p) else {
+        return 0;
+    };
+    // SAFETY: our own struct; the storage members of the unions, which set_addrs writes.
+    let s = unsafe {
+        let a = &(*i.c()).route.addr;
+        match src {
+            true => &a.__bindgen_anon_1.src_storage,
+            false => &a.__bindgen_anon_2.dst_storage,
+        }
+    };
+    match c_int::from(s.ss_family) {
+        // SAFETY: the family says which address the storage holds; it is large and
+        // aligned enough for either.
+        libc::AF_INET => unsafe { (*(&raw const *s).cast::<libc::sockaddr_in>()).sin_port },
+        // SAFETY: as above.
+        libc::AF_INET6 => unsafe { (*(&raw const *s).cast::<libc::sockaddr_in6>()).sin6_port },
+        _ => 0,
+    }
+}
+
+/// `rdma_get_src_port`: the local port, network order.
+#[unsafe(no_mangle)]
+pub extern "C" fn sr_rdma_get_src_port(p: *mut sys::rdma_cm_id) -> u16 {
+    port_of(p, true)
+}
+
+/// `rdma_get_dst_port`: the peer's port, network order.
+#[unsafe(no_mangle)]
+pub extern "C" fn sr_rdma_get_dst_port(p: *mut sys::rdma_cm_id) -> u16 {
+    port_of(p, false)
+}
+
 /// The device a connection from local address `local` runs on.
 fn device_for(local: IpAddr) -> Option<&'static SrDevice> {
     let roce = std::env::var(TRANSPORT_VAR).is_ok_and(|t| t.eq_ignore_ascii_case("roce"));
@@ -1205,7 +1241,7 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
     i.st.lock().local = Some(bound);
     set_addrs(i, Some(bound), None);
     let stop = i.stop.clone();
-    let (listen_id, (chan, sync)) = (p as usize, *i.chan.lock());
+    let listen_id = p as usize;
     // SAFETY: our own struct.
     let c_id = unsafe { &*i.c() };
     let (ctx_p, context_v, ps, qp_type) = (
@@ -1232,8 +1268,14 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
                     Some(Err(_)) => continue,
                     None => break,
                 };
-                // A synchronous listener's requests get ids of their own mode and channel
-                // (librdmacm migrates them); the request itself goes to the listener's.
+                // The listener's channel and mode now (it may have been migrated since it
+                // listened). A synchronous listener's requests get ids of their own mode
+                // and channel (librdmacm migrates them); the request itself goes to the
+                // listener's.
+                let Some((chan, sync)) = channel_of(listen_id) else {
+                    let _ = req.reject(&[]);
+                    break;
+                };
                 let child_chan = match sync {
                     true => match own_channel() {
                         Some(c) => c,
@@ -1289,6 +1331,14 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
         }
         Err(_) => errno::fail(libc::ENOMEM),
     }
+}
+
+/// The channel and mode of the live id `p` (`None` once destroyed).
+fn channel_of(p: usize) -> Option<(&'static SrEventChannel, bool)> {
+    let live = ids().lock();
+    // SAFETY: live (checked under the lock that destroy_id takes to remove it).
+    live.contains(&p)
+        .then(|| *unsafe { &*(p as *const SrCmId) }.chan.lock())
 }
 
 /// The QP behind an id, if it made one.
@@ -1676,6 +1726,53 @@ mod tests {
             assert_eq!(sr_rdma_migrate_id(p, ptr::null_mut()), -1);
             assert_eq!(crate::errno::get(), libc::EINVAL);
             assert_eq!(sr_rdma_destroy_id(p), 0);
+            sr_rdma_destroy_event_channel(a);
+            sr_rdma_destroy_event_channel(b);
+        }
+    }
+
+    /// A listener migrated after `rdma_listen`: the requests that come afterwards, and the
+    /// ids made for them, are on its new channel.
+    #[test]
+    fn a_migrated_listener_reports_requests_on_its_new_channel() {
+        // SAFETY: this library's calls on objects it made, as librdmacm's callers make them.
+        unsafe {
+            let (a, b) = (
+                sr_rdma_create_event_channel(),
+                sr_rdma_create_event_channel(),
+            );
+            let mut l = ptr::null_mut();
+            assert_eq!(
+                sr_rdma_create_id(a, &mut l, ptr::null_mut(), sys::RDMA_PS_TCP),
+                0
+            );
+            let mut at = sin([127, 0, 0, 1], 0);
+            assert_eq!(sr_rdma_bind_addr(l, (&raw mut at).cast()), 0);
+            assert_eq!(sr_rdma_listen(l, 4), 0);
+            let port = u16::from_be(sr_rdma_get_src_port(l));
+            assert_eq!(sr_rdma_migrate_id(l, b), 0);
+            // A native iWARP client asks; the request is rejected below.
+            let client = std::thread::spawn(move || {
+                let ctx = softrdma::Device::tcp().open().unwrap();
+                let cq = ctx.create_cq(4, None).unwrap();
+                let qp = ctx
+                    .alloc_pd()
+                    .create_qp(softrdma::QpInitAttr::new(&cq, &cq))
+                    .unwrap();
+                qp.connect(("127.0.0.1", port), ConnectParams::default())
+            });
+            let mut ev = ptr::null_mut();
+            assert_eq!(sr_rdma_get_cm_event(b, &mut ev), 0, "on the new channel");
+            assert_eq!((*ev).event, sys::RDMA_CM_EVENT_CONNECT_REQUEST);
+            assert_eq!((*ev).listen_id, l);
+            let child = (*ev).id;
+            assert_eq!((*child).channel, b, "the request's id too");
+            assert!(!readable((*a).fd));
+            assert_eq!(sr_rdma_reject(child, ptr::null(), 0), 0);
+            assert_eq!(sr_rdma_ack_cm_event(ev), 0);
+            assert!(client.join().unwrap().is_err(), "rejected");
+            assert_eq!(sr_rdma_destroy_id(child), 0);
+            assert_eq!(sr_rdma_destroy_id(l), 0);
             sr_rdma_destroy_event_channel(a);
             sr_rdma_destroy_event_channel(b);
         }

@@ -123,17 +123,6 @@ nothing!(
     sr_rdma_free_devices,
 );
 
-/// `rdma_get_src_port` / `rdma_get_dst_port`: 0 for an id that has none.
-#[unsafe(no_mangle)]
-pub extern "C" fn sr_rdma_get_src_port() -> u16 {
-    0
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn sr_rdma_get_dst_port() -> u16 {
-    0
-}
-
 /// `rpoll`: rsockets are never made here, so every fd is an ordinary one: `poll(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sr_rpoll(
