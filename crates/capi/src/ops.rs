@@ -337,6 +337,19 @@ mod cq_tests {
         }
     }
 
+    /// A region of `pd` over `buf`, local write access.
+    ///
+    /// # Safety
+    /// `pd` is a live PD of this library; `buf` outlives the region.
+    unsafe fn local_mr(pd: *mut sys::ibv_pd, buf: &mut [u8]) -> *mut sys::ibv_mr {
+        let access = sys::IBV_ACCESS_LOCAL_WRITE as c_int;
+        // SAFETY: the caller's live PD; the caller keeps `buf` while the region lives.
+        let mr =
+            unsafe { crate::pd::sr_ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), access) };
+        assert!(!mr.is_null());
+        mr
+    }
+
     /// An RC QP of `pd` completing into `cq`, with `cap`.
     ///
     /// # Safety
@@ -385,13 +398,7 @@ mod cq_tests {
                 };
                 let qp = rc_qp(pd, cq, cap);
                 let mut buf = vec![0u8; 64];
-                let mr = crate::pd::sr_ibv_reg_mr(
-                    pd,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    sys::IBV_ACCESS_LOCAL_WRITE as c_int,
-                );
-                assert!(!mr.is_null());
+                let mr = local_mr(pd, &mut buf);
                 for &id in ids {
                     let mut sge = sys::ibv_sge {
                         addr: buf.as_ptr() as u64,
@@ -696,13 +703,7 @@ mod cq_tests {
             let pd = crate::pd::sr_ibv_alloc_pd(ctx);
             let [a, b] = looped_pair(ctx, cq, pd);
             let mut rx = vec![0u8; 4096];
-            let mr = crate::pd::sr_ibv_reg_mr(
-                pd,
-                rx.as_mut_ptr().cast(),
-                rx.len(),
-                sys::IBV_ACCESS_LOCAL_WRITE as c_int,
-            );
-            assert!(!mr.is_null());
+            let mr = local_mr(pd, &mut rx);
             let data: [u8; 48] = std::array::from_fn(|i| i as u8);
             let mut wcs = [sys::ibv_wc::default(); 4];
             let mut bad = ptr::null_mut();
