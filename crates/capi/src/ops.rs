@@ -350,6 +350,29 @@ mod cq_tests {
         mr
     }
 
+    /// Posts a receive `id` of 64 octets at `addr` of `mr` to `qp`.
+    ///
+    /// # Safety
+    /// `qp` and `mr` are live objects of this library; `addr..addr + 64` lies in `mr`.
+    unsafe fn post_recv_64(qp: *mut sys::ibv_qp, mr: *mut sys::ibv_mr, addr: u64, id: u64) {
+        // SAFETY: the caller's live region.
+        let lkey = unsafe { (*mr).lkey };
+        let mut sge = sys::ibv_sge {
+            addr,
+            length: 64,
+            lkey,
+        };
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: id,
+            sg_list: &mut sge,
+            num_sge: 1,
+            ..Default::default()
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: the caller's live QP; the request and its entry outlive the call.
+        assert_eq!(unsafe { qp::post_recv(qp, &mut wr, &mut bad) }, 0);
+    }
+
     /// An RC QP of `pd` completing into `cq`, with `cap`.
     ///
     /// # Safety
@@ -400,19 +423,7 @@ mod cq_tests {
                 let mut buf = vec![0u8; 64];
                 let mr = local_mr(pd, &mut buf);
                 for &id in ids {
-                    let mut sge = sys::ibv_sge {
-                        addr: buf.as_ptr() as u64,
-                        length: 64,
-                        lkey: (*mr).lkey,
-                    };
-                    let mut wr = sys::ibv_recv_wr {
-                        wr_id: id,
-                        sg_list: &mut sge,
-                        num_sge: 1,
-                        ..Default::default()
-                    };
-                    let mut bad = ptr::null_mut();
-                    assert_eq!(qp::post_recv(qp, &mut wr, &mut bad), 0);
+                    post_recv_64(qp, mr, buf.as_ptr() as u64, id);
                 }
                 let mut a = sys::ibv_qp_attr {
                     qp_state: sys::IBV_QPS_ERR,
@@ -706,20 +717,8 @@ mod cq_tests {
             let mr = local_mr(pd, &mut rx);
             let data: [u8; 48] = std::array::from_fn(|i| i as u8);
             let mut wcs = [sys::ibv_wc::default(); 4];
-            let mut bad = ptr::null_mut();
-            let mut post_recv = |qp: *mut sys::ibv_qp, id: u64| {
-                let mut sge = sys::ibv_sge {
-                    addr: rx.as_ptr() as u64 + (id % 64) * 64,
-                    length: 64,
-                    lkey: (*mr).lkey,
-                };
-                let mut wr = sys::ibv_recv_wr {
-                    wr_id: id,
-                    sg_list: &mut sge,
-                    num_sge: 1,
-                    ..Default::default()
-                };
-                assert_eq!(qp::post_recv(qp, &mut wr, &mut bad), 0);
+            let post_recv = |qp: *mut sys::ibv_qp, id: u64| {
+                post_recv_64(qp, mr, rx.as_ptr() as u64 + (id % 64) * 64, id);
             };
             let mut reap = |want: usize| {
                 let mut got = 0;
