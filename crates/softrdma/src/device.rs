@@ -157,7 +157,7 @@ impl Device {
     pub fn open_sharing_a_port(cfgs: &[RoceConfig]) -> Result<Vec<Context>, Error> {
         let addrs: Vec<IpAddr> = cfgs.iter().map(|c| c.addr).collect();
         for _ in 0..64 {
-            let port = RoceConfig::sharing_a_port(&addrs)?[0].port;
+            let port = crate::net::spare_ports(&addrs, 1)?;
             let opened: Result<Vec<Context>, Error> = cfgs
                 .iter()
                 .map(|c| Device::roce(RoceConfig { port, ..*c }).open())
@@ -295,36 +295,34 @@ pub(crate) enum Resource {
     Mr,
 }
 
-impl CtxShared {
-    /// Takes a QP or an MR of `bytes` octets from the limits, or says which one is reached.
-    /// Refuses queue depths past the device's `max_qp_wr` (`srq`: `max_srq_wr`).
-    /// A QP's inline octets within the device's limit.
-    pub(crate) fn check_inline(&self, len: u32) -> Result<(), Error> {
-        let max = self.device.limits.max_inline_data;
-        match len > max {
-            true => Err(Error::ResourceLimit {
-                what: "octets inline",
-                limit: u64::from(max),
-            }),
-            false => Ok(()),
-        }
+/// `n` within the limit `max` of `what`.
+fn within(n: u32, max: u32, what: &'static str) -> Result<(), Error> {
+    match n > max {
+        true => Err(Error::ResourceLimit {
+            what,
+            limit: u64::from(max),
+        }),
+        false => Ok(()),
     }
+}
 
+impl CtxShared {
+    /// Refuses queue depths past the device's `max_qp_wr` (`srq`: `max_srq_wr`).
     pub(crate) fn check_depths(&self, depths: &[u32], srq: bool) -> Result<(), Error> {
         let l = self.device.limits;
         let (max, what) = match srq {
             true => (l.max_srq_wr, "work requests per shared receive queue"),
             false => (l.max_qp_wr, "work requests per queue"),
         };
-        match depths.iter().any(|&d| d > max) {
-            true => Err(Error::ResourceLimit {
-                what,
-                limit: u64::from(max),
-            }),
-            false => Ok(()),
-        }
+        within(depths.iter().copied().max().unwrap_or(0), max, what)
     }
 
+    /// Refuses a QP's inline octets past the device's `max_inline_data`.
+    pub(crate) fn check_inline(&self, len: u32) -> Result<(), Error> {
+        within(len, self.device.limits.max_inline_data, "octets inline")
+    }
+
+    /// Takes a QP or an MR of `bytes` octets from the limits, or says which one is reached.
     pub(crate) fn claim(self: &Arc<Self>, what: Resource, bytes: u64) -> Result<Claim, Error> {
         let l = self.device.limits;
         let take = |c: &AtomicU64, n: u64, max: u64, name: &'static str| {

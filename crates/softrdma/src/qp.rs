@@ -124,7 +124,6 @@ impl Pd {
                     t.next_qp_num(),
                     self.id,
                     cap,
-                    attr.sq_sig_all,
                     attr.send_cq.shared.clone(),
                     attr.recv_cq.shared.clone(),
                     attr.srq.map(|s| s.shared),

@@ -176,15 +176,7 @@ fn steady_state_posting_allocates_nothing() {
                 in_posts.set(in_posts.get() + allocs() - a);
             }
             for (cq, want) in [(&ccq, 3 * n as usize), (&scq, 2 * n as usize)] {
-                let mut got = 0;
-                while got < want {
-                    wcs.clear();
-                    got += cq.wait(1, 64, T, &mut wcs).unwrap();
-                    assert!(
-                        wcs.iter().all(|w| w.status == WcStatus::Success),
-                        "{t:?}: {wcs:?}"
-                    );
-                }
+                wait_successes(cq, want, &mut wcs);
             }
         };
         // Warm-up: queues, buffers and the first connection's state grow to size.
@@ -203,6 +195,17 @@ fn steady_state_posting_allocates_nothing() {
             "{t:?}: {} allocations in {posts} posts",
             in_posts.get()
         );
+    }
+}
+
+/// Takes `want` completions from `cq`, each a success, through `wcs` (its capacity: at most
+/// that many a wait, no allocation).
+fn wait_successes(cq: &Cq, want: usize, wcs: &mut Vec<WorkCompletion>) {
+    let mut got = 0;
+    while got < want {
+        wcs.clear();
+        got += cq.wait(1, wcs.capacity(), T, wcs).unwrap();
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
     }
 }
 
@@ -232,14 +235,7 @@ fn roce_ping_pong(gso: bool) {
         ..
     } = &Pair::connected(Transport::Roce, gso, 64, 4096, Access::LOCAL_WRITE);
     let mut wcs = Vec::with_capacity(8);
-    let mut wait = |cq: &Cq, want: usize| {
-        let mut got = 0;
-        while got < want {
-            wcs.clear();
-            got += cq.wait(1, 8, T, &mut wcs).unwrap();
-            assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
-        }
-    };
+    let mut wait = |cq: &Cq, want: usize| wait_successes(cq, want, &mut wcs);
     // One round: the client sends 64 octets, the server answers with 64.
     let mut rounds = |n: u64| {
         for i in 0..n {

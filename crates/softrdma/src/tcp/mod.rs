@@ -24,7 +24,7 @@ use softrdma_iwarp::rdmap::{check_send, send_limits};
 use softrdma_iwarp::startup::{PeerParams, Rtr, RtrSet, Startup, StartupConfig, StartupError};
 use softrdma_memory::{Key, KeyTable, MemError, PdId};
 use softrdma_verbs_types::{
-    CheckedRecv, CheckedSend, PostError, RecvWr, SendFlags, SendLimits, SendWr, check_recv,
+    CheckedRecv, CheckedSend, PostError, RecvWr, SendLimits, SendWr, check_recv,
 };
 use softrdma_wire::mpa::{MAX_PRIVATE_DATA, REV_2};
 
@@ -739,7 +739,6 @@ pub(crate) struct TcpQp {
     pub(crate) qpn: u32,
     pub(crate) pd: PdId,
     pub(crate) cap: QpCap,
-    pub(crate) sq_sig_all: bool,
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
     pub(crate) srq: Option<Arc<SrqShared>>,
@@ -780,12 +779,10 @@ impl TcpQp {
 
 impl TcpQp {
     /// A QP in [`QpState::Init`].
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qpn: u32,
         pd: PdId,
         cap: QpCap,
-        sq_sig_all: bool,
         send_cq: Arc<CqShared>,
         recv_cq: Arc<CqShared>,
         srq: Option<Arc<SrqShared>>,
@@ -794,7 +791,6 @@ impl TcpQp {
             qpn,
             pd,
             cap,
-            sq_sig_all,
             send_cq,
             recv_cq,
             srq,
@@ -874,12 +870,9 @@ impl TcpQp {
         &self,
         drv: &TcpShared,
         lim: &SendLimits,
-        mut wr: SendWr,
+        wr: SendWr,
         direct: bool,
     ) -> Result<Option<CheckedSend>, Error> {
-        if self.sq_sig_all {
-            wr.flags |= SendFlags::SIGNALED;
-        }
         if wr.opcode.is_read_or_atomic() && self.ord.load(Ordering::Acquire) == 0 {
             return Err(PostError::ReadsDisabled.into());
         }
