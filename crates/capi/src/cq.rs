@@ -502,6 +502,7 @@ pub(crate) fn to_c(w: &WorkCompletion) -> sys::ibv_wc {
         WcStatus::RetryExceeded => sys::IBV_WC_RETRY_EXC_ERR,
         WcStatus::RnrRetryExceeded => sys::IBV_WC_RNR_RETRY_EXC_ERR,
         WcStatus::BadResponse => sys::IBV_WC_BAD_RESP_ERR,
+        WcStatus::MwBind => sys::IBV_WC_MW_BIND_ERR,
     };
     let opcode = match w.opcode {
         WcOpcode::Send => sys::IBV_WC_SEND,
@@ -511,6 +512,8 @@ pub(crate) fn to_c(w: &WorkCompletion) -> sys::ibv_wc {
         WcOpcode::FetchAdd => sys::IBV_WC_FETCH_ADD,
         WcOpcode::Recv => sys::IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => sys::IBV_WC_RECV_RDMA_WITH_IMM,
+        WcOpcode::LocalInv => sys::IBV_WC_LOCAL_INV,
+        WcOpcode::BindMw => sys::IBV_WC_BIND_MW,
     };
     let mut flags = 0;
     let mut anon = sys::ibv_wc__bindgen_ty_1 { imm_data: 0 };

@@ -25,6 +25,6 @@ pub use qp::{
 pub use requester::{Requester, RequesterConfig, RequesterCounters, Tx};
 pub use responder::{Responder, ResponderConfig, ResponderCounters};
 pub use softrdma_verbs_types::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, SharedRecvQueue, SrqLimitError, UdDest, WcFlags,
-    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    MwBind, PostError, RecvWr, SendFlags, SendWr, Sge, SharedRecvQueue, SrqLimitError, UdDest,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };

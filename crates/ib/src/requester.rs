@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::reorder::{MAX_AHEAD, Reorder};
-use softrdma_memory::{AccessError, KeyTable, PdId};
+use softrdma_memory::{AccessError, KeyTable, PdId, QpId};
 use softrdma_verbs_types::{
     IB_MAX_MESSAGE, Payload, PostError, SendFlags, SendLimits, SendWr, UdDest, WcStatus,
     WorkCompletion, WrOpcode, check_send,
@@ -340,6 +340,8 @@ impl Requester {
                 | WrOpcode::AtomicFetchAdd { .. },
                 Service::Rc,
             ) => true,
+            // 10.6.7: windows and local invalidation on connected QPs (as rxe).
+            (WrOpcode::LocalInv { .. } | WrOpcode::BindMw(_), s) => s != Service::Ud,
             _ => false,
         };
         if !ok_op {
@@ -365,6 +367,7 @@ impl Requester {
             return Err(PostError::MessageTooLong);
         }
         let npsn = match c.opcode {
+            op if op.is_local() => 0,
             WrOpcode::RdmaRead { .. } => read_psn_count(len, self.cfg.pmtu),
             WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. } => 1,
             _ => len.div_ceil(self.cfg.pmtu).max(1),
@@ -392,7 +395,32 @@ impl Requester {
             first_psn,
             npsn,
         });
+        self.run_locals();
         Ok(())
+    }
+
+    /// Local Invalidate and Bind Memory Window requests at the front of the queue run now
+    /// (they use no PSN): every request before them has completed, and transmission stops
+    /// at them until they ran, so a message posted after a bind may carry the new key. One
+    /// that fails completes with its error: a local error (10.8.3.2), RC to Error, UC to SQE.
+    fn run_locals(&mut self) {
+        while let Some(w) = self.sq.front()
+            && w.op.is_local()
+        {
+            match w.op.run_local(&self.keys, QpId(self.cfg.qpn), self.cfg.pd) {
+                Ok(()) => {
+                    let w = self.sq.pop_front().expect("front request");
+                    if self.tx_idx > 0 {
+                        self.tx_idx -= 1;
+                    } else {
+                        self.tx_pkt = 0;
+                    }
+                    self.complete(w, WcStatus::Success);
+                }
+                Err(status) if self.cfg.service == Service::Rc => return self.fail(status),
+                Err(status) => return self.fail_front_unreliable(status),
+            }
+        }
     }
 
     /// SQD: finish the message in progress, start no new one.
@@ -618,8 +646,16 @@ impl Requester {
         if rc {
             self.skip_executed();
         }
+        self.run_locals();
+        if self.error || self.sqe {
+            return None;
+        }
         let psn = self.tx_psn();
         let w = self.sq.get(self.tx_idx)?;
+        // A local operation waits to be the oldest (`run_locals`).
+        if w.op.is_local() {
+            return None;
+        }
         if let Some(d) = self.drain_psn
             && psn_diff(psn, d) >= 0
         {
@@ -1061,6 +1097,8 @@ impl Requester {
         if psn_diff(self.tx_psn(), self.una) < 0 {
             self.go_back(self.una);
         }
+        // What the ACK completed may have left a local operation at the front.
+        self.run_locals();
     }
 
     /// Enough later responses passed the gap at `una`: its responses were lost (an
@@ -1224,7 +1262,7 @@ impl Requester {
     /// READ/ATOMIC (they complete on their own responses).
     fn ack_through(&mut self, psn: u32) {
         while let Some(w) = self.sq.front() {
-            if w.op.is_read_or_atomic() {
+            if w.op.is_read_or_atomic() || w.op.is_local() {
                 return;
             }
             if psn_diff(psn, w.first_psn) < 0 {

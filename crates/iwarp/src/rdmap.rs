@@ -248,6 +248,9 @@ enum SqOp {
         /// Every Write segment went out; the Immediate Data is next.
         data_done: bool,
     },
+    /// Local Invalidate or Bind Memory Window: runs on the key table once it is the oldest
+    /// request ([`RdmapEngine::retire`]); nothing goes on the wire.
+    Local(WrOpcode),
     /// Immediate Data announcing a Send, then the Send.
     SendImm {
         imm: u32,
@@ -278,6 +281,7 @@ impl SqOp {
                 op: AtomicOp::CmpSwap { .. },
                 ..
             } => WcOpcode::CompSwap,
+            SqOp::Local(op) => op.wc_opcode(),
         }
     }
 
@@ -728,6 +732,7 @@ impl RdmapEngine {
                 },
                 data,
             ),
+            op @ (WrOpcode::LocalInv { .. } | WrOpcode::BindMw(_)) => (SqOp::Local(op), data),
         };
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -742,6 +747,8 @@ impl RdmapEngine {
             state: SqState::Queued,
             tx_ord: 0,
         });
+        // A local operation posted to an empty queue runs now.
+        self.retire();
         Ok(())
     }
 
@@ -890,8 +897,30 @@ impl RdmapEngine {
         self.retire();
     }
 
+    /// Local operations run here, once they are the oldest request: every request posted
+    /// before them has completed, and none posted after them has started (`sq_ready`), so
+    /// a Send may carry a key its window was just bound to. One that fails completes with
+    /// its error and, as any local error, ends the stream (a Local Catastrophic Terminate).
     fn retire(&mut self) {
-        while let Some(SqState::Done(status)) = self.sq.front().map(|e| e.state) {
+        loop {
+            let Some(e) = self.sq.front() else { break };
+            let status = match (e.state, &e.op) {
+                (SqState::Done(status), _) => status,
+                (SqState::Queued, SqOp::Local(op)) => {
+                    let (seq, op) = (e.seq, *op);
+                    match op.run_local(&self.keys, self.cfg.qp, self.cfg.pd) {
+                        Ok(()) => {
+                            self.sq[0].state = SqState::Done(WcStatus::Success);
+                            continue;
+                        }
+                        Err(status) => {
+                            self.fail(term::Fault::local().sq(seq, status));
+                            return;
+                        }
+                    }
+                }
+                _ => break,
+            };
             if status == WcStatus::Success && self.sq[0].tx_ord > self.tx_released {
                 break;
             }

@@ -655,6 +655,27 @@ impl KeyTable {
         len: u64,
         access: Access,
     ) -> Result<Key> {
+        self.bind_mw_with(mw, None, mr, qp, pd, iova, len, access)
+    }
+
+    /// [`bind_mw`](KeyTable::bind_mw) with the new key the consumer chose (a Bind work
+    /// request's `rkey`, IBA 10.6.7.2.2: the window's index with a key octet of the
+    /// consumer's), or a fresh one. A new key naming another index is `InvalidKey`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw_with(
+        &self,
+        mw: Key,
+        new_key: Option<Key>,
+        mr: Key,
+        qp: QpId,
+        pd: PdId,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Key> {
+        if new_key.is_some_and(|k| k.index() != mw.index()) {
+            return Err(MemError::InvalidKey);
+        }
         let mut t = self.inner.write();
         let (mr_pos, mr_slot) = t.lookup(mr).ok_or(MemError::InvalidKey)?;
         let Obj::Mr(region) = &mr_slot.obj else {
@@ -702,7 +723,10 @@ impl KeyTable {
             base: region.offset + (iova - region.iova) as usize,
         };
         let old = mw_slot.consumer;
-        let consumer = t.next_consumer(old);
+        let consumer = match new_key {
+            Some(k) => k.consumer(),
+            None => t.next_consumer(old),
+        };
         let slot = &mut t.slots[mw_pos as usize];
         slot.epoch += 1;
         slot.consumer = consumer;
@@ -710,6 +734,17 @@ impl KeyTable {
             w.binding = Some(binding);
         }
         Ok(t.key_of(mw_pos))
+    }
+
+    /// The current key of the window whose index `key` names (a bind may have changed its
+    /// consumer key since `key` was handed out); `None` if no window lives there.
+    pub fn mw_key(&self, key: Key) -> Option<Key> {
+        let t = self.inner.read();
+        let pos = t.pos_of(key.index());
+        match t.slots.get(pos as usize)?.obj {
+            Obj::Mw(_) => Some(t.key_of(pos)),
+            _ => None,
+        }
     }
 
     /// Deallocates window `key` (any state); access through it is revoked before this returns.

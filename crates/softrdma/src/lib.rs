@@ -106,6 +106,6 @@ pub use softrdma_memory::{
     MrFlags, MwType, PageBuf, PdId, QpId,
 };
 pub use softrdma_verbs_types::{
-    InlineBuf, PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    InlineBuf, MwBind, PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion, WrOpcode,
 };

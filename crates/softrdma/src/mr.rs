@@ -263,9 +263,11 @@ impl std::fmt::Debug for Mw {
 }
 
 impl Mw {
-    /// The window's current R_Key (changes with every bind).
+    /// The window's current R_Key (changes with every bind, also one a Bind work request
+    /// made, [`SendWr::bind_mw`](softrdma_verbs_types::SendWr::bind_mw)).
     pub fn rkey(&self) -> Key {
-        Key(self.key.load(Ordering::Acquire))
+        let k = Key(self.key.load(Ordering::Acquire));
+        self.ctx.keys.mw_key(k).unwrap_or(k)
     }
 
     /// Type 1, 2A or 2B.

@@ -474,6 +474,99 @@ fn memory_windows() {
     });
 }
 
+/// Windows bound and invalidated by work requests (`IBV_WR_BIND_MW`, `IBV_WR_LOCAL_INV`),
+/// as C programs post them: the bind takes the key the poster chose, the peer writes
+/// through it, and a Local Invalidate posted after a Send completes after it and frees
+/// the window.
+#[test]
+fn memory_windows_by_work_requests() {
+    both(|t| {
+        let (server, client, _) = connect_n(t, 1, 1 << 16, false);
+        let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
+        // An MPA responder sends once the initiator has (RFC 5044 §7.1.2).
+        sqp.post_recv(RecvWr::new(8, vec![server.mr.sge(0, 64)]))
+            .unwrap();
+        cqp.post_send(SendWr::send(0, vec![client.mr.sge(0, 8)]))
+            .unwrap();
+        assert_eq!(client.wait(1)[0].status, WcStatus::Success);
+        assert_eq!(server.wait(1)[0].wr_id, 8);
+        let mw = server.pd.alloc_mw(MwType::Type2A).unwrap();
+        let old = mw.rkey();
+        let new = Key((old.0 & !0xff) | (old.0.wrapping_add(7) & 0xff));
+        let bind = MwBind {
+            mw: old,
+            new_rkey: new,
+            mr: server.mr.key(),
+            addr: server.mr.addr(8192),
+            len: 4096,
+            access: Access::REMOTE_WRITE,
+        };
+        client.qps[0]
+            .post_recv(RecvWr::new(9, vec![client.mr.sge(0, 64)]))
+            .unwrap();
+        sqp.post_send(SendWr::bind_mw(1, bind)).unwrap();
+        sqp.post_send(SendWr::send(2, vec![server.mr.sge(0, 8)]))
+            .unwrap();
+        let w = server.wait(2);
+        assert_eq!(
+            w.iter()
+                .map(|w| (w.wr_id, w.status, w.opcode))
+                .collect::<Vec<_>>(),
+            [
+                (1, WcStatus::Success, WcOpcode::BindMw),
+                (2, WcStatus::Success, WcOpcode::Send)
+            ],
+            "{t:?}"
+        );
+        assert_eq!((mw.rkey(), mw.state()), (new, KeyState::Valid), "{t:?}");
+        assert_eq!(client.wait(1)[0].wr_id, 9);
+
+        client.mr.copy_in(100, &pattern(512, 3)).unwrap();
+        cqp.post_send(SendWr::write(
+            3,
+            vec![client.mr.sge(100, 512)],
+            new,
+            server.mr.addr(8192 + 64),
+        ))
+        .unwrap();
+        // A Send after it: once it arrived, the Write was placed (an iWARP Write completes
+        // when sent).
+        sqp.post_recv(RecvWr::new(11, vec![server.mr.sge(0, 64)]))
+            .unwrap();
+        cqp.post_send(SendWr::send(30, vec![client.mr.sge(0, 8)]))
+            .unwrap();
+        assert!(
+            client.wait(2).iter().all(|w| w.status == WcStatus::Success),
+            "{t:?}"
+        );
+        assert_eq!(server.wait(1)[0].wr_id, 11);
+        assert_eq!(
+            server.mr.to_vec()[8192 + 64..8192 + 64 + 512],
+            pattern(512, 3)[..],
+            "{t:?}"
+        );
+
+        sqp.post_send(SendWr::send(4, vec![server.mr.sge(0, 8)]))
+            .unwrap();
+        sqp.post_send(SendWr::local_inv(5, new)).unwrap();
+        client.qps[0]
+            .post_recv(RecvWr::new(10, vec![client.mr.sge(0, 64)]))
+            .unwrap();
+        let w = server.wait(2);
+        assert_eq!(
+            w.iter()
+                .map(|w| (w.wr_id, w.status, w.opcode))
+                .collect::<Vec<_>>(),
+            [
+                (4, WcStatus::Success, WcOpcode::Send),
+                (5, WcStatus::Success, WcOpcode::LocalInv)
+            ],
+            "{t:?}"
+        );
+        assert_eq!(mw.state(), KeyState::Free, "{t:?}");
+    });
+}
+
 /// Caller-driven progress with several waiters on one context: each server thread blocks on
 /// its own QP's CQ (one of them holds the context's I/O slot and runs the transport for all,
 /// the others are handed their completions and take the slot when it frees); then one

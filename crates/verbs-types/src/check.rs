@@ -259,6 +259,18 @@ pub fn check_send(
     keys: &KeyTable,
     pd: PdId,
 ) -> Result<CheckedSend, PostError> {
+    if wr.opcode.is_local() {
+        // Nothing to gather: entries and INLINE mean nothing here (as rdma-core's providers).
+        return Ok(CheckedSend {
+            wr_id: wr.wr_id,
+            opcode: wr.opcode,
+            flags: wr.flags.without(SendFlags::INLINE),
+            ud: wr.ud,
+            len: 0,
+            payload: Payload::Inline(Default::default()),
+            first_sge: None,
+        });
+    }
     let sink = wr.opcode.is_read_or_atomic();
     let is_read = matches!(wr.opcode, WrOpcode::RdmaRead { .. });
     let max_sge = if is_read {

@@ -109,6 +109,34 @@ pub enum WrOpcode {
         /// Added to the target (modulo 2^64).
         add: u64,
     },
+    /// IBA 10.6.7.3 / RDMAC verbs 7.2: Local Invalidate of a fast-registered region or a
+    /// type 2 window (`IBV_WR_LOCAL_INV`). Sends nothing; it runs once every request posted
+    /// before it has completed, and those posted after it wait for it. Entries are ignored.
+    LocalInv {
+        /// The key to invalidate.
+        key: Key,
+    },
+    /// IBA 10.6.7.2: Bind Memory Window (`IBV_WR_BIND_MW`), run in order as
+    /// [`WrOpcode::LocalInv`] is. Entries are ignored.
+    BindMw(MwBind),
+}
+
+/// What a [`WrOpcode::BindMw`] binds (`ibv_send_wr.bind_mw`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MwBind {
+    /// The window's key now.
+    pub mw: Key,
+    /// The key it has once bound: the window's index with a key octet of the consumer's
+    /// (`ibv_inc_rkey`).
+    pub new_rkey: Key,
+    /// The region the window lies in.
+    pub mr: Key,
+    /// First octet (the region's address space).
+    pub addr: u64,
+    /// Octets.
+    pub len: u64,
+    /// Remote rights only.
+    pub access: softrdma_memory::Access,
 }
 
 impl WrOpcode {
@@ -133,6 +161,44 @@ impl WrOpcode {
             WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
             WrOpcode::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
             WrOpcode::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            WrOpcode::LocalInv { .. } => WcOpcode::LocalInv,
+            WrOpcode::BindMw(_) => WcOpcode::BindMw,
+        }
+    }
+
+    /// Local Invalidate or Bind Memory Window: runs on this side's key table in send-queue
+    /// order and sends nothing.
+    pub const fn is_local(&self) -> bool {
+        matches!(self, WrOpcode::LocalInv { .. } | WrOpcode::BindMw(_))
+    }
+
+    /// Runs a local operation on `keys` for `qp` in `pd`: the status its completion carries
+    /// on failure (IBA 10.6.7: a bind that breaks a rule is a memory window bind error, an
+    /// invalidation of a key that cannot be, a local protection error).
+    pub fn run_local(
+        &self,
+        keys: &softrdma_memory::KeyTable,
+        qp: softrdma_memory::QpId,
+        pd: softrdma_memory::PdId,
+    ) -> Result<(), WcStatus> {
+        match *self {
+            WrOpcode::LocalInv { key } => keys
+                .invalidate_local(key, pd)
+                .map_err(|_| WcStatus::LocalProtection),
+            WrOpcode::BindMw(b) => keys
+                .bind_mw_with(
+                    b.mw,
+                    Some(b.new_rkey),
+                    b.mr,
+                    qp,
+                    pd,
+                    b.addr,
+                    b.len,
+                    b.access,
+                )
+                .map(|_| ())
+                .map_err(|_| WcStatus::MwBind),
+            _ => Ok(()),
         }
     }
 }
@@ -170,6 +236,11 @@ impl SendFlags {
     /// Every flag of `other` is set.
     pub const fn contains(self, other: SendFlags) -> bool {
         self.0 & other.0 == other.0
+    }
+
+    /// These flags without those of `other`.
+    pub const fn without(self, other: SendFlags) -> SendFlags {
+        SendFlags(self.0 & !other.0)
     }
 }
 
@@ -372,6 +443,30 @@ impl SendWr {
         self
     }
 
+    /// A signaled Local Invalidate of `key` (`IBV_WR_LOCAL_INV`).
+    pub fn local_inv(wr_id: u64, key: Key) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::LocalInv { key },
+            sg_list: SgList::new(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+            inline: None,
+        }
+    }
+
+    /// A signaled Bind Memory Window (`IBV_WR_BIND_MW`).
+    pub fn bind_mw(wr_id: u64, bind: MwBind) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::BindMw(bind),
+            sg_list: SgList::new(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+            inline: None,
+        }
+    }
+
     /// The same request with `flags` instead.
     pub fn with_flags(mut self, flags: SendFlags) -> SendWr {
         self.flags = flags;
@@ -427,6 +522,8 @@ pub enum WcStatus {
     RnrRetryExceeded,
     /// InfiniBand: a response of an unexpected kind or length (`IBV_WC_BAD_RESP_ERR`).
     BadResponse,
+    /// A Bind Memory Window request broke a binding rule (`IBV_WC_MW_BIND_ERR`).
+    MwBind,
 }
 
 /// What a completion reports on (`ibv_wc_opcode`).
@@ -447,6 +544,10 @@ pub enum WcOpcode {
     CompSwap,
     /// ATOMIC Fetch and Add.
     FetchAdd,
+    /// Local Invalidate (`IBV_WC_LOCAL_INV`).
+    LocalInv,
+    /// Bind Memory Window (`IBV_WC_BIND_MW`).
+    BindMw,
 }
 
 /// Completion flags (`ibv_wc_flags`).

@@ -177,6 +177,8 @@ impl RdmapEngine {
                 _ => true,
             },
             SqOp::Send { .. } | SqOp::SendImm { .. } => true,
+            // It runs when it is the oldest request, and holds back those after it.
+            SqOp::Local(_) => false,
         }
     }
 
@@ -188,6 +190,7 @@ impl RdmapEngine {
         let seq = e.seq;
         let start = out.mark();
         let step = match e.op {
+            SqOp::Local(_) => return None,
             SqOp::Read { .. } => {
                 self.put_read_request(out, idx);
                 Ok(Step::Outstanding)

@@ -3,6 +3,7 @@
 
 mod data;
 mod errors;
+mod local;
 mod pair;
 mod rfc7306;
 
