@@ -902,8 +902,7 @@ impl RdmapEngine {
     /// a Send may carry a key its window was just bound to. One that fails completes with
     /// its error and, as any local error, ends the stream (a Local Catastrophic Terminate).
     fn retire(&mut self) {
-        loop {
-            let Some(e) = self.sq.front() else { break };
+        while let Some(e) = self.sq.front() {
             let status = match (e.state, &e.op) {
                 (SqState::Done(status), _) => status,
                 (SqState::Queued, SqOp::Local(op)) => {
