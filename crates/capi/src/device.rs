@@ -151,7 +151,9 @@ pub fn device_attr(d: &SrDevice) -> sys::ibv_device_attr {
     a.page_size_cap = !0xfff;
     a.max_qp = to_int(l.max_qp);
     a.max_qp_wr = to_int(l.max_qp_wr);
-    a.device_cap_flags = sys::IBV_DEVICE_SYS_IMAGE_GUID | sys::IBV_DEVICE_MEM_WINDOW;
+    a.device_cap_flags = sys::IBV_DEVICE_SYS_IMAGE_GUID
+        | sys::IBV_DEVICE_MEM_WINDOW
+        | sys::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
     if roce {
         a.device_cap_flags |= sys::IBV_DEVICE_RC_RNR_NAK_GEN;
     }

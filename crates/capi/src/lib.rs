@@ -24,6 +24,7 @@ pub mod env;
 mod errno;
 pub mod list;
 mod live;
+pub mod mw;
 mod ops;
 pub mod pd;
 pub mod qp;

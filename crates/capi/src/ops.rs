@@ -5,7 +5,7 @@ use core::ffi::c_int;
 use std::ptr;
 
 use crate::sys;
-use crate::{context, cq, errno, list, qp, srq};
+use crate::{context, cq, errno, list, mw, qp, srq};
 
 /// The ops of every context; the ones not built are NULL (rdma-core's inline wrappers then
 /// answer `EOPNOTSUPP`/`ENOSYS` themselves, or the program falls back).
@@ -16,6 +16,9 @@ fn ops() -> sys::ibv_context_ops {
         post_send: Some(qp::post_send),
         post_recv: Some(qp::post_recv),
         post_srq_recv: Some(srq::post_srq_recv),
+        alloc_mw: Some(mw::alloc_mw),
+        dealloc_mw: Some(mw::dealloc_mw),
+        bind_mw: Some(mw::bind_mw),
         ..Default::default()
     }
 }
@@ -616,7 +619,7 @@ mod cq_tests {
 
     /// Two RC QPs of one RoCE context on 127.0.0.1 connected to each other as
     /// `ibv_rc_pingpong` connects its pair (`ibv_modify_qp` to RTR and RTS), completing
-    /// into one CQ; `max_inline_data` 64.
+    /// into one CQ; `max_inline_data` 64; remote writes allowed.
     ///
     /// # Safety
     /// `ctx` is a live RoCE context of this library.
@@ -643,7 +646,7 @@ mod cq_tests {
                 let mut a = sys::ibv_qp_attr {
                     qp_state: sys::IBV_QPS_INIT,
                     port_num: 1,
-                    qp_access_flags: sys::IBV_ACCESS_LOCAL_WRITE,
+                    qp_access_flags: sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_WRITE,
                     ..Default::default()
                 };
                 let m = sys::IBV_QP_STATE
@@ -796,6 +799,168 @@ mod cq_tests {
                 assert_eq!(qp::sr_ibv_destroy_qp(qp), 0);
             }
             assert_eq!(crate::pd::sr_ibv_dereg_mr(mr), 0);
+            assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
+            assert_eq!(cq::sr_ibv_destroy_cq(cq), 0);
+            assert_eq!(context::sr_ibv_close_device(ctx), 0);
+        }
+    }
+
+    /// Memory windows as C programs use them: `ibv_alloc_mw` (through the context's ops),
+    /// a type 2 window bound by an `IBV_WR_BIND_MW` request with the key the program chose,
+    /// written through by the peer and revoked by `IBV_WR_LOCAL_INV`; a type 1 window
+    /// bound by `ibv_bind_mw`, which advances `mw->rkey`; and the errors rdma-core gives
+    /// for what is not a window of ours.
+    #[test]
+    fn memory_windows_bound_and_invalidated_by_c_requests() {
+        let d = list::devices()
+            .iter()
+            .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
+            .expect("a RoCE device on 127.0.0.1");
+        // SAFETY: the C calls of this library on objects it made, with arguments as
+        // rdma-core's callers pass them; the octets are this test's.
+        unsafe {
+            let ctx = sr_ibv_open_device(d.as_ptr());
+            assert!(!ctx.is_null());
+            let cq = cq::sr_ibv_create_cq(ctx, 64, ptr::null_mut(), ptr::null_mut(), 0);
+            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
+            let [a, b] = looped_pair(ctx, cq, pd);
+            let mut mem = vec![0u8; 8192];
+            let access = sys::IBV_ACCESS_LOCAL_WRITE
+                | sys::IBV_ACCESS_REMOTE_WRITE
+                | sys::IBV_ACCESS_MW_BIND;
+            let mr = crate::pd::sr_ibv_reg_mr(pd, mem.as_mut_ptr().cast(), 8192, access as c_int);
+            assert!(!mr.is_null());
+            let mut src = vec![0u8; 64];
+            let smr = local_mr(pd, &mut src);
+            let sp = src.as_mut_ptr();
+            let reap = |want: usize| {
+                let mut wcs = [sys::ibv_wc::default(); 4];
+                let mut got = Vec::new();
+                while got.len() < want {
+                    let n = poll_cq(cq, 4, wcs.as_mut_ptr());
+                    assert!(n >= 0);
+                    got.extend(
+                        wcs[..n as usize]
+                            .iter()
+                            .map(|w| (w.wr_id, w.status, w.opcode)),
+                    );
+                }
+                got
+            };
+            let post = |qp, wr: &mut sys::ibv_send_wr| {
+                let mut bad = ptr::null_mut();
+                qp::post_send(qp, wr, &mut bad)
+            };
+            let write = |id: u64, rkey: u32, at: usize| {
+                let mut sge = sys::ibv_sge {
+                    addr: sp as u64,
+                    length: 64,
+                    lkey: (*smr).lkey,
+                };
+                let mut wr = sys::ibv_send_wr {
+                    wr_id: id,
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                    opcode: sys::IBV_WR_RDMA_WRITE,
+                    send_flags: sys::IBV_SEND_SIGNALED,
+                    ..Default::default()
+                };
+                wr.wr.rdma.remote_addr = mem.as_ptr() as u64 + at as u64;
+                wr.wr.rdma.rkey = rkey;
+                assert_eq!(post(b, &mut wr), 0);
+            };
+            let ops = &(*ctx).ops;
+            let mw2 = (ops.alloc_mw.unwrap())(pd, sys::IBV_MW_TYPE_2);
+            assert!(!mw2.is_null());
+            assert_eq!((*mw2).type_, sys::IBV_MW_TYPE_2);
+            let old = (*mw2).rkey;
+            let new = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+            let info = |addr: usize| sys::ibv_mw_bind_info {
+                mr,
+                addr: mem.as_ptr() as u64 + addr as u64,
+                length: 4096,
+                mw_access_flags: sys::IBV_ACCESS_REMOTE_WRITE,
+            };
+            let mut wr = sys::ibv_send_wr {
+                wr_id: 1,
+                opcode: sys::IBV_WR_BIND_MW,
+                send_flags: sys::IBV_SEND_SIGNALED,
+                ..Default::default()
+            };
+            wr.__bindgen_anon_2.bind_mw.mw = mw2;
+            wr.__bindgen_anon_2.bind_mw.rkey = new;
+            wr.__bindgen_anon_2.bind_mw.bind_info = info(4096);
+            assert_eq!(post(a, &mut wr), 0);
+            assert_eq!(reap(1), [(1, sys::IBV_WC_SUCCESS, sys::IBV_WC_BIND_MW)]);
+            ptr::write_bytes(sp, 0x5a, 64);
+            write(2, new, 4096 + 100);
+            assert_eq!(reap(1), [(2, sys::IBV_WC_SUCCESS, sys::IBV_WC_RDMA_WRITE)]);
+            assert!(mem[4096 + 100..4096 + 164].iter().all(|&x| x == 0x5a));
+
+            // Type 1, by ibv_bind_mw: the window's next key, in mw->rkey once posted.
+            let mw1 = (ops.alloc_mw.unwrap())(pd, sys::IBV_MW_TYPE_1);
+            let before = (*mw1).rkey;
+            let mut bind = sys::ibv_mw_bind {
+                wr_id: 3,
+                send_flags: sys::IBV_SEND_SIGNALED,
+                bind_info: info(0),
+            };
+            assert_eq!((ops.bind_mw.unwrap())(a, mw1, &mut bind), 0);
+            assert_eq!((*mw1).rkey >> 8, before >> 8);
+            assert_ne!((*mw1).rkey, before);
+            assert_eq!(reap(1), [(3, sys::IBV_WC_SUCCESS, sys::IBV_WC_BIND_MW)]);
+            ptr::write_bytes(sp, 0x33, 64);
+            write(4, (*mw1).rkey, 10);
+            assert_eq!(reap(1), [(4, sys::IBV_WC_SUCCESS, sys::IBV_WC_RDMA_WRITE)]);
+            assert!(mem[10..74].iter().all(|&x| x == 0x33));
+            // A type 2 window is bound by the program's own requests only.
+            assert_eq!((ops.bind_mw.unwrap())(a, mw2, &mut bind), libc::EINVAL);
+            assert_eq!(
+                (ops.bind_mw.unwrap())(a, mw1, ptr::null_mut()),
+                libc::EINVAL
+            );
+
+            // What is not a window of ours: EINVAL, `bad` names the request.
+            let mut fake = *mw2;
+            let mut wr = sys::ibv_send_wr {
+                wr_id: 5,
+                opcode: sys::IBV_WR_BIND_MW,
+                ..Default::default()
+            };
+            wr.__bindgen_anon_2.bind_mw.mw = &mut fake;
+            wr.__bindgen_anon_2.bind_mw.bind_info = info(0);
+            let mut bad = ptr::null_mut();
+            assert_eq!(qp::post_send(a, &mut wr, &mut bad), libc::EINVAL);
+            assert_eq!(bad, &mut wr as *mut _);
+            assert_eq!((ops.dealloc_mw.unwrap())(&mut fake), libc::EINVAL);
+
+            // Local Invalidate: the peer's Write through the key fails, nothing placed.
+            let mut wr = sys::ibv_send_wr {
+                wr_id: 6,
+                opcode: sys::IBV_WR_LOCAL_INV,
+                send_flags: sys::IBV_SEND_SIGNALED,
+                ..Default::default()
+            };
+            wr.__bindgen_anon_1.invalidate_rkey = new;
+            assert_eq!(post(a, &mut wr), 0);
+            assert_eq!(reap(1), [(6, sys::IBV_WC_SUCCESS, sys::IBV_WC_LOCAL_INV)]);
+            ptr::write_bytes(sp, 0x77, 64);
+            write(7, new, 4096 + 200);
+            assert_eq!(
+                reap(1),
+                [(7, sys::IBV_WC_REM_ACCESS_ERR, sys::IBV_WC_RDMA_WRITE)]
+            );
+            assert!(mem[4096 + 200..4096 + 264].iter().all(|&x| x == 0));
+
+            for mw in [mw1, mw2] {
+                assert_eq!((ops.dealloc_mw.unwrap())(mw), 0);
+            }
+            for qp in [a, b] {
+                assert_eq!(qp::sr_ibv_destroy_qp(qp), 0);
+            }
+            for m in [mr, smr] {
+                assert_eq!(crate::pd::sr_ibv_dereg_mr(m), 0);
+            }
             assert_eq!(crate::pd::sr_ibv_dealloc_pd(pd), 0);
             assert_eq!(cq::sr_ibv_destroy_cq(cq), 0);
             assert_eq!(context::sr_ibv_close_device(ctx), 0);

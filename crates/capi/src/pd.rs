@@ -76,6 +76,13 @@ pub struct SrMr {
 
 static MRS: Live = Live::new();
 
+/// The key of `m`, if it is a live region of ours.
+pub(crate) fn mr_key(m: *const sys::ibv_mr) -> Option<softrdma::Key> {
+    // SAFETY: a live region is the first field of a boxed SrMr.
+    MRS.contains(m)
+        .then(|| unsafe { &*m.cast::<SrMr>() }.inner.lkey())
+}
+
 /// `ibv_access_flags` this library knows; anything else is refused, as rdma-core's
 /// providers refuse what they do not support.
 const KNOWN_ACCESS: c_int = (sys::IBV_ACCESS_LOCAL_WRITE

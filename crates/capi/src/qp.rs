@@ -809,22 +809,41 @@ unsafe extern "C" fn wr_set_ud_addr(
     }
 }
 
-// Not carried yet: memory windows and local invalidation as work requests, TSO, XRC, and
-// atomic write; a batch that asks for one fails at `ibv_wr_complete` with EOPNOTSUPP.
+// Not carried yet: TSO, XRC and atomic write; a batch that asks for one fails at
+// `ibv_wr_complete` with EOPNOTSUPP.
 
 unsafe extern "C" fn wr_bind_mw(
     x: *mut sys::ibv_qp_ex,
-    _mw: *mut sys::ibv_mw,
-    _rkey: u32,
-    _bind: *const sys::ibv_mw_bind_info,
+    mw: *mut sys::ibv_mw,
+    rkey: u32,
+    bind: *const sys::ibv_mw_bind_info,
 ) {
-    // SAFETY: the program's extended QP.
-    unsafe { refuse(x) }
+    // SAFETY: the program's bind information, if not NULL.
+    let spec = unsafe { bind.as_ref() }.map(|b| crate::mw::bind_of(mw, rkey, b));
+    match spec {
+        // SAFETY: the program's extended QP.
+        Some(Ok(b)) => unsafe { begin(x, softrdma::WrOpcode::BindMw(b)) },
+        // SAFETY: as above.
+        _ => {
+            unsafe { of(x) }
+                .batch
+                .lock()
+                .error
+                .get_or_insert(libc::EINVAL);
+        }
+    }
 }
 
-unsafe extern "C" fn wr_local_inv(x: *mut sys::ibv_qp_ex, _rkey: u32) {
+unsafe extern "C" fn wr_local_inv(x: *mut sys::ibv_qp_ex, rkey: u32) {
     // SAFETY: the program's extended QP.
-    unsafe { refuse(x) }
+    unsafe {
+        begin(
+            x,
+            softrdma::WrOpcode::LocalInv {
+                key: softrdma::Key(rkey),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_send_tso(

@@ -111,6 +111,12 @@ fn opcode(w: &sys::ibv_send_wr) -> Option<WrOpcode> {
             rkey: Key(atomic.rkey),
             add: atomic.compare_add,
         },
+        sys::IBV_WR_LOCAL_INV => WrOpcode::LocalInv { key: Key(inv) },
+        sys::IBV_WR_BIND_MW => {
+            // SAFETY: a Bind request carries the `bind_mw` member.
+            let b = unsafe { w.__bindgen_anon_2.bind_mw };
+            WrOpcode::BindMw(crate::mw::bind_of(b.mw, b.rkey, &b.bind_info).ok()?)
+        }
         _ => return None,
     })
 }
