@@ -4,7 +4,7 @@
 use core::ffi::c_int;
 use std::ptr;
 
-use softrdma::{Key, MwBind, MwType, SendWr};
+use softrdma::{Key, MwBind, MwType};
 
 use crate::live::Live;
 use crate::{errno, sys};
@@ -12,11 +12,20 @@ use crate::{errno, sys};
 /// A memory window as rdma-core lays it out, with softrdma's behind it.
 #[repr(C)]
 pub struct SrMw {
-    mw: sys::ibv_mw,
-    inner: softrdma::Mw,
+    pub(crate) mw: sys::ibv_mw,
+    pub(crate) inner: softrdma::Mw,
 }
 
 static MWS: Live = Live::new();
+
+/// Ours, if `m` is a live window.
+///
+/// # Safety
+/// No other reference to the window is alive (the program does not free it meanwhile).
+pub(crate) unsafe fn window<'a>(m: *mut sys::ibv_mw) -> Option<&'a mut SrMw> {
+    // SAFETY: a live window is the first field of a boxed SrMw; the caller's promise.
+    MWS.contains(m).then(|| unsafe { &mut *m.cast::<SrMw>() })
+}
 
 /// The window's key now, if `m` is a live window of ours.
 pub(crate) fn mw_key(m: *const sys::ibv_mw) -> Option<Key> {
@@ -98,40 +107,4 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
     // SAFETY: it was live: a boxed SrMw, now ours alone.
     drop(unsafe { Box::from_raw(mw.cast::<SrMw>()) });
     0
-}
-
-/// The `bind_mw` op (`ibv_bind_mw`, type 1 windows): posts a Bind request to `qp` with the
-/// window's next key (`ibv_inc_rkey`), which `mw->rkey` holds once posted; the bind
-/// completes on the QP's send CQ (`IBV_WC_BIND_MW`) if signaled.
-pub(crate) unsafe extern "C" fn bind_mw(
-    qp: *mut sys::ibv_qp,
-    mw: *mut sys::ibv_mw,
-    bind: *mut sys::ibv_mw_bind,
-) -> c_int {
-    let (Some(q), false) = (crate::qp::qp(qp), bind.is_null()) else {
-        return libc::EINVAL;
-    };
-    if !MWS.contains(mw) {
-        return libc::EINVAL;
-    }
-    // SAFETY: a live window of ours; the program's bind request (checked non-NULL).
-    let (m, b) = unsafe { (&mut *mw.cast::<SrMw>(), &*bind) };
-    // Type 2 windows are bound by the program's own Bind requests (`IBV_WR_BIND_MW`).
-    if m.mw.type_ != sys::IBV_MW_TYPE_1 {
-        return libc::EINVAL;
-    }
-    let old = m.inner.rkey().0;
-    let new = (old & !0xff) | (old.wrapping_add(1) & 0xff);
-    let spec = match bind_of(mw, new, &b.bind_info) {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    let wr = SendWr::bind_mw(b.wr_id, spec).with_flags(crate::wr::send_flags(b.send_flags));
-    match q.inner.post_send(wr) {
-        Ok(()) => {
-            m.mw.rkey = new;
-            0
-        }
-        Err(e) => crate::wr::post_errno(&e),
-    }
 }

@@ -18,7 +18,7 @@ fn ops() -> sys::ibv_context_ops {
         post_srq_recv: Some(srq::post_srq_recv),
         alloc_mw: Some(mw::alloc_mw),
         dealloc_mw: Some(mw::dealloc_mw),
-        bind_mw: Some(mw::bind_mw),
+        bind_mw: Some(qp::bind_mw),
         ..Default::default()
     }
 }

@@ -809,6 +809,42 @@ unsafe extern "C" fn wr_set_ud_addr(
     }
 }
 
+/// The `bind_mw` op (`ibv_bind_mw`, type 1 windows): posts a Bind request to `qp` with the
+/// window's next key (`ibv_inc_rkey`), which `mw->rkey` holds once posted; the bind
+/// completes on the QP's send CQ (`IBV_WC_BIND_MW`) if signaled.
+pub(crate) unsafe extern "C" fn bind_mw(
+    qp: *mut sys::ibv_qp,
+    mw: *mut sys::ibv_mw,
+    bind: *mut sys::ibv_mw_bind,
+) -> c_int {
+    // SAFETY: the program's window, not freed during the call (foreign ones refused).
+    let m = unsafe { crate::mw::window(mw) };
+    // SAFETY: the program's bind request, if not NULL.
+    let b = unsafe { bind.as_ref() };
+    let (Some(q), Some(m), Some(b)) = (self::qp(qp), m, b) else {
+        return libc::EINVAL;
+    };
+    // Type 2 windows are bound by the program's own Bind requests (`IBV_WR_BIND_MW`).
+    if m.mw.type_ != sys::IBV_MW_TYPE_1 {
+        return libc::EINVAL;
+    }
+    let old = m.inner.rkey().0;
+    let new = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+    let spec = match crate::mw::bind_of(mw, new, &b.bind_info) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let wr =
+        softrdma::SendWr::bind_mw(b.wr_id, spec).with_flags(crate::wr::send_flags(b.send_flags));
+    match q.inner.post_send(wr) {
+        Ok(()) => {
+            m.mw.rkey = new;
+            0
+        }
+        Err(e) => crate::wr::post_errno(&e),
+    }
+}
+
 // Not carried yet: TSO, XRC and atomic write; a batch that asks for one fails at
 // `ibv_wr_complete` with EOPNOTSUPP.
 
