@@ -7,6 +7,7 @@
 //! Context::alloc_pd()                   ibv_alloc_pd
 //! Pd::reg_mr / alloc_mr / reg_mr_with   ibv_reg_mr          Mr::lkey() / rkey() = STag
 //! Pd::alloc_mw, Mw::bind                ibv_alloc_mw / ibv_bind_mw (types 1, 2A, 2B)
+//! SendWr::bind_mw / local_inv           IBV_WR_BIND_MW / IBV_WR_LOCAL_INV (in SQ order)
 //! Context::create_comp_channel          ibv_create_comp_channel (a pollable fd)
 //! Context::create_cq, Cq::poll          ibv_create_cq / ibv_poll_cq / ibv_req_notify_cq
 //! Pd::create_qp, Qp::post_send / recv   ibv_create_qp / ibv_post_send / ibv_post_recv

@@ -245,7 +245,7 @@ impl Drop for Mr {
 /// A memory window (`ibv_mw`): a remote-only view of part of a region, bound and unbound
 /// without re-registering. Type 1 windows are bound with a verb and can be rebound; type 2
 /// windows are bound for one QP, must be Free to be bound again, and are invalidated
-/// locally ([`Qp::invalidate`]) or by the peer (Send with Invalidate). Deallocated on drop.
+/// locally (a [`SendWr::local_inv`](softrdma_verbs_types::SendWr::local_inv) request) or by the peer (Send with Invalidate). Deallocated on drop.
 pub struct Mw {
     ctx: Arc<CtxShared>,
     pd: PdId,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use softrdma_ib::{QpAttr, QpCaps, QpType};
 use softrdma_iwarp::rdmap::QpEvent;
-use softrdma_memory::{Key, MemError, PdId};
+use softrdma_memory::{MemError, PdId};
 use softrdma_verbs_types::{InlineBuf, InlinePool, RecvWr, SendWr};
 
 use crate::Error;
@@ -310,16 +310,6 @@ impl Qp {
         match &self.inner {
             Inner::Tcp(q) => q.post_recv_list(self.ctx.tcp().map_err(|e| (0, e))?, wrs),
             Inner::Roce(q) => self.ctx.roce().map_err(|e| (0, e))?.post_recv_list(q, wrs),
-        }
-    }
-
-    /// Local Invalidate of a fast-registered region or a type 2 window of this QP's domain
-    /// (`IBV_WR_LOCAL_INV`), in send-queue order: it runs once every send request posted
-    /// before it has completed, and this call returns when it ran.
-    pub fn invalidate(&self, key: Key) -> Result<(), Error> {
-        match &self.inner {
-            Inner::Tcp(q) => q.invalidate(self.ctx.tcp()?, key),
-            Inner::Roce(q) => self.ctx.roce()?.invalidate(q, &self.ctx.keys, key, self.pd),
         }
     }
 

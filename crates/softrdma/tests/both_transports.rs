@@ -372,7 +372,7 @@ fn receive_lists_post_up_to_the_first_refused_request() {
 
 /// Memory windows: a type 1 window bound over part of a region admits Writes and Reads
 /// inside it only; a type 2 window bound to the server's QP is invalidated locally
-/// (`Qp::invalidate`) and another one by the peer's Send with Invalidate; after either, an
+/// (a Local Invalidate request) and another one by the peer's Send with Invalidate; after either, an
 /// access through its key fails (and, the error being fatal, comes last).
 #[test]
 fn memory_windows() {
@@ -441,7 +441,9 @@ fn memory_windows() {
         let k3 = mw3
             .bind(sqp, &server.mr, server.mr.addr(20480), 1024, rw)
             .unwrap();
-        sqp.invalidate(k3).unwrap();
+        sqp.post_send(SendWr::local_inv(5, k3)).unwrap();
+        let w = server.wait(1);
+        assert_eq!((w[0].wr_id, w[0].opcode), (5, WcOpcode::LocalInv), "{t:?}");
         assert_eq!(mw3.state(), KeyState::Free, "{t:?}");
 
         // Outside the type 1 window: refused, nothing placed, and the connection dies (last).

@@ -1101,7 +1101,8 @@ fn memory_window_type2_bind_write_remote_invalidate() {
         .bind(&server.qp, &region, region.addr(0), 16, Access::REMOTE_READ)
         .unwrap();
     assert_ne!(rkey, rkey2);
-    server.qp.invalidate(rkey2).unwrap();
+    server.qp.post_send(SendWr::local_inv(3, rkey2)).unwrap();
+    assert_ok(&server.wait(1)[0], 3, WcOpcode::LocalInv, 0);
     assert_eq!(mw.state(), KeyState::Free);
 }
 

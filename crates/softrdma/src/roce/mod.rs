@@ -29,7 +29,7 @@ use std::cell::RefCell;
 use std::io::IoSlice;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -341,9 +341,6 @@ pub(crate) struct RoceQpShared {
     tx_pending: AtomicU8,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
-    /// Told when send requests retire, for local invalidations waiting on them.
-    retired: Condvar,
-    invalidating: AtomicUsize,
     /// Accepted, REP sent, RTU not seen: the first packet from the peer stands for it
     /// ("communication established", IBA 12.9.6), as when the RTU is lost.
     pub(crate) awaiting_rtu: AtomicBool,
@@ -539,9 +536,6 @@ impl RoceShared {
                 };
                 q.tx_pending.fetch_max(flag, Ordering::Relaxed);
                 self.counters.tx_handed_over.fetch_add(1, Ordering::Relaxed);
-                if q.invalidating.load(Ordering::Acquire) > 0 {
-                    q.retired.notify_all();
-                }
                 false
             }
         }
@@ -602,9 +596,6 @@ impl RoceShared {
             if held {
                 self.acks_held.store(true, Ordering::Release);
             }
-        }
-        if q.invalidating.load(Ordering::Acquire) > 0 {
-            q.retired.notify_all();
         }
         more
     }
@@ -1341,8 +1332,6 @@ impl RoceShared {
             };
             let shared = Arc::new(RoceQpShared {
                 qpn,
-                retired: Condvar::new(),
-                invalidating: AtomicUsize::new(0),
                 awaiting_rtu: AtomicBool::new(false),
                 ack_held: AtomicBool::new(false),
                 tx_queued: AtomicBool::new(false),
@@ -1508,27 +1497,6 @@ impl RoceShared {
             let mut e = q.engine.lock();
             self.flush(&q, &mut e, now, Hold::Nothing);
         }
-    }
-
-    /// Local Invalidate in send-queue order (`IBV_WR_LOCAL_INV`): waits until every send
-    /// request posted before the call retired (completed or flushed), then invalidates.
-    pub(crate) fn invalidate(
-        &self,
-        q: &RoceQpShared,
-        keys: &KeyTable,
-        key: softrdma_memory::Key,
-        pd: PdId,
-    ) -> Result<(), Error> {
-        let mut e = q.engine.lock();
-        let target = e.posted;
-        q.invalidating.fetch_add(1, Ordering::AcqRel);
-        while e.posted - (e.qp.sq_outstanding() as u64) < target {
-            // The receive thread (or a CQ poller) retires them as ACKs arrive.
-            q.retired.wait_for(&mut e, IDLE_WAIT);
-        }
-        q.invalidating.fetch_sub(1, Ordering::AcqRel);
-        drop(e);
-        Ok(keys.invalidate_local(key, pd)?)
     }
 
     /// Posts a receive request (in the Error state it completes flushed at once).

@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::SyncSender;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ use parking_lot::{Condvar, Mutex};
 use softrdma_iwarp::rdmap::QpEvent;
 use softrdma_iwarp::rdmap::{check_send, send_limits};
 use softrdma_iwarp::startup::{PeerParams, Rtr, RtrSet, Startup, StartupConfig, StartupError};
-use softrdma_memory::{Key, KeyTable, MemError, PdId};
+use softrdma_memory::{KeyTable, PdId};
 use softrdma_verbs_types::{
     CheckedRecv, CheckedSend, PostError, RecvWr, SendLimits, SendWr, check_recv,
 };
@@ -695,22 +695,10 @@ pub(crate) enum Cmd {
     Destroy(Arc<TcpQp>),
 }
 
-/// A send-queue entry waiting for the progress thread.
-// Sends are nearly every item; boxing them would allocate per request.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum SqItem {
-    /// A work request for the engine, checked (and `INLINE` octets copied) at post time.
-    Send(CheckedSend),
-    /// Local Invalidate, run once every earlier request completed.
-    Invalidate {
-        key: Key,
-        reply: SyncSender<Result<(), MemError>>,
-    },
-}
-
 #[derive(Default)]
 pub(crate) struct Submissions {
-    pub(crate) sq: VecDeque<SqItem>,
+    /// Work requests for the engine, checked (and `INLINE` octets copied) at post time.
+    pub(crate) sq: VecDeque<CheckedSend>,
     pub(crate) rq: VecDeque<CheckedRecv>,
 }
 
@@ -879,7 +867,7 @@ impl TcpQp {
         let wr = check_send(wr, lim, &drv.keys, self.pd)?;
         let mut sub = self.sub.lock();
         let room = (&self.sq_posted, &self.sq_retired, self.cap.max_send_wr);
-        enqueue(&mut sub.sq, room, wr, SqItem::Send, direct)
+        enqueue(&mut sub.sq, room, wr, |wr| wr, direct)
     }
 
     /// Queues a checked receive request.
@@ -910,20 +898,6 @@ impl TcpQp {
         let mut sub = self.sub.lock();
         let room = (&self.rq_posted, &self.rq_retired, self.cap.max_recv_wr);
         enqueue(&mut sub.rq, room, wr, |wr| wr, direct)
-    }
-
-    /// Local Invalidate in send-queue order; returns when it ran.
-    pub(crate) fn invalidate(self: &Arc<Self>, drv: &TcpShared, key: Key) -> Result<(), Error> {
-        let (reply, rx) = sync_channel(1);
-        self.sub
-            .lock()
-            .sq
-            .push_back(SqItem::Invalidate { key, reply });
-        drv.schedule(self);
-        match rx.recv() {
-            Ok(r) => r.map_err(Error::Mem),
-            Err(_) => Err(Error::ContextClosed),
-        }
     }
 }
 

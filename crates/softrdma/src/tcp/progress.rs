@@ -42,8 +42,8 @@ use softrdma_verbs_types::{
 use crate::leader::Turn;
 
 use super::{
-    Cmd, DeviceStats, HalfOpen, ListenerShared, PendingRequest, Reply, SqItem, TcpQp, TcpShared,
-    emss, prepare_stream,
+    Cmd, DeviceStats, HalfOpen, ListenerShared, PendingRequest, Reply, TcpQp, TcpShared, emss,
+    prepare_stream,
 };
 use crate::Error;
 use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
@@ -146,10 +146,8 @@ pub(crate) struct Conn {
     /// Send requests handed to the engine and not yet retired.
     sq_in_engine: usize,
     rq_in_engine: usize,
-    /// An Invalidate waits for earlier send requests to retire.
-    local_waiting: bool,
     /// Scratch of `submit_to_engine`.
-    sends: Vec<CheckedSend>,
+    sends: VecDeque<CheckedSend>,
     recvs: VecDeque<CheckedRecv>,
 }
 
@@ -391,7 +389,7 @@ impl Driver {
         {
             c.posted(ctx, &mut self.bufs);
         } else if qp.state().is_dead() {
-            flush_orphan(ctx, qp);
+            flush_orphan(qp);
         }
     }
 
@@ -620,7 +618,7 @@ impl Driver {
                     c.disconnect(ctx, &mut self.bufs);
                 } else if !qp.state().is_dead() {
                     qp.set_state(QpState::Closed);
-                    flush_orphan(ctx, &qp);
+                    flush_orphan(&qp);
                 }
             }
             Cmd::Destroy(qp) => {
@@ -901,7 +899,7 @@ impl Driver {
                     }
                     ctx.post_event(AsyncEvent::Disconnected { qp_num: qp.qpn });
                     // Requests posted after the engine stopped looking.
-                    flush_orphan(ctx, &qp);
+                    flush_orphan(&qp);
                 }
             }
         }
@@ -943,22 +941,13 @@ fn touch<'a>(
 }
 
 /// Completes every queued request of a QP without a live engine as flushed.
-fn flush_orphan(ctx: &TcpShared, qp: &TcpQp) {
+fn flush_orphan(qp: &TcpQp) {
     let (sq, rq) = {
         let mut sub = qp.sub.lock();
         (std::mem::take(&mut sub.sq), std::mem::take(&mut sub.rq))
     };
-    let mut send = Vec::new();
-    for item in sq {
-        match item {
-            SqItem::Send(wr) => send.push(wr.flushed()),
-            SqItem::Invalidate { key, reply } => {
-                let _ = reply.send(ctx.keys.invalidate_local(key, qp.pd));
-                continue;
-            }
-        }
-        qp.sq_retired.fetch_add(1, Ordering::AcqRel);
-    }
+    let mut send: Vec<WorkCompletion> = sq.iter().map(|wr| wr.flushed()).collect();
+    qp.sq_retired.fetch_add(send.len() as u64, Ordering::AcqRel);
     let mut recv: Vec<WorkCompletion> = rq.iter().map(|wr| wr.flushed()).collect();
     qp.rq_retired.fetch_add(recv.len() as u64, Ordering::AcqRel);
     // The QP is gone: an overrun only drops these flushes.
@@ -1071,8 +1060,7 @@ impl Conn {
             end_signalled: false,
             sq_in_engine: 0,
             rq_in_engine: 0,
-            local_waiting: false,
-            sends: Vec::new(),
+            sends: VecDeque::new(),
             recvs: VecDeque::new(),
         })
     }
@@ -1108,7 +1096,7 @@ impl Conn {
             let window = if self.discard_rx {
                 None
             } else {
-                self.submit_to_engine(ctx);
+                self.submit_to_engine();
                 self.iw.rx_window()
             };
             let (got, cap, direct) = match window {
@@ -1151,7 +1139,7 @@ impl Conn {
                         // (which the read may have just returned) must find it, and the
                         // look before the read can have missed it.
                         if !self.discard_rx && self.rq_posted() != posted {
-                            self.submit_to_engine(ctx);
+                            self.submit_to_engine();
                         }
                         self.on_bytes(ctx, &bufs.rx[..extra], now);
                     }
@@ -1359,7 +1347,7 @@ impl Conn {
             "iWARP connection established"
         );
         ctx.post_event(AsyncEvent::Established { qp_num: qp.qpn });
-        self.submit_to_engine(ctx);
+        self.submit_to_engine();
         if let Some(r) = self.reply.take() {
             let _ = r.send(Ok(info));
         }
@@ -1404,7 +1392,7 @@ impl Conn {
         if self.dead {
             return;
         }
-        self.submit_to_engine(ctx);
+        self.submit_to_engine();
         self.serve_submitted(ctx, bufs);
     }
 
@@ -1420,12 +1408,11 @@ impl Conn {
             self.events(ctx);
             self.collect(ctx, bufs);
             // A queue overran: the Terminate and the flushes go out now.
-            let again = (self.local_waiting && self.iw.engine().sq_len() == 0)
-                || std::mem::take(&mut self.cq_overrun);
+            let again = std::mem::take(&mut self.cq_overrun);
             if !again || self.dead {
                 break;
             }
-            self.submit_to_engine(ctx);
+            self.submit_to_engine();
         }
         self.check_close();
     }
@@ -1434,7 +1421,7 @@ impl Conn {
     /// full swing, there is nothing to write, complete or report: no more is done (a
     /// reader takes receives in before each read, so posting them needs no more).
     fn posted(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
-        if self.dead || (!self.submit_to_engine(ctx) && self.quiet()) {
+        if self.dead || (!self.submit_to_engine() && self.quiet()) {
             return;
         }
         self.serve_submitted(ctx, bufs);
@@ -1448,7 +1435,6 @@ impl Conn {
             && self.iw.state() == ConnState::Established
             && !self.iw.wants_transmit()
             && !self.iw.has_event()
-            && !self.local_waiting
             && !self.cq_overrun
             && self.iw.engine().state() == StreamState::Rts
             && !self.iw.engine().has_output()
@@ -1457,7 +1443,7 @@ impl Conn {
     /// Submission queues → engine. Before the connection is up only receives go in (sends
     /// wait for it, and stay queued if it fails). Whether anything but accepted receives
     /// came of it (sends or an invalidation handed over, a request refused).
-    fn submit_to_engine(&mut self, ctx: &TcpShared) -> bool {
+    fn submit_to_engine(&mut self) -> bool {
         let Some(qp) = self.qp.clone() else {
             return false;
         };
@@ -1466,37 +1452,16 @@ impl Conn {
         // queue gets the empty one back with its capacity.
         let mut sends = std::mem::take(&mut self.sends);
         let mut recvs = std::mem::take(&mut self.recvs);
-        let mut invalidate = None;
         {
             let mut sub = qp.sub.lock();
-            self.local_waiting = false;
-            while established && let Some(item) = sub.sq.front() {
-                match item {
-                    SqItem::Send(_) => {
-                        if let Some(SqItem::Send(wr)) = sub.sq.pop_front() {
-                            sends.push(wr);
-                        }
-                    }
-                    SqItem::Invalidate { .. } => {
-                        // Every earlier request retired and its completion handed to
-                        // the CQ (`sq_in_engine` drops to 0 only in `collect`).
-                        if sends.is_empty()
-                            && self.sq_in_engine == 0
-                            && self.iw.engine().sq_len() == 0
-                        {
-                            invalidate = sub.sq.pop_front();
-                        } else {
-                            self.local_waiting = true;
-                        }
-                        break;
-                    }
-                }
+            if established {
+                std::mem::swap(&mut sub.sq, &mut sends);
             }
             std::mem::swap(&mut sub.rq, &mut recvs);
         }
         // Posting happens without the submission lock: an INLINE copy or a key check must
         // never wait while a poster waits for that lock.
-        let mut handed = !sends.is_empty() || invalidate.is_some();
+        let mut handed = !sends.is_empty();
         for wr in recvs.drain(..) {
             handed |= self.hand_recv(&qp, wr);
         }
@@ -1505,15 +1470,6 @@ impl Conn {
         }
         self.sends = sends;
         self.recvs = recvs;
-        if let Some(SqItem::Invalidate { key, reply }) = invalidate {
-            let _ = reply.send(ctx.keys.invalidate_local(key, qp.pd));
-            // Others may wait behind it.
-            self.local_waiting =
-                matches!(qp.sub.lock().sq.front(), Some(SqItem::Invalidate { .. }));
-            if !qp.sub.lock().sq.is_empty() {
-                ctx.schedule(&qp);
-            }
-        }
         handed
     }
 
