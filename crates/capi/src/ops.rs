@@ -920,6 +920,32 @@ mod cq_tests {
                 libc::EINVAL
             );
 
+            // The same through the ibv_wr_* calls: bind a second type 2 window, invalidate
+            // it; a window not of ours fails the batch at ibv_wr_complete.
+            let x = qp::sr_ibv_qp_to_qp_ex(a);
+            let mw3 = (ops.alloc_mw.unwrap())(pd, sys::IBV_MW_TYPE_2);
+            let k3 = ((*mw3).rkey & !0xff) | ((*mw3).rkey.wrapping_add(9) & 0xff);
+            let i3 = info(2048);
+            ((*x).wr_start.unwrap())(x);
+            (*x).wr_id = 8;
+            (*x).wr_flags = sys::IBV_SEND_SIGNALED;
+            ((*x).wr_bind_mw.unwrap())(x, mw3, k3, &i3);
+            (*x).wr_id = 9;
+            ((*x).wr_local_inv.unwrap())(x, k3);
+            assert_eq!(((*x).wr_complete.unwrap())(x), 0);
+            assert_eq!(
+                reap(2),
+                [
+                    (8, sys::IBV_WC_SUCCESS, sys::IBV_WC_BIND_MW),
+                    (9, sys::IBV_WC_SUCCESS, sys::IBV_WC_LOCAL_INV)
+                ]
+            );
+            let mut other = *mw3;
+            ((*x).wr_start.unwrap())(x);
+            ((*x).wr_bind_mw.unwrap())(x, &mut other, k3, &i3);
+            assert_eq!(((*x).wr_complete.unwrap())(x), libc::EINVAL);
+            assert_eq!((ops.dealloc_mw.unwrap())(mw3), 0);
+
             // What is not a window of ours: EINVAL, `bad` names the request.
             let mut fake = *mw2;
             let mut wr = sys::ibv_send_wr {
