@@ -171,6 +171,9 @@ fn create_cq(
             softrdma::Error::ResourceLimit { .. } => libc::ENOMEM,
             _ => libc::EINVAL,
         })?;
+    if let Some(b) = crate::env::poll_backoff() {
+        inner.set_poll_backoff(b);
+    }
     let b = Box::new(SrCq {
         cq: std::cell::UnsafeCell::new(sys::ibv_cq_ex {
             context: ctx,

@@ -12,6 +12,34 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// The environment variable that sets how polls of a long-empty CQ back off
+/// (`softrdma::PollBackoff`): `off`, or `AFTER_US,WAIT_US`.
+pub const POLL_BACKOFF_VAR: &str = "SOFTRDMA_POLL_BACKOFF";
+
+/// The back-off `$SOFTRDMA_POLL_BACKOFF` asks for; `None` when unset or unreadable (the
+/// library's default then).
+pub(crate) fn poll_backoff() -> Option<Option<softrdma::PollBackoff>> {
+    static B: OnceLock<Option<Option<softrdma::PollBackoff>>> = OnceLock::new();
+    *B.get_or_init(|| parse_poll_backoff(&std::env::var(POLL_BACKOFF_VAR).ok()?))
+}
+
+fn parse_poll_backoff(v: &str) -> Option<Option<softrdma::PollBackoff>> {
+    if v.trim() == "off" {
+        return Some(None);
+    }
+    let (a, w) = v.split_once(',')?;
+    let us = |x: &str| {
+        x.trim()
+            .parse::<u64>()
+            .ok()
+            .map(std::time::Duration::from_micros)
+    };
+    Some(Some(softrdma::PollBackoff {
+        after: us(a)?,
+        wait: us(w)?,
+    }))
+}
+
 /// The environment variable naming the sysfs tree's root.
 pub const SYSFS_VAR: &str = "SOFTRDMA_SYSFS";
 
@@ -133,4 +161,25 @@ pub(crate) fn init_log() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn poll_backoff_settings_read_as_written() {
+        assert_eq!(parse_poll_backoff("off"), Some(None));
+        assert_eq!(
+            parse_poll_backoff("2000, 50"),
+            Some(Some(softrdma::PollBackoff {
+                after: Duration::from_millis(2),
+                wait: Duration::from_micros(50),
+            }))
+        );
+        for bad in ["", "on", "1000", "1000,x", "-1,5"] {
+            assert_eq!(parse_poll_backoff(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -30,6 +30,31 @@ use crate::leader::{FLOW_POLL, STAND_DOWN, Spin, Waiter};
 /// longer than a round trip here, so that a ping-pong's poller keeps its core.
 const YIELD_AFTER: Duration = Duration::from_micros(50);
 
+/// What [`Cq::poll`] does on a queue that has stayed empty a long time: each poll first
+/// waits up to `wait` for a completion to be pushed to the queue (returning as soon as one
+/// is) instead of returning at once.
+///
+/// A program that spins on a CQ that nothing completes into — perftest's `-R` server on its
+/// control queue for a whole bandwidth test — otherwise holds a core the library's own
+/// threads need to move data (a NIC's CQ is memory the NIC writes; here, the data path is
+/// threads of the program's process): issue 43, 64 KiB Writes on two cores, 1.8 GB/s
+/// without, 2.8 GB/s with. The cost: a program that polls such a queue while it waits for
+/// something else (another queue, memory a peer writes into) sees that thing up to `wait`
+/// late, and only after `after` of nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollBackoff {
+    /// How long the polls find nothing first.
+    pub after: Duration,
+    /// The longest wait of each poll after that.
+    pub wait: Duration,
+}
+
+/// What a new `Cq` does: waits of up to 100 µs once its polls found nothing for 1 ms.
+pub const DEFAULT_POLL_BACKOFF: Option<PollBackoff> = Some(PollBackoff {
+    after: Duration::from_millis(1),
+    wait: Duration::from_micros(100),
+});
+
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +132,11 @@ pub(crate) struct CqShared {
     /// found something), see [`Cq::poll_each`].
     empty_since: AtomicU64,
     base: Instant,
+    /// [`PollBackoff`] in nanoseconds (`after` 0: none).
+    backoff_after: AtomicU64,
+    backoff_wait: AtomicU64,
+    /// Polls that waited ([`Cq::poll_backoffs`]).
+    backoffs: AtomicU64,
 }
 
 impl Waiter for CqShared {
@@ -264,8 +294,12 @@ impl Cq {
                 events,
                 empty_since: AtomicU64::new(0),
                 base: Instant::now(),
+                backoff_after: AtomicU64::new(0),
+                backoff_wait: AtomicU64::new(0),
+                backoffs: AtomicU64::new(0),
             }),
         };
+        cq.set_poll_backoff(DEFAULT_POLL_BACKOFF);
         if let Some(ch) = channel {
             let mut cqs = ch.shared.cqs.lock();
             cqs.retain(|w| w.strong_count() > 0);
@@ -356,13 +390,49 @@ impl Cq {
         // 64 KiB Writes on two cores, 0.65 GB/s without, 2.1 GB/s with). Sooner, a poll
         // that waits for an answer would yield to the thread that handles that answer's
         // arrival and lose the race for it; alone on its core, a yield returns at once.
+        // Found nothing for longer still, each waits for a push ([`PollBackoff`]).
         // Another poller may have stored a later instant than this thread's `now`.
         let now = (self.shared.base.elapsed().as_nanos() as u64).max(1);
-        match self.shared.empty_since.load(Ordering::Relaxed) {
-            0 => self.shared.empty_since.store(now, Ordering::Relaxed),
+        let q = &self.shared;
+        let after = q.backoff_after.load(Ordering::Relaxed);
+        match q.empty_since.load(Ordering::Relaxed) {
+            0 => q.empty_since.store(now, Ordering::Relaxed),
+            t if after > 0 && now.saturating_sub(t) >= after => {
+                let wait = Duration::from_nanos(q.backoff_wait.load(Ordering::Relaxed));
+                let mut s = q.state.lock();
+                if s.entries.is_empty() {
+                    // Counted under the lock the wait lets go: a push seen after the count
+                    // comes while this thread waits. Every push notifies `cond`.
+                    q.backoffs.fetch_add(1, Ordering::Relaxed);
+                    let _ = q.cond.wait_for(&mut s, wait);
+                }
+            }
             t if now.saturating_sub(t) >= YIELD_AFTER.as_nanos() as u64 => std::thread::yield_now(),
             _ => {}
         }
+    }
+
+    /// How polls of a queue that stays empty back off ([`PollBackoff`]; `None`: they never
+    /// wait). New queues have [`DEFAULT_POLL_BACKOFF`].
+    pub fn set_poll_backoff(&self, b: Option<PollBackoff>) {
+        let ns = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let (after, wait) = b.map_or((0, 0), |b| (ns(b.after).max(1), ns(b.wait)));
+        self.shared.backoff_wait.store(wait, Ordering::Relaxed);
+        self.shared.backoff_after.store(after, Ordering::Relaxed);
+    }
+
+    /// How many polls have waited for a push ([`PollBackoff`]).
+    pub fn poll_backoffs(&self) -> u64 {
+        self.shared.backoffs.load(Ordering::Relaxed)
+    }
+
+    /// The back-off of [`Cq::set_poll_backoff`].
+    pub fn poll_backoff(&self) -> Option<PollBackoff> {
+        let after = self.shared.backoff_after.load(Ordering::Relaxed);
+        (after > 0).then(|| PollBackoff {
+            after: Duration::from_nanos(after),
+            wait: Duration::from_nanos(self.shared.backoff_wait.load(Ordering::Relaxed)),
+        })
     }
 
     /// How [`Cq::wait`] polls the transport before it sleeps ([`DEFAULT_BUSY_POLL`]:
@@ -960,6 +1030,40 @@ mod tests {
         assert_eq!(w.wakes(), 1);
         assert_eq!(poll_once(f.as_mut(), &w), Poll::Ready(cq.clone()));
         assert_eq!(ch.pending(), 0);
+    }
+
+    /// A poll of a queue empty for longer than its back-off's `after` waits for the next
+    /// push and returns that completion (a wait of an hour: only the push ends it).
+    #[test]
+    fn a_backed_off_poll_is_woken_by_a_push() {
+        let cq = Cq::new(4, None, None);
+        assert_eq!(cq.poll_backoff(), DEFAULT_POLL_BACKOFF);
+        cq.set_poll_backoff(Some(PollBackoff {
+            after: Duration::from_nanos(1),
+            wait: Duration::from_secs(3600),
+        }));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let poller = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                loop {
+                    if let Some(wc) = cq.poll_one() {
+                        let _ = tx.send(wc.wr_id);
+                        return;
+                    }
+                }
+            })
+        };
+        // A poll waits (the count is taken under the lock its wait lets go).
+        while cq.poll_backoffs() == 0 {
+            std::thread::yield_now();
+        }
+        push(&cq, [5]);
+        let got = rx.recv_timeout(Duration::from_secs(60));
+        assert_eq!(got, Ok(5), "the push did not end the poll's wait");
+        poller.join().unwrap();
+        cq.set_poll_backoff(None);
+        assert_eq!(cq.poll_backoff(), None);
     }
 
     /// Pollers race on the instant the queue went empty: one that read the clock before

@@ -78,6 +78,7 @@ pub use connparams::{
 };
 pub use cq::{
     BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL,
+    DEFAULT_POLL_BACKOFF, PollBackoff,
 };
 pub use device::{Context, Device, DeviceCounters, DeviceLimits, Pd, TCP_DEVICE_NAME, Transport};
 pub use error::Error;
