@@ -16,10 +16,11 @@ fn inc(k: Key) -> Key {
     Key((k.0 & !0xff) | (k.0.wrapping_add(1) & 0xff))
 }
 
-/// A bind posted behind a Read waits for it; the Send posted after the bind leaves only once
-/// the bind ran, and the peer can write through the new key (not the old one).
+/// RDMAP-118: a bind posted behind a Read waits for it; the Send posted after the bind
+/// leaves only once the bind ran, and the peer can write through the new key (not the old
+/// one).
 #[test]
-fn a_bind_runs_after_earlier_requests_and_before_later_ones() {
+fn rdmap_118_a_bind_runs_after_earlier_requests_and_before_later_ones() {
     let mut p = Pair::new(512);
     let mr = Mr::new(&p.ka, PD, 8192, 0x10_0000, RW | Access::MW_BIND);
     let mw = p.ka.alloc_mw(PD, MwType::Type2A).unwrap();
@@ -86,10 +87,11 @@ fn a_bind_runs_after_earlier_requests_and_before_later_ones() {
     mr.assert_guards_intact();
 }
 
-/// A Local Invalidate posted behind a Write waits until the Write completed, then revokes
-/// the window: the peer's Write through it is refused (DDP tagged 0x00) and places nothing.
+/// RDMAP-120: a Local Invalidate posted behind a Write waits until the Write completed,
+/// then revokes the window: the peer's Write through it is refused (DDP tagged 0x00) and
+/// places nothing.
 #[test]
-fn a_local_invalidate_revokes_in_order() {
+fn rdmap_120_a_local_invalidate_revokes_in_order() {
     let mut p = Pair::new(256);
     let mr = Mr::new(&p.ka, PD, 4096, 0x10_0000, RW | Access::MW_BIND);
     let mw = p.ka.alloc_mw(PD, MwType::Type2A).unwrap();
