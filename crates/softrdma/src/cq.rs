@@ -137,6 +137,15 @@ pub(crate) struct CqShared {
     backoff_wait: AtomicU64,
     /// Polls that waited ([`Cq::poll_backoffs`]).
     backoffs: AtomicU64,
+    /// Arrivals for QPs completing here ([`CqShared::arrived`]), and the count the last
+    /// poll saw.
+    arrivals: AtomicU64,
+    seen_arrivals: AtomicU64,
+    /// When polls began to find neither completions nor arrivals (nanoseconds after
+    /// `base`; 0: the last one found one), for [`PollBackoff`].
+    quiet_since: AtomicU64,
+    /// Polls waiting ([`PollBackoff`]): arrivals wake them.
+    parked: AtomicUsize,
 }
 
 impl Waiter for CqShared {
@@ -162,6 +171,16 @@ impl CqShared {
             .iter()
             .filter_map(Weak::upgrade)
             .collect()
+    }
+
+    /// Octets or packets arrived for a QP completing here: polls of the queue are not idle
+    /// ([`PollBackoff`]: a program polling it while it watches memory the peer writes into
+    /// is waiting for those), and one waiting is woken.
+    pub(crate) fn arrived(&self) {
+        self.arrivals.fetch_add(1, Ordering::Relaxed);
+        if self.parked.load(Ordering::Relaxed) > 0 {
+            self.cond.notify_all();
+        }
     }
 
     fn has_entries(&self) -> bool {
@@ -297,6 +316,10 @@ impl Cq {
                 backoff_after: AtomicU64::new(0),
                 backoff_wait: AtomicU64::new(0),
                 backoffs: AtomicU64::new(0),
+                arrivals: AtomicU64::new(0),
+                seen_arrivals: AtomicU64::new(0),
+                quiet_since: AtomicU64::new(0),
+                parked: AtomicUsize::new(0),
             }),
         };
         cq.set_poll_backoff(DEFAULT_POLL_BACKOFF);
@@ -373,15 +396,19 @@ impl Cq {
     }
 
     fn drive(&self) {
-        if self.shared.has_entries() {
-            self.shared.empty_since.store(0, Ordering::Relaxed);
+        let q = &self.shared;
+        if q.has_entries() {
+            q.empty_since.store(0, Ordering::Relaxed);
+            q.quiet_since.store(0, Ordering::Relaxed);
             return;
         }
-        for d in self.shared.drivers() {
-            d.progress(&self.shared);
+        let drivers = q.drivers();
+        for d in &drivers {
+            d.progress(q);
         }
-        if self.shared.has_entries() {
-            self.shared.empty_since.store(0, Ordering::Relaxed);
+        if q.has_entries() {
+            q.empty_since.store(0, Ordering::Relaxed);
+            q.quiet_since.store(0, Ordering::Relaxed);
             return;
         }
         // A program that spins on its CQ (perftest, every verbs benchmark) holds a core the
@@ -392,24 +419,45 @@ impl Cq {
         // arrival and lose the race for it; alone on its core, a yield returns at once.
         // Found nothing for longer still, each waits for a push ([`PollBackoff`]).
         // Another poller may have stored a later instant than this thread's `now`.
-        let now = (self.shared.base.elapsed().as_nanos() as u64).max(1);
-        let q = &self.shared;
+        let now = (q.base.elapsed().as_nanos() as u64).max(1);
+        let a = q.arrivals.load(Ordering::Relaxed);
+        let quiet = match q.quiet_since.load(Ordering::Relaxed) {
+            t if t == 0 || q.seen_arrivals.swap(a, Ordering::Relaxed) != a => {
+                q.quiet_since.store(now, Ordering::Relaxed);
+                now
+            }
+            t => t,
+        };
         let after = q.backoff_after.load(Ordering::Relaxed);
+        if after > 0 && now.saturating_sub(quiet) >= after {
+            return self.back_off(&drivers, a);
+        }
         match q.empty_since.load(Ordering::Relaxed) {
             0 => q.empty_since.store(now, Ordering::Relaxed),
-            t if after > 0 && now.saturating_sub(t) >= after => {
-                let wait = Duration::from_nanos(q.backoff_wait.load(Ordering::Relaxed));
-                let mut s = q.state.lock();
-                if s.entries.is_empty() {
-                    // Counted under the lock the wait lets go: a push seen after the count
-                    // comes while this thread waits. Every push notifies `cond`.
-                    q.backoffs.fetch_add(1, Ordering::Relaxed);
-                    let _ = q.cond.wait_for(&mut s, wait);
-                }
-            }
             t if now.saturating_sub(t) >= YIELD_AFTER.as_nanos() as u64 => std::thread::yield_now(),
             _ => {}
         }
+    }
+
+    /// A poll of a queue quiet for longer than its back-off's `after`: waits until a push,
+    /// an arrival, or the back-off's `wait`. The background threads of its drivers are
+    /// told to look now, so that what arrives meanwhile is handled while this thread waits.
+    fn back_off(&self, drivers: &[Arc<dyn Progress>], seen: u64) {
+        let q = &self.shared;
+        for d in drivers {
+            d.nudge();
+        }
+        let wait = Duration::from_nanos(q.backoff_wait.load(Ordering::Relaxed));
+        let mut s = q.state.lock();
+        q.parked.fetch_add(1, Ordering::SeqCst);
+        if s.entries.is_empty() && q.arrivals.load(Ordering::SeqCst) == seen {
+            // Counted under the lock the wait lets go: a push seen after the count comes
+            // while this thread waits. Every push notifies `cond`, and so does an arrival
+            // seen after `parked` (one just before it waits for the next).
+            q.backoffs.fetch_add(1, Ordering::Relaxed);
+            let _ = q.cond.wait_for(&mut s, wait);
+        }
+        q.parked.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// How polls of a queue that stays empty back off ([`PollBackoff`]; `None`: they never
@@ -1064,6 +1112,44 @@ mod tests {
         poller.join().unwrap();
         cq.set_poll_backoff(None);
         assert_eq!(cq.poll_backoff(), None);
+    }
+
+    /// An arrival for a QP of the queue (a segment, a packet) ends a poll's wait, and polls
+    /// that see arrivals are not quiet: a program polling the queue while it watches memory
+    /// a peer writes into is waiting for those.
+    #[test]
+    fn an_arrival_ends_a_backed_off_poll() {
+        let cq = Cq::new(4, None, None);
+        cq.set_poll_backoff(Some(PollBackoff {
+            after: Duration::from_nanos(1),
+            wait: Duration::from_secs(3600),
+        }));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let poller = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                loop {
+                    if let Some(wc) = cq.poll_one() {
+                        let _ = tx.send(wc.wr_id);
+                        return;
+                    }
+                }
+            })
+        };
+        let waits = |n: u64| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while cq.poll_backoffs() < n {
+                assert!(Instant::now() < deadline, "no wait number {n}");
+                std::thread::yield_now();
+            }
+        };
+        waits(1);
+        cq.shared.arrived();
+        // Woken, it polls again and (quiet again after 1 ns) waits again.
+        waits(2);
+        push(&cq, [6]);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(6));
+        poller.join().unwrap();
     }
 
     /// Pollers race on the instant the queue went empty: one that read the clock before

@@ -1045,6 +1045,10 @@ impl RoceShared {
                     let i = match rx.touched.iter().position(|t| Arc::ptr_eq(t, q)) {
                         Some(i) => i,
                         None => {
+                            q.send_cq.arrived();
+                            if !Arc::ptr_eq(&q.send_cq, &q.recv_cq) {
+                                q.recv_cq.arrived();
+                            }
                             rx.touched.push(q.clone());
                             rx.touched.len() - 1
                         }

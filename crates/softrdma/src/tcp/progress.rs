@@ -1132,6 +1132,12 @@ impl Conn {
                 }
                 Ok(n) => {
                     DeviceStats::add(&ctx.stats.octets_rx, n);
+                    if let Some(q) = &self.qp {
+                        q.send_cq.arrived();
+                        if !Arc::ptr_eq(&q.send_cq, &q.recv_cq) {
+                            q.recv_cq.arrived();
+                        }
+                    }
                     let extra = n.saturating_sub(direct);
                     if extra > 0 {
                         // Receives posted while the read was under way go in before the
