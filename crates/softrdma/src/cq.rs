@@ -30,17 +30,19 @@ use crate::leader::{FLOW_POLL, STAND_DOWN, Spin, Waiter};
 /// longer than a round trip here, so that a ping-pong's poller keeps its core.
 const YIELD_AFTER: Duration = Duration::from_micros(50);
 
-/// What [`Cq::poll`] does on a queue that has stayed empty a long time: each poll first
-/// waits up to `wait` for a completion to be pushed to the queue (returning as soon as one
-/// is) instead of returning at once.
+/// What [`Cq::poll`] does on a queue that has stayed quiet a long time — no completion, and
+/// nothing arriving for its QPs: each poll first waits up to `wait` for a completion or an
+/// arrival (returning as soon as one comes) instead of returning at once.
 ///
 /// A program that spins on a CQ that nothing completes into — perftest's `-R` server on its
 /// control queue for a whole bandwidth test — otherwise holds a core the library's own
 /// threads need to move data (a NIC's CQ is memory the NIC writes; here, the data path is
-/// threads of the program's process): issue 43, 64 KiB Writes on two cores, 1.8 GB/s
-/// without, 2.8 GB/s with. The cost: a program that polls such a queue while it waits for
-/// something else (another queue, memory a peer writes into) sees that thing up to `wait`
-/// late, and only after `after` of nothing.
+/// threads of the program's process): issue 43, 64 KiB Writes on two cores, 1.5 GB/s
+/// without, 2.2 GB/s with (2.6 with a 1 ms `wait`). Arrivals count as activity, so a program
+/// polling the queue while it watches memory its QPs' peers write into never waits. The
+/// cost: one that polls a quiet queue while it waits for something that concerns none of
+/// the queue's QPs (another context, a socket, another thread) sees it up to `wait` late,
+/// and only after `after` of quiet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollBackoff {
     /// How long the polls find nothing first.
