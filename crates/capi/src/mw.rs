@@ -43,12 +43,10 @@ pub(crate) fn bind_of(
 ) -> Result<MwBind, c_int> {
     let mw = mw_key(mw).ok_or(libc::EINVAL)?;
     let mr = crate::pd::mr_key(info.mr).ok_or(libc::EINVAL)?;
-    let remote = sys::IBV_ACCESS_REMOTE_WRITE
-        | sys::IBV_ACCESS_REMOTE_READ
-        | sys::IBV_ACCESS_REMOTE_ATOMIC
-        | sys::IBV_ACCESS_ZERO_BASED;
-    if info.mw_access_flags & !remote != 0 || info.mw_access_flags & sys::IBV_ACCESS_ZERO_BASED != 0
-    {
+    // Remote rights only (zero-based windows are not offered).
+    let remote =
+        sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ | sys::IBV_ACCESS_REMOTE_ATOMIC;
+    if info.mw_access_flags & !remote != 0 {
         return Err(libc::EINVAL);
     }
     Ok(MwBind {

@@ -617,6 +617,34 @@ mod cq_tests {
         }
     }
 
+    /// A context on the RoCE device of 127.0.0.1, a CQ of 64 entries, a PD, and
+    /// [`looped_pair`]'s two QPs on them.
+    ///
+    /// # Safety
+    /// The caller ends what it returns.
+    unsafe fn looped_setup() -> (
+        *mut sys::ibv_context,
+        *mut sys::ibv_cq,
+        *mut sys::ibv_pd,
+        [*mut sys::ibv_qp; 2],
+    ) {
+        let d = list::devices()
+            .iter()
+            .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
+            .expect("a RoCE device on 127.0.0.1");
+        // SAFETY: the C calls of this library on objects it made, with arguments as
+        // rdma-core's callers pass them.
+        unsafe {
+            let ctx = sr_ibv_open_device(d.as_ptr());
+            assert!(!ctx.is_null());
+            let cq = cq::sr_ibv_create_cq(ctx, 64, ptr::null_mut(), ptr::null_mut(), 0);
+            assert!(!cq.is_null());
+            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
+            let qps = looped_pair(ctx, cq, pd);
+            (ctx, cq, pd, qps)
+        }
+    }
+
     /// Two RC QPs of one RoCE context on 127.0.0.1 connected to each other as
     /// `ibv_rc_pingpong` connects its pair (`ibv_modify_qp` to RTR and RTS), completing
     /// into one CQ; `max_inline_data` 64; remote writes allowed.
@@ -703,19 +731,10 @@ mod cq_tests {
     /// registered over a fresh copy per post, and each `ibv_wr_*` batch a fresh vector).
     #[test]
     fn posting_inline_and_polling_allocate_nothing_per_request() {
-        let d = list::devices()
-            .iter()
-            .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
-            .expect("a RoCE device on 127.0.0.1");
         // SAFETY: the C calls of this library on objects it made, with arguments as
-        // rdma-core's callers pass them; the octets sent and received are this test's.
+        // rdma-core's callers pass them; the octets are this test's.
         unsafe {
-            let ctx = sr_ibv_open_device(d.as_ptr());
-            assert!(!ctx.is_null());
-            let cq = cq::sr_ibv_create_cq(ctx, 64, ptr::null_mut(), ptr::null_mut(), 0);
-            assert!(!cq.is_null());
-            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
-            let [a, b] = looped_pair(ctx, cq, pd);
+            let (ctx, cq, pd, [a, b]) = looped_setup();
             let mut rx = vec![0u8; 4096];
             let mr = local_mr(pd, &mut rx);
             let data: [u8; 48] = std::array::from_fn(|i| i as u8);
@@ -812,18 +831,10 @@ mod cq_tests {
     /// for what is not a window of ours.
     #[test]
     fn memory_windows_bound_and_invalidated_by_c_requests() {
-        let d = list::devices()
-            .iter()
-            .find(|d| d.inner.interface() == Some("lo") && d.gid()[10] == 0xff)
-            .expect("a RoCE device on 127.0.0.1");
         // SAFETY: the C calls of this library on objects it made, with arguments as
         // rdma-core's callers pass them; the octets are this test's.
         unsafe {
-            let ctx = sr_ibv_open_device(d.as_ptr());
-            assert!(!ctx.is_null());
-            let cq = cq::sr_ibv_create_cq(ctx, 64, ptr::null_mut(), ptr::null_mut(), 0);
-            let pd = crate::pd::sr_ibv_alloc_pd(ctx);
-            let [a, b] = looped_pair(ctx, cq, pd);
+            let (ctx, cq, pd, [a, b]) = looped_setup();
             let mut mem = vec![0u8; 8192];
             let access = sys::IBV_ACCESS_LOCAL_WRITE
                 | sys::IBV_ACCESS_REMOTE_WRITE
@@ -874,7 +885,7 @@ mod cq_tests {
             assert!(!mw2.is_null());
             assert_eq!((*mw2).type_, sys::IBV_MW_TYPE_2);
             let old = (*mw2).rkey;
-            let new = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+            let new = softrdma::Key(old).next_consumer(1).0;
             let info = |addr: usize| sys::ibv_mw_bind_info {
                 mr,
                 addr: mem.as_ptr() as u64 + addr as u64,
@@ -924,7 +935,7 @@ mod cq_tests {
             // it; a window not of ours fails the batch at ibv_wr_complete.
             let x = qp::sr_ibv_qp_to_qp_ex(a);
             let mw3 = (ops.alloc_mw.unwrap())(pd, sys::IBV_MW_TYPE_2);
-            let k3 = ((*mw3).rkey & !0xff) | ((*mw3).rkey.wrapping_add(9) & 0xff);
+            let k3 = softrdma::Key((*mw3).rkey).next_consumer(9).0;
             let i3 = info(2048);
             ((*x).wr_start.unwrap())(x);
             (*x).wr_id = 8;

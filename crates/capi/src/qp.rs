@@ -828,8 +828,7 @@ pub(crate) unsafe extern "C" fn bind_mw(
     if m.mw.type_ != sys::IBV_MW_TYPE_1 {
         return libc::EINVAL;
     }
-    let old = m.inner.rkey().0;
-    let new = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+    let new = m.inner.rkey().next_consumer(1).0;
     let spec = match crate::mw::bind_of(mw, new, &b.bind_info) {
         Ok(s) => s,
         Err(e) => return e,

@@ -9,7 +9,7 @@ use softrdma_memory::{Access, Key, KeyState, MwType, PdId};
 
 /// The window's index with another key octet (`ibv_inc_rkey`).
 fn inc(k: Key) -> Key {
-    Key((k.0 & !0xff) | (k.0.wrapping_add(1) & 0xff))
+    k.next_consumer(1)
 }
 
 /// A region of node 0's buffer that windows may be bound to, and a type 2A window.

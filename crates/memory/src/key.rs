@@ -71,6 +71,12 @@ impl Key {
     pub const fn consumer(self) -> u8 {
         self.0 as u8
     }
+
+    /// The same index with the consumer key advanced by `n` (`ibv_inc_rkey` for 1): the key
+    /// a Bind request gives a window.
+    pub const fn next_consumer(self, n: u8) -> Key {
+        Key::new(self.index(), self.consumer().wrapping_add(n))
+    }
 }
 
 impl fmt::Debug for Key {

@@ -1082,12 +1082,14 @@ mod tests {
         assert_eq!(ch.pending(), 0);
     }
 
-    /// A poll of a queue empty for longer than its back-off's `after` waits for the next
-    /// push and returns that completion (a wait of an hour: only the push ends it).
-    #[test]
-    fn a_backed_off_poll_is_woken_by_a_push() {
+    /// A queue whose polls, once quiet for a nanosecond, wait an hour (only a push or an
+    /// arrival ends the wait), and a thread polling it that sends the first completion's id.
+    fn backed_off_poller() -> (
+        Cq,
+        std::thread::JoinHandle<()>,
+        std::sync::mpsc::Receiver<u64>,
+    ) {
         let cq = Cq::new(4, None, None);
-        assert_eq!(cq.poll_backoff(), DEFAULT_POLL_BACKOFF);
         cq.set_poll_backoff(Some(PollBackoff {
             after: Duration::from_nanos(1),
             wait: Duration::from_secs(3600),
@@ -1104,6 +1106,15 @@ mod tests {
                 }
             })
         };
+        (cq, poller, rx)
+    }
+
+    /// A poll of a queue empty for longer than its back-off's `after` waits for the next
+    /// push and returns that completion (a wait of an hour: only the push ends it).
+    #[test]
+    fn a_backed_off_poll_is_woken_by_a_push() {
+        assert_eq!(Cq::new(4, None, None).poll_backoff(), DEFAULT_POLL_BACKOFF);
+        let (cq, poller, rx) = backed_off_poller();
         // A poll waits (the count is taken under the lock its wait lets go).
         while cq.poll_backoffs() == 0 {
             std::thread::yield_now();
@@ -1121,23 +1132,7 @@ mod tests {
     /// a peer writes into is waiting for those.
     #[test]
     fn an_arrival_ends_a_backed_off_poll() {
-        let cq = Cq::new(4, None, None);
-        cq.set_poll_backoff(Some(PollBackoff {
-            after: Duration::from_nanos(1),
-            wait: Duration::from_secs(3600),
-        }));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let poller = {
-            let cq = cq.clone();
-            std::thread::spawn(move || {
-                loop {
-                    if let Some(wc) = cq.poll_one() {
-                        let _ = tx.send(wc.wr_id);
-                        return;
-                    }
-                }
-            })
-        };
+        let (cq, poller, rx) = backed_off_poller();
         let waits = |n: u64| {
             let deadline = Instant::now() + Duration::from_secs(60);
             while cq.poll_backoffs() < n {

@@ -126,6 +126,11 @@ fn both(test: impl Fn(Transport)) {
     }
 }
 
+/// Completions as (id, status, opcode), for comparing.
+fn summary(w: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
+    w.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
@@ -494,7 +499,7 @@ fn memory_windows_by_work_requests() {
         assert_eq!(server.wait(1)[0].wr_id, 8);
         let mw = server.pd.alloc_mw(MwType::Type2A).unwrap();
         let old = mw.rkey();
-        let new = Key((old.0 & !0xff) | (old.0.wrapping_add(7) & 0xff));
+        let new = old.next_consumer(7);
         let bind = MwBind {
             mw: old,
             new_rkey: new,
@@ -503,17 +508,14 @@ fn memory_windows_by_work_requests() {
             len: 4096,
             access: Access::REMOTE_WRITE,
         };
-        client.qps[0]
-            .post_recv(RecvWr::new(9, vec![client.mr.sge(0, 64)]))
+        cqp.post_recv(RecvWr::new(9, vec![client.mr.sge(0, 64)]))
             .unwrap();
         sqp.post_send(SendWr::bind_mw(1, bind)).unwrap();
         sqp.post_send(SendWr::send(2, vec![server.mr.sge(0, 8)]))
             .unwrap();
         let w = server.wait(2);
         assert_eq!(
-            w.iter()
-                .map(|w| (w.wr_id, w.status, w.opcode))
-                .collect::<Vec<_>>(),
+            summary(&w),
             [
                 (1, WcStatus::Success, WcOpcode::BindMw),
                 (2, WcStatus::Success, WcOpcode::Send)
@@ -551,14 +553,11 @@ fn memory_windows_by_work_requests() {
         sqp.post_send(SendWr::send(4, vec![server.mr.sge(0, 8)]))
             .unwrap();
         sqp.post_send(SendWr::local_inv(5, new)).unwrap();
-        client.qps[0]
-            .post_recv(RecvWr::new(10, vec![client.mr.sge(0, 64)]))
+        cqp.post_recv(RecvWr::new(10, vec![client.mr.sge(0, 64)]))
             .unwrap();
         let w = server.wait(2);
         assert_eq!(
-            w.iter()
-                .map(|w| (w.wr_id, w.status, w.opcode))
-                .collect::<Vec<_>>(),
+            summary(&w),
             [
                 (4, WcStatus::Success, WcOpcode::Send),
                 (5, WcStatus::Success, WcOpcode::LocalInv)

@@ -13,7 +13,19 @@ const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
 /// The window's index with another key octet (`ibv_inc_rkey`).
 fn inc(k: Key) -> Key {
-    Key((k.0 & !0xff) | (k.0.wrapping_add(1) & 0xff))
+    k.next_consumer(1)
+}
+
+/// A bind of window `mw` to `len` octets at `off` in `mr`, remote write, with the next key.
+fn write_window(mw: Key, mr: &Mr, off: u64, len: u64) -> MwBind {
+    MwBind {
+        mw,
+        new_rkey: inc(mw),
+        mr: mr.key,
+        addr: mr.iova + off,
+        len,
+        access: Access::REMOTE_WRITE,
+    }
 }
 
 /// RDMAP-118: a bind posted behind a Read waits for it; the Send posted after the bind
@@ -38,14 +50,7 @@ fn rdmap_118_a_bind_runs_after_earlier_requests_and_before_later_ones() {
     ))
     .unwrap();
     let new = inc(mw);
-    let bind = MwBind {
-        mw,
-        new_rkey: new,
-        mr: mr.key,
-        addr: mr.iova + 4096,
-        len: 4096,
-        access: Access::REMOTE_WRITE,
-    };
+    let bind = write_window(mw, &mr, 4096, 4096);
     p.a.post_send(SendWr::bind_mw(2, bind)).unwrap();
     p.a.post_send(SendWr::send(3, vec![msg.sge(0, 16)]))
         .unwrap();
@@ -135,14 +140,7 @@ fn local_requests_on_an_idle_queue_run_at_once() {
     let mut p = Pair::new(256);
     let mr = Mr::new(&p.ka, PD, 4096, 0x10_0000, RW | Access::MW_BIND);
     let mw = p.ka.alloc_mw(PD, MwType::Type2B).unwrap();
-    let bind = MwBind {
-        mw,
-        new_rkey: inc(mw),
-        mr: mr.key,
-        addr: mr.iova,
-        len: 4096,
-        access: Access::REMOTE_WRITE,
-    };
+    let bind = write_window(mw, &mr, 0, 4096);
     let quiet = crate::verbs_types::SendFlags::empty();
     p.a.post_send(SendWr::bind_mw(1, bind).with_flags(quiet))
         .unwrap();
@@ -167,14 +165,7 @@ fn failed_local_requests_complete_in_error_and_end_the_stream() {
         let mw = p.ka.alloc_mw(PD, MwType::Type2A).unwrap();
         let msg = Mr::new(&p.ka, PD, 16, 0x3000, Access::empty());
         let (req, status, op) = if bad_bind {
-            let bind = MwBind {
-                mw,
-                new_rkey: inc(mw),
-                mr: mr.key,
-                addr: mr.iova,
-                len: 64,
-                access: Access::REMOTE_WRITE,
-            };
+            let bind = write_window(mw, &mr, 0, 64);
             (SendWr::bind_mw(1, bind), WcStatus::MwBind, WcOpcode::BindMw)
         } else {
             (
@@ -216,14 +207,7 @@ fn a_send_after_a_bind_that_ran_at_once_goes_out() {
     let rbuf = Mr::new(&p.kb, PD, 16, 0x4000, Access::LOCAL_WRITE);
     p.b.post_recv(RecvWr::new(0, vec![rbuf.sge(0, 16)]))
         .unwrap();
-    let bind = MwBind {
-        mw,
-        new_rkey: inc(mw),
-        mr: mr.key,
-        addr: mr.iova,
-        len: 64,
-        access: Access::REMOTE_WRITE,
-    };
+    let bind = write_window(mw, &mr, 0, 64);
     p.a.post_send(SendWr::bind_mw(1, bind)).unwrap();
     p.a.post_send(SendWr::send(2, vec![msg.sge(0, 16)]))
         .unwrap();
