@@ -136,12 +136,6 @@ pub struct RpingArgs {
     /// Safety net: give up after this many seconds without progress (0: never).
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
-    /// Client: milliseconds between the MPA Reply and the first Send (0: none). Linux siw
-    /// (6.12, siw_cm.c siw_accept) sends its MPA Reply before it moves the socket's receive
-    /// upcall to the QP; an FPDU arriving in between stays unread until more data comes,
-    /// which in rping's lock-step exchange never happens.
-    #[arg(long, default_value_t = 20)]
-    pub first_send_delay: u64,
     /// Write the RDMA traffic (connection setup and pings) to this pcap file, for
     /// `softrdma decode` and tshark.
     #[arg(long, value_name = "FILE")]
@@ -168,8 +162,6 @@ pub struct Opts {
     pub crc: bool,
     /// Safety-net timeout per wait (`None`: wait forever).
     pub timeout: Option<Duration>,
-    /// Client: pause between connection and first Send (the siw accept race).
-    pub first_send_delay: Duration,
     /// Print the QP's and the device's counters after each connection.
     pub counters: bool,
 }
@@ -184,7 +176,6 @@ impl Default for Opts {
             debug: false,
             crc: false,
             timeout: Some(Duration::from_secs(60)),
-            first_send_delay: Duration::ZERO,
             counters: false,
         }
     }
@@ -201,7 +192,6 @@ impl RpingArgs {
             debug: self.debug > 0,
             crc: self.crc,
             timeout: (self.timeout > 0).then(|| Duration::from_secs(self.timeout)),
-            first_send_delay: Duration::from_millis(self.first_send_delay),
             counters: self.counters,
         }
     }
@@ -460,11 +450,6 @@ pub fn client(
             conn.peer_addr,
             describe(&conn)
         )?;
-    }
-    // Not synchronisation between our own parts: room for a peer that is still installing
-    // its receive path after it sent the Reply (see `RpingArgs::first_send_delay`).
-    if !o.first_send_delay.is_zero() {
-        std::thread::sleep(o.first_send_delay);
     }
     let mut stats = Stats::default();
     let r = (|| {

@@ -211,6 +211,33 @@ pub struct Connection {
     scratch: Vec<u8>,
     /// Direct placement in progress.
     direct: Option<Direct>,
+    /// Initiator: the silent-peer nudge ([`NUDGE_AFTER`]).
+    nudge: Nudge,
+}
+
+/// How long an Initiator waits, after its first FPDU, for any octet from the Responder
+/// before it sends the engine's zero-length message ([`RdmapEngine::nudge`]). Linux siw (6.12,
+/// `siw_accept`) sends its MPA Reply before it hands the socket's receive upcall to the
+/// QP, and FPDUs that arrive in between stay unread until more octets come: a ULP that
+/// waits for the answer to its first message (rping, perftest's handshake, an RPC call)
+/// would wait forever. The nudge's octets wake the reader; every peer takes it (RDMAP-40,
+/// RDMAP-50), so a healthy one that is merely slow costs one zero-length message per
+/// connection.
+pub const NUDGE_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The Initiator's watch for a silent Responder.
+#[derive(Debug, Default)]
+struct Nudge {
+    /// An octet came from the peer after the MPA Reply (or we are the Responder).
+    heard: bool,
+    /// The RTR went out (P2P): a first FPDU too.
+    rtr_sent: bool,
+    /// When Full Operation began (the Reply arrived).
+    established: Option<Instant>,
+    /// When our first FPDU was seen to be out ([`Connection::handle_timeout`]).
+    first_fpdu: Option<Instant>,
+    /// The nudge was sent (or could not be): there is only one.
+    done: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -251,7 +278,9 @@ impl Connection {
             failed: false,
             scratch: Vec::new(),
             direct: None,
+            nudge: Nudge::default(),
         };
+        c.nudge.heard = c.cfg.role == Role::Responder;
         c.pump_startup();
         Ok(c)
     }
@@ -344,6 +373,9 @@ impl Connection {
                 }
             }
             self.pump_startup();
+            if self.deframer.is_some() {
+                self.nudge.established = Some(now);
+            }
             if self.deframer.is_none() {
                 if !bytes.is_empty() && !self.failed {
                     match self.startup.state() {
@@ -434,6 +466,7 @@ impl Connection {
     /// `octets` were read straight into the memory of the last [`rx_window`](Self::rx_window),
     /// from its start (at most its `len`).
     pub fn rx_placed(&mut self, octets: &[u8]) {
+        self.nudge.heard |= !octets.is_empty();
         if let (Some(d), Some(direct)) = (self.deframer.as_mut(), self.direct.as_mut()) {
             d.bypassed(octets);
             direct.advance(octets.len());
@@ -604,6 +637,7 @@ impl Connection {
                 return out.len() - start;
             }
             self.rtr_due = false;
+            self.nudge.rtr_sent = true;
             if framer.frame(&[&rtr], out.staged()).is_err() {
                 self.failed = true;
             }
@@ -669,11 +703,21 @@ impl Connection {
         self.framer.is_some() && (self.startup.may_transmit_fpdus() || self.early_tx)
     }
 
+    /// The next instant [`handle_timeout`](Self::handle_timeout) has work: the startup's
+    /// deadline, or the Initiator's nudge. An instant already past means "now": the nudge's
+    /// clock starts when our first FPDU is out, and this is how it learns the time.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.deframer.is_none() {
-            self.startup.poll_timeout()
-        } else {
-            None
+            return self.startup.poll_timeout();
+        }
+        let n = &self.nudge;
+        if n.heard || n.done || self.engine.state() != StreamState::Rts {
+            return None;
+        }
+        match n.first_fpdu {
+            Some(t) => Some(t + NUDGE_AFTER),
+            None if self.engine.ulpdus_emitted() > 0 || n.rtr_sent => n.established,
+            None => None,
         }
     }
 
@@ -681,6 +725,23 @@ impl Connection {
         if self.deframer.is_none() {
             self.startup.handle_timeout(now);
             self.pump_startup();
+            return;
+        }
+        let Some(due) = self.poll_timeout() else {
+            return;
+        };
+        match self.nudge.first_fpdu {
+            None => self.nudge.first_fpdu = Some(now),
+            Some(_) if due <= now => {
+                self.nudge.done = true;
+                if self.engine.nudge() {
+                    tracing::debug!(
+                        qp = self.cfg.qp.qp.0,
+                        "peer silent after our first FPDUs: nudged with a zero-length message"
+                    );
+                }
+            }
+            Some(_) => {}
         }
     }
 
@@ -796,6 +857,7 @@ impl Connection {
     /// are read where they arrived (no copy before placement); what follows a partial one,
     /// or a pause for a shared receive, is buffered.
     fn deliver_input(&mut self, bytes: &[u8]) {
+        self.nudge.heard |= !bytes.is_empty();
         let Connection {
             deframer,
             startup,

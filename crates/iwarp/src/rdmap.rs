@@ -322,6 +322,9 @@ struct SqEntry {
     /// Ordinal of the ULPDU that carried its last octets; it completes once that one is
     /// released ([`RdmapEngine::release_transmitted`]).
     tx_ord: u64,
+    /// Posted by the engine itself ([`RdmapEngine::nudge`]): never completes to the ULP and
+    /// takes no place of the ULP's in the queue.
+    internal: bool,
 }
 
 /// Where a segment's payload goes ([`RdmapEngine::placement`]): pieces of registered memory
@@ -455,6 +458,8 @@ pub struct RdmapEngine {
 
     // Send queue (RFC 5040 §5.5 rules 13-15).
     sq: VecDeque<SqEntry>,
+    /// Of `sq`, the entries the engine posted itself.
+    sq_internal: usize,
     next_seq: u64,
     /// Index in `sq` of the message being (or next to be) segmented.
     sq_tx: usize,
@@ -507,6 +512,7 @@ impl RdmapEngine {
             state: StreamState::Rts,
             closing: false,
             sq: VecDeque::new(),
+            sq_internal: 0,
             next_seq: 0,
             sq_tx: 0,
             sq_tx_off: 0,
@@ -609,7 +615,7 @@ impl RdmapEngine {
 
     /// Send requests posted and not yet completed.
     pub fn sq_len(&self) -> usize {
-        self.sq.len()
+        self.sq.len() - self.sq_internal
     }
 
     /// Receive requests posted and not yet consumed.
@@ -639,7 +645,7 @@ impl RdmapEngine {
             self.completions.push_back(c.flushed());
             return Ok(());
         }
-        if self.sq.len() >= self.cfg.sq_depth as usize {
+        if self.sq_len() >= self.cfg.sq_depth as usize {
             return Err(PostError::QueueFull);
         }
         let signaled = c.signaled();
@@ -746,10 +752,55 @@ impl RdmapEngine {
             fence,
             state: SqState::Queued,
             tx_ord: 0,
+            internal: false,
         });
         // A local operation posted to an empty queue runs now.
         self.retire();
         Ok(())
+    }
+
+    /// Queues a zero-length message of the engine's own behind everything posted: new octets
+    /// on the stream that every peer takes without looking at an STag, and that complete to
+    /// no one. A zero-length RDMA Read Request where Reads may go (RFC 5040 §5.2.1,
+    /// RDMAP-50: the peer answers it, and the answer is news from it), else a zero-length
+    /// RDMA Write to STag 0 (RDMAP-40), the shape of RFC 6581's RTR. A connection uses it
+    /// when the peer stays silent after our first FPDUs (see
+    /// [`Connection`](crate::connection::Connection)). `false`, nothing queued, when the
+    /// stream is not in Full Operation.
+    pub fn nudge(&mut self) -> bool {
+        if self.state != StreamState::Rts {
+            return false;
+        }
+        let op = if self.cfg.ord == 0 {
+            SqOp::Write {
+                rkey: Key(0),
+                raddr: 0,
+            }
+        } else {
+            SqOp::Read {
+                rkey: Key(0),
+                raddr: 0,
+                sink_stag: Key(0),
+                sink_to: 0,
+                sink: None,
+            }
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.sq.push_back(SqEntry {
+            seq,
+            wr_id: 0,
+            op,
+            data: Payload::Inline(Default::default()),
+            len: 0,
+            signaled: false,
+            fence: false,
+            state: SqState::Queued,
+            tx_ord: 0,
+            internal: true,
+        });
+        self.sq_internal += 1;
+        true
     }
 
     /// Posts a receive buffer for one inbound Send (RDMAP-59). Every entry is checked through
@@ -925,7 +976,9 @@ impl RdmapEngine {
             }
             let Some(e) = self.sq.pop_front() else { break };
             self.sq_tx = self.sq_tx.saturating_sub(1);
-            if e.signaled || status != WcStatus::Success {
+            if e.internal {
+                self.sq_internal -= 1;
+            } else if e.signaled || status != WcStatus::Success {
                 let len = if status == WcStatus::Success {
                     e.len
                 } else {

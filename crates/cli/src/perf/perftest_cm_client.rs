@@ -192,16 +192,6 @@ impl Oob {
     }
 }
 
-/// iWARP: a moment between the MPA Reply and our first FPDU. Linux siw (6.12,
-/// `siw_accept`) sends its Reply before it moves the socket's receive upcall to the QP; an
-/// FPDU arriving in between stays unread until more data comes, which in perftest's
-/// lock-step exchange never happens (`softrdma rping --first-send-delay` does the same).
-fn siw_settle(args: &PerfArgs) {
-    if args.transport == crate::verbs_util::TransportArg::Iwarp {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Runs `ib_{write,read,send}_bw -R`'s client against the perftest server at `host`:port.
 pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, PerfError> {
     let test = args.test;
@@ -235,7 +225,6 @@ pub fn perftest_cm_client(args: &PerfArgs, host: &str) -> Result<PerftestResult,
             ..ConnectParams::default()
         },
     )?;
-    siw_settle(args);
 
     let mut v = [0u8; 16];
     v[..PERFTEST_VERSION.len()].copy_from_slice(PERFTEST_VERSION.as_bytes());

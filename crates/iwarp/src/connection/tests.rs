@@ -1276,3 +1276,96 @@ fn mpa_90_a_first_fpdu_that_fails_framing_closes_the_connection() {
         assert_eq!(r.conn.state(), ConnState::Dead, "crc {crc}");
     }
 }
+
+/// The Initiator's nudge, Linux siw's accept race as the Responder's socket shows it: our
+/// first FPDU reached a socket nobody reads yet, and stays unread until more octets come.
+/// Once that FPDU is out the connection asks for the time at once (a deadline already
+/// past), then for [`NUDGE_AFTER`] later; then it sends one zero-length Read Request behind
+/// it, which the Responder answers when it reads both; no completion comes of it, and no
+/// second nudge follows.
+#[test]
+fn a_silent_responder_is_nudged_once_after_our_first_fpdu() {
+    let now = Instant::now();
+    let k = Knobs::default();
+    let mut i = side(Role::Initiator, &k, 10, 8192, now);
+    let mut r = side(Role::Responder, &k, 20, 8192, now);
+    let mut out = Vec::new();
+    i.conn.poll_transmit(&mut out);
+    i.frames.check(&i.conn, &out, usize::MAX);
+    r.conn.handle_input(now, &out);
+    events(&mut r);
+    let mut reply = Vec::new();
+    r.conn.poll_transmit(&mut reply);
+    r.frames.check(&r.conn, &reply, usize::MAX);
+    i.conn.handle_input(now, &reply);
+    events(&mut i);
+    assert!(i.established && r.established);
+    assert_eq!(
+        i.conn.poll_timeout(),
+        None,
+        "nothing sent, nothing to wait for"
+    );
+    assert_eq!(r.conn.poll_timeout(), None);
+
+    r.conn
+        .engine_mut()
+        .post_recv(RecvWr::new(3, vec![Sge::new(r.key, IOVA, 64)]))
+        .unwrap();
+    i.conn
+        .engine_mut()
+        .post_send(SendWr::send(4, vec![Sge::new(i.key, IOVA, 5)]))
+        .unwrap();
+    let mut stuck = Vec::new();
+    i.conn.poll_transmit(&mut stuck);
+    i.frames.check(&i.conn, &stuck, usize::MAX);
+    assert!(!stuck.is_empty());
+    let t0 = now + Duration::from_millis(3);
+    let due = i.conn.poll_timeout().expect("the first FPDU is out");
+    assert!(
+        due <= t0,
+        "a deadline already past: the connection wants the time"
+    );
+    i.conn.handle_timeout(t0);
+    assert_eq!(i.conn.poll_timeout(), Some(t0 + NUDGE_AFTER));
+    i.conn
+        .handle_timeout(t0 + NUDGE_AFTER - Duration::from_millis(1));
+    assert!(!i.conn.wants_transmit(), "not before the deadline");
+    i.conn.handle_timeout(t0 + NUDGE_AFTER);
+    assert_eq!(i.conn.poll_timeout(), None, "one nudge only");
+    let mut nudge = Vec::new();
+    i.conn.poll_transmit(&mut nudge);
+    i.frames.check(&i.conn, &nudge, usize::MAX);
+    let mut d = Deframer::new(false, true);
+    d.push(&nudge);
+    let ulpdu = d.next().unwrap().unwrap();
+    assert_eq!(
+        softrdma_wire::rdmap::Opcode::try_from(ulpdu[1] & softrdma_wire::rdmap::MASK_OPCODE),
+        Ok(softrdma_wire::rdmap::Opcode::RdmaReadRequest)
+    );
+
+    // The Responder's socket wakes: both FPDUs are read; the answer comes back.
+    r.inbound.extend_from_slice(&stuck);
+    r.inbound.extend_from_slice(&nudge);
+    receive(&mut r, &mut |n| n, t0);
+    drive(&mut i, &mut r, &mut |n| n, t0);
+    let ids = |s: &Side| s.completions.iter().map(|c| c.wr_id).collect::<Vec<_>>();
+    assert_eq!(ids(&i), vec![4], "the nudge completes to no one");
+    assert_eq!(ids(&r), vec![3]);
+    assert_eq!(i.conn.engine().sq_len(), 0);
+    assert_eq!(i.conn.poll_timeout(), None);
+    assert_eq!(i.conn.state(), ConnState::Established);
+    assert_eq!(r.conn.state(), ConnState::Established);
+}
+
+/// A Responder that answers is never nudged: the connected pair exchanged a Send each way,
+/// and the Initiator has nothing to wait for however long it stays idle.
+#[test]
+fn a_responder_that_answered_is_not_nudged() {
+    let now = Instant::now();
+    let (mut i, mut r) = connected(&Knobs::default(), 8192, 1, now);
+    assert_eq!(i.conn.poll_timeout(), None);
+    i.conn.handle_timeout(now + Duration::from_secs(60));
+    assert!(!i.conn.wants_transmit());
+    drive(&mut i, &mut r, &mut |n| n, now);
+    assert_eq!(r.conn.engine().counters().ulpdus_rx, 1, "only the Send");
+}

@@ -221,6 +221,12 @@ impl RdmapEngine {
     /// through `check_remote` (RDMAP-35, -36, -37, -40, -115..-117). No completion at the
     /// sink (RDMAP-11).
     fn rx_write(&mut self, hdr: &ddp::Repr, seg_len: u16, payload: RxPayload) -> Result<(), Fault> {
+        // RDMAP-40: a zero-length Write is accepted and places nothing, its STag unlooked-at
+        // as a zero-length Read's (RDMAP-50) and as Linux siw does: RFC 6581's RTR and a
+        // peer's nudge (`RdmapEngine::nudge`) name STag 0.
+        if payload.len() == 0 {
+            return Ok(());
+        }
         let target = self.write_dest(hdr, seg_len, payload.len())?;
         payload
             .place(|p| target.place(0, p))

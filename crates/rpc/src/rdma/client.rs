@@ -13,9 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use softrdma::{
-    Access, ConnectParams, Context, Mr, MrFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
-};
+use softrdma::{Access, ConnectParams, Context, Mr, MrFlags, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_wire::rpcrdma::{Chunks, ReadList, ReadSegment, Repr, Segment, WriteChunk, WriteList};
 
 use super::plan::{Lent, ReplyForm, plan_reply};
@@ -74,10 +72,6 @@ struct State {
     free_slots: Vec<usize>,
     closed: bool,
     stats: RdmaStats,
-    /// Something came from the responder on this connection.
-    heard: bool,
-    /// RDMA_DONE nudges sent (see [`RdmaTransport::nudge`]).
-    nudges: u32,
 }
 
 /// A client's RPC-over-RDMA connection ([`ClientTransport`]).
@@ -133,8 +127,6 @@ impl RdmaTransport {
                 free_slots: (0..credits as usize).rev().collect(),
                 closed: false,
                 stats: RdmaStats::default(),
-                heard: false,
-                nudges: 0,
             }),
             room: Condvar::new(),
             ready: Mutex::new(VecDeque::new()),
@@ -229,7 +221,6 @@ impl RdmaTransport {
                 };
                 {
                     let mut st = self.state.lock();
-                    st.heard = true;
                     // RFC 8797: the responder invalidated the call's chunk handle itself;
                     // deregistering it once the call is over is all that is left.
                     if wc.flags.with_invalidate {
@@ -557,7 +548,7 @@ impl RdmaTransport {
             if self.state.lock().closed {
                 return Ok(None);
             }
-            // Every 200 ms at most: a look at the QP and the siw nudge.
+            // Every 200 ms at most: a look at the QP.
             let step = Duration::from_millis(200);
             let wait = deadline.map_or(step, |d| {
                 d.saturating_duration_since(Instant::now()).min(step)
@@ -569,9 +560,6 @@ impl RdmaTransport {
                     if self.ep.qp.state().is_dead() {
                         self.close();
                         return Ok(None);
-                    }
-                    if wait == step {
-                        self.nudge();
                     }
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(io::ErrorKind::TimedOut.into());
@@ -597,42 +585,7 @@ impl RdmaTransport {
     }
 }
 
-/// Most RDMA_DONE nudges per connection.
-const MAX_NUDGES: u32 = 5;
-
 impl RdmaTransport {
-    /// Works around a race in Linux siw (6.12, `siw_accept`): the responder attaches its QP
-    /// to the socket only after it has sent the MPA Reply, and an FPDU that arrives in
-    /// between stays in the socket until more data comes — our first call is then never
-    /// answered. When a call has waited a receive timeout and nothing at all came back on
-    /// an iWARP connection, send an RDMA_DONE: obsolete, and silently discarded by every
-    /// responder (RFC 8166 §4.2.4, RPCRDMA-70; Linux `svc_rdma_xdr_decode_req` drops it),
-    /// but new data for siw's socket, which then reads the call behind it. At most
-    /// [`MAX_NUDGES`] per connection, from a Send buffer no call uses.
-    fn nudge(&self) {
-        if self._ctx.transport() != softrdma::Transport::Iwarp {
-            return;
-        }
-        {
-            let mut st = self.state.lock();
-            if st.heard || st.unanswered == 0 || st.nudges >= MAX_NUDGES || st.closed {
-                return;
-            }
-            st.nudges += 1;
-        }
-        let done: Vec<u8> = [0u32, 1, self.cfg.credits.max(1), 3]
-            .iter()
-            .flat_map(|w| w.to_be_bytes())
-            .collect();
-        let off = self.cfg.credits.max(1) as usize * self.cfg.inline_send;
-        if self.ep.send_mr.copy_in(off, &done).is_ok() {
-            let _ = self.ep.qp.post_send(SendWr::send(
-                wrid::SEND | u64::from(u32::MAX),
-                vec![self.ep.send_mr.sge(off, done.len() as u32)],
-            ));
-        }
-    }
-
     fn close(&self) {
         let mut st = self.state.lock();
         st.closed = true;

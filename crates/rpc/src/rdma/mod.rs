@@ -177,8 +177,7 @@ impl Endpoint {
             .alloc_mr(credits as usize * cfg.inline_recv, Access::LOCAL_WRITE)
             .map_err(io_err)?;
         let send_mr = pd
-            // One more than the credits: the client's nudge buffer (client.rs).
-            .alloc_mr((credits as usize + 1) * cfg.inline_send, Access::empty())
+            .alloc_mr(credits as usize * cfg.inline_send, Access::empty())
             .map_err(io_err)?;
         let e = Endpoint {
             pd,

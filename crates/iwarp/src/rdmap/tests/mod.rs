@@ -4,6 +4,7 @@
 mod data;
 mod errors;
 mod local;
+mod nudge;
 mod pair;
 mod rfc7306;
 
