@@ -73,6 +73,9 @@ pub struct ConnectionConfig {
     /// Direct placement ([`Connection::rx_window`]) for a segment with at least this many
     /// payload octets still to arrive; `usize::MAX`: never.
     pub rx_direct_min: usize,
+    /// Initiator: how long to wait after our first FPDU for an octet from the Responder
+    /// before the nudge ([`NUDGE_AFTER`] by default; `None`: never nudge).
+    pub nudge_after: Option<std::time::Duration>,
 }
 
 /// [`ConnectionConfig::rx_direct_min`] by default: below it a read into a buffer and a copy
@@ -96,6 +99,7 @@ impl ConnectionConfig {
             early_fpdus: false,
             srq: false,
             rx_direct_min: DEFAULT_RX_DIRECT_MIN,
+            nudge_after: Some(NUDGE_AFTER),
         }
     }
 }
@@ -711,11 +715,12 @@ impl Connection {
             return self.startup.poll_timeout();
         }
         let n = &self.nudge;
+        let after = self.cfg.nudge_after?;
         if n.heard || n.done || self.engine.state() != StreamState::Rts {
             return None;
         }
         match n.first_fpdu {
-            Some(t) => Some(t + NUDGE_AFTER),
+            Some(t) => Some(t + after),
             None if self.engine.ulpdus_emitted() > 0 || n.rtr_sent => n.established,
             None => None,
         }

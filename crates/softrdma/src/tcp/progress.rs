@@ -30,7 +30,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Registry, Token};
 use softrdma_iwarp::connection::{
     ConnEvent, ConnState, Connection as IwConn, ConnectionConfig, DEFAULT_RX_DIRECT_MIN,
-    FpduSizing, RxWindow,
+    FpduSizing, NUDGE_AFTER, RxWindow,
 };
 use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
 use softrdma_iwarp::startup::{Negotiated, Role, StartupConfig};
@@ -658,6 +658,7 @@ impl Driver {
         } = d;
         let cfg = ConnectionConfig {
             rx_direct_min: rx_direct_min(),
+            nudge_after: nudge_after(),
             fpdu: fpdu_sizing(fpdu),
             srq: qp.srq.is_some(),
             ..ConnectionConfig::new(Role::Initiator, startup, qp_config(&qp), emss)
@@ -994,6 +995,21 @@ fn rx_direct_min() -> usize {
         Ok(v) if v == "off" => usize::MAX,
         Ok(v) => v.parse().unwrap_or(DEFAULT_RX_DIRECT_MIN),
         Err(_) => DEFAULT_RX_DIRECT_MIN,
+    })
+}
+
+/// How long an initiator waits for its silent peer before the nudge
+/// (`ConnectionConfig::nudge_after`): `SOFTRDMA_NUDGE_AFTER_MS` (milliseconds, or `off`) where
+/// set, for interop runs that want the nudge on every connection (0).
+fn nudge_after() -> Option<std::time::Duration> {
+    static AFTER: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| match std::env::var("SOFTRDMA_NUDGE_AFTER_MS") {
+        Ok(v) if v == "off" => None,
+        Ok(v) => Some(
+            v.parse()
+                .map_or(NUDGE_AFTER, std::time::Duration::from_millis),
+        ),
+        Err(_) => Some(NUDGE_AFTER),
     })
 }
 
