@@ -9,6 +9,8 @@ use super::{flushed, ok};
 use crate::rdmap::StreamState;
 use crate::verbs_types::{PostError, RecvWr, SendWr, WcOpcode};
 
+const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
 /// RDMAP-50: the nudge is a Read Request of size 0 naming STag 0; the peer answers it with a
 /// zero-length Read Response and takes no receive; the requests around it complete as
 /// always and it completes to no one.
@@ -16,13 +18,7 @@ use crate::verbs_types::{PostError, RecvWr, SendWr, WcOpcode};
 fn rdmap_50_a_nudge_is_a_zero_length_read_that_completes_to_no_one() {
     let mut p = Pair::new(512);
     let src = Mr::new(&p.ka, PD, 64, 0x1000, Access::empty());
-    let dst = Mr::new(
-        &p.kb,
-        PD,
-        64,
-        0x2000,
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-    );
+    let dst = Mr::new(&p.kb, PD, 64, 0x2000, RW);
     let rbuf = Mr::new(&p.kb, PD, 64, 0x3000, Access::LOCAL_WRITE);
     p.b.post_recv(RecvWr::new(7, vec![rbuf.sge(0, 64)]))
         .unwrap();
@@ -71,13 +67,7 @@ fn a_nudge_takes_no_place_in_the_send_queue() {
     let mut p = Pair::with(a, cfg(QP_B, 512));
     let src = Mr::new(&p.ka, PD, 64, 0x1000, Access::empty());
     assert!(p.a.nudge());
-    let dst = Mr::new(
-        &p.kb,
-        PD,
-        64,
-        0x2000,
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-    );
+    let dst = Mr::new(&p.kb, PD, 64, 0x2000, RW);
     for id in 1..=2 {
         p.a.post_send(SendWr::write(id, vec![src.sge(0, 8)], dst.key, dst.iova))
             .unwrap();
