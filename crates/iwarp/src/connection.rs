@@ -209,8 +209,6 @@ pub struct Connection {
     tx_startup: VecDeque<Vec<u8>>,
     /// The Initiator still owes its zero-length Write RTR (RFC 6581 P2P).
     rtr_due: bool,
-    /// Responder in P2P mode: the next ULPDU is the Initiator's RTR.
-    rtr_expected: Option<Rtr>,
     failed: bool,
     scratch: Vec<u8>,
     /// Direct placement in progress.
@@ -232,10 +230,8 @@ pub const NUDGE_AFTER: std::time::Duration = std::time::Duration::from_millis(20
 /// The Initiator's watch for a silent Responder.
 #[derive(Debug, Default)]
 struct Nudge {
-    /// An octet came from the peer after the MPA Reply (or we are the Responder).
+    /// An octet came from the peer after the MPA Reply.
     heard: bool,
-    /// The RTR went out (P2P): a first FPDU too.
-    rtr_sent: bool,
     /// When Full Operation began (the Reply arrived).
     established: Option<Instant>,
     /// When our first FPDU was seen to be out ([`Connection::handle_timeout`]).
@@ -278,13 +274,11 @@ impl Connection {
             events: VecDeque::new(),
             tx_startup: VecDeque::new(),
             rtr_due: false,
-            rtr_expected: None,
             failed: false,
             scratch: Vec::new(),
             direct: None,
             nudge: Nudge::default(),
         };
-        c.nudge.heard = c.cfg.role == Role::Responder;
         c.pump_startup();
         Ok(c)
     }
@@ -491,7 +485,6 @@ impl Connection {
     fn start_direct(&mut self) {
         if self.failed
             || self.held.is_some()
-            || self.rtr_expected.is_some()
             || self.startup.state() == StartupState::AwaitingFirstFpdu
         {
             return;
@@ -641,7 +634,6 @@ impl Connection {
                 return out.len() - start;
             }
             self.rtr_due = false;
-            self.nudge.rtr_sent = true;
             if framer.frame(&[&rtr], out.staged()).is_err() {
                 self.failed = true;
             }
@@ -716,12 +708,18 @@ impl Connection {
         }
         let n = &self.nudge;
         let after = self.cfg.nudge_after?;
-        if n.heard || n.done || self.engine.state() != StreamState::Rts {
+        if self.cfg.role != Role::Initiator
+            || n.heard
+            || n.done
+            || self.engine.state() != StreamState::Rts
+        {
             return None;
         }
+        // Our first FPDU is out: an ordinary one, or the RTR (P2P).
+        let rtr_sent = self.negotiated().is_some_and(|n| n.rtr.is_some()) && !self.rtr_due;
         match n.first_fpdu {
             Some(t) => Some(t + after),
-            None if self.engine.ulpdus_emitted() > 0 || n.rtr_sent => n.established,
+            None if self.engine.ulpdus_emitted() > 0 || rtr_sent => n.established,
             None => None,
         }
     }
@@ -834,13 +832,10 @@ impl Connection {
         self.framer = Some(n.framer(mulpdu));
         self.deframer = Some(n.deframer());
         self.early_tx = !n.initiator && n.rtr.is_none() && self.cfg.early_fpdus;
-        match (n.initiator, n.rtr) {
-            (true, Some(Rtr::ZeroLengthWrite)) => self.rtr_due = true,
-            // Read/Send RTRs are ordinary RDMAP messages; our Initiator never
-            // offers them (the data path would complete them), see StartupConfig.
-            (false, Some(r)) => self.rtr_expected = Some(r),
-            _ => {}
-        }
+        // A peer's RTR of any kind is an ordinary RDMAP message to our Responder (a
+        // zero-length Write is taken unchecked, RDMAP-40); our Initiator only offers the
+        // Write (a Read or Send RTR would complete on the data path), see StartupConfig.
+        self.rtr_due = n.initiator && n.rtr == Some(Rtr::ZeroLengthWrite);
         tracing::debug!(
             qp = self.cfg.qp.qp.0,
             rev = n.rev,
@@ -866,7 +861,6 @@ impl Connection {
         let Connection {
             deframer,
             startup,
-            rtr_expected,
             cfg,
             engine,
             held,
@@ -904,9 +898,7 @@ impl Connection {
                 // FPDUs read where they arrived while nothing is buffered ...
                 while go && d.buffered() == 0 && !rest.is_empty() {
                     match d.next_in(&mut rest) {
-                        Some(next) => {
-                            go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
-                        }
+                        Some(next) => go = hand_over(startup, cfg.srq, engine, held, next),
                         None => break,
                     }
                 }
@@ -920,9 +912,7 @@ impl Connection {
                 rest = &rest[n..];
                 while go {
                     match d.next_ulpdu() {
-                        Some(next) => {
-                            go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
-                        }
+                        Some(next) => go = hand_over(startup, cfg.srq, engine, held, next),
                         None => break,
                     }
                 }
@@ -930,9 +920,7 @@ impl Connection {
             d.push(rest);
             while go {
                 match d.next_ulpdu() {
-                    Some(next) => {
-                        go = hand_over(startup, rtr_expected, cfg.srq, engine, held, next)
-                    }
+                    Some(next) => go = hand_over(startup, cfg.srq, engine, held, next),
                     None => break,
                 }
             }
@@ -951,7 +939,6 @@ impl Connection {
 /// stops (an error, or a Send waiting for a shared receive).
 fn hand_over(
     startup: &mut Startup,
-    rtr_expected: &mut Option<Rtr>,
     srq: bool,
     engine: &mut RdmapEngine,
     held: &mut Option<Vec<u8>>,
@@ -962,12 +949,6 @@ fn hand_over(
             if startup.state() == StartupState::AwaitingFirstFpdu {
                 // MPA-73: the Responder may transmit from now on.
                 startup.fpdu_received();
-            }
-            if let Some(rtr) = rtr_expected.take()
-                && rtr == Rtr::ZeroLengthWrite
-                && is_zero_length_write(ulpdu)
-            {
-                return true; // the RTR carries nothing for the QP
             }
             if srq && engine.needs_recv(ulpdu) {
                 // The driver hands over a shared receive first.
@@ -1008,17 +989,6 @@ fn zero_length_write_rtr() -> Vec<u8> {
     let n = seg.emit(&mut v).unwrap_or(0);
     v.truncate(n);
     v
-}
-
-fn is_zero_length_write(ulpdu: &[u8]) -> bool {
-    matches!(
-        Segment::parse(ulpdu),
-        Ok(Segment {
-            body: Body::RdmaWrite { payload: [] },
-            ddp: ddp::Repr::Tagged { last: true, .. },
-            ..
-        })
-    )
 }
 
 #[cfg(test)]
