@@ -232,9 +232,11 @@ mod tests {
             assert_eq!(compat[0], sys::IBV_PORT_ACTIVE as u8);
             let mut gid = sys::ibv_gid::default();
             assert_eq!(sr_ibv_query_gid(c, 1, 0, &mut gid), 0);
+            // IPv4-mapped 127.0.0.1, or the address of 127.0.0.0/8 a context takes while
+            // another (a test beside this one) holds 127.0.0.1's port (context.rs).
             assert_eq!(
-                gid.raw,
-                [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1]
+                gid.raw[..13],
+                [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127]
             );
             assert_eq!(sr_ibv_query_gid(c, 1, 1, &mut gid), -1);
             let mut e = sys::ibv_gid_entry::default();
