@@ -31,8 +31,10 @@ use crate::leader::{FLOW_POLL, STAND_DOWN, Spin, Waiter};
 const YIELD_AFTER: Duration = Duration::from_micros(50);
 
 /// What [`Cq::poll`] does on a queue that has stayed quiet a long time — no completion, and
-/// nothing arriving for its QPs: each poll first waits up to `wait` for a completion or an
-/// arrival (returning as soon as one comes) instead of returning at once.
+/// nothing arriving for its QPs, polled by a thread whose polls of every queue have found
+/// nothing as long: each poll first waits up to `wait` for a completion or an arrival
+/// (returning as soon as one comes) instead of returning at once, and runs the transport
+/// meanwhile when it can (`Cq::back_off`).
 ///
 /// A program that spins on a CQ that nothing completes into — perftest's `-R` server on its
 /// control queue for a whole bandwidth test — otherwise holds a core the library's own
@@ -58,6 +60,27 @@ pub const DEFAULT_POLL_BACKOFF: Option<PollBackoff> = Some(PollBackoff {
 });
 
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
+
+thread_local! {
+    /// When this thread's polls, of every queue, began to find nothing (`None`: its last
+    /// poll found a completion).
+    static THREAD_QUIET_SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether this thread's polls have found nothing, on any queue, for `after`: a thread that
+/// polls a quiet queue beside a busy one (a send queue and a receive queue, one queue per
+/// peer, as UCX's and MPI's progress loops do) is not idle, and a poll that waited would
+/// hold up the busy queue's completions ([`PollBackoff`]).
+fn thread_quiet(after: Duration) -> bool {
+    let now = Instant::now();
+    match THREAD_QUIET_SINCE.get() {
+        Some(since) => now.saturating_duration_since(since) >= after,
+        None => {
+            THREAD_QUIET_SINCE.set(Some(now));
+            false
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Arm {
@@ -179,8 +202,11 @@ impl CqShared {
     /// ([`PollBackoff`]: a program polling it while it watches memory the peer writes into
     /// is waiting for those), and one waiting is woken.
     pub(crate) fn arrived(&self) {
-        self.arrivals.fetch_add(1, Ordering::Relaxed);
-        if self.parked.load(Ordering::Relaxed) > 0 {
+        self.arrivals.fetch_add(1, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            // Under the lock: a poll that counted itself parked and saw no arrival yet
+            // holds it until it waits, so the notification cannot come before the wait.
+            let _s = self.state.lock();
             self.cond.notify_all();
         }
     }
@@ -397,21 +423,24 @@ impl Cq {
         self.shared.state.lock().entries.pop_front()
     }
 
+    /// A poll found completions: neither the queue nor this thread is quiet.
+    fn found(&self) {
+        self.shared.empty_since.store(0, Ordering::Relaxed);
+        self.shared.quiet_since.store(0, Ordering::Relaxed);
+        THREAD_QUIET_SINCE.set(None);
+    }
+
     fn drive(&self) {
         let q = &self.shared;
         if q.has_entries() {
-            q.empty_since.store(0, Ordering::Relaxed);
-            q.quiet_since.store(0, Ordering::Relaxed);
-            return;
+            return self.found();
         }
         let drivers = q.drivers();
         for d in &drivers {
             d.progress(q);
         }
         if q.has_entries() {
-            q.empty_since.store(0, Ordering::Relaxed);
-            q.quiet_since.store(0, Ordering::Relaxed);
-            return;
+            return self.found();
         }
         // A program that spins on its CQ (perftest, every verbs benchmark) holds a core the
         // background thread may need to move its data: once its polls have found nothing
@@ -431,7 +460,10 @@ impl Cq {
             t => t,
         };
         let after = q.backoff_after.load(Ordering::Relaxed);
-        if after > 0 && now.saturating_sub(quiet) >= after {
+        if after > 0
+            && now.saturating_sub(quiet) >= after
+            && thread_quiet(Duration::from_nanos(after))
+        {
             return self.back_off(&drivers, a);
         }
         match q.empty_since.load(Ordering::Relaxed) {
@@ -442,14 +474,34 @@ impl Cq {
     }
 
     /// A poll of a queue quiet for longer than its back-off's `after`: waits until a push,
-    /// an arrival, or the back-off's `wait`. The background threads of its drivers are
-    /// told to look now, so that what arrives meanwhile is handled while this thread waits.
+    /// an arrival, or the back-off's `wait`.
+    ///
+    /// With one driver, this thread drives it meanwhile, as [`Cq::wait`] does: it blocks on
+    /// the sockets and runs whatever arrives, for every QP of the context. The program's
+    /// polling thread is then the one that moves the data — a perftest `-R` server's
+    /// Writes, which complete into another queue, or a sender's frames still queued behind
+    /// a full socket — not a second thread it sleeps beside, woken to hand over work and
+    /// competing with it for the core (issue 43). Otherwise (another thread drives, or
+    /// several drivers), it sleeps on the queue and the drivers' background threads are
+    /// told to look now, so that what arrives meanwhile is handled.
     fn back_off(&self, drivers: &[Arc<dyn Progress>], seen: u64) {
         let q = &self.shared;
+        let wait = Duration::from_nanos(q.backoff_wait.load(Ordering::Relaxed));
+        if let [d] = drivers {
+            let until = Instant::now() + wait;
+            let done = || q.has_entries() || q.arrivals.load(Ordering::Relaxed) != seen;
+            q.io_waiters.fetch_add(1, Ordering::AcqRel);
+            let w: Weak<dyn Waiter> = Arc::downgrade(q) as Weak<dyn Waiter>;
+            let drove = d.block(w, Duration::ZERO, q.spin.flow(), Some(until), &done);
+            q.io_waiters.fetch_sub(1, Ordering::AcqRel);
+            if drove {
+                q.backoffs.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
         for d in drivers {
             d.nudge();
         }
-        let wait = Duration::from_nanos(q.backoff_wait.load(Ordering::Relaxed));
         let mut s = q.state.lock();
         q.parked.fetch_add(1, Ordering::SeqCst);
         if s.entries.is_empty() && q.arrivals.load(Ordering::SeqCst) == seen {

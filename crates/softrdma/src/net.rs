@@ -6,6 +6,8 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSoc
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::Error;
 
 /// The first of `run` consecutive ports, other than RoCEv2's 4791, that TCP and UDP both
@@ -70,6 +72,20 @@ pub(crate) fn connect(addr: impl ToSocketAddrs, timeout: Duration) -> Result<Tcp
 /// Writes `iov` to the connected stream socket `s` with one `sendmsg` and `MSG_NOSIGNAL`: a
 /// peer that reset the connection is an `EPIPE` error, not a `SIGPIPE` that ends a process
 /// which did not ignore it (`writev`, the default vectored write, has no such flag).
+/// The first `n` octets of `iov` (all of it if shorter).
+pub(crate) fn iov_prefix<'a>(iov: &'a [IoSlice<'_>], mut n: usize) -> SmallVec<[IoSlice<'a>; 8]> {
+    let mut taken = SmallVec::new();
+    for s in iov {
+        if n == 0 {
+            break;
+        }
+        let k = s.len().min(n);
+        taken.push(IoSlice::new(&s[..k]));
+        n -= k;
+    }
+    taken
+}
+
 pub(crate) fn send_vectored(s: &impl AsFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
     socket2::SockRef::from(s).send_vectored_with_flags(iov, nix::libc::MSG_NOSIGNAL)
 }

@@ -98,17 +98,9 @@ pub(crate) fn tcp_written(
     local: SocketAddr,
     peer: SocketAddr,
     iov: &[IoSlice<'_>],
-    mut n: usize,
+    n: usize,
 ) {
-    let mut taken: smallvec::SmallVec<[IoSlice<'_>; 8]> = smallvec::SmallVec::new();
-    for s in iov {
-        if n == 0 {
-            break;
-        }
-        let k = s.len().min(n);
-        taken.push(IoSlice::new(&s[..k]));
-        n -= k;
-    }
+    let taken = crate::net::iov_prefix(iov, n);
     tap.tapped(Tapped::TcpData {
         local,
         peer,
