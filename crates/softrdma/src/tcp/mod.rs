@@ -1056,6 +1056,20 @@ mod tests {
         }
     }
 
+    /// A client whose writes are logged, connected to a server.
+    #[allow(clippy::type_complexity)]
+    fn tapped_pair() -> (
+        (Context, Pd, Cq, Qp),
+        std::sync::Arc<Writes>,
+        ((Context, Pd, Qp), Cq, Mr),
+    ) {
+        let client = side();
+        let writes = std::sync::Arc::new(Writes::default());
+        assert!(client.0.set_tap(writes.clone()));
+        let server = serve(&client.3);
+        (client, writes, server)
+    }
+
     /// A post in a burst writes whole segments only and keeps the partial one after them
     /// for the next post or a poll (issue 43: a 64 KiB message is a segment and a few
     /// dozen octets on `lo`); when neither comes, the connection's timer writes it, so the
@@ -1064,10 +1078,7 @@ mod tests {
     /// checks the delivery, and one of them must have been the poster's own.)
     #[test]
     fn a_burst_keeps_its_partial_segment_back_and_the_timer_writes_it() {
-        let (cctx, cpd, ccq, cqp) = side();
-        let writes = std::sync::Arc::new(Writes::default());
-        assert!(cctx.set_tap(writes.clone()));
-        let ((_sctx, spd, _sqp), _scq, _smr) = serve(&cqp);
+        let ((cctx, cpd, ccq, cqp), writes, ((_sctx, spd, _sqp), _scq, _smr)) = tapped_pair();
         let emss = cqp.connection().unwrap().iwarp().unwrap().emss as usize;
         let len = emss + emss / 2;
         let target = spd
@@ -1130,10 +1141,7 @@ mod tests {
     /// is no whole segment to write before it.
     #[test]
     fn a_burst_writes_a_message_shorter_than_a_segment_at_once() {
-        let (cctx, cpd, _ccq, cqp) = side();
-        let writes = std::sync::Arc::new(Writes::default());
-        assert!(cctx.set_tap(writes.clone()));
-        let ((_sctx, spd, _sqp), _scq, _smr) = serve(&cqp);
+        let ((cctx, cpd, _ccq, cqp), writes, ((_sctx, spd, _sqp), _scq, _smr)) = tapped_pair();
         let target = spd
             .alloc_mr(100, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
