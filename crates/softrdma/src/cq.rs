@@ -211,6 +211,22 @@ impl CqShared {
         }
     }
 
+    /// Drives `d` as this queue's waiter ([`Progress::block`], the queue's flow poll),
+    /// counted among the waiters a push interrupts; `false` when another thread drives.
+    fn block_on(
+        self: &Arc<Self>,
+        d: &dyn Progress,
+        spin: Duration,
+        until: Option<Instant>,
+        done: &dyn Fn() -> bool,
+    ) -> bool {
+        self.io_waiters.fetch_add(1, Ordering::AcqRel);
+        let w: Weak<dyn Waiter> = Arc::downgrade(self) as Weak<dyn Waiter>;
+        let drove = d.block(w, spin, self.spin.flow(), until, done);
+        self.io_waiters.fetch_sub(1, Ordering::AcqRel);
+        drove
+    }
+
     fn has_entries(&self) -> bool {
         !self.state.lock().entries.is_empty()
     }
@@ -490,11 +506,7 @@ impl Cq {
         if let [d] = drivers {
             let until = Instant::now() + wait;
             let done = || q.has_entries() || q.arrivals.load(Ordering::Relaxed) != seen;
-            q.io_waiters.fetch_add(1, Ordering::AcqRel);
-            let w: Weak<dyn Waiter> = Arc::downgrade(q) as Weak<dyn Waiter>;
-            let drove = d.block(w, Duration::ZERO, q.spin.flow(), Some(until), &done);
-            q.io_waiters.fetch_sub(1, Ordering::AcqRel);
-            if drove {
+            if q.block_on(&**d, Duration::ZERO, Some(until), &done) {
                 q.backoffs.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -594,12 +606,8 @@ impl Cq {
             if let [d] = &drivers[..] {
                 let q = &self.shared;
                 let spin = q.spin.now();
-                q.io_waiters.fetch_add(1, Ordering::AcqRel);
-                let w: Weak<dyn Waiter> = Arc::downgrade(q) as Weak<dyn Waiter>;
                 let t0 = Instant::now();
-                let drove = d.block(w, spin, q.spin.flow(), Some(deadline), &|| q.has_entries());
-                q.io_waiters.fetch_sub(1, Ordering::AcqRel);
-                if drove {
+                if q.block_on(&**d, spin, Some(deadline), &|| q.has_entries()) {
                     q.spin.learn(spin, q.has_entries().then(|| t0.elapsed()));
                     continue;
                 }

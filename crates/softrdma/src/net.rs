@@ -72,6 +72,10 @@ pub(crate) fn connect(addr: impl ToSocketAddrs, timeout: Duration) -> Result<Tcp
 /// Writes `iov` to the connected stream socket `s` with one `sendmsg` and `MSG_NOSIGNAL`: a
 /// peer that reset the connection is an `EPIPE` error, not a `SIGPIPE` that ends a process
 /// which did not ignore it (`writev`, the default vectored write, has no such flag).
+pub(crate) fn send_vectored(s: &impl AsFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    socket2::SockRef::from(s).send_vectored_with_flags(iov, nix::libc::MSG_NOSIGNAL)
+}
+
 /// The first `n` octets of `iov` (all of it if shorter).
 pub(crate) fn iov_prefix<'a>(iov: &'a [IoSlice<'_>], mut n: usize) -> SmallVec<[IoSlice<'a>; 8]> {
     let mut taken = SmallVec::new();
@@ -84,10 +88,6 @@ pub(crate) fn iov_prefix<'a>(iov: &'a [IoSlice<'_>], mut n: usize) -> SmallVec<[
         n -= k;
     }
     taken
-}
-
-pub(crate) fn send_vectored(s: &impl AsFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-    socket2::SockRef::from(s).send_vectored_with_flags(iov, nix::libc::MSG_NOSIGNAL)
 }
 
 /// Binds (`SO_REUSEADDR`) and listens on the first address `addr` resolves to that allows it.

@@ -1633,11 +1633,13 @@ impl Conn {
         let mut wrote = false;
         loop {
             // Kept back: what follows the last whole segment, once one went out.
-            let limit = match self.tx.len() - self.tx.len() % self.align.max(1) {
-                _ if self.align == 0 => usize::MAX,
-                0 if wrote => return false,
+            let limit = match self.align {
                 0 => usize::MAX,
-                whole => whole,
+                a => match self.tx.len() / a * a {
+                    0 if wrote => return false,
+                    0 => usize::MAX,
+                    whole => whole,
+                },
             };
             wrote = true;
             let Conn {
