@@ -7,11 +7,12 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{Faults, Setup, Sim, pattern, summary};
+use sim::{Faults, Setup, Sim, summary};
 use softrdma_ib::{
     PostError, QpAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus,
 };
 use softrdma_memory::{Access, Buffer, Key, PdId};
+use softrdma_testkit::pattern;
 use softrdma_wire::ib::{
     AethRepr, AtomicEthRepr, BthRepr, NakCode, Opcode, Operation, PacketRepr, RethRepr, RnrTimer,
     Syndrome, psn_add,
@@ -50,7 +51,7 @@ fn rnr_nak_without_receive_then_success_once_posted() {
     };
     let mut s = rc(&setup, Faults::default(), 1);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let data = pattern(1, 3000);
+    let data = pattern(3000, 1);
     s.n[0].fill(0, &data);
     s.n[0]
         .qp
@@ -108,7 +109,7 @@ fn rnr_wait_does_not_use_retry_cnt() {
     };
     let mut s = rc(&setup, Faults::default(), 2);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let data = pattern(2, 2500);
+    let data = pattern(2500, 2);
     s.n[0].fill(0, &data);
     s.n[0]
         .qp
@@ -142,7 +143,7 @@ fn rnr_wait_does_not_use_retry_cnt() {
 fn write_with_imm_without_receive_is_rnr_naked() {
     let mut s = rc(&Setup::default(), Faults::default(), 3);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let data = pattern(3, 1500);
+    let data = pattern(1500, 3);
     s.n[0].fill(0, &data);
     s.n[0]
         .qp
@@ -186,7 +187,7 @@ fn rnr_retry_exhausted_flushes_the_rest() {
     };
     let mut s = rc(&setup, Faults::default(), 4);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    s.n[0].fill(0, &pattern(4, 4096));
+    s.n[0].fill(0, &pattern(4096, 4));
     s.n[0]
         .qp
         .post_recv(RecvWr::new(50, vec![Sge::new(k0, 65536, 4096)]))
@@ -316,7 +317,7 @@ fn remote_access_error_is_fatal() {
         for read in [false, true] {
             let mut s = rc(&Setup::default(), Faults::default(), 20 + i as u64);
             let (k0, k1) = (s.n[0].key, s.n[1].key);
-            s.n[0].fill(0, &pattern(5, 200));
+            s.n[0].fill(0, &pattern(200, 5));
             // A second region at b allowing local access only (and REMOTE_READ for WRITE
             // tests, REMOTE_WRITE for READ tests: the other right is missing).
             let other = if read {
@@ -402,7 +403,7 @@ fn qp_access_flags_refuse_with_invalid_request() {
         };
         let mut s = rc(&setup, Faults::default(), 30 + i as u64);
         let (k0, k1) = (s.n[0].key, s.n[1].key);
-        s.n[0].fill(0, &pattern(6, 100));
+        s.n[0].fill(0, &pattern(100, 6));
         let (wr, op) = if missing == Access::REMOTE_WRITE {
             (
                 SendWr::write(1, vec![Sge::new(k0, 0, 100)], k1, 0),
@@ -451,7 +452,7 @@ fn qp_access_flags_refuse_with_invalid_request() {
 fn qp_access_flags_modified_in_rts_apply() {
     let mut s = rc(&Setup::default(), Faults::default(), 35);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    s.n[0].fill(0, &pattern(7, 100));
+    s.n[0].fill(0, &pattern(100, 7));
     s.n[0]
         .qp
         .post_send(SendWr::write(1, vec![Sge::new(k0, 0, 100)], k1, 0))
@@ -484,7 +485,7 @@ fn qp_access_flags_modified_in_rts_apply() {
 fn send_longer_than_receive_buffer() {
     let mut s = rc(&Setup::default(), Faults::default(), 36);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    s.n[0].fill(0, &pattern(8, 2000));
+    s.n[0].fill(0, &pattern(2000, 8));
     s.n[1]
         .qp
         .post_recv(RecvWr::new(60, vec![Sge::new(k1, 0, 1000)]))
@@ -650,7 +651,7 @@ fn ibt_x_11_read_atomic_initiator_depth() {
     };
     let mut s = rc(&setup, Faults::default(), 51);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(9, 9 * 4096);
+    let src = pattern(9 * 4096, 9);
     s.n[1].fill(0, &src);
     for i in 0..5u64 {
         let wr = if i == 2 {
@@ -727,8 +728,8 @@ fn ibt_c9_31_fenced_write_waits_for_read() {
     for fence in [true, false] {
         let mut s = rc(&Setup::default(), Faults::default(), 52);
         let (k0, k1) = (s.n[0].key, s.n[1].key);
-        let old = pattern(10, 3000);
-        let new = pattern(11, 3000);
+        let old = pattern(3000, 10);
+        let new = pattern(3000, 11);
         s.n[1].fill(0, &old);
         s.n[0].fill(0, &new);
         s.n[0]
@@ -829,7 +830,7 @@ fn ibt_x_17_fenced_atomic_after_read() {
 fn ibt_x_19_bogus_ack_dropped_by_requester() {
     let mut s = rc(&Setup::default(), Faults::default(), 54);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    s.n[0].fill(0, &pattern(12, 100));
+    s.n[0].fill(0, &pattern(100, 12));
     s.n[1]
         .qp
         .post_recv(RecvWr::new(60, vec![Sge::new(k1, 0, 4096)]))
@@ -861,7 +862,7 @@ fn ibt_x_19_bogus_ack_dropped_by_requester() {
     s.hold[1] = false;
     s.run_until(10_000, |s| !s.n[0].sends.is_empty());
     assert_eq!(s.n[0].sends[0].status, WcStatus::Success);
-    assert_eq!(s.n[1].read(0, 100), pattern(12, 100));
+    assert_eq!(s.n[1].read(0, 100), pattern(100, 12));
     // The one retry sends the Send twice.
     assert_eq!(s.n[0].qp.requester_counters().retransmitted, 2);
 }

@@ -3,8 +3,9 @@
 
 mod sim;
 
-use sim::{Faults, Setup, Sim, pattern};
+use sim::{Faults, Setup, Sim};
 use softrdma_ib::{QpType, SendWr, Sge, WcOpcode, WcStatus};
+use softrdma_testkit::pattern;
 
 const LEN: usize = 64 << 20;
 
@@ -16,7 +17,7 @@ fn write_and_read_64_mib_pmtu_4096() {
     };
     let mut s = Sim::new(QpType::Rc, 2 * LEN, &setup, Faults::default(), 64);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let data = pattern(64, LEN);
+    let data = pattern(LEN, 64);
     s.n[0].fill(0, &data);
     // WRITE a[0, 64 MiB) to b[64 MiB, ..); READ it back into a[64 MiB, ..).
     s.n[0]
@@ -72,7 +73,7 @@ fn uc_send_and_write_64_mib() {
         65,
     );
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let data = pattern(65, LEN);
+    let data = pattern(LEN, 65);
     s.n[0].fill(0, &data);
     s.n[1]
         .qp

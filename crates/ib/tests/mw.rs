@@ -3,9 +3,10 @@
 
 mod sim;
 
-use sim::{Faults, Setup, Sim, pattern, summary};
+use sim::{Faults, Setup, Sim, summary};
 use softrdma_ib::{MwBind, PostError, QpType, RecvWr, SendWr, Sge, WcOpcode, WcStatus};
 use softrdma_memory::{Access, Key, KeyState, MwType, PdId};
+use softrdma_testkit::pattern;
 
 /// The window's index with another key octet (`ibv_inc_rkey`).
 fn inc(k: Key) -> Key {
@@ -77,7 +78,7 @@ fn bind_and_invalidate_run_in_send_queue_order() {
         );
         assert_eq!(s.n[0].keys.state(new), KeyState::Valid);
 
-        let data = pattern(seed, 64);
+        let data = pattern(64, seed);
         s.n[1].fill(1000, &data);
         s.n[1]
             .qp

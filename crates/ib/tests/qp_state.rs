@@ -6,12 +6,13 @@ mod sim;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sim::{Faults, Node, Setup, Sim, pattern, summary};
+use sim::{Faults, Node, Setup, Sim, summary};
 use softrdma_ib::{
     HeaderCounters, ModifyError, PostError, QpAttr, QpState, QpType, RecvWr, SendWr, Sge, UdDest,
     WcOpcode, WcStatus,
 };
 use softrdma_memory::Access;
+use softrdma_testkit::pattern;
 use softrdma_wire::ib::{BthRepr, DethRepr, Opcode, Operation, PacketRepr, RdethRepr, Service};
 
 use QpState::*;
@@ -296,7 +297,7 @@ fn sqd_finishes_the_message_in_progress_then_reports_drained() {
     let mut s = Sim::new(QpType::Rc, 1 << 20, &setup, Faults::default(), 4);
     s.capture = true;
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let data = pattern(4, 9000);
+    let data = pattern(9000, 4);
     s.n[0].fill(0, &data);
     for id in 0..3u64 {
         s.n[1]

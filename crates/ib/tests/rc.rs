@@ -3,8 +3,9 @@
 
 mod sim;
 
-use sim::{Faults, Setup, Sim, pattern};
+use sim::{Faults, Setup, Sim};
 use softrdma_ib::{QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus};
+use softrdma_testkit::pattern;
 
 const PMTU: usize = 1024;
 
@@ -20,7 +21,7 @@ fn sim(len: usize, faults: Faults, seed: u64) -> Sim {
 fn send_every_size_lossless() {
     for (i, size) in sizes().into_iter().enumerate() {
         let mut s = sim(2 << 20, Faults::default(), i as u64);
-        let data = pattern(i as u64, size);
+        let data = pattern(size, i as u64);
         s.n[0].fill(0, &data);
         let (k0, k1) = (s.n[0].key, s.n[1].key);
         s.n[1]
@@ -54,7 +55,7 @@ fn send_every_size_lossless() {
 fn write_and_read_every_size_lossless() {
     for (i, size) in sizes().into_iter().enumerate() {
         let mut s = sim(4 << 20, Faults::default(), 100 + i as u64);
-        let data = pattern(i as u64 + 50, size);
+        let data = pattern(size, i as u64 + 50);
         s.n[0].fill(1, &data);
         let (k0, k1) = (s.n[0].key, s.n[1].key);
         // WRITE a's [1, 1+size) to b's [3, ..); READ it back into a's [2 MiB + 5, ..).
@@ -92,7 +93,7 @@ fn write_and_read_every_size_lossless() {
 fn immediate_data_and_atomics() {
     let mut s = sim(1 << 16, Faults::default(), 9);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    s.n[0].fill(0, &pattern(1, 3000));
+    s.n[0].fill(0, &pattern(3000, 1));
     s.n[1].fill(64, &40u64.to_ne_bytes());
     for id in 0..2 {
         s.n[1]
@@ -133,8 +134,8 @@ fn immediate_data_and_atomics() {
         (r[1].opcode, r[1].imm, r[1].byte_len),
         (WcOpcode::RecvRdmaWithImm, Some(0x1234), 2000)
     );
-    assert_eq!(s.n[1].read(8192, 3000), pattern(1, 3000));
-    assert_eq!(s.n[1].read(16384, 2000), pattern(1, 3000)[..2000]);
+    assert_eq!(s.n[1].read(8192, 3000), pattern(3000, 1));
+    assert_eq!(s.n[1].read(16384, 2000), pattern(3000, 1)[..2000]);
     let ops: Vec<_> = s.n[0]
         .sends
         .iter()

@@ -5,9 +5,10 @@ mod sim;
 
 use std::sync::Arc;
 
-use sim::{Faults, Node, Setup, Sim, connect, pattern, summary};
+use sim::{Faults, Node, Setup, Sim, connect, summary};
 use softrdma_ib::{IbQp, QpCaps, QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus};
 use softrdma_memory::{Access, Buffer, KeyTable, PdId, QpId};
+use softrdma_testkit::pattern;
 use softrdma_wire::ib::{
     BthRepr, IethRepr, Opcode, Operation, PacketRepr, RethRepr, psn_add, psn_diff,
 };
@@ -41,9 +42,9 @@ fn ibt_c9_13_c9_18_c9_25_posting_order_and_no_interleaving() {
     };
     let mut s = rc(&setup, 1);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(1, 700);
+    let src = pattern(700, 1);
     s.n[0].fill(0, &src);
-    s.n[1].fill(65536, &pattern(2, 700));
+    s.n[1].fill(65536, &pattern(700, 2));
     for id in 0..4 {
         s.n[1]
             .qp
@@ -101,7 +102,7 @@ fn ibt_c9_13_c9_18_c9_25_posting_order_and_no_interleaving() {
     assert!(s.n[0].sends.iter().all(|w| w.status == WcStatus::Success));
     assert_eq!(s.n[1].read(8192, 700), src);
     assert_eq!(s.n[1].read(4096, 700), src);
-    assert_eq!(s.n[0].read(32768, 700), pattern(2, 700));
+    assert_eq!(s.n[0].read(32768, 700), pattern(700, 2));
     assert_eq!(s.n[1].read(49152, 300), src[..300]);
 }
 
@@ -111,7 +112,7 @@ fn ibt_c9_13_c9_18_c9_25_posting_order_and_no_interleaving() {
 fn ibt_c9_26_gather_and_scatter_in_sge_order() {
     let mut s = rc(&Setup::default(), 2);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(3, 8192);
+    let src = pattern(8192, 3);
     s.n[0].fill(0, &src);
     let gather = vec![
         Sge::new(k0, 5000, 100),
@@ -194,7 +195,7 @@ fn ibt_c9_27_read_responses_precede_later_ack() {
 fn ibt_c9_29_responder_send_completion_before_earlier_read_completes() {
     let mut s = rc(&Setup::default(), 4);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(4, 65536);
+    let src = pattern(65536, 4);
     s.n[1].fill(65536, &src);
     s.n[1]
         .qp
@@ -224,7 +225,7 @@ fn ibt_x_10_read_reissued_from_the_middle_and_c9_32_completion_order() {
     let setup = Setup::default();
     let mut s = rc(&setup, 5);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(5, 5000);
+    let src = pattern(5000, 5);
     s.n[1].fill(100_000, &src);
     s.n[1]
         .qp
@@ -295,7 +296,7 @@ fn ext_psn_03_duplicate_send_re_ack_stops_before_a_later_read() {
     let setup = Setup::default();
     let mut s = rc(&setup, 21);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(21, 64);
+    let src = pattern(64, 21);
     s.n[1].fill(50_000, &src);
     s.n[1]
         .qp
@@ -411,7 +412,7 @@ fn ibt_c9_4_se_on_a_middle_packet_is_not_validated() {
         .qp
         .post_recv(RecvWr::new(9, vec![Sge::new(k1, 0, 1024)]))
         .unwrap();
-    let data = pattern(7, 600);
+    let data = pattern(600, 7);
     let p0 = setup.psn[0];
     let parts = [
         (Opcode::RC_SEND_FIRST, &data[..256], false),

@@ -8,8 +8,9 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{Faults, Setup, Sim, pattern, summary};
+use sim::{Faults, Setup, Sim, summary};
 use softrdma_ib::{QpType, SendWr, Sge, WcOpcode, WcStatus};
+use softrdma_testkit::pattern;
 use softrdma_wire::ib::{Operation, RethRepr, psn_add};
 
 fn rc(seed: u64) -> Sim {
@@ -50,7 +51,7 @@ fn hold(s: &mut Sim, psn: u32, by: Duration) {
 fn an_early_read_response_is_placed_not_taken_for_a_loss() {
     let mut s = rc(1);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(1, 5000);
+    let src = pattern(5000, 1);
     s.n[1].fill(100_000, &src);
     let p0 = Setup::default().psn[0];
     // Responses +3 and +4 overtake +2 (300 ns apart on the wire).
@@ -81,7 +82,7 @@ fn an_early_read_response_is_placed_not_taken_for_a_loss() {
 fn an_atomic_result_ahead_of_the_read_before_it_completes_in_order() {
     let mut s = rc(2);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(2, 3000);
+    let src = pattern(3000, 2);
     s.n[1].fill(100_000, &src);
     s.n[1].fill(200_000, &7u64.to_ne_bytes());
     let p0 = Setup::default().psn[0];
@@ -121,7 +122,7 @@ fn an_atomic_result_ahead_of_the_read_before_it_completes_in_order() {
 fn a_lost_read_response_is_re_requested_once_three_later_ones_passed() {
     let mut s = rc(3);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(3, 5000);
+    let src = pattern(5000, 3);
     s.n[1].fill(100_000, &src);
     let p0 = Setup::default().psn[0];
     let lost = psn_add(p0, 1);
@@ -169,7 +170,7 @@ fn a_lost_read_response_is_re_requested_once_three_later_ones_passed() {
 fn a_spurious_go_back_makes_the_requester_wait_for_that_much_reordering() {
     let mut s = rc(4);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let src = pattern(4, 40_000);
+    let src = pattern(40_000, 4);
     s.n[1].fill(100_000, &src);
     let p0 = Setup::default().psn[0];
     // READ A (20 responses): +1 is held back behind all the others. The requester goes back

@@ -14,12 +14,13 @@ mod sim;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use sim::{Faults, Setup, Sim, pair_qpns, pattern};
+use sim::{Faults, Setup, Sim, pair_qpns};
 use softrdma_ib::{
     CreateError, IbQp, PostError, QpAttr, QpCaps, QpState, QpType, RecvWr, SendWr, Sge,
     SharedRecvQueue, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_memory::{KeyTable, PdId};
+use softrdma_testkit::pattern;
 use softrdma_wire::ib::Operation;
 
 const PMTU: usize = 1024;
@@ -94,7 +95,7 @@ impl Msg {
     }
 
     fn data(&self, seed: u64) -> Vec<u8> {
-        pattern(seed ^ u64::from(self.imm()) << 8, self.size)
+        pattern(self.size, seed ^ u64::from(self.imm()) << 8)
     }
 
     /// Fills side 0 and posts the SEND with immediate (wr_id `i`) on pair `k`'s sender;

@@ -4,9 +4,10 @@
 
 mod sim;
 
-use sim::{Faults, Setup, Sim, pattern, summary};
+use sim::{Faults, Setup, Sim, summary};
 use softrdma_ib::{PostError, QpType, RecvWr, SendWr, Sge, WcOpcode, WcStatus};
 use softrdma_memory::Key;
+use softrdma_testkit::pattern;
 use softrdma_wire::ib::{Operation, Service};
 
 const PMTU: usize = 1024;
@@ -51,7 +52,7 @@ fn every_operation_every_size() {
             let seed = (10 * i + j) as u64;
             let mut s = uc(seed);
             let (k0, k1) = (s.n[0].key, s.n[1].key);
-            let data = pattern(seed, size);
+            let data = pattern(size, seed);
             s.n[0].fill(5, &data);
             let sge = vec![Sge::new(k0, 5, size as u32)];
             let recv_at = 1 << 20;
@@ -141,7 +142,7 @@ fn lost_packet_drops_only_its_message() {
     {
         let mut s = uc(100 + i as u64);
         let (k0, k1) = (s.n[0].key, s.n[1].key);
-        let msgs: Vec<Vec<u8>> = (0..4).map(|m| pattern(200 + m, 2500)).collect();
+        let msgs: Vec<Vec<u8>> = (0..4).map(|m| pattern(2500, 200 + m)).collect();
         for (m, d) in msgs.iter().enumerate() {
             s.n[0].fill(4096 * m, d);
         }
@@ -196,7 +197,7 @@ fn lost_packet_drops_only_its_message() {
 fn lost_write_with_imm_packet_drops_the_message() {
     let mut s = uc(120);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let d = pattern(120, 2500);
+    let d = pattern(2500, 120);
     s.n[0].fill(0, &d);
     let first_psn = Setup::default().psn[0];
     s.drop_filter = Some(Box::new(move |_, p| {
@@ -233,7 +234,7 @@ fn lost_write_with_imm_packet_drops_the_message() {
 fn errors_are_silent_and_the_next_message_arrives() {
     let mut s = uc(130);
     let (k0, k1) = (s.n[0].key, s.n[1].key);
-    let d = pattern(130, 3000);
+    let d = pattern(3000, 130);
     s.n[0].fill(0, &d);
     s.n[0]
         .qp

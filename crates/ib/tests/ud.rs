@@ -4,8 +4,9 @@
 
 mod sim;
 
-use sim::{ADDR, Faults, Setup, Sim, pattern, summary};
+use sim::{ADDR, Faults, Setup, Sim, summary};
 use softrdma_ib::{PostError, QpType, RecvWr, SendWr, Sge, UdDest, WcOpcode, WcStatus};
+use softrdma_testkit::pattern;
 use softrdma_wire::ib::{BthRepr, DethRepr, Opcode, Operation, PacketRepr};
 
 const PMTU: usize = 1024;
@@ -52,7 +53,7 @@ fn send_and_send_with_imm_every_size() {
         for imm in [None, Some(0xFEED_F00D)] {
             let mut s = ud(i as u64);
             let (k0, k1) = (s.n[0].key, s.n[1].key);
-            let data = pattern(i as u64, size);
+            let data = pattern(size, i as u64);
             s.n[0].fill(0, &data);
             s.n[1]
                 .qp
@@ -115,10 +116,10 @@ fn ibt_c9_12_ud_larger_than_pmtu() {
         .qp
         .post_recv(RecvWr::new(5, vec![Sge::new(k1, 0, 4096)]))
         .unwrap();
-    let big = pattern(10, PMTU + 1);
+    let big = pattern(PMTU + 1, 10);
     s.inject(1, &datagram(&big, QKEY, 0x11));
     assert!(s.n[1].recvs.is_empty());
-    let small = pattern(11, PMTU);
+    let small = pattern(PMTU, 11);
     s.inject(1, &datagram(&small, QKEY, 0x11));
     assert_eq!(
         summary(&s.n[1].recvs),
@@ -208,7 +209,7 @@ fn ibt_c9_46_any_source_accepted() {
         grh[20] = 0x45;
         grh[32..36].copy_from_slice(&[192, 168, 7, i as u8]);
         grh[36..40].copy_from_slice(&ADDR[1].octets());
-        let payload = pattern(40 + i as u64, 100);
+        let payload = pattern(100, 40 + i as u64);
         let mut p = datagram(&payload, QKEY, src_qp);
         p.deth.as_mut().unwrap().reserved = 0xA5;
         let now = s.now;

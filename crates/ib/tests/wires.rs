@@ -8,8 +8,9 @@ mod sim;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sim::{Faults, Setup, Sim, Wire, pattern};
+use sim::{Faults, Setup, Sim, Wire};
 use softrdma_ib::{EndpointCounters, QpType, RecvWr, SendWr, Sge, UdDest, WcStatus};
+use softrdma_testkit::pattern;
 
 const OPS: usize = 1500;
 const SLOT: usize = 4096;
@@ -33,8 +34,8 @@ fn mixed_rc(wire: Wire, seed: u64) {
     };
     let mut s = Sim::new_on(wire, QpType::Rc, 2 * AREA, &setup, faults(), seed);
     let mut rng = StdRng::seed_from_u64(seed);
-    s.n[0].fill(0, &pattern(seed, AREA));
-    s.n[1].fill(AREA, &pattern(seed + 1, AREA));
+    s.n[0].fill(0, &pattern(AREA, seed));
+    s.n[1].fill(AREA, &pattern(AREA, seed + 1));
     let (k0, k1) = (s.n[0].key, s.n[1].key);
     let mut ops = Vec::new();
     for i in 0..OPS {
@@ -125,7 +126,7 @@ fn ud_grh_per_wire() {
             9,
         );
         let (k0, k1) = (s.n[0].key, s.n[1].key);
-        let data = pattern(5, 700);
+        let data = pattern(700, 5);
         s.n[0].fill(0, &data);
         s.n[1]
             .qp

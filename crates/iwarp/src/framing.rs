@@ -723,12 +723,7 @@ impl Iterator for Deframer {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
-    }
+    use softrdma_testkit::pattern;
 
     /// Frame `ulpdus` back to back from `start`.
     fn stream(ulpdus: &[Vec<u8>], start: u32, markers: bool, crc: bool) -> Vec<u8> {
@@ -786,7 +781,7 @@ mod tests {
         ]
         .iter()
         .enumerate()
-        .map(|(i, &n)| pattern(n, i as u8))
+        .map(|(i, &n)| pattern(n, u64::from(i as u8)))
         .collect()
     }
 
@@ -897,7 +892,9 @@ mod tests {
     /// between FPDUs).
     #[test]
     fn mpa_18_marker_every_512_octets() {
-        let u: Vec<Vec<u8>> = (0..40).map(|i| pattern(16 + 37 * i, i as u8)).collect();
+        let u: Vec<Vec<u8>> = (0..40)
+            .map(|i| pattern(16 + 37 * i, u64::from(i as u8)))
+            .collect();
         let s = stream(&u, 0, true, true);
         // FPDU starts by length chaining.
         let mut starts = Vec::new();
@@ -928,7 +925,9 @@ mod tests {
     /// MPA-03: N ULPDUs make exactly N FPDUs and the Deframer yields N records.
     #[test]
     fn mpa_03_one_ulpdu_per_fpdu() {
-        let u: Vec<Vec<u8>> = (0..25).map(|i| pattern(i * 3, i as u8)).collect();
+        let u: Vec<Vec<u8>> = (0..25)
+            .map(|i| pattern(i * 3, u64::from(i as u8)))
+            .collect();
         for markers in [false, true] {
             let mut f = Framer::new(markers, true);
             let mut out = Vec::new();
@@ -1309,7 +1308,9 @@ mod tests {
     /// Long runs keep the reassembly buffer compact.
     #[test]
     fn buffer_stays_bounded() {
-        let u: Vec<Vec<u8>> = (0..400).map(|i| pattern(1000, i as u8)).collect();
+        let u: Vec<Vec<u8>> = (0..400)
+            .map(|i| pattern(1000, u64::from(i as u8)))
+            .collect();
         let s = stream(&u, 0, true, true);
         let mut d = Deframer::new(true, true);
         let mut n = 0;
@@ -1344,7 +1345,7 @@ mod tests {
             markers: bool,
             crc: bool,
         ) {
-            let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+            let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, u64::from(i as u8))).collect();
             let s = stream(&u, start, markers, crc);
             let got = deframe_chunks(&s, start, markers, crc, chunks.iter().copied().cycle());
             prop_assert_eq!(&got, &u);
@@ -1412,7 +1413,7 @@ mod tests {
             start in arb_start(),
             crc: bool,
         ) {
-            let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+            let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, u64::from(i as u8))).collect();
             let mut f = Framer::with_position(false, crc, start).unwrap();
             let mut out = vec![0xAB; 3];
             for x in &u {
@@ -1464,7 +1465,7 @@ mod tests {
             start in arb_start(),
             markers: bool,
         ) {
-            let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+            let u: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, u64::from(i as u8))).collect();
             let mut s = stream(&u, start, markers, true);
             let i = at.index(s.len());
             s[i] ^= flip;

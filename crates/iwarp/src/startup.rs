@@ -1082,6 +1082,7 @@ mod tests {
     use super::*;
     use crate::framing::Deframer;
     use proptest::prelude::*;
+    use softrdma_testkit::pattern;
     use softrdma_wire::mpa::{REPLY_KEY, REQUEST_KEY};
     use softrdma_wire::vectors::mpa_frames::{
         NFS3_REPLY, NFS3_REQUEST, SEND_INV_REPLY, SIW_CRC_RPING_REPLY as SIW_CRC_REPLY,
@@ -1123,12 +1124,6 @@ mod tests {
     // -----------------------------------------------------------------------
     // Helpers
     // -----------------------------------------------------------------------
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-            .collect()
-    }
 
     /// A raw startup frame: key, flags octet, Rev, PD_Length = `pd.len()`, `pd`.
     fn raw(kind: FrameKind, flags: u8, rev: u8, pd: &[u8]) -> Vec<u8> {
@@ -2242,7 +2237,7 @@ mod tests {
             assert!(i.may_transmit_fpdus() && !r.may_transmit_fpdus());
             let mut to_r = Vec::new();
             for k in 0..5 {
-                ifr.frame(&[&pattern(300 + 97 * k, k as u8)], &mut to_r)
+                ifr.frame(&[&pattern(300 + 97 * k, u64::from(k as u8))], &mut to_r)
                     .unwrap();
             }
             // All of it in one read: nothing is startup.

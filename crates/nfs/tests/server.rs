@@ -17,6 +17,7 @@ use softrdma_rpc::{
     Auth, AuthSysParams, Client, Payload, Registry, Reply, ReplySpace, ReplyStatus, RpcError,
     Server,
 };
+use softrdma_testkit::pattern;
 use softrdma_wire::xdr::XdrReader;
 
 #[derive(Clone, Copy, Debug)]
@@ -292,12 +293,6 @@ const NOT_SYNC: u32 = 10002;
 const NOTSUPP: u32 = 10004;
 const BADTYPE: u32 = 10007;
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 #[test]
 fn mount_v3_mnt_export_dump_umnt() {
     for t in [T::Iwarp, T::Roce] {
@@ -424,7 +419,7 @@ fn files_are_written_read_and_committed() {
         let r = rig(t, 0);
         let fh = r.create(&r.root, b"data", 0, [0; 8]).unwrap();
         for (size, stable) in [(0usize, 2u32), (1, 0), (4095, 1), (4097, 0), (1 << 20, 2)] {
-            let data = pattern(size, size as u8);
+            let data = pattern(size, u64::from(size as u8));
             let (n, how, verf) = r.write(&fh, 0, &data, stable);
             assert_eq!(n as usize, size, "{t:?}");
             assert!(how >= stable, "committed at least as asked");

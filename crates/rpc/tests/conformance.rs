@@ -24,7 +24,8 @@ use softrdma_wire::xdr::XdrReader;
 
 mod common;
 
-use common::{T, both, contexts, pattern};
+use common::{T, both, contexts};
+use softrdma_testkit::pattern;
 
 fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
     common::call_msg(PROG, xid, proc, args)
@@ -96,7 +97,7 @@ fn program() -> impl Program {
             }
             proc::MAKE => Ok(Payload::with_opaque(
                 vec![0, 0, 0, 7],
-                &pattern(word(0)?, word(1)? as u8),
+                &pattern(word(0)?, u64::from(word(1)? as u8)),
             )),
             proc::PLAIN => Ok(opaque(&pattern(word(0)?, 3)).into()),
             proc::ECHO => Ok(args.to_vec().into()),
@@ -664,7 +665,7 @@ fn rpcrdma_11_thresholds_are_fixed_when_the_connection_is() {
         let fit = 2048 - 28 - 40;
         for round in 0..3u32 {
             for (n, long) in [(fit, false), (fit + 4, true)] {
-                let args: Payload = pattern(n, round as u8).into();
+                let args: Payload = pattern(n, u64::from(round as u8)).into();
                 let space = ReplySpace {
                     max: 1024,
                     ddp: None,

@@ -19,7 +19,8 @@ use softrdma_wire::rpcrdma::{
 
 mod common;
 
-use common::{T, both, contexts, pattern};
+use common::{T, both, contexts};
+use softrdma_testkit::pattern;
 
 fn call_msg(xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
     common::call_msg(PROG, xid, proc, args)
@@ -99,7 +100,10 @@ fn program(gate: Arc<Gate>, kept: Arc<softrdma::Buffer>) -> impl Program {
             }
             proc::MAKE => {
                 let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
-                Ok(Payload::with_opaque(vec![0, 0, 0, 7], &pattern(n, args[7])))
+                Ok(Payload::with_opaque(
+                    vec![0, 0, 0, 7],
+                    &pattern(n, u64::from(args[7])),
+                ))
             }
             proc::GATE => {
                 let mut s = gate.s.lock();
@@ -114,9 +118,11 @@ fn program(gate: Arc<Gate>, kept: Arc<softrdma::Buffer>) -> impl Program {
             }
             proc::MAKE_UNMARKED => {
                 let n = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
-                Ok(Payload::with_opaque(vec![0, 0, 0, 7], &pattern(n, args[7]))
-                    .xdr
-                    .into())
+                Ok(
+                    Payload::with_opaque(vec![0, 0, 0, 7], &pattern(n, u64::from(args[7])))
+                        .xdr
+                        .into(),
+                )
             }
             proc::TWO => {
                 let a = u32::from_be_bytes(args[..4].try_into().unwrap()) as usize;
@@ -218,7 +224,7 @@ fn rpcrdma_31_43_call_threshold_edges() {
             (20000, true),
         ] {
             let before = tr.stats();
-            let args = pattern(n, n as u8);
+            let args = pattern(n, u64::from(n as u8));
             // The echo of a call that fits comes back inline too (the reply header is
             // shorter): no Reply chunk, which would lengthen the call's header.
             let space = ReplySpace {
@@ -597,7 +603,7 @@ fn rpcrdma_05_one_credit_many_calls_in_a_row() {
         let (c, tr) = r.client(one);
         for i in 0..40usize {
             c.call(PROG, 1, proc::NULL, &[]).unwrap();
-            let data = pattern(100 + i, i as u8);
+            let data = pattern(100 + i, u64::from(i as u8));
             let args = Payload::with_opaque(vec![0, 0, 0, 1], &data);
             let got = c
                 .call_with(PROG, 1, proc::SUM, &args, ReplySpace::default())
@@ -621,7 +627,7 @@ fn mixed_calls_in_flight() {
                 std::thread::spawn(move || {
                     for i in 0..40usize {
                         let n = (i * 7919 + usize::from(k) * 104_729) % 70_000;
-                        let data = pattern(n, k);
+                        let data = pattern(n, u64::from(k));
                         let args = Payload::with_opaque(vec![0, 0, 0, k], &data);
                         let got = c
                             .call_with(PROG, 1, proc::SUM, &args, ReplySpace::default())
@@ -642,7 +648,7 @@ fn mixed_calls_in_flight() {
                             )
                             .unwrap();
                         let bulk = got.bulk.unwrap_or_default();
-                        assert_eq!(bulk, pattern(n, k));
+                        assert_eq!(bulk, pattern(n, u64::from(k)));
                     }
                 })
             })

@@ -17,7 +17,8 @@ use softrdma_rpc::*;
 
 mod common;
 
-use common::{T, both, contexts, pattern};
+use common::{T, both, contexts};
+use softrdma_testkit::pattern;
 
 /// What counts as a large block: a quarter of the calls' megabyte.
 const LARGE: usize = 256 << 10;

@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use softrdma::*;
+use softrdma_testkit::pattern;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -24,12 +25,6 @@ fn parse_advert(p: &[u8]) -> Option<(Key, u64)> {
     let rkey = u32::from_be_bytes(p.get(..4)?.try_into().ok()?);
     let addr = u64::from_be_bytes(p.get(4..12)?.try_into().ok()?);
     Some((Key(rkey), addr))
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 fn wait_one(cq: &Cq) -> Result<WorkCompletion, Error> {

@@ -4,25 +4,17 @@
 //!
 //! Timeouts are safety nets only: a lost wake-up shows as one expiring.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod util;
+
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use softrdma::*;
 use tokio::io::unix::AsyncFd;
 use tokio::time::timeout;
+use util::{BOTH, devices};
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn devices(t: Transport) -> (Device, Device) {
-    match t {
-        Transport::Iwarp => (Device::tcp(), Device::tcp()),
-        Transport::Roce => {
-            let ips = [1, 2].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
-            let c = RoceConfig::sharing_a_port(&ips).unwrap();
-            (Device::roce(c[0]), Device::roce(c[1]))
-        }
-    }
-}
 
 async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     timeout(LIMIT, f)
@@ -76,10 +68,6 @@ async fn connect(t: Transport, server: &Side, client: &Side) {
     );
 }
 
-fn both() -> [Transport; 2] {
-    [Transport::Iwarp, Transport::Roce]
-}
-
 /// The channel's fd under `AsyncFd`: the receiver sleeps in the runtime's epoll; each
 /// readiness is drained with `try_get_cq_event`, the CQ polled, re-armed and polled again
 /// (a completion that came between the poll and the arming would raise no event). Every
@@ -89,7 +77,7 @@ async fn completion_channel_fd_under_tokio_asyncfd() {
     const N: usize = 300;
     const MSG: usize = 64;
     const WINDOW: usize = 32;
-    for t in both() {
+    for t in BOTH {
         let (sdev, cdev) = devices(t);
         let (server, ch) = side(&sdev, true);
         let ch = ch.unwrap();
@@ -193,7 +181,7 @@ async fn completion_channel_fd_under_tokio_asyncfd() {
 /// `Established` and `Disconnected` reach a task awaiting the context's events.
 #[tokio::test(flavor = "current_thread")]
 async fn connection_events_as_futures() {
-    for t in both() {
+    for t in BOTH {
         let (sdev, cdev) = devices(t);
         let (server, _) = side(&sdev, false);
         let (client, _) = side(&cdev, false);
@@ -223,7 +211,7 @@ async fn connection_events_as_futures() {
 /// which succeeds.
 #[tokio::test(flavor = "current_thread")]
 async fn connect_async_refused_then_retried() {
-    for t in both() {
+    for t in BOTH {
         let (sdev, cdev) = devices(t);
         let (server, _) = side(&sdev, false);
         let (client, _) = side(&cdev, false);

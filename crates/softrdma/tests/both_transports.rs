@@ -5,30 +5,22 @@
 //!
 //! Waits block on CQs with a generous timeout as a safety net only.
 
+mod util;
+
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use softrdma::*;
+use softrdma_testkit::pattern;
+use util::{TIMEOUT, devices};
 
-const TIMEOUT: Duration = Duration::from_secs(30);
 const ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ)
     .union(Access::REMOTE_ATOMIC)
     .union(Access::MW_BIND);
-
-fn devices(t: Transport) -> (Device, Device) {
-    match t {
-        Transport::Iwarp => (Device::tcp(), Device::tcp()),
-        Transport::Roce => {
-            let ips = [1, 2].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
-            let c = RoceConfig::sharing_a_port(&ips).unwrap();
-            (Device::roce(c[0]), Device::roce(c[1]))
-        }
-    }
-}
 
 struct Side {
     ctx: Context,
@@ -67,11 +59,7 @@ impl Side {
     }
 
     fn wait(&self, n: usize) -> Vec<WorkCompletion> {
-        let mut out = Vec::new();
-        self.cq
-            .wait(n, n, TIMEOUT, &mut out)
-            .unwrap_or_else(|e| panic!("waiting for {n} completions, got {out:?}: {e}"));
-        out
+        util::wait(&self.cq, n)
     }
 }
 
@@ -100,7 +88,7 @@ fn connect_n(t: Transport, n: usize, mr_len: usize, srq: bool) -> (Side, Side, O
         let sqps = &server.qps;
         s.spawn(move || {
             for qp in sqps {
-                let req = listener.accept_timeout(TIMEOUT).unwrap();
+                let req = listener.accept_timeout(*TIMEOUT).unwrap();
                 req.accept(qp, AcceptParams::default()).unwrap();
                 tx.send(()).unwrap();
             }
@@ -114,14 +102,14 @@ fn connect_n(t: Transport, n: usize, mr_len: usize, srq: bool) -> (Side, Side, O
                 },
             )
             .unwrap();
-            rx.recv_timeout(TIMEOUT).unwrap();
+            rx.recv_timeout(*TIMEOUT).unwrap();
         }
     });
     (server, client, srq)
 }
 
 fn both(test: impl Fn(Transport)) {
-    for t in [Transport::Iwarp, Transport::Roce] {
+    for t in util::BOTH {
         test(t);
     }
 }
@@ -129,12 +117,6 @@ fn both(test: impl Fn(Transport)) {
 /// Completions as (id, status, opcode), for comparing.
 fn summary(w: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
     w.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
-        .collect()
 }
 
 /// RDMAP-134 / SRQ: four QPs take their receive buffers from one SRQ; every message lands in
@@ -159,7 +141,10 @@ fn srq_serves_several_qps() {
             for k in 0..PER_QP {
                 let seed = (q * PER_QP + k) as u8;
                 let off = (q * PER_QP + k) * MSG;
-                client.mr.copy_in(off, &pattern(MSG, seed)).unwrap();
+                client
+                    .mr
+                    .copy_in(off, &pattern(MSG, u64::from(seed)))
+                    .unwrap();
                 qp.post_send(SendWr::send(
                     seed.into(),
                     vec![client.mr.sge(off, MSG as u32)],
@@ -184,9 +169,10 @@ fn srq_serves_several_qps() {
             assert_eq!(w.byte_len as usize, MSG);
             assert!(used.insert(w.wr_id), "{t:?}: buffer {} used twice", w.wr_id);
             let got = server.mr.to_vec()[w.wr_id as usize * MSG..][..MSG].to_vec();
-            // The seed is the first octet of the pattern.
-            assert_eq!(got, pattern(MSG, got[0]), "{t:?}");
-            assert!(seen.insert(got[0]), "{t:?}: message {} twice", got[0]);
+            let seed = (0..slots as u64)
+                .find(|&s| got == pattern(MSG, s))
+                .unwrap_or_else(|| panic!("{t:?}: buffer {} holds no message", w.wr_id));
+            assert!(seen.insert(seed), "{t:?}: message {seed} twice");
         }
         assert_eq!(seen.len(), slots);
         assert!(srq.is_empty());
@@ -348,7 +334,7 @@ fn receive_lists_post_up_to_the_first_refused_request() {
         for i in 0..2u8 {
             client
                 .mr
-                .copy_in(i as usize * LEN, &pattern(LEN, i))
+                .copy_in(i as usize * LEN, &pattern(LEN, u64::from(i)))
                 .unwrap();
             cqp.post_send(SendWr::send(
                 u64::from(i),
@@ -467,7 +453,7 @@ fn memory_windows() {
             // RFC 5040 §5.1 (RDMAP-80): a Write completes when sent; the peer's Terminate
             // reports the protection error.
             Transport::Iwarp => loop {
-                match client.ctx.get_async_event(TIMEOUT) {
+                match client.ctx.get_async_event(*TIMEOUT) {
                     Some(AsyncEvent::Qp {
                         event: QpEvent::TerminateReceived(_),
                         ..
@@ -612,7 +598,7 @@ fn several_waiters_and_a_channel_on_one_context() {
         std::thread::scope(|s| {
             let acceptor = s.spawn(|| {
                 for qp in &sqps {
-                    let req = listener.accept_timeout(TIMEOUT).unwrap();
+                    let req = listener.accept_timeout(*TIMEOUT).unwrap();
                     req.accept(qp, AcceptParams::default()).unwrap();
                 }
             });
@@ -627,7 +613,7 @@ fn several_waiters_and_a_channel_on_one_context() {
                     s.spawn(move || {
                         let mut got = Vec::new();
                         while got.len() < MSGS {
-                            cq.wait(1, MSGS, TIMEOUT, &mut got).unwrap();
+                            cq.wait(1, MSGS, *TIMEOUT, &mut got).unwrap();
                         }
                         got
                     })
@@ -642,7 +628,7 @@ fn several_waiters_and_a_channel_on_one_context() {
                     cq.poll(MSGS, &mut got[i]);
                 }
                 while got.iter().map(Vec::len).sum::<usize>() < 2 * MSGS {
-                    let cq = ch.get_cq_event(Some(TIMEOUT)).unwrap_or_else(|| {
+                    let cq = ch.get_cq_event(Some(*TIMEOUT)).unwrap_or_else(|| {
                         panic!(
                             "{t:?}: no CQ event, got {:?}",
                             got.iter().map(Vec::len).collect::<Vec<_>>()
@@ -659,7 +645,7 @@ fn several_waiters_and_a_channel_on_one_context() {
                     let off = (q * MSGS + m) * LEN;
                     client
                         .mr
-                        .copy_in(off, &pattern(LEN, (q * MSGS + m) as u8))
+                        .copy_in(off, &pattern(LEN, u64::from((q * MSGS + m) as u8)))
                         .unwrap();
                     qp.post_send(SendWr::send(m as u64, vec![client.mr.sge(off, LEN as u32)]))
                         .unwrap();
@@ -681,7 +667,7 @@ fn several_waiters_and_a_channel_on_one_context() {
         for k in 0..QPS * MSGS {
             assert_eq!(
                 bytes[k * LEN..][..LEN],
-                pattern(LEN, k as u8)[..],
+                pattern(LEN, u64::from(k as u8))[..],
                 "{t:?} message {k}"
             );
         }
@@ -725,18 +711,18 @@ fn requests_past_the_backlog_are_refused() {
             // Two of the five are refused while three wait, unanswered.
             let mut refused = 0;
             while refused < 2 {
-                let (i, r) = rx.recv_timeout(TIMEOUT).expect("two refusals");
+                let (i, r) = rx.recv_timeout(*TIMEOUT).expect("two refusals");
                 match r {
                     Err(Error::Rejected { .. }) => refused += 1,
                     other => panic!("{t:?}: connect {i} before any accept: {other:?}"),
                 }
             }
             for qp in server.qps.iter().take(backlog as usize) {
-                let req = listener.accept_timeout(TIMEOUT).unwrap();
+                let req = listener.accept_timeout(*TIMEOUT).unwrap();
                 req.accept(qp, AcceptParams::default()).unwrap();
             }
             for _ in 0..backlog {
-                let (i, r) = rx.recv_timeout(TIMEOUT).unwrap();
+                let (i, r) = rx.recv_timeout(*TIMEOUT).unwrap();
                 assert!(r.is_ok(), "{t:?}: connect {i}: {r:?}");
             }
         });
@@ -768,7 +754,7 @@ fn device_limits_refuse_and_give_back() {
         std::thread::scope(|s| {
             let sqp = &server.qps[0];
             s.spawn(move || {
-                let req = listener.accept_timeout(TIMEOUT).unwrap();
+                let req = listener.accept_timeout(*TIMEOUT).unwrap();
                 req.accept(sqp, AcceptParams::default()).unwrap();
             });
             client.qps[0]
@@ -897,20 +883,21 @@ fn device_limits_refuse_and_give_back() {
 /// The context's next asynchronous event other than a connection's establishment.
 fn next_event(ctx: &Context) -> Option<AsyncEvent> {
     loop {
-        match ctx.get_async_event(TIMEOUT) {
+        match ctx.get_async_event(*TIMEOUT) {
             Some(AsyncEvent::Established { .. }) => continue,
             other => return other,
         }
     }
 }
 
-/// Waits (spinning, bounded by TIMEOUT) until `f` holds.
+/// Waits (spinning, bounded by `TIMEOUT`) until `f` holds.
 fn until(what: &str, f: impl Fn() -> bool) {
-    let end = std::time::Instant::now() + TIMEOUT;
+    let end = std::time::Instant::now() + *TIMEOUT;
     while !f() {
         assert!(
             std::time::Instant::now() < end,
-            "{what}: not within {TIMEOUT:?}"
+            "{what}: not within {:?}",
+            *TIMEOUT
         );
         std::thread::yield_now();
     }
@@ -941,7 +928,7 @@ fn a_cq_overrun_fails_its_qps_only() {
             let sqps = &server.qps;
             s.spawn(move || {
                 for qp in sqps {
-                    let req = listener.accept_timeout(TIMEOUT).unwrap();
+                    let req = listener.accept_timeout(*TIMEOUT).unwrap();
                     req.accept(qp, AcceptParams::default()).unwrap();
                 }
             });
@@ -1040,7 +1027,7 @@ fn the_background_poll_is_set_per_context() {
             // Only the server's background thread handles the peer's one-sided requests.
             server.ctx.set_background_poll(mode);
             assert_eq!(server.ctx.background_poll(), mode, "{t:?}");
-            let data = pattern(LEN, i as u8);
+            let data = pattern(LEN, u64::from(i as u8));
             client.mr.copy_in(0, &data).unwrap();
             cqp.post_send(SendWr::write(
                 1,

@@ -6,35 +6,15 @@
 //! Nothing sleeps to synchronise: waits block on completion channels (or the listener, or a
 //! connect), with generous timeouts as a safety net only.
 
+mod util;
+
 use std::time::{Duration, Instant};
 
 use softrdma::*;
-
-/// Safety net for every blocking wait: 60 s, or `SOFTRDMA_TEST_TIMEOUT` seconds (for runs
-/// under valgrind, which are ~50 times slower).
-static TIMEOUT: std::sync::LazyLock<Duration> = std::sync::LazyLock::new(|| {
-    let secs = std::env::var("SOFTRDMA_TEST_TIMEOUT")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    Duration::from_secs(secs)
-});
+use softrdma_testkit::pattern;
+use util::TIMEOUT;
 
 const MIB: usize = 1024 * 1024;
-
-/// Deterministic non-repeating-looking octets.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 struct Side {
     ctx: Context,

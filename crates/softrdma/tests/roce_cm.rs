@@ -2,12 +2,13 @@
 //! contexts on loopback addresses: rejects with their reasons, disconnects from either
 //! side, UD through SIDR, private data limits, listener addresses.
 
+mod util;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use softrdma::*;
-
-const TIMEOUT: Duration = Duration::from_secs(30);
+use util::TIMEOUT;
 
 /// A server context on 127.0.0.1 and a client context on 127.0.0.2, one UDP port.
 fn contexts() -> (Context, Context) {
@@ -48,7 +49,7 @@ fn connected(server: &Context, client: &Context) -> (End, End, ConnectionInfo, C
     }
     let (si, ci) = std::thread::scope(|sc| {
         let srv = sc.spawn(|| {
-            let req = l.accept_timeout(TIMEOUT).unwrap();
+            let req = l.accept_timeout(*TIMEOUT).unwrap();
             req.accept(&s.qp, AcceptParams::default()).unwrap()
         });
         let ci = c.qp.connect(to, ConnectParams::default()).unwrap();
@@ -78,7 +79,7 @@ fn connect_to_a_port_nobody_listens_on_is_rejected() {
         let s = end(&server, QpType::Rc);
         let to = l.local_addr();
         let srv = sc.spawn(move || {
-            let req = l.accept_timeout(TIMEOUT).unwrap();
+            let req = l.accept_timeout(*TIMEOUT).unwrap();
             req.accept(&s.qp, AcceptParams::default()).unwrap();
             s
         });
@@ -97,7 +98,7 @@ fn consumer_reject_carries_private_data() {
     let c = end(&client, QpType::Rc);
     std::thread::scope(|sc| {
         sc.spawn(|| {
-            let req = l.accept_timeout(TIMEOUT).unwrap();
+            let req = l.accept_timeout(*TIMEOUT).unwrap();
             assert_eq!(&req.private_data()[..5], b"hello");
             assert_eq!(
                 req.peer_addr().ip(),
@@ -148,7 +149,7 @@ fn disconnect_from_either_side_reaches_the_other() {
         };
         closer.qp.disconnect().unwrap();
         let mut wcs = Vec::new();
-        other.cq.wait(1, 4, TIMEOUT, &mut wcs).unwrap();
+        other.cq.wait(1, 4, *TIMEOUT, &mut wcs).unwrap();
         assert_eq!(
             wcs[0].status,
             WcStatus::WorkRequestFlushed,
@@ -156,7 +157,7 @@ fn disconnect_from_either_side_reaches_the_other() {
         );
         assert!(other.qp.state().is_dead());
         let ev = loop {
-            match other_ctx.get_async_event(TIMEOUT) {
+            match other_ctx.get_async_event(*TIMEOUT) {
                 Some(AsyncEvent::Disconnected { qp_num }) => break qp_num,
                 Some(_) => continue,
                 None => panic!("no disconnect event"),
@@ -181,7 +182,7 @@ fn sends_flow_both_ways_after_setup() {
             .iter()
             .any(|w: &WorkCompletion| w.opcode == WcOpcode::Recv)
         {
-            to.cq.wait(1, 4, TIMEOUT, &mut wcs).unwrap();
+            to.cq.wait(1, 4, *TIMEOUT, &mut wcs).unwrap();
         }
         let mut got = vec![0u8; msg.len()];
         to.mr.copy_out(0, &mut got).unwrap();
@@ -200,7 +201,7 @@ fn ud_through_sidr() {
     let c = end(&client, QpType::Ud);
     let info = std::thread::scope(|sc| {
         let srv = sc.spawn(|| {
-            let req = l.accept_timeout(TIMEOUT).unwrap();
+            let req = l.accept_timeout(*TIMEOUT).unwrap();
             assert_eq!(&req.private_data()[..3], b"who");
             req.accept(&s.qp, AcceptParams::default()).unwrap();
         });
@@ -237,7 +238,7 @@ fn ud_through_sidr() {
     }))
     .unwrap();
     let mut wcs = Vec::new();
-    s.cq.wait(1, 4, TIMEOUT, &mut wcs).unwrap();
+    s.cq.wait(1, 4, *TIMEOUT, &mut wcs).unwrap();
     assert_eq!((wcs[0].status, wcs[0].byte_len), (WcStatus::Success, 48));
     let mut got = [0u8; 8];
     s.mr.copy_out(40, &mut got).unwrap();
@@ -308,7 +309,7 @@ fn qp1_drops_what_is_no_mad() {
         )
         .unwrap();
         let mut wcs = Vec::new();
-        c.cq.wait(1, 1, TIMEOUT, &mut wcs).unwrap();
+        c.cq.wait(1, 1, *TIMEOUT, &mut wcs).unwrap();
     }
     // The datagrams are on their way; a connect to nobody is answered only after them.
     let r = end(&client, QpType::Rc);
@@ -374,7 +375,7 @@ impl Hostile {
                 )
                 .unwrap();
             let mut wcs = Vec::new();
-            self.e.cq.wait(1, 1, TIMEOUT, &mut wcs).unwrap();
+            self.e.cq.wait(1, 1, *TIMEOUT, &mut wcs).unwrap();
             n += 1;
         }
     }
@@ -396,7 +397,7 @@ fn cma_header(src: SocketAddr, dst: IpAddr) -> Vec<u8> {
 
 /// Waits (yielding) until `f` holds, failing after the safety net.
 fn until(what: &str, f: &dyn Fn() -> bool) {
-    let end = std::time::Instant::now() + TIMEOUT;
+    let end = std::time::Instant::now() + *TIMEOUT;
     while !f() {
         assert!(std::time::Instant::now() < end, "{what}");
         std::thread::yield_now();
@@ -490,7 +491,7 @@ fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
         .post_send(SendWr::send(1, vec![cl.mr.sge(0, 7)]).with_flags(SendFlags::SIGNALED))
         .unwrap();
     let mut wcs = Vec::new();
-    s.cq.wait(1, 1, TIMEOUT, &mut wcs).unwrap();
+    s.cq.wait(1, 1, *TIMEOUT, &mut wcs).unwrap();
     assert_eq!(wcs[0].status, WcStatus::Success, "{wcs:?}");
     assert_eq!(&s.mr.to_vec()[..7], b"through");
 }

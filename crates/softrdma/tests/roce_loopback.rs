@@ -5,29 +5,19 @@
 //! Nothing sleeps to synchronise: waits block on the CQ with a generous timeout as a safety
 //! net only.
 
+mod util;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use softrdma::ib::{QpAttr, QpState, QpType};
 use softrdma::*;
+use softrdma_testkit::pattern;
+use util::TIMEOUT;
 
-const TIMEOUT: Duration = Duration::from_secs(60);
 const MIB: usize = 1024 * 1024;
 const PMTU: usize = 1024;
 const QKEY: u32 = 0x1111_1111;
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 struct Side {
     ctx: Context,
@@ -82,11 +72,7 @@ impl Side {
     }
 
     fn wait(&self, n: usize) -> Vec<WorkCompletion> {
-        let mut out = Vec::new();
-        self.cq
-            .wait(n, n, TIMEOUT, &mut out)
-            .unwrap_or_else(|e| panic!("waiting for {n} completions, got {out:?}: {e}"));
-        out
+        util::wait(&self.cq, n)
     }
 
     fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
@@ -560,7 +546,7 @@ fn ibt_x_20_c9_39_c9_47_1_1_driver_drops() {
     // different sockets may be read in any order, so wait on the counters first).
     // The receive thread counts a drop once it has decided it (rx_packets counts arrival).
     let dropped = |c: &RoceCounters| c.bad_icrc + c.unknown_qp + c.wrong_source;
-    let deadline = std::time::Instant::now() + TIMEOUT;
+    let deadline = std::time::Instant::now() + *TIMEOUT;
     while dropped(&b.ctx.roce_counters().unwrap()) < dropped(&before) + 3 {
         assert!(
             std::time::Instant::now() < deadline,
@@ -651,7 +637,7 @@ fn destroyed_qp_is_no_longer_routed() {
             .unwrap();
     let qpn = extra.qp_num();
     let before = b.ctx.roce_counters().unwrap();
-    let deadline = std::time::Instant::now() + TIMEOUT;
+    let deadline = std::time::Instant::now() + *TIMEOUT;
     let wait_for = |what: &str, done: &dyn Fn(&RoceCounters) -> bool| {
         while !done(&b.ctx.roce_counters().unwrap()) {
             assert!(std::time::Instant::now() < deadline, "{what}");
@@ -749,7 +735,7 @@ fn concurrent_posts(ty: QpType) {
     const EACH: u64 = 32;
     const N: u64 = THREADS * EACH;
     let (a, b) = pair(ty, 1 << 16);
-    let end = std::time::Instant::now() + TIMEOUT;
+    let end = std::time::Instant::now() + *TIMEOUT;
     let msg = |round: u64, t: u64, i: u64| {
         let mut m = [0u8; 24];
         m[..8].copy_from_slice(&round.to_be_bytes());
@@ -819,7 +805,7 @@ fn large_posts_while_another_thread_waits_are_sent_by_the_waiter() {
     const SMALL: (usize, usize) = (1024, 128);
     let (a, b) = pair(QpType::Rc, LARGE.0 * LARGE.1);
     let deferred = || a.ctx.roce_counters().unwrap().tx_deferred;
-    let end = std::time::Instant::now() + TIMEOUT;
+    let end = std::time::Instant::now() + *TIMEOUT;
     for round in 0u64.. {
         for (size, n) in [LARGE, SMALL] {
             let before = deferred();

@@ -5,10 +5,12 @@
 //! (`RdmapEngine::nudge`); the responder then reads everything and answers. Without the
 //! nudge the exchange never ends (the responder's read times out and the test fails).
 
+mod util;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use softrdma::*;
 use softrdma_iwarp::connection::{ConnEvent, Connection, ConnectionConfig};
@@ -16,9 +18,9 @@ use softrdma_iwarp::rdmap::QpConfig;
 use softrdma_iwarp::startup::{Role, StartupConfig};
 use softrdma_memory::KeyTable;
 use softrdma_wire::rdmap::{MASK_OPCODE, Opcode};
+use util::TIMEOUT;
 
 /// Safety net for every blocking wait.
-const TIMEOUT: Duration = Duration::from_secs(60);
 const PD: PdId = PdId(1);
 const IOVA: u64 = 0x10_0000;
 
@@ -46,7 +48,7 @@ fn flush(conn: &mut Connection, s: &mut TcpStream) {
 /// Returns the opcode of the first ULPDU after the initiator's first FPDU.
 fn stuck_responder(l: TcpListener, done: std::sync::mpsc::Receiver<()>) -> Option<Opcode> {
     let (mut s, _) = l.accept().unwrap();
-    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.set_read_timeout(Some(*TIMEOUT)).unwrap();
     let keys = Arc::new(KeyTable::with_seed(7));
     let buf = Buffer::new(4096);
     let key = keys
@@ -111,7 +113,7 @@ fn stuck_responder(l: TcpListener, done: std::sync::mpsc::Receiver<()>) -> Optio
         .unwrap();
     flush(&mut conn, &mut s);
     // Until the initiator has its answer.
-    let _ = done.recv_timeout(TIMEOUT);
+    let _ = done.recv_timeout(*TIMEOUT);
     next
 }
 
@@ -148,9 +150,9 @@ fn nudged(ord: u16, nudge: Opcode) {
     qp.post_send(SendWr::send(11, vec![mr.sge(0, 4)]).with_flags(SendFlags::SIGNALED))
         .unwrap();
     let mut wcs = Vec::new();
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + *TIMEOUT;
     while wcs.len() < 2 && Instant::now() < deadline {
-        cq.wait(2 - wcs.len(), 2, TIMEOUT, &mut wcs).unwrap();
+        cq.wait(2 - wcs.len(), 2, *TIMEOUT, &mut wcs).unwrap();
     }
     let mut ids: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
     ids.sort_by_key(|&(id, _)| id);

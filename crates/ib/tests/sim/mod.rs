@@ -293,19 +293,6 @@ pub fn seeds(n: u64, base: u64) -> std::ops::Range<u64> {
     base..base + n
 }
 
-/// A deterministic byte pattern (xorshift) for byte-verifying transfers.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 impl Node {
     /// The native-order u64 at `off` of the buffer.
     pub fn word(&self, off: usize) -> u64 {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use softrdma_memory::{Access, Buffer, Key, KeyTable, PdId, QpId};
+use softrdma_testkit::pattern;
 
 use super::*;
 use crate::framing::Deframer;
@@ -286,12 +287,6 @@ fn events(s: &mut Side) {
     }
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 /// What an exchange moves: Sends of `sizes` (at most 5), one RDMA Write of
 /// `write` octets, one RDMA Read of `read` octets.
 #[derive(Clone, Copy, Debug)]
@@ -347,7 +342,7 @@ fn exchange_bounded(
             .unwrap();
     }
     // Initiator data: sends from an unaligned region, then a Write and a Read.
-    let data = pattern(7, len);
+    let data = pattern(len, 7);
     i.buf.copy_in(0, &data).unwrap();
     for (n, &sz) in sizes.iter().enumerate() {
         let sge = Sge::new(i.key, IOVA + send_at(n) as u64, sz as u32);
@@ -361,7 +356,7 @@ fn exchange_bounded(
         IOVA + write_to as u64,
     );
     i.conn.engine_mut().post_send(wr).unwrap();
-    let remote = pattern(9, read);
+    let remote = pattern(read, 9);
     r.buf.copy_in(read_from, &remote).unwrap();
     let rd = SendWr::read(
         300,
@@ -564,7 +559,7 @@ fn direct_placement_crc_error_terminates() {
         .engine_mut()
         .post_recv(RecvWr::new(2, vec![Sge::new(r.key, IOVA, 20_000)]))
         .unwrap();
-    let p = pattern(3, 20_000);
+    let p = pattern(20_000, 3);
     i.buf.copy_in(0, &p).unwrap();
     for id in [9, 10] {
         i.conn
@@ -609,7 +604,7 @@ fn direct_placement_target_revoked_midway() {
         .keys
         .reg_mr(PD, target.clone(), 0, len, IOVA, access)
         .unwrap();
-    i.buf.copy_in(0, &pattern(5, 30_000)).unwrap();
+    i.buf.copy_in(0, &pattern(30_000, 5)).unwrap();
     i.conn
         .engine_mut()
         .post_send(SendWr::write(
@@ -920,7 +915,7 @@ fn srq_hook_asks_once_per_send_that_finds_no_receive() {
             r.srq
                 .push_back(RecvWr::new(60 + n, vec![Sge::new(r.key, at, 4096)]));
         }
-        let data = pattern(3, 16 * 1024);
+        let data = pattern(16 * 1024, 3);
         i.buf.copy_in(0, &data).unwrap();
         r.buf.copy_in(40_000, &data[..2000]).unwrap();
         let sizes = [10usize, 3000, 0];
@@ -1168,7 +1163,7 @@ fn gather_send_completes_once_its_last_octet_is_written() {
     let (mut i, mut r) = gather_pair(now, 65536);
     let recv = RecvWr::new(1, vec![Sge::new(r.key, IOVA + 8, len as u32)]);
     r.conn.engine_mut().post_recv(recv).unwrap();
-    let data = pattern(3, len);
+    let data = pattern(len, 3);
     i.buf.copy_in(100, &data).unwrap();
     let wr = SendWr::send(7, vec![Sge::new(i.key, IOVA + 100, len as u32)]);
     i.conn.engine_mut().post_send(wr).unwrap();

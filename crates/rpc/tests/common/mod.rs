@@ -45,13 +45,6 @@ pub fn roce_pair() -> [Context; 2] {
     [a, b]
 }
 
-/// `n` octets that differ with position and `seed`.
-pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 /// An RPC call message of `prog` version 1, AUTH_NONE.
 pub fn call_msg(prog: u32, xid: u32, proc: u32, args: &[u8]) -> Vec<u8> {
     let mut m = Vec::new();

@@ -4,10 +4,11 @@ use softrdma_memory::{Access, Key, PdId};
 use softrdma_wire::ddp;
 use softrdma_wire::rdmap::Opcode;
 
-use super::pair::{Dir, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of, pattern};
+use super::pair::{Dir, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of};
 use super::{flushed, ok};
 use crate::rdmap::{RdmapEngine, StreamState};
 use crate::verbs_types::{PostError, RecvWr, SendFlags, SendWr, WcOpcode};
+use softrdma_testkit::pattern;
 
 const SIZES: [usize; 5] = [0, 1, 4095, 4096, 1 << 20];
 const MULPDUS: [u16; 2] = [128, 64768];
@@ -29,7 +30,7 @@ fn rdmap_03_59_60_send_recv_every_size() {
             let mut p = Pair::new(mulpdu);
             let src = Mr::new(&p.ka, PD, size + 7, 0x1000_0003, Access::empty());
             let dst = Mr::new(&p.kb, PD, size + 100, 0x2000_0005, Access::LOCAL_WRITE);
-            let data = pattern(size as u64, size);
+            let data = pattern(size, size as u64);
             src.put(3, &data);
             p.b.post_recv(RecvWr::new(7, vec![dst.sge(1, size + 50)]))
                 .unwrap();
@@ -74,7 +75,7 @@ fn rdmap_35_36_40_write_every_size() {
             let mut p = Pair::new(mulpdu);
             let src = Mr::new(&p.ka, PD, size + 5, 0x1000_0001, Access::empty());
             let dst = Mr::new(&p.kb, PD, size + 64, 0x3000_0001, RW);
-            let data = pattern(size as u64 + 99, size);
+            let data = pattern(size, size as u64 + 99);
             src.put(5, &data);
             let to = dst.iova + 9;
             p.a.post_send(SendWr::write(1, vec![src.sge(5, size)], dst.key, to))
@@ -118,7 +119,7 @@ fn rdmap_41_53_87_read_every_size() {
             let mut p = Pair::new(mulpdu);
             let src = Mr::new(&p.kb, PD, size + 13, 0x4000_0007, Access::REMOTE_READ);
             let sink = Mr::new(&p.ka, PD, size + 11, 0x5000_0003, Access::LOCAL_WRITE);
-            let data = pattern(size as u64 + 7, size);
+            let data = pattern(size, size as u64 + 7);
             src.put(13, &data);
             p.a.post_send(SendWr::read(
                 1,
@@ -177,8 +178,8 @@ fn several_sges_unaligned_gather_and_scatter() {
     let mut p = Pair::new(128);
     let s1 = Mr::new(&p.ka, PD, 1000, 0x1001, Access::empty());
     let s2 = Mr::new(&p.ka, PD, 5000, 0x7777_0003, Access::empty());
-    s1.put(0, &pattern(1, 1000));
-    s2.put(0, &pattern(2, 5000));
+    s1.put(0, &pattern(1000, 1));
+    s2.put(0, &pattern(5000, 2));
     let gather = vec![
         s1.sge(3, 333),
         s2.sge(17, 4001),
@@ -227,7 +228,7 @@ fn rdmap_62_65_many_sends_delivered_in_order() {
     let size = |i: usize| (i * 37) % 3000;
     let src = Mr::new(&p.ka, PD, n * 3000, 0x10_0000, Access::empty());
     let dst = Mr::new(&p.kb, PD, n * 3000, 0x20_0000, Access::LOCAL_WRITE);
-    src.put(0, &pattern(5, n * 3000));
+    src.put(0, &pattern(n * 3000, 5));
     for i in 0..n {
         p.b.post_recv(RecvWr::new(i as u64, vec![dst.sge(i * 3000, 3000)]))
             .unwrap();
@@ -260,7 +261,7 @@ fn rdmap_46_55_86_pipelined_reads_keep_order() {
     let total: usize = sizes.iter().sum();
     let src = Mr::new(&p.kb, PD, total, 0x40_0000, Access::REMOTE_READ);
     let sink = Mr::new(&p.ka, PD, total, 0x80_0000, Access::LOCAL_WRITE);
-    src.put(0, &pattern(9, total));
+    src.put(0, &pattern(total, 9));
     let mut off = 0;
     let mut starts = Vec::new();
     for (i, &s) in sizes.iter().enumerate() {
@@ -323,7 +324,7 @@ fn rdmap_90_ord_limits_outbound_reads_which_queue_locally() {
     let sink = Mr::new(&p.ka, PD, 7000, 0x2000, Access::LOCAL_WRITE);
     let msg = Mr::new(&p.ka, PD, 10, 0x3000, Access::empty());
     let rbuf = Mr::new(&p.kb, PD, 10, 0x3000, Access::LOCAL_WRITE);
-    src.put(0, &pattern(3, 7000));
+    src.put(0, &pattern(7000, 3));
     for i in 0..7 {
         p.a.post_send(SendWr::read(
             i,
@@ -371,7 +372,7 @@ fn rdmap_52_ird_reads_back_to_back_accepted() {
     assert_eq!((p.a.config().ord, p.b.config().ird), (4, 4));
     let src = Mr::new(&p.kb, PD, 4000, 0x1000, Access::REMOTE_READ);
     let sink = Mr::new(&p.ka, PD, 4000, 0x2000, Access::LOCAL_WRITE);
-    src.put(0, &pattern(4, 4000));
+    src.put(0, &pattern(4000, 4));
     for i in 0..4u64 {
         let sge = sink.sge(i as usize * 1000, 1000);
         p.a.post_send(SendWr::read(i, Some(sge), src.key, src.iova + i * 1000))
@@ -482,7 +483,7 @@ fn rdmap_78_read_after_write_returns_written_data() {
     let src = Mr::new(&p.ka, PD, 5000, 0x1000, Access::empty());
     let sink = Mr::new(&p.ka, PD, 5000, 0x9000, Access::LOCAL_WRITE);
     let remote = Mr::new(&p.kb, PD, 5000, 0x5000, RW | Access::REMOTE_READ);
-    let data = pattern(78, 5000);
+    let data = pattern(5000, 78);
     src.put(0, &data);
     p.a.post_send(SendWr::write(
         1,
@@ -512,7 +513,7 @@ fn rdmap_09_67_send_with_invalidate_invalidates() {
     let target = Mr::fast(&p.kb, PD, 4096, 0xF000, RW);
     let rbuf = Mr::new(&p.kb, PD, 64, 0x1000, Access::LOCAL_WRITE);
     let src = Mr::new(&p.ka, PD, 64, 0x1000, Access::empty());
-    src.put(0, &pattern(1, 64));
+    src.put(0, &pattern(64, 1));
     p.b.post_recv(RecvWr::new(5, vec![rbuf.sge(0, 64)]))
         .unwrap();
     p.a.post_send(
@@ -574,9 +575,9 @@ fn read_response_interleaves_with_sends_not_writes() {
     let mut p = Pair::new(128);
     let rsrc = Mr::new(&p.kb, PD, 16384, 0x1000, Access::REMOTE_READ);
     let sink = Mr::new(&p.ka, PD, 16384, 0x2000, Access::LOCAL_WRITE);
-    rsrc.put(0, &pattern(11, 16384));
+    rsrc.put(0, &pattern(16384, 11));
     let bsrc = Mr::new(&p.kb, PD, 4000, 0x9000, Access::empty());
-    bsrc.put(0, &pattern(12, 4000));
+    bsrc.put(0, &pattern(4000, 12));
     let arecv = Mr::new(&p.ka, PD, 2500, 0xA000, Access::LOCAL_WRITE);
     let awrite = Mr::new(&p.ka, PD, 2000, 0xB000, RW);
     for i in 0..5 {
@@ -694,7 +695,7 @@ fn inline_send_copies_at_post() {
     let mut p = Pair::new(256);
     let src = Mr::new(&p.ka, PD, 64, 0x1000, Access::empty());
     let rbuf = Mr::new(&p.kb, PD, 64, 0x1000, Access::LOCAL_WRITE);
-    let data = pattern(3, 64);
+    let data = pattern(64, 3);
     src.put(0, &data);
     p.b.post_recv(RecvWr::new(1, vec![rbuf.sge(0, 64)]))
         .unwrap();

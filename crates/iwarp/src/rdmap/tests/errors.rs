@@ -6,10 +6,11 @@ use softrdma_memory::{Access, Key, KeyState, MrFlags, MwType, PdId, QpId};
 use softrdma_wire::ddp;
 use softrdma_wire::rdmap::{LlpError, Opcode, TerminateCode, TerminateLayout, TerminatedDdp};
 
-use super::pair::{Dir, GUARD, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of, pattern};
+use super::pair::{Dir, GUARD, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of};
 use super::{flushed, ok, wc};
 use crate::rdmap::{QpEvent, StreamState};
 use crate::verbs_types::{RecvWr, SendWr, WcOpcode, WcStatus};
+use softrdma_testkit::pattern;
 
 pub(super) const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
@@ -113,7 +114,7 @@ pub(super) fn tamper_nth(p: &mut Pair, dir: Dir, n: usize, f: impl Fn(&mut Vec<u
 /// A writes `len` octets to (`rkey`, `to`) on B, which keeps one receive posted.
 fn write_to(p: &mut Pair, rkey: Key, to: u64, len: usize) -> Vec<u8> {
     let src = Mr::new(&p.ka, PD, len.max(1), 0x77_0000, Access::empty());
-    src.put(0, &pattern(42, len));
+    src.put(0, &pattern(len, 42));
     let rb = Mr::new(&p.kb, PD, 8, 0x66_0000, Access::LOCAL_WRITE);
     p.b.post_recv(RecvWr::new(100, vec![rb.sge(0, 8)])).unwrap();
     let before = p.sent_op(Dir::AtoB, Opcode::RdmaWrite).len();
@@ -157,7 +158,7 @@ fn rdmap_117_write_past_the_end_is_ddp_tagged_01() {
     assert_b_terminated(&mut p, &terminate(1, 1, 0x01, Some(seg(&third)), None));
     assert_write_outcome(&mut p, 1000);
     let got = dst.bytes();
-    assert!(got[700..928] == pattern(42, 228)[..]);
+    assert!(got[700..928] == pattern(228, 42)[..]);
     assert!(got[..700].iter().chain(&got[928..]).all(|&b| b == 0));
     dst.assert_guards_intact();
 }
@@ -196,11 +197,11 @@ fn rdmap_116_window_of_another_qp_is_ddp_tagged_02() {
     let mine = bind(QP_B, 0);
     let theirs = bind(QpId(99), 4096);
     let src = Mr::new(&p.ka, PD, 64, 0x77_0000, Access::empty());
-    src.put(0, &pattern(1, 64));
+    src.put(0, &pattern(64, 1));
     p.a.post_send(SendWr::write(7, vec![src.sge(0, 64)], mine, mr.iova))
         .unwrap();
     p.drive();
-    assert!(mr.bytes()[..64] == pattern(1, 64)[..]);
+    assert!(mr.bytes()[..64] == pattern(64, 1)[..]);
     assert_eq!(p.cq_a(), vec![ok(7, WcOpcode::RdmaWrite, 64)]);
     let w = write_to(&mut p, theirs, mr.iova + 4096, 64);
     assert_b_terminated(&mut p, &terminate(1, 1, 0x02, Some(seg(&w)), None));
@@ -248,7 +249,7 @@ fn rdmap_120_revoke_during_write_stops_placement() {
     let mut p = Pair::new(128);
     let dst = Mr::new(&p.kb, PD, 20_000, 0x10_0000, RW);
     let src = Mr::new(&p.ka, PD, 10_000, 0x77_0000, Access::empty());
-    src.put(0, &pattern(120, 10_000));
+    src.put(0, &pattern(10_000, 120));
     p.a.post_send(SendWr::write(
         1,
         vec![src.sge(0, 10_000)],
@@ -269,7 +270,7 @@ fn rdmap_120_revoke_during_write_stops_placement() {
     );
     let w = p.sent_op(Dir::AtoB, Opcode::RdmaWrite)[20].to_vec();
     assert_b_terminated(&mut p, &terminate(1, 1, 0x00, Some(seg(&w)), None));
-    assert!(frozen[GUARD..GUARD + 20 * 114] == pattern(120, 20 * 114)[..]);
+    assert!(frozen[GUARD..GUARD + 20 * 114] == pattern(20 * 114, 120)[..]);
     dst.assert_guards_intact();
     // The Terminate quotes the Write A is still sending.
     assert_eq!(
@@ -315,7 +316,7 @@ fn assert_read_refused(p: &mut Pair, code: u8, source: &Mr) {
 
 fn read_source(p: &Pair, pd: PdId, access: Access) -> Mr {
     let src = Mr::new(&p.kb, pd, 4096, 0x40_0000, access);
-    src.put(0, &pattern(40, 4096));
+    src.put(0, &pattern(4096, 40));
     src
 }
 
@@ -383,7 +384,7 @@ fn rdmap_114_read_without_rights_is_rdma_protection_02() {
 fn rdmap_33_read_revoked_mid_response_quotes_advanced_header() {
     let mut p = Pair::new(128);
     let src = Mr::new(&p.kb, PD, 100_000, 0x40_0000, Access::REMOTE_READ);
-    src.put(0, &pattern(33, 100_000));
+    src.put(0, &pattern(100_000, 33));
     let sink = Mr::new(&p.ka, PD, 100_000, 0x55_0000, Access::LOCAL_WRITE);
     p.a.post_send(SendWr::read(
         9,
@@ -413,7 +414,7 @@ fn rdmap_33_read_revoked_mid_response_quotes_advanced_header() {
         p.cq_a(),
         vec![wc(9, WcStatus::RemoteAccess, WcOpcode::RdmaRead, 0)]
     );
-    assert!(sink.bytes()[..sent as usize] == pattern(33, sent as usize)[..]);
+    assert!(sink.bytes()[..sent as usize] == pattern(sent as usize, 33)[..]);
     sink.assert_guards_intact();
 }
 
@@ -456,7 +457,7 @@ fn rdmap_91_ird_exceeded_is_ddp_untagged_02() {
 /// unless `cap` is `None`.
 fn send_to(p: &mut Pair, len: usize, cap: Option<usize>) -> Option<Mr> {
     let src = Mr::new(&p.ka, PD, len.max(1), 0x77_0000, Access::empty());
-    src.put(0, &pattern(61, len));
+    src.put(0, &pattern(len, 61));
     let rb = cap.map(|cap| {
         let rb = Mr::new(&p.kb, PD, cap + 50, 0x66_0000, Access::LOCAL_WRITE);
         p.b.post_recv(RecvWr::new(100, vec![rb.sge(0, cap)]))
@@ -485,7 +486,7 @@ fn rdmap_61_send_too_long_is_ddp_untagged_05() {
         vec![wc(100, WcStatus::LocalLength, WcOpcode::Recv, 220)]
     );
     let got = rb.bytes();
-    assert!(got[..220] == pattern(61, 220)[..]);
+    assert!(got[..220] == pattern(220, 61)[..]);
     assert!(got[220..].iter().all(|&b| b == 0));
     rb.assert_guards_intact();
 }
@@ -504,7 +505,7 @@ fn rdmap_59_send_without_receive_is_ddp_untagged_02() {
 /// A Send with Invalidate of `stag` into a posted receive; returns the receive region.
 fn send_inv(p: &mut Pair, stag: Key) -> Mr {
     let src = Mr::new(&p.ka, PD, 32, 0x77_0000, Access::empty());
-    src.put(0, &pattern(67, 32));
+    src.put(0, &pattern(32, 67));
     let rb = Mr::new(&p.kb, PD, 64, 0x66_0000, Access::LOCAL_WRITE);
     p.b.post_recv(RecvWr::new(100, vec![rb.sge(0, 64)]))
         .unwrap();

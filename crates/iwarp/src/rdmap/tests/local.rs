@@ -4,10 +4,11 @@
 use softrdma_memory::{Access, Key, KeyState, MwType};
 use softrdma_wire::rdmap::Opcode;
 
-use super::pair::{Dir, Mr, PD, Pair, QP_A, opcode_of, pattern};
+use super::pair::{Dir, Mr, PD, Pair, QP_A, opcode_of};
 use super::{flushed, ok, wc};
 use crate::rdmap::QpEvent;
 use crate::verbs_types::{MwBind, RecvWr, SendWr, WcOpcode, WcStatus};
+use softrdma_testkit::pattern;
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
@@ -79,7 +80,7 @@ fn rdmap_118_a_bind_runs_after_earlier_requests_and_before_later_ones() {
     );
 
     let src = Mr::new(&p.kb, PD, 64, 0x5000, Access::empty());
-    src.put(0, &pattern(2, 64));
+    src.put(0, &pattern(64, 2));
     p.b.post_send(SendWr::write(4, vec![src.sge(0, 64)], new, mr.iova + 4096))
         .unwrap();
     p.drive();
@@ -87,7 +88,7 @@ fn rdmap_118_a_bind_runs_after_earlier_requests_and_before_later_ones() {
         p.cq_b(),
         vec![ok(0, WcOpcode::Recv, 16), ok(4, WcOpcode::RdmaWrite, 64)]
     );
-    assert!(mr.bytes()[4096..4096 + 64] == pattern(2, 64)[..]);
+    assert!(mr.bytes()[4096..4096 + 64] == pattern(64, 2)[..]);
     assert!(mr.bytes()[..4096].iter().all(|&b| b == 0));
     mr.assert_guards_intact();
 }

@@ -42,9 +42,10 @@ mod props {
     use softrdma_memory::Access;
     use softrdma_wire::rdmap::Segment;
 
-    use super::pair::{Dir, Mr, PD, Pair, pattern};
+    use super::pair::{Dir, Mr, PD, Pair};
     use crate::rdmap::StreamState;
     use crate::verbs_types::{RecvWr, SendWr, WcStatus};
+    use softrdma_testkit::pattern;
 
     /// ULPDU-shaped bytes: a plausible DDP/RDMAP control pair, then anything.
     fn ulpdu_like() -> impl Strategy<Value = Vec<u8>> {
@@ -112,8 +113,8 @@ mod props {
             let sink = Mr::new(&p.ka, PD, n * 6000, 0x10_0000, Access::LOCAL_WRITE);
             let remote = Mr::new(&p.kb, PD, n * 6000, 0x20_0000,
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
-            src.put(0, &pattern(1, n * 6000));
-            remote.put(0, &pattern(2, n * 6000));
+            src.put(0, &pattern(n * 6000, 1));
+            remote.put(0, &pattern(n * 6000, 2));
             for (i, &(kind, len)) in ops.iter().enumerate() {
                 let off = i * 6000;
                 let wr = match kind {
@@ -137,7 +138,7 @@ mod props {
                 prop_assert_eq!(wc.status, WcStatus::Success);
             }
             let (s, r, k) = (src.bytes(), remote.bytes(), sink.bytes());
-            let orig = pattern(2, n * 6000);
+            let orig = pattern(n * 6000, 2);
             for (i, &(kind, len)) in ops.iter().enumerate() {
                 let range = i * 6000..i * 6000 + len;
                 match kind {

@@ -39,19 +39,6 @@ pub(super) fn cfg(qp: QpId, mulpdu: u16) -> QpConfig {
     c
 }
 
-/// Deterministic test bytes.
-pub(super) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 /// A registered region `[GUARD, GUARD + len)` of a buffer with guard octets around it.
 pub(super) struct Mr {
     pub buf: Arc<Buffer>,

@@ -12,14 +12,13 @@ use softrdma_wire::rdmap::{
 };
 
 use super::errors::{RW, assert_a_terminated, assert_b_terminated, seg, tamper_first, terminate};
-use super::pair::{
-    Dir, GUARD, GUARD_BYTE, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of, pattern,
-};
+use super::pair::{Dir, GUARD, GUARD_BYTE, Mr, PD, Pair, QP_A, QP_B, cfg, ddp_of, opcode_of};
 use super::{flushed, ok, wc};
 use crate::rdmap::{IMM_SEND_FOLLOWS, MAX_WRITE_WITH_IMM, StreamState};
 use crate::verbs_types::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
+use softrdma_testkit::pattern;
 
 /// Rights of an atomic target (remote atomics need local write, as remote writes do).
 const ATOMIC: Access = Access::LOCAL_WRITE.union(Access::REMOTE_ATOMIC);
@@ -205,8 +204,8 @@ fn rdmap_81_90_91_atomics_interleaved_with_reads_writes_sends() {
     let rd = Mr::new(&p.kb, PD, N * SLOT, 0x40_0000, Access::REMOTE_READ);
     let wr = Mr::new(&p.kb, PD, N * SLOT, 0x50_0000, RW);
     let rcv = Mr::new(&p.kb, PD, N * SLOT, 0x60_0000, Access::LOCAL_WRITE);
-    src.put(0, &pattern(7, N * SLOT));
-    rd.put(0, &pattern(8, N * SLOT));
+    src.put(0, &pattern(N * SLOT, 7));
+    rd.put(0, &pattern(N * SLOT, 8));
     let mut model = [0u64; 4];
     let mut expect = Vec::new();
     let mut x = 0x1234_5678u64;
@@ -311,7 +310,7 @@ fn rdmap_81_90_91_atomics_interleaved_with_reads_writes_sends() {
     let (cq_a, cq_b) = (p.cq_a(), p.cq_b());
     assert_eq!(cq_a.len(), N);
     let (s, k, w, r) = (src.bytes(), sink.bytes(), wr.bytes(), rcv.bytes());
-    let orig = pattern(8, N * SLOT);
+    let orig = pattern(N * SLOT, 8);
     let mut recvs = cq_b.iter();
     for (i, ((e, len), c)) in expect.iter().zip(&cq_a).enumerate() {
         let id = i as u64;
@@ -810,7 +809,7 @@ fn rdmap_59_write_with_imm_completes_recv_rdma_with_imm() {
         let src = Mr::new(&p.ka, PD, 1000, 0x1000, Access::empty());
         let dst = Mr::new(&p.kb, PD, 1000, 0x2000, RW);
         let rb = Mr::new(&p.kb, PD, 16, 0x3000, Access::LOCAL_WRITE);
-        src.put(0, &pattern(3, 1000));
+        src.put(0, &pattern(1000, 3));
         p.b.post_recv(RecvWr::new(9, vec![rb.sge(0, 16)])).unwrap();
         let imm = 0xCAFE_F00D;
         p.a.post_send(SendWr::write_with_imm(
@@ -853,7 +852,7 @@ fn rdmap_59_send_with_imm_takes_one_wqe() {
         let mut p = Pair::new(128);
         let src = Mr::new(&p.ka, PD, 1000, 0x1000, Access::empty());
         let rb = Mr::new(&p.kb, PD, 2000, 0x3000, Access::LOCAL_WRITE);
-        src.put(0, &pattern(4, 1000));
+        src.put(0, &pattern(1000, 4));
         p.b.post_recv(RecvWr::new(8, vec![rb.sge(0, 1000)]))
             .unwrap();
         p.b.post_recv(RecvWr::new(9, vec![rb.sge(1000, 1000)]))
@@ -1303,8 +1302,8 @@ mod props {
             let words = Mr::new(&p.kb, PD, 16, 0x30_0000, ATOMIC);
             let remote = Mr::new(&p.kb, PD, n * SLOT, 0x40_0000, RW | Access::REMOTE_READ);
             let rcv = Mr::new(&p.kb, PD, n * SLOT, 0x50_0000, Access::LOCAL_WRITE);
-            src.put(0, &pattern(1, n * SLOT));
-            remote.put(0, &pattern(2, n * SLOT));
+            src.put(0, &pattern(n * SLOT, 1));
+            remote.put(0, &pattern(n * SLOT, 2));
             let mut model = [0u64; 2];
             let mut originals = vec![None; n];
             for (i, &(kind, len, v)) in ops.iter().enumerate() {
@@ -1340,7 +1339,7 @@ mod props {
             p.drive();
             let cq = p.cq_a();
             prop_assert_eq!(cq.len(), n);
-            let orig = pattern(2, n * SLOT);
+            let orig = pattern(n * SLOT, 2);
             let (s, k, r, c) = (src.bytes(), sink.bytes(), remote.bytes(), rcv.bytes());
             let mut recvs = p.cq_b().into_iter();
             for (i, (wc, &(kind, len, v))) in cq.iter().zip(&ops).enumerate() {
