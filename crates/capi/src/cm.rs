@@ -49,6 +49,28 @@ pub struct SrEventChannel {
 
 static CHANNELS: Live = Live::new();
 
+/// Destroyed channels, by address, and whether each was non-blocking then; an address
+/// leaves when a new channel takes it.
+static GONE: Mutex<Option<HashMap<usize, bool>>> = Mutex::new(None);
+
+/// How many destroyed channels [`GONE`] remembers (the allocator gives their addresses to
+/// new ones, which take them out).
+const MAX_GONE: usize = 4096;
+
+/// A live channel with a reference of the caller's own: its memory outlives a destroy
+/// meanwhile ([`sr_rdma_get_cm_event`] blocks in it).
+fn channel_held(p: *const sys::rdma_event_channel) -> Option<Arc<SrEventChannel>> {
+    CHANNELS.while_live(p, || {
+        let p = p.cast::<SrEventChannel>();
+        // SAFETY: a live channel is an Arc's data (`Arc::into_raw` at its creation, whose
+        // count the registry holds until destroy, which takes the lock held here).
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    })
+}
+
 fn channel<'a>(p: *const sys::rdma_event_channel) -> Option<&'a SrEventChannel> {
     // SAFETY: a live channel is the first field of a boxed SrEventChannel.
     CHANNELS
@@ -134,7 +156,7 @@ pub extern "C" fn sr_rdma_create_event_channel() -> *mut sys::rdma_event_channel
         errno::set(libc::EMFILE);
         return ptr::null_mut();
     };
-    let b = Box::new(SrEventChannel {
+    let b = Arc::new(SrEventChannel {
         ch: sys::rdma_event_channel { fd: rx.as_raw_fd() },
         q: Mutex::default(),
         cond: Condvar::new(),
@@ -142,7 +164,10 @@ pub extern "C" fn sr_rdma_create_event_channel() -> *mut sys::rdma_event_channel
         tx,
         ids: std::sync::atomic::AtomicU32::new(0),
     });
-    let p = Box::into_raw(b).cast::<sys::rdma_event_channel>();
+    let p = Arc::into_raw(b).cast::<sys::rdma_event_channel>().cast_mut();
+    if let Some(g) = GONE.lock().as_mut() {
+        g.remove(&(p as usize));
+    }
     CHANNELS.insert(p);
     p
 }
@@ -157,13 +182,28 @@ pub unsafe extern "C" fn sr_rdma_destroy_event_channel(p: *mut sys::rdma_event_c
     if c.ids.load(Ordering::Acquire) > 0 {
         return;
     }
-    CHANNELS.remove(p);
-    // SAFETY: it was live: a boxed SrEventChannel, now ours alone.
-    let c = unsafe { Box::from_raw(p.cast::<SrEventChannel>()) };
+    // SAFETY: fcntl on the channel's own fd, open until the last reference goes.
+    let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
+    if !CHANNELS.remove(p) {
+        return;
+    }
+    {
+        let mut g = GONE.lock();
+        let g = g.get_or_insert_with(HashMap::new);
+        if g.len() >= MAX_GONE
+            && let Some(&old) = g.keys().next()
+        {
+            g.remove(&old);
+        }
+        g.insert(p as usize, flags >= 0 && flags & libc::O_NONBLOCK != 0);
+    }
     for e in c.q.lock().drain(..) {
         // SAFETY: queued events are boxed SrEvents nobody was handed.
         drop(unsafe { Box::from_raw(e as *mut SrEvent) });
     }
+    // SAFETY: the registry's reference, given up once (the removal above succeeded). A
+    // thread blocked in `rdma_get_cm_event` holds its own and keeps the memory.
+    drop(unsafe { Arc::from_raw(p.cast::<SrEventChannel>()) });
 }
 
 // --- events -----------------------------------------------------------------------------
@@ -554,12 +594,12 @@ pub unsafe extern "C" fn sr_rdma_get_cm_event(
     ch: *mut sys::rdma_event_channel,
     out: *mut *mut sys::rdma_cm_event,
 ) -> c_int {
-    let Some(c) = channel(ch) else {
-        return errno::fail(libc::EINVAL);
-    };
     if out.is_null() {
         return errno::fail(libc::EINVAL);
     }
+    let Some(c) = channel_held(ch) else {
+        return gone(ch);
+    };
     // SAFETY: fcntl on the channel's own fd.
     let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
     let nonblocking = flags >= 0 && flags & libc::O_NONBLOCK != 0;
@@ -578,6 +618,27 @@ pub unsafe extern "C" fn sr_rdma_get_cm_event(
             0
         }
         None => errno::fail(libc::EAGAIN),
+    }
+}
+
+/// `rdma_get_cm_event` on a channel that is no more. librdmacm reads the channel's fd: a
+/// thread already blocked there stays blocked through the destroy (the kernel holds the
+/// file while a read waits), one that comes after fails on the closed fd. Here one that
+/// comes just after waits as well (until the process ends), unless the channel was
+/// non-blocking: a program whose event thread loops back to the channel while the main
+/// thread tears down — rping up to rdma-core 44 — would otherwise fail or pass on which
+/// thread ran first. Never a channel: `EINVAL`.
+fn gone(ch: *const sys::rdma_event_channel) -> c_int {
+    let nonblocking = GONE
+        .lock()
+        .as_ref()
+        .and_then(|g| g.get(&(ch as usize)).copied());
+    match nonblocking {
+        None => errno::fail(libc::EINVAL),
+        Some(true) => errno::fail(libc::EBADF),
+        Some(false) => loop {
+            std::thread::park();
+        },
     }
 }
 
@@ -1675,6 +1736,59 @@ mod tests {
                 s_addr: u32::from_ne_bytes(ip),
             },
             sin_zero: [0; 8],
+        }
+    }
+
+    /// `rdma_get_cm_event` across `rdma_destroy_event_channel`: a thread blocked in it stays
+    /// blocked, in memory that stays valid (its own reference); one that comes after on a
+    /// blocking channel waits as well, on a non-blocking one fails with `EBADF`; a pointer
+    /// that never was a channel gets `EINVAL`.
+    #[test]
+    fn a_destroyed_channel_keeps_its_waiters_waiting() {
+        fn waiter(ch: usize) -> std::thread::JoinHandle<c_int> {
+            std::thread::spawn(move || {
+                let mut ev = ptr::null_mut();
+                // SAFETY: a channel pointer this test made; `ev` is ours.
+                unsafe { sr_rdma_get_cm_event(ch as *mut _, &mut ev) }
+            })
+        }
+        let held = |ch: *mut sys::rdma_event_channel| {
+            channel_held(ch).map_or(0, |c| Arc::strong_count(&c) - 1)
+        };
+        // SAFETY: this library's calls on objects it made.
+        unsafe {
+            let ch = sr_rdma_create_event_channel();
+            let mine = channel_held(ch).unwrap();
+            let blocked = waiter(ch as usize);
+            // The waiter holds a reference once it is in the call.
+            let end = std::time::Instant::now() + Duration::from_secs(30);
+            while held(ch) < 3 {
+                assert!(std::time::Instant::now() < end, "the waiter never blocked");
+                std::thread::yield_now();
+            }
+            sr_rdma_destroy_event_channel(ch);
+            assert_eq!(Arc::strong_count(&mine), 2, "the registry's reference went");
+            assert!(channel(ch).is_none());
+            assert!(!blocked.is_finished(), "a blocked waiter returned");
+            drop(mine);
+
+            let nb = sr_rdma_create_event_channel();
+            let fd = (*nb).fd;
+            libc::fcntl(
+                fd,
+                libc::F_SETFL,
+                libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+            );
+            sr_rdma_destroy_event_channel(nb);
+            let mut ev = ptr::null_mut();
+            // A new channel may take the address of the first: only check if it did not.
+            if nb != ch {
+                assert_eq!(sr_rdma_get_cm_event(nb, &mut ev), -1);
+                assert_eq!(errno::get(), libc::EBADF);
+            }
+            let never = ptr::from_mut(&mut ev).cast::<sys::rdma_event_channel>();
+            assert_eq!(sr_rdma_get_cm_event(never, &mut ev), -1);
+            assert_eq!(errno::get(), libc::EINVAL);
         }
     }
 

@@ -28,6 +28,16 @@ impl Live {
         self.set().lock().remove(&(p as usize))
     }
 
+    /// `f()` while `p` is live, under the lock that [`Live::remove`] takes: what `f` takes
+    /// hold of (a reference count) is taken before the handle can go.
+    pub(crate) fn while_live<T, R>(&self, p: *const T, f: impl FnOnce() -> R) -> Option<R> {
+        if p.is_null() {
+            return None;
+        }
+        let set = self.set().lock();
+        set.contains(&(p as usize)).then(f)
+    }
+
     pub(crate) fn contains<T>(&self, p: *const T) -> bool {
         !p.is_null() && self.set().lock().contains(&(p as usize))
     }
