@@ -164,7 +164,9 @@ pub extern "C" fn sr_rdma_create_event_channel() -> *mut sys::rdma_event_channel
         tx,
         ids: std::sync::atomic::AtomicU32::new(0),
     });
-    let p = Arc::into_raw(b).cast::<sys::rdma_event_channel>().cast_mut();
+    let p = Arc::into_raw(b)
+        .cast::<sys::rdma_event_channel>()
+        .cast_mut();
     if let Some(g) = GONE.lock().as_mut() {
         g.remove(&(p as usize));
     }
