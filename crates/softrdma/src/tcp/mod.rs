@@ -39,6 +39,8 @@ use crate::srq::SrqShared;
 use crate::state::{QpCounters, QpState};
 use crate::tap::TapSlot;
 
+mod commands;
+mod conn;
 pub(crate) mod progress;
 
 /// The locked driver (see [`TcpShared::lock_driver`]).
