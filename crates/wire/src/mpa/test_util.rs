@@ -97,11 +97,7 @@ pub(super) fn decode_stream(stream: &[u8], start: u32, markers: bool) -> Vec<(Ve
     recs
 }
 
-pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
+pub(super) use softrdma_testkit::pattern;
 
 /// RFC 5044 §4.4 Fig. 5 / Fig. 6 ULPDU: DDP/RDMAP Send header + 24 zeros.
 pub(super) fn seed_ulpdu(msn: u8) -> Vec<u8> {

@@ -89,7 +89,7 @@ proptest! {
     #[test]
     fn prop_crc32c_whole_appended_gathered(len in prop_oneof![0usize..300, 300usize..70_000],
                                            seed in any::<u8>(), cuts in proptest::collection::vec(any::<usize>(), 1..5)) {
-        let d = pattern(len, seed);
+        let d = pattern(len, u64::from(seed));
         let want = crc32c_bitwise(&d);
         prop_assert_eq!(crc32c(&d), want);
         let mut at: Vec<usize> = cuts.iter().map(|c| c % (len + 1)).collect();

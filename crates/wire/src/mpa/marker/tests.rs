@@ -49,7 +49,9 @@ fn mpa_19_seed_fig4_layout() {
 #[test]
 fn mpa_18_seq_start_11_marker_positions() {
     let seq_start: u32 = 11;
-    let ulpdus: Vec<Vec<u8>> = (0..12).map(|i| pattern(97 + 13 * i, i as u8)).collect();
+    let ulpdus: Vec<Vec<u8>> = (0..12)
+        .map(|i| pattern(97 + 13 * i, u64::from(i as u8)))
+        .collect();
     let (stream, spans) = encode_stream(&ulpdus, 0, true, true);
     assert!(stream.len() > 1100);
     let header_seqs: Vec<u32> = spans
@@ -189,7 +191,7 @@ fn mpa_23_large_fpdu_markers_point_to_same_header() {
 /// interval; each Marker points at its own FPDU or is 0 between FPDUs.
 #[test]
 fn mpa_24_many_small_fpdus() {
-    let ulpdus: Vec<Vec<u8>> = (0..300).map(|i| pattern(16, i as u8)).collect();
+    let ulpdus: Vec<Vec<u8>> = (0..300).map(|i| pattern(16, u64::from(i as u8))).collect();
     for start in [0u32, 4, 8, 12, 20, 0xFFFF_FFF0] {
         let (stream, spans) = encode_stream(&ulpdus, start, true, true);
         check_stream_markers(&stream, &spans, start, 0);

@@ -69,7 +69,7 @@ fn mpa_48_one_octet_increments() {
     let ulpdus: Vec<Vec<u8>> = [1usize, 16, 42, 490, 502, 506, 1000, 2000, 3, 0]
         .iter()
         .enumerate()
-        .map(|(i, &n)| pattern(n, i as u8))
+        .map(|(i, &n)| pattern(n, u64::from(i as u8)))
         .collect();
     for (start, markers) in [(0u32, true), (0xFFFF_FF00, true), (492, true), (7, false)] {
         let (stream, spans) = encode_stream(&ulpdus, start, markers, true);
@@ -107,7 +107,9 @@ fn mpa_48_one_octet_increments() {
 /// MPA-03, MPA-25: N ULPDUs make N FPDUs, decoded back as N records.
 #[test]
 fn mpa_03_one_ulpdu_per_fpdu() {
-    let ulpdus: Vec<Vec<u8>> = (0..40).map(|i| pattern(i * 37 % 1500, i as u8)).collect();
+    let ulpdus: Vec<Vec<u8>> = (0..40)
+        .map(|i| pattern(i * 37 % 1500, u64::from(i as u8)))
+        .collect();
     for markers in [false, true] {
         let (stream, spans) = encode_stream(&ulpdus, 0, markers, true);
         assert_eq!(spans.len(), 40);
@@ -411,7 +413,7 @@ proptest! {
         pos in arb_pos(),
         markers: bool,
     ) {
-        let ulpdus: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+        let ulpdus: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, u64::from(i as u8))).collect();
         let (stream, _) = encode_stream(&ulpdus, pos, markers, true);
         let mut out = vec![0u8; 1200];
         let (mut off, mut end, mut k, mut got) = (0usize, 0usize, 0usize, Vec::new());
