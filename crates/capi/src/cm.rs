@@ -72,7 +72,8 @@ fn channel_held(p: *const sys::rdma_event_channel) -> Option<Arc<SrEventChannel>
 }
 
 fn channel<'a>(p: *const sys::rdma_event_channel) -> Option<&'a SrEventChannel> {
-    // SAFETY: a live channel is the first field of a boxed SrEventChannel.
+    // SAFETY: a live channel is the first field of an SrEventChannel the registry holds a
+    // reference to (`Arc::into_raw`); callers that may race its destroy use `channel_held`.
     CHANNELS
         .contains(p)
         .then(|| unsafe { &*p.cast::<SrEventChannel>() })

@@ -39,7 +39,7 @@ impl Live {
     }
 
     pub(crate) fn contains<T>(&self, p: *const T) -> bool {
-        !p.is_null() && self.set().lock().contains(&(p as usize))
+        self.while_live(p, || ()).is_some()
     }
 
     /// The live handles now (for the rare walks over all of them).

@@ -33,9 +33,6 @@ fn push(cq: &Cq, ids: impl IntoIterator<Item = u64>) {
     let _ = cq.shared.push(QPN, &mut ids.into_iter().map(wc).collect());
 }
 
-/// One completion past the capacity overruns the queue for good (IBA 11.4.2.1): it and
-/// every later one are dropped and counted, one CqError is posted, what was queued can
-/// still be polled; memory never grows past the capacity.
 /// A CQ serves many QPs: each completion says whose it is (`ibv_wc.qp_num`).
 #[test]
 fn completions_are_marked_with_their_qp() {
@@ -49,6 +46,9 @@ fn completions_are_marked_with_their_qp() {
     assert_eq!(got, [(1, 42), (2, 43), (3, 43)]);
 }
 
+/// One completion past the capacity overruns the queue for good (IBA 11.4.2.1): it and
+/// every later one are dropped and counted, one CqError is posted, what was queued can
+/// still be polled; memory never grows past the capacity.
 #[test]
 fn overrun_puts_the_queue_in_error() {
     let events = Arc::new(EventQueue::default());
