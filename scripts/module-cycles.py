@@ -9,6 +9,10 @@ naming `d::e` is an edge a -> d at the crate's top level. A child using its pare
 parent its child) is not an edge: a child module is part of its parent's implementation.
 Test modules (`tests`, files under a `tests/` directory) are left out.
 
+Floors: LAYERS names, per crate, modules that must not name others at all (an edge from
+the first group to the second fails, cycle or not): the verbs API of `softrdma` speaks to
+its transports through `provider` only; the drivers are chosen in `device`.
+
 Usage: scripts/module-cycles.py [ROOT]   (exit 1 and a report when a cycle exists)
        scripts/module-cycles.py --self-test
 """
@@ -19,6 +23,11 @@ from pathlib import Path
 
 PATH_RE = re.compile(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 USE_GROUP_RE = re.compile(r"\buse\s+(crate|super)::\{", re.S)
+
+
+LAYERS = {
+    "softrdma": [(("qp", "cm", "mr", "srq", "cq"), ("tcp", "roce"))],
+}
 
 
 def module_of(src: Path, f: Path) -> tuple:
@@ -133,11 +142,15 @@ def self_test() -> int:
                           "p/c.rs": "use super::S; use crate::p::T;"}, False),
         "layered": ({"lib.rs": "mod a; mod b; mod c;", "a.rs": "use crate::b::X;",
                      "b.rs": "use crate::c::Y; // use crate::a::Z;", "c.rs": ""}, False),
+        "api-to-driver": ({"lib.rs": "mod qp; mod tcp;", "qp.rs": "fn f() { crate::tcp::conn::g() }",
+                           "tcp/mod.rs": "mod conn;", "tcp/conn.rs": ""}, True, "softrdma"),
+        "api-to-provider": ({"lib.rs": "mod qp; mod provider; mod tcp;", "qp.rs": "use crate::provider::Ops;",
+                             "tcp.rs": "use crate::provider::Ops;", "provider.rs": ""}, False, "softrdma"),
     }
     failed = 0
-    for name, (files, want) in cases.items():
+    for name, (files, want, *krate) in cases.items():
         with tempfile.TemporaryDirectory() as d:
-            src = Path(d) / "crates" / "k" / "src"
+            src = Path(d) / "crates" / (krate[0] if krate else "k") / "src"
             for rel, text in files.items():
                 (src / rel).parent.mkdir(parents=True, exist_ok=True)
                 (src / rel).write_text(text)
@@ -172,6 +185,13 @@ def check(root: Path, quiet: bool = False) -> int:
             mod = module_of(src, f)
             for a, b in edges_of(mod, strip_comments(f.read_text()), modules):
                 graph.setdefault(a, set()).add(b)
+        for api, drivers in LAYERS.get(crate.name, []):
+            for a in api:
+                for b in sorted(graph.get((a,), ())):
+                    if b[0] in drivers:
+                        bad += 1
+                        if not quiet:
+                            print(f"{crate.name}: {a} names the driver {b[0]} (floors: {a} speaks to providers)")
         cycle = find_cycle(graph)
         if cycle:
             bad += 1

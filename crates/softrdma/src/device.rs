@@ -15,9 +15,10 @@ use softrdma_wire::rocev2::{ROCEV2_UDP_PORT, gid_from_ip};
 use crate::Error;
 use crate::cq::{BusyPoll, CompletionChannel, Cq};
 use crate::event::{AsyncEvent, EventQueue};
-use crate::roce::{Ah, RoceConfig, RoceCounters, RoceShared};
+use crate::provider::Provider;
+use crate::roce::{Ah, Roce, RoceConfig, RoceCounters, RoceShared};
 use crate::tap::Tap;
-use crate::tcp::{IwarpDeviceCounters, TcpShared};
+use crate::tcp::{Iwarp, IwarpDeviceCounters, TcpShared};
 
 /// Name of the TCP (iWARP) device.
 pub const TCP_DEVICE_NAME: &str = "softrdma_tcp0";
@@ -224,8 +225,8 @@ impl Device {
         let keys = Arc::new(KeyTable::new());
         let events = Arc::new(EventQueue::default());
         let driver = match &self.kind {
-            Kind::Tcp => Driver::Tcp(TcpShared::start(keys.clone(), events.clone())?),
-            Kind::Roce(cfg) => Driver::Roce(RoceShared::open(cfg, events.clone())?),
+            Kind::Tcp => Driver::Tcp(Iwarp(TcpShared::start(keys.clone(), events.clone())?)),
+            Kind::Roce(cfg) => Driver::Roce(Roce(RoceShared::open(cfg, events.clone())?)),
         };
         Ok(Context {
             shared: Arc::new(CtxShared {
@@ -258,10 +259,10 @@ pub enum DeviceCounters {
     Roce(RoceCounters),
 }
 
-/// The transport driver of a context.
+/// The transport driver of a context: the one place a provider is chosen.
 pub(crate) enum Driver {
-    Tcp(Arc<TcpShared>),
-    Roce(Arc<RoceShared>),
+    Tcp(Iwarp),
+    Roce(Roce),
 }
 
 pub(crate) struct CtxShared {
@@ -373,25 +374,26 @@ impl Drop for Claim {
     }
 }
 
-impl Drop for CtxShared {
-    fn drop(&mut self) {
-        if let Driver::Roce(d) = &self.driver {
-            d.shutdown();
+impl CtxShared {
+    /// What the API asks of the transport.
+    pub(crate) fn provider(&self) -> &dyn Provider {
+        match &self.driver {
+            Driver::Tcp(p) => p,
+            Driver::Roce(p) => p,
         }
     }
-}
 
-impl CtxShared {
+    #[cfg(test)]
     pub(crate) fn tcp(&self) -> Result<&Arc<TcpShared>, Error> {
         match &self.driver {
-            Driver::Tcp(t) => Ok(t),
+            Driver::Tcp(t) => Ok(&t.0),
             Driver::Roce(_) => Err(Error::Unsupported("an iWARP (TCP) operation")),
         }
     }
 
     pub(crate) fn roce(&self) -> Result<&Arc<RoceShared>, Error> {
         match &self.driver {
-            Driver::Roce(r) => Ok(r),
+            Driver::Roce(r) => Ok(&r.0),
             Driver::Tcp(_) => Err(Error::Unsupported("a RoCE operation")),
         }
     }
@@ -429,10 +431,7 @@ impl Context {
     /// (TCP connections opened later, every RoCEv2 datagram): what the `--pcap` options of
     /// the tools write. Set once, before connecting; `false` if a tap was already set.
     pub fn set_tap(&self, tap: Arc<dyn Tap>) -> bool {
-        match &self.shared.driver {
-            Driver::Tcp(t) => t.tap.set(tap),
-            Driver::Roce(r) => r.tap.set(tap),
-        }
+        self.shared.provider().tap().set(tap)
     }
 
     /// How the background thread polls after what arrives for it (a peer's Writes, Sends,
@@ -442,18 +441,12 @@ impl Context {
     /// takes its core from the thread that would send the next piece: `BusyPoll::Off`
     /// there, as for a CQ ([`Cq::set_busy_poll`](crate::Cq::set_busy_poll)).
     pub fn set_background_poll(&self, mode: BusyPoll) {
-        match &self.shared.driver {
-            Driver::Tcp(t) => t.leader.set_background_poll(mode),
-            Driver::Roce(r) => r.leader.set_background_poll(mode),
-        }
+        self.shared.provider().set_background_poll(mode)
     }
 
     /// The background thread's poll ([`Context::set_background_poll`]).
     pub fn background_poll(&self) -> BusyPoll {
-        match &self.shared.driver {
-            Driver::Tcp(t) => t.leader.background_poll(),
-            Driver::Roce(r) => r.leader.background_poll(),
-        }
+        self.shared.provider().background_poll()
     }
 
     /// The device's counters (`rdma statistic`): the iWARP driver's connections and
@@ -461,8 +454,8 @@ impl Context {
     /// [`Qp::counters`](crate::Qp::counters).
     pub fn counters(&self) -> DeviceCounters {
         match &self.shared.driver {
-            Driver::Tcp(t) => DeviceCounters::Iwarp(t.stats.snapshot()),
-            Driver::Roce(r) => DeviceCounters::Roce(r.counters()),
+            Driver::Tcp(t) => DeviceCounters::Iwarp(t.0.stats.snapshot()),
+            Driver::Roce(r) => DeviceCounters::Roce(r.0.counters()),
         }
     }
 

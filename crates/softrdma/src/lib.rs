@@ -64,6 +64,7 @@ mod event;
 mod leader;
 mod mr;
 mod net;
+mod provider;
 mod qp;
 mod roce;
 mod srq;

@@ -10,9 +10,8 @@
 //! handed to its engine.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
 
-use softrdma_ib::{QpAttr, QpCaps, QpType};
+use softrdma_ib::{QpAttr, QpType};
 use softrdma_iwarp::rdmap::QpEvent;
 use softrdma_memory::{MemError, PdId};
 use softrdma_verbs_types::{InlineBuf, InlinePool, RecvWr, SendWr};
@@ -20,11 +19,10 @@ use softrdma_verbs_types::{InlineBuf, InlinePool, RecvWr, SendWr};
 use crate::Error;
 use crate::connparams::{ConnectParams, ConnectionInfo, QpCap};
 use crate::cq::Cq;
-use crate::device::{Claim, CtxShared, Driver, Pd, Resource};
-use crate::roce::RoceQpShared;
+use crate::device::{Claim, Pd, Resource};
+use crate::provider::{QpCreate, QpOps};
 use crate::srq::{Srq, SrqAttr};
 use crate::state::{QpCounters, QpState};
-use crate::tcp::{Cmd, TcpQp};
 
 /// What [`Pd::create_qp`] needs (`ibv_qp_init_attr`).
 #[derive(Clone, Debug)]
@@ -62,17 +60,12 @@ impl QpInitAttr {
     }
 }
 
-pub(crate) enum Inner {
-    Tcp(Arc<TcpQp>),
-    Roce(Arc<RoceQpShared>),
-}
-
 /// A queue pair (`ibv_qp`). `Send + Sync`: several threads may post. Dropping it destroys
 /// the QP (an iWARP connection still open is closed abortively).
 pub struct Qp {
-    pub(crate) ctx: Arc<CtxShared>,
-    pub(crate) inner: Inner,
-    /// Its place under the device's QP limit.
+    /// The provider's QP; first, so it is destroyed before the context can go.
+    ops: Box<dyn QpOps>,
+    /// Its place under the device's QP limit (which holds the context).
     _claim: Claim,
     pd: PdId,
     qp_type: QpType,
@@ -111,54 +104,18 @@ impl Pd {
             .check_depths(&[cap.max_send_wr, cap.max_recv_wr], false)?;
         self.ctx.check_inline(cap.max_inline_data)?;
         let claim = self.ctx.claim(Resource::Qp, 0)?;
-        let inner = match &self.ctx.driver {
-            Driver::Tcp(t) => {
-                if attr.qp_type != QpType::Rc {
-                    return Err(Error::Unsupported("iWARP QPs are reliable connected"));
-                }
-                for cq in [&attr.send_cq, &attr.recv_cq] {
-                    cq.shared
-                        .attach(Arc::downgrade(t) as std::sync::Weak<dyn crate::cq::Progress>);
-                }
-                Inner::Tcp(Arc::new(TcpQp::new(
-                    t.next_qp_num(),
-                    self.id,
-                    cap,
-                    attr.send_cq.shared.clone(),
-                    attr.recv_cq.shared.clone(),
-                    attr.srq.map(|s| s.shared),
-                )))
-            }
-            Driver::Roce(r) => {
-                let caps = QpCaps {
-                    max_send_wr: cap.max_send_wr,
-                    max_recv_wr: cap.max_recv_wr,
-                    max_send_sge: cap.max_send_sge,
-                    max_recv_sge: cap.max_recv_sge,
-                    max_inline_data: cap.max_inline_data,
-                    ..QpCaps::default()
-                };
-                let q = r.create_qp(
-                    attr.qp_type,
-                    self.id,
-                    caps,
-                    self.ctx.keys.clone(),
-                    [&attr.send_cq.shared, &attr.recv_cq.shared],
-                    attr.srq.as_ref().map(|s| s.shared.queue.clone()),
-                )?;
-                // Connected QPs start in Init, as after `rdma_create_qp`, so receives can
-                // be posted before the connection on both transports; Init → Init keeps
-                // libibverbs' explicit bring-up working. UD needs its Q_Key first.
-                if attr.qp_type != QpType::Ud {
-                    r.modify(&q, &QpAttr::state(softrdma_ib::QpState::Init))?;
-                }
-                Inner::Roce(q)
-            }
-        };
+        let ops = self.ctx.provider().create_qp(QpCreate {
+            qp_type: attr.qp_type,
+            pd: self.id,
+            cap,
+            keys: &self.ctx.keys,
+            send_cq: &attr.send_cq.shared,
+            recv_cq: &attr.recv_cq.shared,
+            srq: attr.srq.as_ref().map(|s| &s.shared),
+        })?;
         Ok(Qp {
+            ops,
             _claim: claim,
-            ctx: self.ctx.clone(),
-            inner,
             pd: self.id,
             qp_type: attr.qp_type,
             cap,
@@ -177,10 +134,7 @@ impl Pd {
 impl Qp {
     /// The QP number (also the QP's `QpId` for type 2 windows).
     pub fn qp_num(&self) -> u32 {
-        match &self.inner {
-            Inner::Tcp(q) => q.qpn,
-            Inner::Roce(q) => q.qpn(),
-        }
+        self.ops.qp_num()
     }
 
     /// The QP's protection domain.
@@ -195,10 +149,7 @@ impl Qp {
 
     /// Current state.
     pub fn state(&self) -> QpState {
-        match &self.inner {
-            Inner::Tcp(q) => q.state(),
-            Inner::Roce(q) => q.state().into(),
-        }
+        self.ops.state()
     }
 
     /// Queue sizes.
@@ -209,38 +160,23 @@ impl Qp {
     /// The iWARP connection's parameters once connected (`None` on RoCE: keep what
     /// [`Qp::connect`] or [`ConnRequest::accept`](crate::ConnRequest::accept) returned).
     pub fn connection(&self) -> Option<ConnectionInfo> {
-        match &self.inner {
-            Inner::Tcp(q) => q.conn.lock().clone(),
-            Inner::Roce(_) => None,
-        }
+        self.ops.connection()
     }
 
     /// The engine's counters.
     pub fn counters(&self) -> QpCounters {
-        match &self.inner {
-            Inner::Tcp(q) => match self.ctx.tcp() {
-                Ok(drv) => drv.lock_driver().qp_counters(q),
-                Err(_) => *q.counters.lock(),
-            },
-            Inner::Roce(q) => q.counters(),
-        }
+        self.ops.counters()
     }
 
     /// The last asynchronous event of an iWARP stream (Terminate sent or received, LLP
     /// error).
     pub fn last_event(&self) -> Option<QpEvent> {
-        match &self.inner {
-            Inner::Tcp(q) => *q.last_event.lock(),
-            Inner::Roce(_) => None,
-        }
+        self.ops.last_event()
     }
 
     /// Send requests posted and not yet completed.
     pub fn sq_outstanding(&self) -> u64 {
-        match &self.inner {
-            Inner::Tcp(q) => q.sq_outstanding(),
-            Inner::Roce(q) => q.sq_outstanding() as u64,
-        }
+        self.ops.sq_outstanding()
     }
 
     /// Posts a send-queue request (`ibv_post_send`). The SGEs are checked now; `INLINE`
@@ -248,14 +184,7 @@ impl Qp {
     /// in Error or Closed it completes at once with `WorkRequestFlushed`.
     pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
         let wr = self.prepared(wr);
-        match &self.inner {
-            Inner::Tcp(q) => q.post_send(self.ctx.tcp()?, wr),
-            Inner::Roce(q) => self
-                .ctx
-                .roce()?
-                .post_send(q, std::iter::once(wr))
-                .map_err(|(_, e)| e),
-        }
+        self.ops.post_send(wr)
     }
 
     /// An empty buffer for an `INLINE` request's octets ([`SendWr::inline`]), one of this
@@ -283,21 +212,15 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), (usize, Error)> {
-        let wrs = wrs.into_iter().map(|wr| self.prepared(wr));
-        match &self.inner {
-            Inner::Tcp(q) => q.post_send_list(self.ctx.tcp().map_err(|e| (0, e))?, wrs),
-            Inner::Roce(q) => self.ctx.roce().map_err(|e| (0, e))?.post_send(q, wrs),
-        }
+        let mut wrs = wrs.into_iter().map(|wr| self.prepared(wr));
+        self.ops.post_send_list(&mut wrs)
     }
 
     /// Posts a receive buffer for one inbound message (`ibv_post_recv`). Receives may be
     /// posted before the QP is connected (and should be: an iWARP Send finding no buffer
     /// terminates the stream). Refused on a QP with an SRQ.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
-        match &self.inner {
-            Inner::Tcp(q) => q.post_recv(self.ctx.tcp()?, wr),
-            Inner::Roce(q) => self.ctx.roce()?.post_recv(q, wr),
-        }
+        self.ops.post_recv(wr)
     }
 
     /// Posts several receive requests in order (`ibv_post_recv` with a list): one pass of
@@ -307,10 +230,7 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<(), (usize, Error)> {
-        match &self.inner {
-            Inner::Tcp(q) => q.post_recv_list(self.ctx.tcp().map_err(|e| (0, e))?, wrs),
-            Inner::Roce(q) => self.ctx.roce().map_err(|e| (0, e))?.post_recv_list(q, wrs),
-        }
+        self.ops.post_recv_list(&mut wrs.into_iter())
     }
 
     /// `ibv_modify_qp` (InfiniBand QPs: state transitions and their attributes, for users
@@ -319,28 +239,13 @@ impl Qp {
     /// connection ([`Qp::connect`], [`Qp::disconnect`]); the one move it takes here is to
     /// Error, which is [`Qp::disconnect`].
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
-        match &self.inner {
-            // iWARP QPs move through the connection manager; to Error is the one move the
-            // verbs make (RDMAC verbs 8.2: flush, and an abortive close of a connection), as
-            // siw and librdmacm's callers flushing a QP before they destroy it do.
-            Inner::Tcp(_) if *attr == QpAttr::state(softrdma_ib::QpState::Error) => {
-                self.disconnect()
-            }
-            Inner::Tcp(_) => Err(Error::Unsupported("modify_qp on iWARP QPs")),
-            Inner::Roce(q) => self.ctx.roce()?.modify(q, attr),
-        }
+        self.ops.modify(attr)
     }
 
     /// Sets the path of a connected RoCE QP (`ibv_qp_attr.ah_attr`): the peer's IP (its GID)
     /// and UDP port (4791 unless testing on one host). Needed before RTR.
     pub fn set_remote(&self, addr: SocketAddr) -> Result<(), Error> {
-        match &self.inner {
-            Inner::Tcp(_) => Err(Error::Unsupported("set_remote on iWARP QPs")),
-            Inner::Roce(q) => {
-                self.ctx.roce()?.set_remote(q, addr);
-                Ok(())
-            }
-        }
+        self.ops.set_remote(addr)
     }
 
     /// Connects to `addr` (`rdma_connect`), the address of a [`Listener`](crate::Listener);
@@ -356,19 +261,8 @@ impl Qp {
         addr: impl ToSocketAddrs,
         params: ConnectParams,
     ) -> Result<ConnectionInfo, Error> {
-        let q = match &self.inner {
-            Inner::Tcp(q) => q,
-            Inner::Roce(q) => return crate::roce::cm::connect(self.ctx.roce()?, q, addr, &params),
-        };
-        if !q.transition(QpState::Init, QpState::Connecting) {
-            return Err(Error::InvalidState(self.state()));
-        }
-        let r = self.ctx.tcp()?.connect(q, addr, &params);
-        if r.is_err() {
-            // The thread already moved it back unless the failure was local.
-            q.transition(QpState::Connecting, QpState::Init);
-        }
-        r
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        self.ops.connect(&addrs, &params)
     }
 
     /// [`connect`](Self::connect) as a future of any runtime: nothing blocks (iWARP: the
@@ -381,30 +275,7 @@ impl Qp {
         addr: SocketAddr,
         params: ConnectParams,
     ) -> Result<ConnectionInfo, Error> {
-        let q = match &self.inner {
-            Inner::Tcp(q) => q,
-            Inner::Roce(q) => {
-                return crate::roce::cm::connect_async(self.ctx.roce()?, q, addr, &params).await;
-            }
-        };
-        if !q.transition(QpState::Init, QpState::Connecting) {
-            return Err(Error::InvalidState(self.state()));
-        }
-        let tcp = self.ctx.tcp()?;
-        let rx = match tcp.dial(q, addr, &params) {
-            Ok(rx) => rx,
-            Err(e) => {
-                q.transition(QpState::Connecting, QpState::Init);
-                return Err(e);
-            }
-        };
-        let mut guard = crate::tcp::Abandon(tcp, Some(q.clone()));
-        let r = crate::tcp::reply_async(rx).await;
-        guard.1 = None;
-        if r.is_err() {
-            q.transition(QpState::Connecting, QpState::Init);
-        }
-        r
+        self.ops.connect_async(addr, params).await
     }
 
     /// Orderly close (`rdma_disconnect`): every outstanding request is flushed
@@ -413,28 +284,10 @@ impl Qp {
     /// Returns at once; the flush completions arrive on the CQs. On RoCE the QP moves to
     /// Error and the CM's DREQ tells the peer, whose QP then flushes as well.
     pub fn disconnect(&self) -> Result<(), Error> {
-        match &self.inner {
-            Inner::Tcp(q) => self.ctx.tcp()?.command(Cmd::Disconnect(q.clone())),
-            Inner::Roce(q) => self.ctx.roce()?.cm_disconnect(q),
-        }
+        self.ops.disconnect()
     }
 
-    pub(crate) fn tcp(&self) -> Result<&Arc<TcpQp>, Error> {
-        match &self.inner {
-            Inner::Tcp(q) => Ok(q),
-            Inner::Roce(_) => Err(Error::Unsupported("an iWARP (TCP) operation")),
-        }
-    }
-}
-
-impl Drop for Qp {
-    fn drop(&mut self) {
-        match (&self.inner, &self.ctx.driver) {
-            (Inner::Tcp(q), Driver::Tcp(d)) => {
-                let _ = d.command(Cmd::Destroy(q.clone()));
-            }
-            (Inner::Roce(q), Driver::Roce(d)) => d.destroy_qp(q.qpn()),
-            _ => {}
-        }
+    pub(crate) fn ops(&self) -> &dyn QpOps {
+        &*self.ops
     }
 }

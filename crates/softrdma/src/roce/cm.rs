@@ -1114,6 +1114,10 @@ pub(crate) struct RoceRequest {
 }
 
 impl RoceRequest {
+    pub(crate) fn driver(&self) -> &Arc<RoceShared> {
+        &self.drv
+    }
+
     pub(crate) fn peer_addr(&self) -> SocketAddr {
         self.p.peer_addr
     }

@@ -49,11 +49,13 @@ mod config;
 mod mmsg;
 mod rx;
 mod tx;
+mod verbs;
 
 pub use self::ah::Ah;
 use self::ah::AhSlot;
 pub use self::config::{RawTx, RoceConfig, RoceCounters};
 use self::rx::rx_loop;
+pub(crate) use self::verbs::Roce;
 
 use crate::Error;
 use crate::cq::{CqShared, Progress, Pushed};

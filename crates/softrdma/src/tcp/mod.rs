@@ -42,6 +42,9 @@ use crate::tap::TapSlot;
 mod commands;
 mod conn;
 pub(crate) mod progress;
+mod verbs;
+
+pub(crate) use self::verbs::Iwarp;
 
 /// The locked driver (see [`TcpShared::lock_driver`]).
 pub(crate) struct DriverGuard<'a> {

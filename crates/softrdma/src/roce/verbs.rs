@@ -1,0 +1,239 @@
+//! The RoCEv2 provider: the verbs API's operations ([`crate::provider`]) on this driver.
+//! Posts go to the QP's InfiniBand engine in the caller's thread; connections are the CM's
+//! (`cm`).
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use softrdma_ib::{QpAttr, QpCaps, QpType};
+use softrdma_verbs_types::{RecvWr, SendWr};
+
+use super::cm::{self, RoceListener, RoceRequest};
+use super::{RoceQpShared, RoceShared};
+use crate::Error;
+use crate::connparams::{AcceptParams, ConnectParams, ConnectionInfo, ListenParams};
+use crate::leader::BusyPoll;
+use crate::provider::{BoxFuture, ListenOps, Provider, QpCreate, QpOps, RequestOps};
+use crate::state::{QpCounters, QpState};
+use crate::tap::TapSlot;
+
+/// A RoCE context's provider; the driver's threads stop when the context goes.
+pub(crate) struct Roce(pub(crate) Arc<RoceShared>);
+
+impl Drop for Roce {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+impl Provider for Roce {
+    fn create_qp(&self, a: QpCreate<'_>) -> Result<Box<dyn QpOps>, Error> {
+        let caps = QpCaps {
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge,
+            max_recv_sge: a.cap.max_recv_sge,
+            max_inline_data: a.cap.max_inline_data,
+            ..QpCaps::default()
+        };
+        let q = self.0.create_qp(
+            a.qp_type,
+            a.pd,
+            caps,
+            a.keys.clone(),
+            [a.send_cq, a.recv_cq],
+            a.srq.map(|s| s.queue.clone()),
+        )?;
+        let qp = RoceQp {
+            drv: self.0.clone(),
+            q,
+        };
+        // Connected QPs start in Init, as after `rdma_create_qp`, so receives can be posted
+        // before the connection on both transports; Init → Init keeps libibverbs' explicit
+        // bring-up working. UD needs its Q_Key first.
+        if a.qp_type != QpType::Ud {
+            qp.modify(&QpAttr::state(softrdma_ib::QpState::Init))?;
+        }
+        Ok(Box::new(qp))
+    }
+
+    fn listen(
+        &self,
+        addrs: &[SocketAddr],
+        params: ListenParams,
+    ) -> Result<Box<dyn ListenOps>, Error> {
+        Ok(Box::new(RoceListener::bind(
+            &self.0,
+            addrs,
+            params.backlog,
+        )?))
+    }
+
+    fn set_background_poll(&self, mode: BusyPoll) {
+        self.0.leader.set_background_poll(mode);
+    }
+
+    fn background_poll(&self) -> BusyPoll {
+        self.0.leader.background_poll()
+    }
+
+    fn tap(&self) -> &TapSlot {
+        &self.0.tap
+    }
+}
+
+/// A RoCE QP: its engine, and the driver whose socket and CM it uses.
+struct RoceQp {
+    drv: Arc<RoceShared>,
+    q: Arc<RoceQpShared>,
+}
+
+impl QpOps for RoceQp {
+    fn qp_num(&self) -> u32 {
+        self.q.qpn()
+    }
+
+    fn state(&self) -> QpState {
+        self.q.state().into()
+    }
+
+    fn counters(&self) -> QpCounters {
+        self.q.counters()
+    }
+
+    fn sq_outstanding(&self) -> u64 {
+        self.q.sq_outstanding() as u64
+    }
+
+    fn post_send(&self, wr: SendWr) -> Result<(), Error> {
+        self.drv
+            .post_send(&self.q, std::iter::once(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)> {
+        self.drv.post_send(&self.q, wrs)
+    }
+
+    fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
+        self.drv.post_recv(&self.q, wr)
+    }
+
+    fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)> {
+        self.drv.post_recv_list(&self.q, wrs)
+    }
+
+    fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
+        self.drv.modify(&self.q, attr)
+    }
+
+    fn set_remote(&self, addr: SocketAddr) -> Result<(), Error> {
+        self.drv.set_remote(&self.q, addr);
+        Ok(())
+    }
+
+    fn connect(
+        &self,
+        addrs: &[SocketAddr],
+        params: &ConnectParams,
+    ) -> Result<ConnectionInfo, Error> {
+        cm::connect(&self.drv, &self.q, addrs, params)
+    }
+
+    fn connect_async(
+        &self,
+        addr: SocketAddr,
+        params: ConnectParams,
+    ) -> BoxFuture<'_, Result<ConnectionInfo, Error>> {
+        Box::pin(async move { cm::connect_async(&self.drv, &self.q, addr, &params).await })
+    }
+
+    fn disconnect(&self) -> Result<(), Error> {
+        self.drv.cm_disconnect(&self.q)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for RoceQp {
+    fn drop(&mut self) {
+        self.drv.destroy_qp(self.q.qpn());
+    }
+}
+
+impl ListenOps for RoceListener {
+    fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    fn try_accept(&self) -> Option<Box<dyn RequestOps>> {
+        RoceListener::try_accept(self).map(|r| Box::new(r) as Box<dyn RequestOps>)
+    }
+
+    fn accept(&self, deadline: Option<Instant>) -> Result<Box<dyn RequestOps>, Error> {
+        Ok(Box::new(RoceListener::accept(self, deadline)?))
+    }
+
+    fn accept_async(&self) -> BoxFuture<'_, Result<Box<dyn RequestOps>, Error>> {
+        Box::pin(async move {
+            let r = RoceListener::accept_async(self).await;
+            Ok(Box::new(r) as Box<dyn RequestOps>)
+        })
+    }
+}
+
+impl RoceRequest {
+    /// The QP of `qp`, if it is one of this request's context.
+    fn own<'a>(&self, qp: &'a dyn QpOps) -> Result<&'a Arc<RoceQpShared>, Error> {
+        match qp.as_any().downcast_ref::<RoceQp>() {
+            Some(rq) if Arc::ptr_eq(&rq.drv, self.driver()) => Ok(&rq.q),
+            _ => Err(Error::InvalidArgument("QP of another context")),
+        }
+    }
+}
+
+impl RequestOps for RoceRequest {
+    fn peer_addr(&self) -> SocketAddr {
+        RoceRequest::peer_addr(self)
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        RoceRequest::local_addr(self)
+    }
+
+    fn private_data(&self) -> &[u8] {
+        RoceRequest::private_data(self)
+    }
+
+    fn peer_ird_ord(&self) -> Option<(u16, u16)> {
+        Some(RoceRequest::peer_ird_ord(self))
+    }
+
+    fn accept(
+        mut self: Box<Self>,
+        qp: &dyn QpOps,
+        params: AcceptParams,
+    ) -> Result<ConnectionInfo, Error> {
+        let q = self.own(qp)?;
+        RoceRequest::accept(&mut self, q, &params)
+    }
+
+    fn accept_async<'a>(
+        mut self: Box<Self>,
+        qp: &'a dyn QpOps,
+        params: AcceptParams,
+    ) -> BoxFuture<'a, Result<ConnectionInfo, Error>> {
+        Box::pin(async move {
+            let q = self.own(qp)?;
+            RoceRequest::accept_async(&mut self, q, &params).await
+        })
+    }
+
+    fn reject(mut self: Box<Self>, private_data: &[u8]) -> Result<(), Error> {
+        RoceRequest::reject(&mut self, private_data)
+    }
+}

@@ -1,0 +1,390 @@
+//! The iWARP provider: the verbs API's operations ([`crate::provider`]) on this driver.
+//! QPs and requests are answered through the progress thread's commands; a listener's
+//! requests arrive on its [`ListenerShared`] queue.
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use softrdma_ib::{QpAttr, QpType};
+use softrdma_iwarp::rdmap::QpEvent;
+use softrdma_iwarp::startup::{MAX_IRD_ORD, PeerParams, Startup};
+use softrdma_verbs_types::{RecvWr, SendWr};
+
+use super::{
+    Abandon, Cmd, ListenerShared, PendingRequest, TcpQp, TcpShared, check_private_data,
+    reply_async, wait_reply,
+};
+use crate::Error;
+use crate::connparams::{AcceptParams, ConnectParams, ConnectionInfo, ListenParams};
+use crate::cq::Progress;
+use crate::leader::BusyPoll;
+use crate::provider::{BoxFuture, ListenOps, Provider, QpCreate, QpOps, RequestOps};
+use crate::state::{QpCounters, QpState};
+use crate::tap::TapSlot;
+
+/// An iWARP context's provider.
+pub(crate) struct Iwarp(pub(crate) Arc<TcpShared>);
+
+impl Provider for Iwarp {
+    fn create_qp(&self, a: QpCreate<'_>) -> Result<Box<dyn QpOps>, Error> {
+        if a.qp_type != QpType::Rc {
+            return Err(Error::Unsupported("iWARP QPs are reliable connected"));
+        }
+        for cq in [a.send_cq, a.recv_cq] {
+            cq.attach(Arc::downgrade(&self.0) as Weak<dyn Progress>);
+        }
+        let q = TcpQp::new(
+            self.0.next_qp_num(),
+            a.pd,
+            a.cap,
+            a.send_cq.clone(),
+            a.recv_cq.clone(),
+            a.srq.cloned(),
+        );
+        Ok(Box::new(IwarpQp {
+            drv: self.0.clone(),
+            q: Arc::new(q),
+        }))
+    }
+
+    fn listen(
+        &self,
+        addrs: &[SocketAddr],
+        params: ListenParams,
+    ) -> Result<Box<dyn ListenOps>, Error> {
+        // Refuse a bad configuration now rather than at each request.
+        Startup::responder(params.startup_config(), Instant::now())?;
+        let std_listener = crate::net::listen(addrs, params.backlog)?;
+        std_listener.set_nonblocking(true)?;
+        let local_addr = std_listener.local_addr()?;
+        let shared = Arc::new(ListenerShared::new(params));
+        let tcp = self.0.clone();
+        let token = tcp.token();
+        tcp.command(Cmd::Listen {
+            token,
+            listener: mio::net::TcpListener::from_std(std_listener),
+            shared: shared.clone(),
+        })?;
+        Ok(Box::new(IwarpListener {
+            tcp,
+            shared,
+            token,
+            local_addr,
+        }))
+    }
+
+    fn set_background_poll(&self, mode: BusyPoll) {
+        self.0.leader.set_background_poll(mode);
+    }
+
+    fn background_poll(&self) -> BusyPoll {
+        self.0.leader.background_poll()
+    }
+
+    fn tap(&self) -> &TapSlot {
+        &self.0.tap
+    }
+}
+
+/// An iWARP QP: its submission queues, and the driver that runs its connection.
+struct IwarpQp {
+    drv: Arc<TcpShared>,
+    q: Arc<TcpQp>,
+}
+
+impl QpOps for IwarpQp {
+    fn qp_num(&self) -> u32 {
+        self.q.qpn
+    }
+
+    fn state(&self) -> QpState {
+        self.q.state()
+    }
+
+    fn connection(&self) -> Option<ConnectionInfo> {
+        self.q.conn.lock().clone()
+    }
+
+    fn counters(&self) -> QpCounters {
+        self.drv.lock_driver().qp_counters(&self.q)
+    }
+
+    fn last_event(&self) -> Option<QpEvent> {
+        *self.q.last_event.lock()
+    }
+
+    fn sq_outstanding(&self) -> u64 {
+        self.q.sq_outstanding()
+    }
+
+    fn post_send(&self, wr: SendWr) -> Result<(), Error> {
+        self.q.post_send(&self.drv, wr)
+    }
+
+    fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)> {
+        self.q.post_send_list(&self.drv, wrs)
+    }
+
+    fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
+        self.q.post_recv(&self.drv, wr)
+    }
+
+    fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)> {
+        self.q.post_recv_list(&self.drv, wrs)
+    }
+
+    fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
+        // iWARP QPs move through the connection manager; to Error is the one move the verbs
+        // make (RDMAC verbs 8.2: flush, and an abortive close of a connection), as siw and
+        // librdmacm's callers flushing a QP before they destroy it do.
+        if *attr == QpAttr::state(softrdma_ib::QpState::Error) {
+            return self.disconnect();
+        }
+        Err(Error::Unsupported("modify_qp on iWARP QPs"))
+    }
+
+    fn set_remote(&self, _: SocketAddr) -> Result<(), Error> {
+        Err(Error::Unsupported("set_remote on iWARP QPs"))
+    }
+
+    fn connect(
+        &self,
+        addrs: &[SocketAddr],
+        params: &ConnectParams,
+    ) -> Result<ConnectionInfo, Error> {
+        let q = &self.q;
+        if !q.transition(QpState::Init, QpState::Connecting) {
+            return Err(Error::InvalidState(q.state()));
+        }
+        let r = self.drv.connect(q, addrs, params);
+        if r.is_err() {
+            // The thread already moved it back unless the failure was local.
+            q.transition(QpState::Connecting, QpState::Init);
+        }
+        r
+    }
+
+    fn connect_async(
+        &self,
+        addr: SocketAddr,
+        params: ConnectParams,
+    ) -> BoxFuture<'_, Result<ConnectionInfo, Error>> {
+        Box::pin(async move {
+            let q = &self.q;
+            if !q.transition(QpState::Init, QpState::Connecting) {
+                return Err(Error::InvalidState(q.state()));
+            }
+            let rx = match self.drv.dial(q, addr, &params) {
+                Ok(rx) => rx,
+                Err(e) => {
+                    q.transition(QpState::Connecting, QpState::Init);
+                    return Err(e);
+                }
+            };
+            let mut guard = Abandon(&self.drv, Some(q.clone()));
+            let r = reply_async(rx).await;
+            guard.1 = None;
+            if r.is_err() {
+                q.transition(QpState::Connecting, QpState::Init);
+            }
+            r
+        })
+    }
+
+    fn disconnect(&self) -> Result<(), Error> {
+        self.drv.command(Cmd::Disconnect(self.q.clone()))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for IwarpQp {
+    fn drop(&mut self) {
+        // An open connection is closed abortively.
+        let _ = self.drv.command(Cmd::Destroy(self.q.clone()));
+    }
+}
+
+/// An iWARP listener: the progress thread accepts TCP connections and runs MPA as
+/// responder; requests whose MPA Request arrived wait in `shared`.
+struct IwarpListener {
+    tcp: Arc<TcpShared>,
+    shared: Arc<ListenerShared>,
+    token: mio::Token,
+    local_addr: SocketAddr,
+}
+
+impl IwarpListener {
+    fn wrap(&self, req: PendingRequest) -> Box<dyn RequestOps> {
+        Box::new(TcpRequest {
+            tcp: self.tcp.clone(),
+            req,
+            answered: false,
+        })
+    }
+}
+
+impl ListenOps for IwarpListener {
+    fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    fn try_accept(&self) -> Option<Box<dyn RequestOps>> {
+        self.shared.try_pop().map(|r| self.wrap(r))
+    }
+
+    fn accept(&self, deadline: Option<Instant>) -> Result<Box<dyn RequestOps>, Error> {
+        self.shared.wait(deadline).map(|r| self.wrap(r))
+    }
+
+    fn accept_async(&self) -> BoxFuture<'_, Result<Box<dyn RequestOps>, Error>> {
+        Box::pin(async move { self.shared.wait_async().await.map(|r| self.wrap(r)) })
+    }
+}
+
+impl Drop for IwarpListener {
+    fn drop(&mut self) {
+        self.shared.close();
+        // The port is free once this returns (a program listens on it again at once:
+        // librdmacm's servers do), unless this is the progress thread itself.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if self
+            .tcp
+            .command(Cmd::Unlisten(self.token, Some(tx)))
+            .is_ok()
+            && !self.tcp.on_progress_thread()
+        {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+/// An iWARP request: its TCP connection is up and a valid MPA Request arrived; answered
+/// through the progress thread.
+struct TcpRequest {
+    tcp: Arc<TcpShared>,
+    req: PendingRequest,
+    answered: bool,
+}
+
+impl TcpRequest {
+    /// Hands the QP and the answer to the progress thread, whose reply comes on the
+    /// channel returned.
+    #[allow(clippy::type_complexity)]
+    fn accept_start(
+        &mut self,
+        qp: &dyn QpOps,
+        params: AcceptParams,
+    ) -> Result<(Arc<TcpQp>, oneshot::Receiver<Result<ConnectionInfo, Error>>), Error> {
+        self.answered = true;
+        check_private_data(self.req.params.rev, params.private_data.len())?;
+        if params.ird > MAX_IRD_ORD || params.ord > MAX_IRD_ORD {
+            return Err(Error::InvalidArgument("IRD and ORD are 14-bit values"));
+        }
+        let q = match qp.as_any().downcast_ref::<IwarpQp>() {
+            Some(iq) if Arc::ptr_eq(&iq.drv, &self.tcp) => iq.q.clone(),
+            _ => return Err(Error::InvalidArgument("QP of another context")),
+        };
+        if !q.transition(QpState::Init, QpState::Connecting) {
+            let _ = self.tcp.command(Cmd::Reject {
+                token: self.req.token,
+                private_data: Vec::new(),
+            });
+            return Err(Error::InvalidState(q.state()));
+        }
+        let (reply, rx) = oneshot::channel();
+        let r = self.tcp.command(Cmd::Accept {
+            token: self.req.token,
+            qp: q.clone(),
+            private_data: params.private_data,
+            ird: params.ird,
+            ord: params.ord,
+            fpdu: params.fpdu,
+            early_fpdus: self.req.early_fpdus,
+            reply,
+        });
+        if let Err(e) = r {
+            q.transition(QpState::Connecting, QpState::Init);
+            return Err(e);
+        }
+        Ok((q, rx))
+    }
+}
+
+impl RequestOps for TcpRequest {
+    fn peer_addr(&self) -> SocketAddr {
+        self.req.peer_addr
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.req.local_addr
+    }
+
+    fn private_data(&self) -> &[u8] {
+        &self.req.private_data
+    }
+
+    fn peer_params(&self) -> Option<PeerParams> {
+        Some(self.req.params)
+    }
+
+    fn peer_ird_ord(&self) -> Option<(u16, u16)> {
+        self.req.params.rev2.map(|w| (w.ird, w.ord))
+    }
+
+    fn accept(
+        mut self: Box<Self>,
+        qp: &dyn QpOps,
+        params: AcceptParams,
+    ) -> Result<ConnectionInfo, Error> {
+        let (q, rx) = self.accept_start(qp, params)?;
+        let r = wait_reply(rx, Duration::ZERO);
+        if r.is_err() {
+            q.transition(QpState::Connecting, QpState::Init);
+        }
+        r
+    }
+
+    fn accept_async<'a>(
+        mut self: Box<Self>,
+        qp: &'a dyn QpOps,
+        params: AcceptParams,
+    ) -> BoxFuture<'a, Result<ConnectionInfo, Error>> {
+        Box::pin(async move {
+            let (q, rx) = self.accept_start(qp, params)?;
+            let mut guard = Abandon(&self.tcp, Some(q));
+            let res = reply_async(rx).await;
+            let q = guard.1.take();
+            if res.is_err()
+                && let Some(q) = q
+            {
+                q.transition(QpState::Connecting, QpState::Init);
+            }
+            res
+        })
+    }
+
+    fn reject(mut self: Box<Self>, private_data: &[u8]) -> Result<(), Error> {
+        self.answered = true;
+        check_private_data(self.req.params.rev, private_data.len())?;
+        self.tcp.command(Cmd::Reject {
+            token: self.req.token,
+            private_data: private_data.to_vec(),
+        })
+    }
+}
+
+impl Drop for TcpRequest {
+    fn drop(&mut self) {
+        if !self.answered {
+            let _ = self.tcp.command(Cmd::Reject {
+                token: self.req.token,
+                private_data: Vec::new(),
+            });
+        }
+    }
+}
