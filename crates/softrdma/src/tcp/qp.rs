@@ -1,0 +1,227 @@
+//! An iWARP QP's half in the posting threads: its submission queues and their accounting
+//! (posted, retired, depth), and the checks a request passes before the engine sees it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use softrdma_iwarp::rdmap::QpEvent;
+use softrdma_iwarp::rdmap::{check_send, send_limits};
+use softrdma_memory::PdId;
+use softrdma_verbs_types::{
+    CheckedRecv, CheckedSend, PostError, RecvWr, SendLimits, SendWr, check_recv,
+};
+
+use super::{TcpShared, progress};
+use crate::Error;
+use crate::connparams::{ConnectionInfo, QpCap};
+use crate::cq::CqShared;
+use crate::srq::SrqShared;
+use crate::state::{QpCounters, QpState};
+
+#[derive(Default)]
+pub(crate) struct Submissions {
+    /// Work requests for the engine, checked (and `INLINE` octets copied) at post time.
+    pub(crate) sq: VecDeque<CheckedSend>,
+    pub(crate) rq: VecDeque<CheckedRecv>,
+}
+
+/// Accounts for a checked request under its submission queue's lock (`posted`, `retired`,
+/// the queue's depth): returned for the engine when `direct` and nothing waits before it,
+/// else queued (`wrap`ped).
+fn enqueue<T, Q>(
+    queue: &mut VecDeque<Q>,
+    (posted, retired, depth): (&AtomicU64, &AtomicU64, u32),
+    wr: T,
+    wrap: impl FnOnce(T) -> Q,
+    direct: bool,
+) -> Result<Option<T>, Error> {
+    if posted.load(Ordering::Relaxed) - retired.load(Ordering::Acquire) >= u64::from(depth) {
+        return Err(PostError::QueueFull.into());
+    }
+    posted.fetch_add(1, Ordering::Release);
+    if direct && queue.is_empty() {
+        return Ok(Some(wr));
+    }
+    queue.push_back(wrap(wr));
+    Ok(None)
+}
+
+pub(crate) struct TcpQp {
+    pub(crate) qpn: u32,
+    pub(crate) pd: PdId,
+    pub(crate) cap: QpCap,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    pub(crate) srq: Option<Arc<SrqShared>>,
+    pub(crate) sub: Mutex<Submissions>,
+    /// Queued in the context's ready list and not yet looked at.
+    pub(crate) scheduled: AtomicBool,
+    pub(crate) state: AtomicU8,
+    /// Send requests accepted by `post_send` (written under `sub`).
+    pub(crate) sq_posted: AtomicU64,
+    /// Send requests completed, with or without a completion (progress thread).
+    pub(crate) sq_retired: AtomicU64,
+    pub(crate) rq_posted: AtomicU64,
+    pub(crate) rq_retired: AtomicU64,
+    /// Negotiated ORD (`u32::MAX` before the connection).
+    pub(crate) ord: AtomicU32,
+    pub(crate) conn: Mutex<Option<ConnectionInfo>>,
+    /// Its counters once its connection let it go (before, the engine has them).
+    pub(crate) counters: Mutex<QpCounters>,
+    pub(crate) last_event: Mutex<Option<QpEvent>>,
+}
+
+impl TcpQp {
+    pub(crate) fn state(&self) -> QpState {
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// Moves the state from `from` to `to`; `false` if it was not `from`.
+    pub(crate) fn transition(&self, from: QpState, to: QpState) -> bool {
+        self.state
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+impl TcpQp {
+    /// A QP in [`QpState::Init`].
+    pub(crate) fn new(
+        qpn: u32,
+        pd: PdId,
+        cap: QpCap,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+        srq: Option<Arc<SrqShared>>,
+    ) -> TcpQp {
+        TcpQp {
+            qpn,
+            pd,
+            cap,
+            send_cq,
+            recv_cq,
+            srq,
+            sub: Mutex::new(Submissions::default()),
+            scheduled: AtomicBool::new(false),
+            state: AtomicU8::new(QpState::Init as u8),
+            sq_posted: AtomicU64::new(0),
+            sq_retired: AtomicU64::new(0),
+            rq_posted: AtomicU64::new(0),
+            rq_retired: AtomicU64::new(0),
+            ord: AtomicU32::new(u32::MAX),
+            conn: Mutex::new(None),
+            counters: Mutex::new(QpCounters::default()),
+            last_event: Mutex::new(None),
+        }
+    }
+
+    /// Send requests posted and not yet completed.
+    pub(crate) fn sq_outstanding(&self) -> u64 {
+        self.sq_posted
+            .load(Ordering::Acquire)
+            .saturating_sub(self.sq_retired.load(Ordering::Acquire))
+    }
+
+    /// Queues a checked send request for the engine (which the progress thread alone owns).
+    pub(crate) fn post_send(self: &Arc<Self>, drv: &TcpShared, wr: SendWr) -> Result<(), Error> {
+        self.post_send_list(drv, std::iter::once(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Checks send requests in order and hands them to the engine, then writes the lot at
+    /// once (one write, not one per message); stops at the first refused one and returns
+    /// its index. Those before it are sent.
+    pub(crate) fn post_send_list(
+        self: &Arc<Self>,
+        drv: &TcpShared,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<(), (usize, Error)> {
+        let lim = send_limits(self.cap.max_send_sge, self.cap.max_inline_data);
+        self.post_list(drv, wrs, |wr, direct| self.admit(drv, &lim, wr, direct))
+    }
+
+    /// Posts checked requests in order, up to the first refused one. With the driver free
+    /// and nothing queued before them they go to the engine directly; otherwise they wait
+    /// in the submission queue for whoever holds the driver (`admit(wr, direct)` checks one
+    /// and returns it for the engine, or queues it).
+    fn post_list<W, C: progress::Hand>(
+        self: &Arc<Self>,
+        drv: &TcpShared,
+        wrs: impl IntoIterator<Item = W>,
+        admit: impl Fn(W, bool) -> Result<Option<C>, Error>,
+    ) -> Result<(), (usize, Error)> {
+        let mut wrs = wrs.into_iter().enumerate();
+        if let Some(mut d) = drv.try_lock_driver()
+            && let Some(res) = d.post_direct(drv, self, &mut wrs, &admit)
+        {
+            return res;
+        }
+        let mut res = Ok(());
+        let mut queued = 0;
+        for (i, wr) in wrs {
+            if let Err(e) = admit(wr, false) {
+                res = Err((i, e));
+                break;
+            }
+            queued += 1;
+        }
+        if queued > 0 {
+            drv.submit(self);
+        }
+        res
+    }
+
+    /// Checks a send request and accounts for it: returned for the engine when `direct`
+    /// and nothing waits in the submission queue before it, else queued there.
+    fn admit(
+        &self,
+        drv: &TcpShared,
+        lim: &SendLimits,
+        wr: SendWr,
+        direct: bool,
+    ) -> Result<Option<CheckedSend>, Error> {
+        if wr.opcode.is_read_or_atomic() && self.ord.load(Ordering::Acquire) == 0 {
+            return Err(PostError::ReadsDisabled.into());
+        }
+        let wr = check_send(wr, lim, &drv.keys, self.pd)?;
+        let mut sub = self.sub.lock();
+        let room = (&self.sq_posted, &self.sq_retired, self.cap.max_send_wr);
+        enqueue(&mut sub.sq, room, wr, |wr| wr, direct)
+    }
+
+    /// Queues a checked receive request.
+    pub(crate) fn post_recv(self: &Arc<Self>, drv: &TcpShared, wr: RecvWr) -> Result<(), Error> {
+        self.post_recv_list(drv, [wr]).map_err(|(_, e)| e)
+    }
+
+    /// Checks and posts receive requests in order, up to the first refused one.
+    pub(crate) fn post_recv_list(
+        self: &Arc<Self>,
+        drv: &TcpShared,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), (usize, Error)> {
+        if self.srq.is_some() {
+            return Err((0, Error::SrqAttached));
+        }
+        self.post_list(drv, wrs, |wr, direct| self.admit_recv(drv, wr, direct))
+    }
+
+    /// [`TcpQp::admit`] for a receive request.
+    fn admit_recv(
+        &self,
+        drv: &TcpShared,
+        wr: RecvWr,
+        direct: bool,
+    ) -> Result<Option<CheckedRecv>, Error> {
+        let wr = check_recv(wr, self.cap.max_recv_sge, &drv.keys, self.pd)?;
+        let mut sub = self.sub.lock();
+        let room = (&self.rq_posted, &self.rq_retired, self.cap.max_recv_wr);
+        enqueue(&mut sub.rq, room, wr, |wr| wr, direct)
+    }
+}
