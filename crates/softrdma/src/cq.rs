@@ -27,7 +27,7 @@ mod channel;
 
 use self::channel::ChannelShared;
 pub use self::channel::CompletionChannel;
-use crate::leader::{STAND_DOWN, Spin, Waiter};
+use crate::leader::{Leader, STAND_DOWN, Spin, Turn, Waiter};
 
 /// How long the polls of a CQ find nothing before each yields its core ([`Cq::poll_each`]):
 /// longer than a round trip here, so that a ping-pong's poller keeps its core.
@@ -133,6 +133,59 @@ pub(crate) trait Progress: Send + Sync {
     /// A task awaits completions: the background thread, if it stands down after a
     /// caller drove, looks again now rather than after [`STAND_DOWN`].
     fn nudge(&self);
+}
+
+/// What a driver whose sockets are waited on through a [`Leader`] supplies; the waiting
+/// and waking around it ([`Progress`]) is the same for every driver.
+pub(crate) trait Driven: Send + Sync {
+    /// What the thread that waits on the sockets holds.
+    type Slot;
+    fn leader(&self) -> &Leader<Self::Slot>;
+    /// Interrupts a thread blocked in the sockets' poll.
+    fn interrupt(&self);
+    /// A caller's turn: waits on the sockets until `until` and runs what arrives.
+    fn caller_turn(&self, slot: &mut Self::Slot, until: Option<Instant>) -> Turn;
+    /// After a caller's blocking wait: what a post left to the thread that waited.
+    fn after_block(&self) {}
+    /// A busy poller's pass: what has arrived for `cq`'s QPs, without blocking.
+    fn poll_once(&self, cq: &CqShared);
+}
+
+/// Every driver waits and wakes alike: the [`Leader`](crate::leader::Leader) decides who
+/// waits on the sockets; the driver says how to interrupt that wait and what one turn is.
+impl<D: Driven> Progress for D {
+    fn progress(&self, cq: &CqShared) {
+        self.poll_once(cq);
+    }
+
+    fn block(
+        &self,
+        waiter: Weak<dyn Waiter>,
+        spin: Duration,
+        flow: Duration,
+        until: Option<Instant>,
+        done: &dyn Fn() -> bool,
+    ) -> bool {
+        let drove = self.leader().drive(
+            waiter,
+            spin,
+            flow,
+            until,
+            done,
+            || self.interrupt(),
+            |slot, until| self.caller_turn(slot, until),
+        );
+        self.after_block();
+        drove
+    }
+
+    fn nudge(&self) {
+        self.leader().unpark_background();
+    }
+
+    fn wake(&self) {
+        self.leader().wake(|| self.interrupt());
+    }
 }
 
 pub(crate) struct CqShared {

@@ -13,8 +13,8 @@ use smallvec::SmallVec;
 use softrdma_ib::Incoming;
 use softrdma_wire::icrc::IcrcVerifier;
 
-use crate::cq::{CqShared, Progress};
-use crate::leader::{Turn, Waiter};
+use crate::cq::{CqShared, Driven};
+use crate::leader::{Leader, Turn};
 use crate::tap::{Direction, Tapped};
 
 use super::*;
@@ -195,39 +195,28 @@ impl RoceShared {
     }
 }
 
-impl Progress for RoceShared {
-    fn block(
-        &self,
-        waiter: Weak<dyn Waiter>,
-        spin: Duration,
-        flow: Duration,
-        until: Option<Instant>,
-        done: &dyn Fn() -> bool,
-    ) -> bool {
-        let drove = self.leader.drive(
-            waiter,
-            spin,
-            flow,
-            until,
-            done,
-            || self.wake_pipe.signal(),
-            |timers, until| self.turn(timers, until, Hold::Ack),
-        );
+impl Driven for RoceShared {
+    type Slot = Instant;
+
+    fn leader(&self) -> &Leader<Instant> {
+        &self.leader
+    }
+
+    fn interrupt(&self) {
+        self.wake_pipe.signal();
+    }
+
+    fn caller_turn(&self, timers: &mut Instant, until: Option<Instant>) -> Turn {
+        self.turn(timers, until, Hold::Ack)
+    }
+
+    fn after_block(&self) {
         // What a post left to this thread after its last turn (see `defer`).
         std::sync::atomic::fence(Ordering::SeqCst);
         self.send_ready(Instant::now());
-        drove
     }
 
-    fn nudge(&self) {
-        self.leader.unpark_background();
-    }
-
-    fn wake(&self) {
-        self.leader.wake(|| self.wake_pipe.signal());
-    }
-
-    fn progress(&self, _cq: &CqShared) {
+    fn poll_once(&self, _cq: &CqShared) {
         self.release_acks(Instant::now());
         // The receive thread is handling datagrams right now: nothing to add.
         let Some(_g) = self.rx_lock.try_lock() else {

@@ -12,7 +12,7 @@ use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mio::Token;
 use mio::net::TcpListener;
@@ -22,9 +22,9 @@ use softrdma_memory::KeyTable;
 
 use crate::Error;
 use crate::connparams::{ConnectionInfo, FALLBACK_EMSS, FpduSize};
-use crate::cq::{CqShared, Progress};
+use crate::cq::{CqShared, Driven};
 use crate::event::{AsyncEvent, EventQueue};
-use crate::leader::{Leader, Waiter};
+use crate::leader::{Leader, Turn};
 use crate::tap::TapSlot;
 
 mod commands;
@@ -94,7 +94,7 @@ pub(crate) struct TcpShared {
     pub(crate) turn_hook: Mutex<Option<TurnHook>>,
     /// Tests: how long that turn's poll was allowed to block.
     #[cfg(test)]
-    pub(crate) hooked_poll: Mutex<Option<Option<Duration>>>,
+    pub(crate) hooked_poll: Mutex<Option<Option<std::time::Duration>>>,
     /// Tests: every post counts as one of a burst (`progress::BURST_GAP`).
     #[cfg(test)]
     pub(crate) always_burst: AtomicBool,
@@ -306,44 +306,27 @@ impl TcpShared {
     }
 }
 
-impl Progress for TcpShared {
-    fn progress(&self, cq: &CqShared) {
+impl Driven for TcpShared {
+    type Slot = progress::Slot;
+
+    fn leader(&self) -> &Leader<progress::Slot> {
+        &self.leader
+    }
+
+    fn interrupt(&self) {
+        let _ = self.waker.wake();
+    }
+
+    fn caller_turn(&self, slot: &mut progress::Slot, until: Option<Instant>) -> Turn {
+        progress::turn(self, slot, until)
+    }
+
+    fn poll_once(&self, cq: &CqShared) {
         // No slot and no stand-down: the background thread stays on the sockets for an
         // application that polls now and then spins on memory (ib_write_lat's receiver).
         if let Some(mut d) = self.try_lock_driver() {
             d.sweep(self, cq);
         }
-    }
-
-    fn block(
-        &self,
-        waiter: Weak<dyn Waiter>,
-        spin: Duration,
-        flow: Duration,
-        until: Option<Instant>,
-        done: &dyn Fn() -> bool,
-    ) -> bool {
-        self.leader.drive(
-            waiter,
-            spin,
-            flow,
-            until,
-            done,
-            || {
-                let _ = self.waker.wake();
-            },
-            |slot, until| progress::turn(self, slot, until),
-        )
-    }
-
-    fn nudge(&self) {
-        self.leader.unpark_background();
-    }
-
-    fn wake(&self) {
-        self.leader.wake(|| {
-            let _ = self.waker.wake();
-        });
     }
 }
 
