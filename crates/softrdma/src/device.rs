@@ -16,9 +16,9 @@ use crate::Error;
 use crate::cq::{BusyPoll, CompletionChannel, Cq};
 use crate::event::{AsyncEvent, EventQueue};
 use crate::provider::Provider;
-use crate::roce::{Ah, Roce, RoceConfig, RoceCounters, RoceShared};
+use crate::roce::{Ah, RoceConfig, RoceCounters, RoceShared};
 use crate::tap::Tap;
-use crate::tcp::{Iwarp, IwarpDeviceCounters, TcpShared};
+use crate::tcp::{IwarpDeviceCounters, TcpShared};
 
 /// Name of the TCP (iWARP) device.
 pub const TCP_DEVICE_NAME: &str = "softrdma_tcp0";
@@ -225,8 +225,8 @@ impl Device {
         let keys = Arc::new(KeyTable::new());
         let events = Arc::new(EventQueue::default());
         let driver = match &self.kind {
-            Kind::Tcp => Driver::Tcp(Iwarp(TcpShared::start(keys.clone(), events.clone())?)),
-            Kind::Roce(cfg) => Driver::Roce(Roce(RoceShared::open(cfg, events.clone())?)),
+            Kind::Tcp => Driver::Tcp(TcpShared::start(keys.clone(), events.clone())?),
+            Kind::Roce(cfg) => Driver::Roce(RoceShared::open(cfg, events.clone())?),
         };
         Ok(Context {
             shared: Arc::new(CtxShared {
@@ -261,8 +261,8 @@ pub enum DeviceCounters {
 
 /// The transport driver of a context: the one place a provider is chosen.
 pub(crate) enum Driver {
-    Tcp(Iwarp),
-    Roce(Roce),
+    Tcp(Arc<TcpShared>),
+    Roce(Arc<RoceShared>),
 }
 
 pub(crate) struct CtxShared {
@@ -374,6 +374,12 @@ impl Drop for Claim {
     }
 }
 
+impl Drop for CtxShared {
+    fn drop(&mut self) {
+        self.provider().close();
+    }
+}
+
 impl CtxShared {
     /// What the API asks of the transport.
     pub(crate) fn provider(&self) -> &dyn Provider {
@@ -386,14 +392,14 @@ impl CtxShared {
     #[cfg(test)]
     pub(crate) fn tcp(&self) -> Result<&Arc<TcpShared>, Error> {
         match &self.driver {
-            Driver::Tcp(t) => Ok(&t.0),
+            Driver::Tcp(t) => Ok(t),
             Driver::Roce(_) => Err(Error::Unsupported("an iWARP (TCP) operation")),
         }
     }
 
     pub(crate) fn roce(&self) -> Result<&Arc<RoceShared>, Error> {
         match &self.driver {
-            Driver::Roce(r) => Ok(&r.0),
+            Driver::Roce(r) => Ok(r),
             Driver::Tcp(_) => Err(Error::Unsupported("a RoCE operation")),
         }
     }
@@ -431,7 +437,7 @@ impl Context {
     /// (TCP connections opened later, every RoCEv2 datagram): what the `--pcap` options of
     /// the tools write. Set once, before connecting; `false` if a tap was already set.
     pub fn set_tap(&self, tap: Arc<dyn Tap>) -> bool {
-        self.shared.provider().tap().set(tap)
+        self.shared.provider().settings().tap.set(tap)
     }
 
     /// How the background thread polls after what arrives for it (a peer's Writes, Sends,
@@ -441,12 +447,12 @@ impl Context {
     /// takes its core from the thread that would send the next piece: `BusyPoll::Off`
     /// there, as for a CQ ([`Cq::set_busy_poll`](crate::Cq::set_busy_poll)).
     pub fn set_background_poll(&self, mode: BusyPoll) {
-        self.shared.provider().set_background_poll(mode)
+        self.shared.provider().settings().background_poll.set(mode)
     }
 
     /// The background thread's poll ([`Context::set_background_poll`]).
     pub fn background_poll(&self) -> BusyPoll {
-        self.shared.provider().background_poll()
+        self.shared.provider().settings().background_poll.get()
     }
 
     /// The device's counters (`rdma statistic`): the iWARP driver's connections and
@@ -454,8 +460,8 @@ impl Context {
     /// [`Qp::counters`](crate::Qp::counters).
     pub fn counters(&self) -> DeviceCounters {
         match &self.shared.driver {
-            Driver::Tcp(t) => DeviceCounters::Iwarp(t.0.stats.snapshot()),
-            Driver::Roce(r) => DeviceCounters::Roce(r.0.counters()),
+            Driver::Tcp(t) => DeviceCounters::Iwarp(t.stats.snapshot()),
+            Driver::Roce(r) => DeviceCounters::Roce(r.counters()),
         }
     }
 

@@ -244,12 +244,8 @@ impl<S> Leader<S> {
     }
 
     /// How the background thread polls after its arrivals ([`Leader::flowing`]).
-    pub(crate) fn set_background_poll(&self, mode: BusyPoll) {
-        self.bg_poll.set(mode);
-    }
-
-    pub(crate) fn background_poll(&self) -> BusyPoll {
-        self.bg_poll.get()
+    pub(crate) fn background_poll(&self) -> &Spin {
+        &self.bg_poll
     }
 
     /// Names the background thread (to unpark it).

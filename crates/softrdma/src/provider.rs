@@ -22,13 +22,16 @@ use softrdma_verbs_types::{RecvWr, SendWr};
 use crate::Error;
 use crate::connparams::{AcceptParams, ConnectParams, ConnectionInfo, ListenParams, QpCap};
 use crate::cq::CqShared;
-use crate::leader::BusyPoll;
+use crate::leader::{Leader, Spin};
 use crate::srq::SrqShared;
 use crate::state::{QpCounters, QpState};
 use crate::tap::TapSlot;
 
 /// A future a provider returns for one of the API's async calls.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The future of an async connect or accept.
+pub(crate) type Connected<'a> = BoxFuture<'a, Result<ConnectionInfo, Error>>;
 
 /// A QP to create, checked against the device's limits already.
 pub(crate) struct QpCreate<'a> {
@@ -53,12 +56,46 @@ pub(crate) trait Provider: Send + Sync {
         params: ListenParams,
     ) -> Result<Box<dyn ListenOps>, Error>;
 
-    /// How the context's background thread polls before it sleeps.
-    fn set_background_poll(&self, mode: BusyPoll);
-    fn background_poll(&self) -> BusyPoll;
+    /// The settings the context's API changes.
+    fn settings(&self) -> Settings<'_>;
 
+    /// The context is closed: stop the driver's threads.
+    fn close(&self) {}
+}
+
+/// A driver's QP: the driver's half of it, and the driver that runs it. Dropping it
+/// destroys the QP.
+pub(crate) struct DriverQp<D: Destroy<Q>, Q> {
+    pub(crate) drv: Arc<D>,
+    pub(crate) q: Arc<Q>,
+}
+
+/// How a driver destroys one of its QPs (`ibv_destroy_qp`).
+pub(crate) trait Destroy<Q> {
+    fn destroy(&self, q: &Arc<Q>);
+}
+
+impl<D: Destroy<Q>, Q> Drop for DriverQp<D, Q> {
+    fn drop(&mut self) {
+        self.drv.destroy(&self.q);
+    }
+}
+
+/// What every driver keeps alike and the context's API changes.
+pub(crate) struct Settings<'a> {
+    /// How the background thread polls before it sleeps.
+    pub(crate) background_poll: &'a Spin,
     /// Where what the transport sends and receives is copied, once set.
-    fn tap(&self) -> &TapSlot;
+    pub(crate) tap: &'a TapSlot,
+}
+
+impl<'a> Settings<'a> {
+    pub(crate) fn of<S>(leader: &'a Leader<S>, tap: &'a TapSlot) -> Settings<'a> {
+        Settings {
+            background_poll: leader.background_poll(),
+            tap,
+        }
+    }
 }
 
 /// One QP of a provider. Dropping it destroys the QP.
@@ -76,10 +113,17 @@ pub(crate) trait QpOps: Send + Sync {
     }
     fn sq_outstanding(&self) -> u64;
 
-    fn post_send(&self, wr: SendWr) -> Result<(), Error>;
+    /// Posts in order up to the first refused request, whose index comes back (`bad_wr`).
     fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)>;
-    fn post_recv(&self, wr: RecvWr) -> Result<(), Error>;
     fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)>;
+    fn post_send(&self, wr: SendWr) -> Result<(), Error> {
+        self.post_send_list(&mut std::iter::once(wr))
+            .map_err(|(_, e)| e)
+    }
+    fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
+        self.post_recv_list(&mut std::iter::once(wr))
+            .map_err(|(_, e)| e)
+    }
 
     /// `ibv_modify_qp`.
     fn modify(&self, attr: &QpAttr) -> Result<(), Error>;
@@ -92,11 +136,7 @@ pub(crate) trait QpOps: Send + Sync {
         addrs: &[SocketAddr],
         params: &ConnectParams,
     ) -> Result<ConnectionInfo, Error>;
-    fn connect_async(
-        &self,
-        addr: SocketAddr,
-        params: ConnectParams,
-    ) -> BoxFuture<'_, Result<ConnectionInfo, Error>>;
+    fn connect_async(&self, addr: SocketAddr, params: ConnectParams) -> Connected<'_>;
     /// `rdma_disconnect`.
     fn disconnect(&self) -> Result<(), Error>;
 
@@ -130,11 +170,7 @@ pub(crate) trait RequestOps: Send {
         qp: &dyn QpOps,
         params: AcceptParams,
     ) -> Result<ConnectionInfo, Error>;
-    fn accept_async<'a>(
-        self: Box<Self>,
-        qp: &'a dyn QpOps,
-        params: AcceptParams,
-    ) -> BoxFuture<'a, Result<ConnectionInfo, Error>>;
+    fn accept_async(self: Box<Self>, qp: &dyn QpOps, params: AcceptParams) -> Connected<'_>;
     /// `rdma_reject`.
     fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), Error>;
 }

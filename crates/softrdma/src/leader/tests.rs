@@ -175,12 +175,12 @@ fn the_background_poll_shrinks_when_arrivals_are_sparse() {
     }
     assert_eq!(polls, [16, 8, 4, 0, 0]);
     // Turned off: quick arrivals teach it nothing, and no turn polls.
-    l.set_background_poll(BusyPoll::Off);
+    l.background_poll().set(BusyPoll::Off);
     for _ in 0..6 {
         t += 30_000;
         l.arrived(t);
     }
-    assert_eq!(l.background_poll(), BusyPoll::Off);
+    assert_eq!(l.background_poll().get(), BusyPoll::Off);
     assert!(!l.flowing(Instant::now()));
 }
 

@@ -55,7 +55,6 @@ pub use self::ah::Ah;
 use self::ah::AhSlot;
 pub use self::config::{RawTx, RoceConfig, RoceCounters};
 use self::rx::rx_loop;
-pub(crate) use self::verbs::Roce;
 
 use crate::Error;
 use crate::cq::{CqShared, Progress, Pushed};
@@ -598,10 +597,6 @@ impl RoceShared {
     }
 
     /// Posts a receive request (in the Error state it completes flushed at once).
-    pub(crate) fn post_recv(&self, q: &RoceQpShared, wr: RecvWr) -> Result<(), Error> {
-        self.post_recv_list(q, [wr]).map_err(|(_, e)| e)
-    }
-
     /// Receive requests in order, up to the first refused one, under one engine lock.
     pub(crate) fn post_recv_list(
         &self,

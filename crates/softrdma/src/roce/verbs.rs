@@ -14,21 +14,17 @@ use super::cm::{self, RoceListener, RoceRequest};
 use super::{RoceQpShared, RoceShared};
 use crate::Error;
 use crate::connparams::{AcceptParams, ConnectParams, ConnectionInfo, ListenParams};
-use crate::leader::BusyPoll;
-use crate::provider::{BoxFuture, ListenOps, Provider, QpCreate, QpOps, RequestOps};
+use crate::provider::{
+    BoxFuture, Connected, Destroy, DriverQp, ListenOps, Provider, QpCreate, QpOps, RequestOps,
+    Settings,
+};
 use crate::state::{QpCounters, QpState};
-use crate::tap::TapSlot;
 
-/// A RoCE context's provider; the driver's threads stop when the context goes.
-pub(crate) struct Roce(pub(crate) Arc<RoceShared>);
+/// A RoCE QP: its engine, and the driver whose socket and CM it uses.
+type RoceQp = DriverQp<RoceShared, RoceQpShared>;
 
-impl Drop for Roce {
-    fn drop(&mut self) {
-        self.0.shutdown();
-    }
-}
-
-impl Provider for Roce {
+/// A RoCE context's provider.
+impl Provider for Arc<RoceShared> {
     fn create_qp(&self, a: QpCreate<'_>) -> Result<Box<dyn QpOps>, Error> {
         let caps = QpCaps {
             max_send_wr: a.cap.max_send_wr,
@@ -38,7 +34,7 @@ impl Provider for Roce {
             max_inline_data: a.cap.max_inline_data,
             ..QpCaps::default()
         };
-        let q = self.0.create_qp(
+        let q = self.create_qp(
             a.qp_type,
             a.pd,
             caps,
@@ -47,7 +43,7 @@ impl Provider for Roce {
             a.srq.map(|s| s.queue.clone()),
         )?;
         let qp = RoceQp {
-            drv: self.0.clone(),
+            drv: self.clone(),
             q,
         };
         // Connected QPs start in Init, as after `rdma_create_qp`, so receives can be posted
@@ -64,30 +60,16 @@ impl Provider for Roce {
         addrs: &[SocketAddr],
         params: ListenParams,
     ) -> Result<Box<dyn ListenOps>, Error> {
-        Ok(Box::new(RoceListener::bind(
-            &self.0,
-            addrs,
-            params.backlog,
-        )?))
+        Ok(Box::new(RoceListener::bind(self, addrs, params.backlog)?))
     }
 
-    fn set_background_poll(&self, mode: BusyPoll) {
-        self.0.leader.set_background_poll(mode);
+    fn settings(&self) -> Settings<'_> {
+        Settings::of(&self.leader, &self.tap)
     }
 
-    fn background_poll(&self) -> BusyPoll {
-        self.0.leader.background_poll()
+    fn close(&self) {
+        self.shutdown();
     }
-
-    fn tap(&self) -> &TapSlot {
-        &self.0.tap
-    }
-}
-
-/// A RoCE QP: its engine, and the driver whose socket and CM it uses.
-struct RoceQp {
-    drv: Arc<RoceShared>,
-    q: Arc<RoceQpShared>,
 }
 
 impl QpOps for RoceQp {
@@ -107,18 +89,8 @@ impl QpOps for RoceQp {
         self.q.sq_outstanding() as u64
     }
 
-    fn post_send(&self, wr: SendWr) -> Result<(), Error> {
-        self.drv
-            .post_send(&self.q, std::iter::once(wr))
-            .map_err(|(_, e)| e)
-    }
-
     fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)> {
         self.drv.post_send(&self.q, wrs)
-    }
-
-    fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
-        self.drv.post_recv(&self.q, wr)
     }
 
     fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)> {
@@ -142,11 +114,7 @@ impl QpOps for RoceQp {
         cm::connect(&self.drv, &self.q, addrs, params)
     }
 
-    fn connect_async(
-        &self,
-        addr: SocketAddr,
-        params: ConnectParams,
-    ) -> BoxFuture<'_, Result<ConnectionInfo, Error>> {
+    fn connect_async(&self, addr: SocketAddr, params: ConnectParams) -> Connected<'_> {
         Box::pin(async move { cm::connect_async(&self.drv, &self.q, addr, &params).await })
     }
 
@@ -159,9 +127,9 @@ impl QpOps for RoceQp {
     }
 }
 
-impl Drop for RoceQp {
-    fn drop(&mut self) {
-        self.drv.destroy_qp(self.q.qpn());
+impl Destroy<RoceQpShared> for RoceShared {
+    fn destroy(&self, q: &Arc<RoceQpShared>) {
+        self.destroy_qp(q.qpn());
     }
 }
 
@@ -222,14 +190,10 @@ impl RequestOps for RoceRequest {
         RoceRequest::accept(&mut self, q, &params)
     }
 
-    fn accept_async<'a>(
-        mut self: Box<Self>,
-        qp: &'a dyn QpOps,
-        params: AcceptParams,
-    ) -> BoxFuture<'a, Result<ConnectionInfo, Error>> {
+    fn accept_async(mut self: Box<Self>, qp: &dyn QpOps, p: AcceptParams) -> Connected<'_> {
         Box::pin(async move {
             let q = self.own(qp)?;
-            RoceRequest::accept_async(&mut self, q, &params).await
+            RoceRequest::accept_async(&mut self, q, &p).await
         })
     }
 

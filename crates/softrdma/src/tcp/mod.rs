@@ -36,7 +36,6 @@ mod verbs;
 
 pub(crate) use self::listen::{HalfOpen, ListenerShared, PendingRequest};
 pub(crate) use self::qp::TcpQp;
-pub(crate) use self::verbs::Iwarp;
 
 /// The locked driver (see [`TcpShared::lock_driver`]).
 pub(crate) struct DriverGuard<'a> {

@@ -128,12 +128,6 @@ impl TcpQp {
             .saturating_sub(self.sq_retired.load(Ordering::Acquire))
     }
 
-    /// Queues a checked send request for the engine (which the progress thread alone owns).
-    pub(crate) fn post_send(self: &Arc<Self>, drv: &TcpShared, wr: SendWr) -> Result<(), Error> {
-        self.post_send_list(drv, std::iter::once(wr))
-            .map_err(|(_, e)| e)
-    }
-
     /// Checks send requests in order and hands them to the engine, then writes the lot at
     /// once (one write, not one per message); stops at the first refused one and returns
     /// its index. Those before it are sent.
@@ -193,11 +187,6 @@ impl TcpQp {
         let mut sub = self.sub.lock();
         let room = (&self.sq_posted, &self.sq_retired, self.cap.max_send_wr);
         enqueue(&mut sub.sq, room, wr, |wr| wr, direct)
-    }
-
-    /// Queues a checked receive request.
-    pub(crate) fn post_recv(self: &Arc<Self>, drv: &TcpShared, wr: RecvWr) -> Result<(), Error> {
-        self.post_recv_list(drv, [wr]).map_err(|(_, e)| e)
     }
 
     /// Checks and posts receive requests in order, up to the first refused one.

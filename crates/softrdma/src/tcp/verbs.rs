@@ -19,24 +19,26 @@ use super::{Cmd, ListenerShared, PendingRequest, TcpQp, TcpShared, prepare_strea
 use crate::Error;
 use crate::connparams::{AcceptParams, ConnectParams, ConnectionInfo, ListenParams};
 use crate::cq::Progress;
-use crate::leader::BusyPoll;
-use crate::provider::{BoxFuture, ListenOps, Provider, QpCreate, QpOps, RequestOps};
+use crate::provider::{
+    BoxFuture, Connected, Destroy, DriverQp, ListenOps, Provider, QpCreate, QpOps, RequestOps,
+    Settings,
+};
 use crate::state::{QpCounters, QpState};
-use crate::tap::TapSlot;
+
+/// An iWARP QP: its submission queues, and the driver that runs its connection.
+type IwarpQp = DriverQp<TcpShared, TcpQp>;
 
 /// An iWARP context's provider.
-pub(crate) struct Iwarp(pub(crate) Arc<TcpShared>);
-
-impl Provider for Iwarp {
+impl Provider for Arc<TcpShared> {
     fn create_qp(&self, a: QpCreate<'_>) -> Result<Box<dyn QpOps>, Error> {
         if a.qp_type != QpType::Rc {
             return Err(Error::Unsupported("iWARP QPs are reliable connected"));
         }
         for cq in [a.send_cq, a.recv_cq] {
-            cq.attach(Arc::downgrade(&self.0) as Weak<dyn Progress>);
+            cq.attach(Arc::downgrade(self) as Weak<dyn Progress>);
         }
         let q = TcpQp::new(
-            self.0.next_qp_num(),
+            self.next_qp_num(),
             a.pd,
             a.cap,
             a.send_cq.clone(),
@@ -44,7 +46,7 @@ impl Provider for Iwarp {
             a.srq.cloned(),
         );
         Ok(Box::new(IwarpQp {
-            drv: self.0.clone(),
+            drv: self.clone(),
             q: Arc::new(q),
         }))
     }
@@ -60,7 +62,7 @@ impl Provider for Iwarp {
         std_listener.set_nonblocking(true)?;
         let local_addr = std_listener.local_addr()?;
         let shared = Arc::new(ListenerShared::new(params));
-        let tcp = self.0.clone();
+        let tcp = self.clone();
         let token = tcp.token();
         tcp.command(Cmd::Listen {
             token,
@@ -75,23 +77,9 @@ impl Provider for Iwarp {
         }))
     }
 
-    fn set_background_poll(&self, mode: BusyPoll) {
-        self.0.leader.set_background_poll(mode);
+    fn settings(&self) -> Settings<'_> {
+        Settings::of(&self.leader, &self.tap)
     }
-
-    fn background_poll(&self) -> BusyPoll {
-        self.0.leader.background_poll()
-    }
-
-    fn tap(&self) -> &TapSlot {
-        &self.0.tap
-    }
-}
-
-/// An iWARP QP: its submission queues, and the driver that runs its connection.
-struct IwarpQp {
-    drv: Arc<TcpShared>,
-    q: Arc<TcpQp>,
 }
 
 impl QpOps for IwarpQp {
@@ -119,16 +107,8 @@ impl QpOps for IwarpQp {
         self.q.sq_outstanding()
     }
 
-    fn post_send(&self, wr: SendWr) -> Result<(), Error> {
-        self.q.post_send(&self.drv, wr)
-    }
-
     fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)> {
         self.q.post_send_list(&self.drv, wrs)
-    }
-
-    fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
-        self.q.post_recv(&self.drv, wr)
     }
 
     fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)> {
@@ -166,11 +146,7 @@ impl QpOps for IwarpQp {
         r
     }
 
-    fn connect_async(
-        &self,
-        addr: SocketAddr,
-        params: ConnectParams,
-    ) -> BoxFuture<'_, Result<ConnectionInfo, Error>> {
+    fn connect_async(&self, addr: SocketAddr, params: ConnectParams) -> Connected<'_> {
         Box::pin(async move {
             let q = &self.q;
             if !q.transition(QpState::Init, QpState::Connecting) {
@@ -202,10 +178,10 @@ impl QpOps for IwarpQp {
     }
 }
 
-impl Drop for IwarpQp {
-    fn drop(&mut self) {
+impl Destroy<TcpQp> for TcpShared {
+    fn destroy(&self, q: &Arc<TcpQp>) {
         // An open connection is closed abortively.
-        let _ = self.drv.command(Cmd::Destroy(self.q.clone()));
+        let _ = self.command(Cmd::Destroy(q.clone()));
     }
 }
 
@@ -349,13 +325,9 @@ impl RequestOps for TcpRequest {
         r
     }
 
-    fn accept_async<'a>(
-        mut self: Box<Self>,
-        qp: &'a dyn QpOps,
-        params: AcceptParams,
-    ) -> BoxFuture<'a, Result<ConnectionInfo, Error>> {
+    fn accept_async(mut self: Box<Self>, qp: &dyn QpOps, p: AcceptParams) -> Connected<'_> {
         Box::pin(async move {
-            let (q, rx) = self.accept_start(qp, params)?;
+            let (q, rx) = self.accept_start(qp, p)?;
             let mut guard = Abandon(&self.tcp, Some(q));
             let res = reply_async(rx).await;
             let q = guard.1.take();
