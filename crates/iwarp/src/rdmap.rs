@@ -16,7 +16,7 @@
 //!                                                  QN 3 outstanding atomic
 //! ```
 //!
-//! Decisions (see `spec/rdmap.md` for the ambiguities they settle):
+//! Decisions (see `docs/spec/rdmap.md` for the ambiguities they settle):
 //! * Local completions in submission order (RDMAP-81): a Send or Write completes when its last
 //!   segment was handed out (RDMAP-80, ambiguity 8), a Read when its response was placed
 //!   (RDMAP-85, RDMAP-87); a completion waits for every earlier one.

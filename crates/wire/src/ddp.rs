@@ -6,7 +6,7 @@
 //! `crate::rdmap` reads its RDMAP control field and Invalidate STag from it.
 //!
 //! Also here: the DDP error types and codes a Terminate carries in Layer 1
-//! (RFC 5041 §7.2, registered by RFC 6580; `spec/rdmap.md` §13.2).
+//! (RFC 5041 §7.2, registered by RFC 6580; `docs/spec/rdmap.md` §13.2).
 
 use crate::error::{Error, Layer, Result, need};
 use crate::field::{be32, be64, set_be32, set_be64};
@@ -510,7 +510,7 @@ wire_enum! {
 }
 
 /// A complete DDP error (EType plus Error Code) as carried by a Terminate
-/// with Layer 1 (`spec/rdmap.md` §13.2).
+/// with Layer 1 (`docs/spec/rdmap.md` §13.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum DdpError {
@@ -590,7 +590,7 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// MPA Fig. 5 (`spec/mpa.md` §3.3): the DDP header of the seed ULPDU.
+    /// MPA Fig. 5 (`docs/spec/mpa.md` §3.3): the DDP header of the seed ULPDU.
     const SEED_FIG5_HEADER: [u8; 18] = [
         0x41, 0x43, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00,
         0x00, 0x00, 0x00,
@@ -866,7 +866,7 @@ pub(crate) mod tests {
         assert!(matches!(bad_dv.emit(&mut out), Err(Error::TooLarge { .. })));
     }
 
-    /// EXT-DDP-04, EXT-DDP-05, RDMAP-27: every DDP error of `spec/rdmap.md` §13.2.
+    /// EXT-DDP-04, EXT-DDP-05, RDMAP-27: every DDP error of `docs/spec/rdmap.md` §13.2.
     #[test]
     fn ext_ddp_04_05_error_table() {
         let table: [(u8, u8, DdpError); 12] = [

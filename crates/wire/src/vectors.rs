@@ -105,7 +105,7 @@ pub mod rdmap_ulpdus {
         0x00, 0x00, 0x55, 0xd1, 0x5e, 0x19, 0x60, 0x00,
     ];
 
-    /// MPA Fig. 5 (`spec/mpa.md` §3.3): the seed ULPDU, a 24-octet Send (MSN 1).
+    /// MPA Fig. 5 (`docs/spec/mpa.md` §3.3): the seed ULPDU, a 24-octet Send (MSN 1).
     pub const SEED_FIG5_ULPDU: [u8; 42] = [
         0x41, 0x43, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00,
         0x00, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,

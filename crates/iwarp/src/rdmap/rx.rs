@@ -1,6 +1,6 @@
 //! Receive path: validation (RFC 5040 §7.2, RFC 5041 §7.2) and placement of one ULPDU.
 //!
-//! Check order, first failure wins (`spec/rdmap.md` §9.3): DDP header present → DDP version
+//! Check order, first failure wins (`docs/spec/rdmap.md` §9.3): DDP header present → DDP version
 //! → queue number → RDMAP version → opcode / T / QN consistency and RDMAP header shape (the
 //! codec's [`Violation`](softrdma_wire::rdmap::Violation)s) → queue / buffer (MSN, MO,
 //! length, IRD) → STag, range, rights, wrap (the key table's order).

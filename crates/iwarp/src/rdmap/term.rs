@@ -86,7 +86,7 @@ impl Fault {
 
     /// RFC 5040 §4.8 Figure 10 (RDMAP-28, RDMAP-34): which headers the Terminate carries.
     /// M and D go together (the length is always valid when we send it, RDMAP-30); R only
-    /// for a Read Request (`spec/rdmap.md` ambiguity 4), and never without D (ambiguity 11).
+    /// for a Read Request (`docs/spec/rdmap.md` ambiguity 4), and never without D (ambiguity 11).
     pub(super) fn terminate(&self) -> TerminateRepr {
         let presence = self.code.figure10();
         let mut t = TerminateRepr::new(self.code);
@@ -103,7 +103,7 @@ impl Fault {
     }
 }
 
-/// RFC 5041 §7.2 / `spec/rdmap.md` §9.3 (derived rows): a tagged sink (RDMA Write, Read
+/// RFC 5041 §7.2 / `docs/spec/rdmap.md` §9.3 (derived rows): a tagged sink (RDMA Write, Read
 /// Response) the key table refused. DDP has no code for missing rights: RDMA Remote
 /// Protection 0x02 (interpretation in §9.3).
 pub(super) fn tagged_sink_fault(e: AccessError) -> Fault {

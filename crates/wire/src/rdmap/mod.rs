@@ -14,7 +14,7 @@
 //! RFC 7306 values (opcodes 0x8..0xB, queue 3, header layouts) were checked
 //! against Wireshark's `packet-iwarp-ddp-rdmap.c` (opcodes 0xA/0xB, Atomic
 //! header fields) and urdma's `proto.h` (opcodes 0x8..0xB, Atomic Request on
-//! QN 1, Atomic Response on QN 3); `spec/rdmap.md` §13.4 marks them medium
+//! QN 1, Atomic Response on QN 3); `docs/spec/rdmap.md` §13.4 marks them medium
 //! confidence. Atomic Operation codes: FetchAdd 0, Swap 1, CmpSwap 2 as RFC 7306
 //! §5 lists them; Wireshark names 0 and 2 the same way, urdma numbers its
 //! CmpSwap 1 (so the two do not interoperate on CmpSwap).

@@ -372,7 +372,7 @@ pub struct TerminateRepr {
     pub ddp: Option<TerminatedDdp>,
     /// R set iff `Some` (RDMAP-32).
     pub rdma: Option<ReadRequestRepr>,
-    /// Zero octets after the header, tolerated and kept (`spec/rdmap.md`
+    /// Zero octets after the header, tolerated and kept (`docs/spec/rdmap.md`
     /// ambiguity 5: §7.1 zeroes fields it does not use).
     pub trailing_zeros: u16,
 }

@@ -54,7 +54,7 @@ wire_enum! {
 pub const LLP_ETYPE_MPA: u8 = LlpError::ETYPE_MPA;
 
 /// A Terminate's Layer / EType / Error Code triple (RFC 5040 Figure 9,
-/// `spec/rdmap.md` §13.2, `spec/mpa.md` §14.2; RDMAP-27).
+/// `docs/spec/rdmap.md` §13.2, `docs/spec/mpa.md` §14.2; RDMAP-27).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum TerminateCode {

@@ -1,4 +1,4 @@
-//! The receive-side checks beyond lengths (RFC 5040 §7.2, `spec/rdmap.md` §9.3) and the
+//! The receive-side checks beyond lengths (RFC 5040 §7.2, `docs/spec/rdmap.md` §9.3) and the
 //! Terminate each calls for: which errors of this module are protocol violations.
 
 use super::atomic::FIELD_ATOMIC_OPCODE;
@@ -8,7 +8,7 @@ use crate::ddp::{self, DdpError};
 use crate::error::{Error, Layer};
 
 /// A receive-side check [`Segment::parse`](super::Segment::parse) makes beyond lengths, with the
-/// Terminate it calls for (`spec/rdmap.md` §9.3; see [`classify`]).
+/// Terminate it calls for (`docs/spec/rdmap.md` §9.3; see [`classify`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Violation {
@@ -60,7 +60,7 @@ impl Violation {
         }
     }
 
-    /// The Terminate this violation calls for (`spec/rdmap.md` §9.3).
+    /// The Terminate this violation calls for (`docs/spec/rdmap.md` §9.3).
     pub const fn terminate_code(self) -> TerminateCode {
         match self {
             Violation::ReservedOpcode
@@ -118,7 +118,7 @@ pub fn classify(err: &Error) -> Option<Violation> {
 }
 
 /// The Terminate code for an inbound segment [`Segment::parse`](super::Segment::parse) rejected
-/// (`spec/rdmap.md` §9.3):
+/// (`docs/spec/rdmap.md` §9.3):
 ///
 /// | check | error | Terminate |
 /// |---|---|---|

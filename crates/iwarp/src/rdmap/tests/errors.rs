@@ -1,4 +1,4 @@
-//! Error handling: one test per remote error of `spec/rdmap.md` §9.3, asserting the exact
+//! Error handling: one test per remote error of `docs/spec/rdmap.md` §9.3, asserting the exact
 //! Terminate octets on the wire, the completions on both sides, the QP states, and that no
 //! octet outside the registered region changed.
 
@@ -516,7 +516,7 @@ fn send_inv(p: &mut Pair, stag: Key) -> Mr {
 }
 
 /// The invalidation failed: Terminate RDMA Remote Protection 0x09 "STag cannot be
-/// Invalidated", M+D, no RDMA header (`spec/rdmap.md` ambiguities 3 and 4); the receive
+/// Invalidated", M+D, no RDMA header (`docs/spec/rdmap.md` ambiguities 3 and 4); the receive
 /// completes RemoteInvalidRequest (its octets were placed, RDMAP-07).
 fn assert_invalidate_refused(p: &mut Pair, rb: &Mr) {
     let s = p.sent_op(Dir::AtoB, Opcode::SendWithInvalidate)[0].to_vec();

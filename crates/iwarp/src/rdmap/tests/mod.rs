@@ -1,5 +1,5 @@
 //! Two-peer scenarios for the DDP/RDMAP engine. Test names carry the conformance-matrix ids
-//! (`spec/conformance-matrix.md`) they cover.
+//! (`docs/spec/conformance-matrix.md`) they cover.
 
 mod data;
 mod errors;
