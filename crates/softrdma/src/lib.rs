@@ -54,7 +54,8 @@
 #![warn(missing_docs)]
 
 // Floors, top-down: the API (device, mr, qp, cm) over the transport drivers (tcp, roce)
-// over what every layer shares (connparams, cq, srq, event, state, leader, net, tap, error); no module imports one above.
+// over what every layer shares (backlog, connparams, cq, srq, event, state, leader, net, tap, error); no module imports one above.
+mod backlog;
 mod cm;
 mod connparams;
 mod cq;

@@ -16,7 +16,7 @@
 //!   peer's address at the UDP port this context uses (4791: the RoCEv2 port; tests that
 //!   run several contexts on one host give them one port on different addresses).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -40,6 +40,7 @@ use softrdma_wire::ib::{BthRepr, DEFAULT_PKEY, DethRepr, Opcode, Operation, Pack
 
 use super::{RoceQpShared, RoceShared};
 use crate::Error;
+use crate::backlog::Backlog;
 use crate::connparams::{AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo};
 use crate::event::AsyncEvent;
 
@@ -208,11 +209,7 @@ enum PendingKind {
 
 /// A listener's queue of requests.
 pub(crate) struct ListenQueue {
-    q: Mutex<VecDeque<Pending>>,
-    cond: Condvar,
-    /// Wakes tasks awaiting a request.
-    ready: Event,
-    backlog: usize,
+    requests: Backlog<Pending>,
     /// Acceptors waiting for an RTU, nudged when a request arrives.
     rtu_waiters: Mutex<Vec<Arc<Slot>>>,
 }
@@ -220,7 +217,7 @@ pub(crate) struct ListenQueue {
 impl ListenQueue {
     /// Drops requests the CM gave up (the requester withdrew it, or nobody answered).
     fn purge(&self, id: CommId) {
-        self.q.lock().retain(|p| p.id != id);
+        self.requests.retain(|p| p.id != id);
     }
 }
 
@@ -449,21 +446,16 @@ impl RoceShared {
         let Some(l) = l else {
             return self.refuse(id, &kind, NO_LISTENER, &[]);
         };
-        let mut q = l.q.lock();
-        if q.len() >= l.backlog {
-            drop(q);
-            return self.refuse(id, &kind, BACKLOG_FULL, &[]);
-        }
-        q.push_back(Pending {
+        let pending = Pending {
             id,
             peer_addr: hdr.src,
             local_addr: SocketAddr::new(hdr.dst, port),
             private_data: rest.to_vec(),
             kind,
-        });
-        drop(q);
-        l.cond.notify_all();
-        l.ready.notify(usize::MAX);
+        };
+        if let Err(p) = l.requests.push(pending) {
+            return self.refuse(id, &p.kind, BACKLOG_FULL, &[]);
+        }
         for s in l.rtu_waiters.lock().iter() {
             s.nudge();
         }
@@ -960,10 +952,7 @@ impl RoceListener {
             )));
         }
         let queue = Arc::new(ListenQueue {
-            q: Mutex::new(VecDeque::new()),
-            cond: Condvar::new(),
-            ready: Event::new(),
-            backlog: backlog.max(1) as usize,
+            requests: Backlog::new(backlog),
             rtu_waiters: Mutex::new(Vec::new()),
         });
         let mut g = drv.gsi.lock();
@@ -995,58 +984,36 @@ impl RoceListener {
         })
     }
 
-    /// The next request, if one is queued.
-    pub(crate) fn try_accept(&self) -> Option<RoceRequest> {
-        let p = self.queue.q.lock().pop_front()?;
-        Some(RoceRequest {
+    fn request(&self, p: Pending) -> RoceRequest {
+        RoceRequest {
             drv: self.drv.clone(),
             queue: self.queue.clone(),
             p,
             answered: false,
-        })
+        }
+    }
+
+    /// The next request, if one is queued.
+    pub(crate) fn try_accept(&self) -> Option<RoceRequest> {
+        self.queue.requests.try_pop().map(|p| self.request(p))
     }
 
     /// The next request, once there is one (cancel-safe).
-    pub(crate) async fn accept_async(&self) -> RoceRequest {
-        loop {
-            if let Some(r) = self.try_accept() {
-                return r;
-            }
-            let l = self.queue.ready.listen();
-            if let Some(r) = self.try_accept() {
-                return r;
-            }
-            l.await;
-        }
+    pub(crate) async fn accept_async(&self) -> Result<RoceRequest, Error> {
+        let p = self.queue.requests.wait_async().await?;
+        Ok(self.request(p))
     }
 
     /// The next request; `None` deadline: wait forever.
     pub(crate) fn accept(&self, deadline: Option<Instant>) -> Result<RoceRequest, Error> {
-        let mut q = self.queue.q.lock();
-        loop {
-            if let Some(p) = q.pop_front() {
-                return Ok(RoceRequest {
-                    drv: self.drv.clone(),
-                    queue: self.queue.clone(),
-                    p,
-                    answered: false,
-                });
-            }
-            match deadline {
-                None => self.queue.cond.wait(&mut q),
-                Some(d) => {
-                    if self.queue.cond.wait_until(&mut q, d).timed_out() && q.is_empty() {
-                        return Err(Error::Timeout);
-                    }
-                }
-            }
-        }
+        let p = self.queue.requests.wait(deadline)?;
+        Ok(self.request(p))
     }
 }
 
 impl Drop for RoceListener {
     fn drop(&mut self) {
-        let pending: Vec<Pending> = self.queue.q.lock().drain(..).collect();
+        let pending = self.queue.requests.drain();
         {
             let mut g = self.drv.gsi.lock();
             g.listeners.remove(&self.port);
@@ -1055,13 +1022,7 @@ impl Drop for RoceListener {
             }
         }
         for p in pending {
-            RoceRequest {
-                drv: self.drv.clone(),
-                queue: self.queue.clone(),
-                p,
-                answered: false,
-            }
-            .refuse();
+            self.request(p).refuse();
         }
     }
 }
@@ -1089,7 +1050,7 @@ struct WaitingRtu<'a>(&'a ListenQueue, Arc<Slot>);
 impl WaitingRtu<'_> {
     fn start(&self) {
         self.0.rtu_waiters.lock().push(self.1.clone());
-        if !self.0.q.lock().is_empty() {
+        if !self.0.requests.is_empty() {
             self.1.nudge();
         }
     }

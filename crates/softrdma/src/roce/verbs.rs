@@ -148,7 +148,7 @@ impl ListenOps for RoceListener {
 
     fn accept_async(&self) -> BoxFuture<'_, Result<Box<dyn RequestOps>, Error>> {
         Box::pin(async move {
-            let r = RoceListener::accept_async(self).await;
+            let r = RoceListener::accept_async(self).await?;
             Ok(Box::new(r) as Box<dyn RequestOps>)
         })
     }

@@ -55,15 +55,15 @@ impl Driver {
                     // Connections may have queued before the registration.
                     self.accept_all(ctx, token, now);
                 } else {
-                    shared.close();
+                    shared.requests.close();
                 }
             }
             Cmd::Unlisten(token, done) => {
                 if let Some(mut l) = self.listeners.remove(&token) {
                     let _ = self.registry.deregister(&mut l.listener);
-                    l.shared.close();
+                    l.shared.requests.close();
                     // Requests nobody will take are rejected.
-                    for req in l.shared.drain() {
+                    for req in l.shared.requests.drain() {
                         self.command(
                             ctx,
                             Cmd::Reject {

@@ -491,14 +491,16 @@ impl Conn {
                 } => {
                     self.half_open = None;
                     let queued = self.listener.as_ref().is_some_and(|l| {
-                        l.push(PendingRequest {
-                            token: self.token,
-                            local_addr: self.local,
-                            peer_addr: self.peer,
-                            private_data,
-                            params,
-                            early_fpdus: l.params.early_fpdus,
-                        })
+                        l.requests
+                            .push(PendingRequest {
+                                token: self.token,
+                                local_addr: self.local,
+                                peer_addr: self.peer,
+                                private_data,
+                                params,
+                                early_fpdus: l.params.early_fpdus,
+                            })
+                            .is_ok()
                     });
                     if !queued {
                         // No listener any more, or `backlog` requests already wait: an MPA

@@ -2,18 +2,16 @@
 //! application, and the accepted connections still in MPA startup, counted against the
 //! listener's limits ([`HalfOpen`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use event_listener::Event;
 use mio::Token;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use softrdma_iwarp::startup::{PeerParams, RtrSet, StartupConfig};
 
-use crate::Error;
+use crate::backlog::Backlog;
 use crate::connparams::ListenParams;
 
 impl ListenParams {
@@ -40,11 +38,8 @@ pub(crate) struct PendingRequest {
 
 pub(crate) struct ListenerShared {
     pub(crate) params: ListenParams,
-    queue: Mutex<VecDeque<PendingRequest>>,
-    cond: Condvar,
-    /// Wakes tasks awaiting a request.
-    ready: Event,
-    closed: AtomicBool,
+    /// Requests whose MPA Request arrived, for `accept`.
+    pub(crate) requests: Backlog<PendingRequest>,
     /// Accepted connections still waiting for their MPA Request ([`HalfOpen`]).
     pub(crate) half_open: Mutex<HalfOpenSet>,
 }
@@ -163,83 +158,11 @@ impl Drop for HalfOpen {
 }
 
 impl ListenerShared {
-    /// Queues a connection request for `accept`; `false` (nothing queued) when `backlog`
-    /// requests already wait: a peer cannot make us hold connections without a limit.
-    pub(crate) fn push(&self, req: PendingRequest) -> bool {
-        {
-            let mut q = self.queue.lock();
-            if q.len() >= self.params.backlog.max(1) as usize {
-                return false;
-            }
-            q.push_back(req);
-        }
-        self.cond.notify_all();
-        self.ready.notify(usize::MAX);
-        true
-    }
-
-    pub(crate) fn drain(&self) -> Vec<PendingRequest> {
-        self.queue.lock().drain(..).collect()
-    }
-
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        self.cond.notify_all();
-        self.ready.notify(usize::MAX);
-    }
-
     pub(crate) fn new(params: ListenParams) -> ListenerShared {
         ListenerShared {
+            requests: Backlog::new(params.backlog),
             params,
-            queue: Mutex::new(VecDeque::new()),
-            cond: Condvar::new(),
-            ready: Event::new(),
-            closed: AtomicBool::new(false),
             half_open: Mutex::new(HalfOpenSet::default()),
-        }
-    }
-
-    pub(crate) fn try_pop(&self) -> Option<PendingRequest> {
-        self.queue.lock().pop_front()
-    }
-
-    /// The next request, once there is one (cancel-safe); an error once closed.
-    pub(crate) async fn wait_async(&self) -> Result<PendingRequest, Error> {
-        let look = || match self.try_pop() {
-            Some(r) => Some(Ok(r)),
-            None if self.closed.load(Ordering::Acquire) => Some(Err(Error::ContextClosed)),
-            None => None,
-        };
-        loop {
-            if let Some(r) = look() {
-                return r;
-            }
-            let l = self.ready.listen();
-            if let Some(r) = look() {
-                return r;
-            }
-            l.await;
-        }
-    }
-
-    /// The next request; `None` deadline: wait forever.
-    pub(crate) fn wait(&self, deadline: Option<Instant>) -> Result<PendingRequest, Error> {
-        let mut q = self.queue.lock();
-        loop {
-            if let Some(req) = q.pop_front() {
-                return Ok(req);
-            }
-            if self.closed.load(Ordering::Acquire) {
-                return Err(Error::ContextClosed);
-            }
-            match deadline {
-                None => self.cond.wait(&mut q),
-                Some(d) => {
-                    if self.cond.wait_until(&mut q, d).timed_out() && q.is_empty() {
-                        return Err(Error::Timeout);
-                    }
-                }
-            }
         }
     }
 }

@@ -210,21 +210,27 @@ impl ListenOps for IwarpListener {
     }
 
     fn try_accept(&self) -> Option<Box<dyn RequestOps>> {
-        self.shared.try_pop().map(|r| self.wrap(r))
+        self.shared.requests.try_pop().map(|r| self.wrap(r))
     }
 
     fn accept(&self, deadline: Option<Instant>) -> Result<Box<dyn RequestOps>, Error> {
-        self.shared.wait(deadline).map(|r| self.wrap(r))
+        self.shared.requests.wait(deadline).map(|r| self.wrap(r))
     }
 
     fn accept_async(&self) -> BoxFuture<'_, Result<Box<dyn RequestOps>, Error>> {
-        Box::pin(async move { self.shared.wait_async().await.map(|r| self.wrap(r)) })
+        Box::pin(async move {
+            self.shared
+                .requests
+                .wait_async()
+                .await
+                .map(|r| self.wrap(r))
+        })
     }
 }
 
 impl Drop for IwarpListener {
     fn drop(&mut self) {
-        self.shared.close();
+        self.shared.requests.close();
         // The port is free once this returns (a program listens on it again at once:
         // librdmacm's servers do), unless this is the progress thread itself.
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
