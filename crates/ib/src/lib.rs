@@ -3,13 +3,15 @@
 //! ([`responder`]), tied together with the QP state machine and the header
 //! validation pipeline in [`qp`] (see `DESIGN.md`). RC, UC and UD. [`endpoint`] is the RoCEv2
 //! endpoint between a UDP socket and the QPs: ICRC, demultiplexing, encapsulation. QPs may
-//! share a receive queue ([`SharedRecvQueue`], [`IbQp::new_with_srq`]).
+//! share a receive queue ([`SharedRecvQueue`], [`IbQp::new_with_srq`]). [`cm`] is the IB
+//! connection manager, [`rdma_cm`] librdmacm's conventions on top of it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cm;
 pub mod endpoint;
 pub mod qp;
+pub mod rdma_cm;
 mod reorder;
 pub mod requester;
 pub mod responder;

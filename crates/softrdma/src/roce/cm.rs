@@ -6,12 +6,14 @@
 //! - QP1 is a UD QP of the endpoint: it takes UD Sends of 256 octets with Q_Key
 //!   [`GSI_QKEY`] and the default P_Key (IBA 13.5.1; anything else is dropped, C9-50),
 //!   and sends them from QP1 with rxe's BTH (AckReq set, its own PSN sequence).
-//! - librdmacm (`cma.c`): the service ID is the port space (RDMA_PS_TCP for RC and UC,
-//!   RDMA_PS_UDP for UD through SIDR) and the port; the REQ's and SIDR_REQ's private data
-//!   begin with the CMA header (source address and port, destination address), the
-//!   application's follow; the flow label of the path is `(sport * 31 + dport) & 0xFFFFF`;
-//!   responder resources, initiator depth, retry and RNR retry counts and PSNs travel in
-//!   REQ and REP and are applied to the QPs, which the CM moves INIT → RTR → RTS.
+//! - librdmacm (`cma.c`), decided by the sans-IO [`rdma_cm`]: the service ID is the port
+//!   space (RDMA_PS_TCP for RC and UC, RDMA_PS_UDP for UD through SIDR) and the port; the
+//!   REQ's and SIDR_REQ's private data begin with the CMA header (source address and port,
+//!   destination address), the application's follow; the flow label of the path is
+//!   `(sport * 31 + dport) & 0xFFFFF`; responder resources, initiator depth, retry and RNR
+//!   retry counts and PSNs travel in REQ and REP and are applied to the QPs, which the CM
+//!   moves INIT → RTR → RTS. This module holds the driver's half: the locks, who waits for
+//!   what, the MADs on QP1, the active side; `listen.rs` the passive side.
 //! - Addresses: a GID is the IP address; CM MADs and the connection's packets go to the
 //!   peer's address at the UDP port this context uses (4791: the RoCEv2 port; tests that
 //!   run several contexts on one host give them one port on different addresses).
@@ -26,43 +28,36 @@ use std::time::Instant;
 use event_listener::Event;
 use parking_lot::{Condvar, Mutex};
 use softrdma_ib::cm::{
-    Cm, CmConfig, CmEvent, CmService, CommId, GSI_QKEY, GSI_QPN, RepParams, ReqInfo, ReqParams,
-    reason, sidr_status,
+    Cm, CmConfig, CmEvent, CmService, CommId, GSI_QKEY, GSI_QPN, ReqInfo, reason, sidr_status,
 };
+use softrdma_ib::rdma_cm::{self, Agreed, RdmaCmError, Refusal, RequestKind};
 use softrdma_ib::{QpAttr, QpState as IbQpState, QpType, pkey_matches};
-use softrdma_memory::Access;
-use softrdma_wire::ib::cm::{
-    REJ_PRIVATE_LEN, REP_PRIVATE_LEN, REQ_PRIVATE_LEN, SIDR_REP_PRIVATE_LEN, SIDR_REQ_PRIVATE_LEN,
-};
-use softrdma_wire::ib::cma::{CMA_HDR_LEN, CmaHeader, PortSpace, port_of_service, service_id};
 use softrdma_wire::ib::mad::MAD_LEN;
 use softrdma_wire::ib::{BthRepr, DEFAULT_PKEY, DethRepr, Opcode, Operation, PacketRepr, Service};
 
 use super::{RoceQpShared, RoceShared};
 use crate::Error;
 use crate::backlog::Backlog;
-use crate::connparams::{AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo};
+use crate::connparams::{ConnectParams, ConnectionDetail, ConnectionInfo};
 use crate::event::AsyncEvent;
 
-/// The Q_Key librdmacm gives UD QPs of RDMA_PS_UDP (`RDMA_UDP_QKEY`).
-pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+mod listen;
 
-/// Path MTUs (IBA 9.7.3) and their codes in REQ (1 = 256 .. 5 = 4096).
+pub(crate) use listen::{RoceListener, RoceRequest};
+pub use softrdma_ib::rdma_cm::RDMA_UDP_QKEY;
+
+/// The path MTU code of `pmtu` (IBA 9.7.3), or the API's error.
 fn mtu_code(pmtu: u32) -> Result<u8, Error> {
-    match pmtu {
-        256 => Ok(1),
-        512 => Ok(2),
-        1024 => Ok(3),
-        2048 => Ok(4),
-        4096 => Ok(5),
-        _ => Err(Error::InvalidArgument(
-            "RoCE path MTU must be 256, 512, 1024, 2048 or 4096",
-        )),
-    }
+    rdma_cm::mtu_code(pmtu).map_err(|e| invalid(e, ""))
 }
 
-fn mtu_of(code: u8) -> u32 {
-    128 << code.clamp(1, 5)
+/// `e` as the API reports it; `too_long` when the private data do not fit.
+fn invalid(e: RdmaCmError, too_long: &'static str) -> Error {
+    Error::InvalidArgument(match e {
+        RdmaCmError::PrivateDataTooLong { .. } => too_long,
+        RdmaCmError::BadMtu(_) => "RoCE path MTU must be 256, 512, 1024, 2048 or 4096",
+        RdmaCmError::CmaHeader => "CMA header",
+    })
 }
 
 /// An unpredictable 32-bit value (PSNs, IDs, ports).
@@ -74,22 +69,6 @@ pub(crate) fn random_u32() -> u32 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish() as u32
-}
-
-/// A CA GUID for our address: EUI-64 of a locally administered MAC made from it, as a
-/// RoCE NIC's is of its MAC.
-fn ca_guid(ip: IpAddr) -> u64 {
-    let o = match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, c, d] = v4.octets();
-            [0x02, 0x00, a, b, c, d]
-        }
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            [0x02, o[11], o[12], o[13], o[14], o[15]]
-        }
-    };
-    u64::from_be_bytes([o[0], o[1], o[2], 0xFF, 0xFE, o[3], o[4], o[5]])
 }
 
 /// What a thread or task waiting on a connection is told.
@@ -186,12 +165,6 @@ impl Slot {
     }
 }
 
-/// Why a request is refused, as a REJ reason and a SIDR_REP status.
-const NO_LISTENER: (u16, u8) = (reason::INVALID_SERVICE_ID, sidr_status::UNSUPPORTED);
-const BAD_HEADER: (u16, u8) = (reason::CONSUMER_DEFINED, sidr_status::REJECT);
-const BACKLOG_FULL: (u16, u8) = (reason::NO_RESOURCES, sidr_status::REJECT);
-const CONSUMER: (u16, u8) = (reason::CONSUMER_DEFINED, sidr_status::REJECT);
-
 /// A request waiting in a listener's queue.
 pub(crate) struct Pending {
     id: CommId,
@@ -241,7 +214,7 @@ impl Gsi {
         let cfg = CmConfig {
             max_pending_per_source: roce.cm_pending_per_source,
             rtu_timeout: roce.cm_rtu_timeout,
-            ..CmConfig::new(local, ca_guid(local), random_u32(), random_u32())
+            ..CmConfig::new(local, rdma_cm::ca_guid(local), random_u32(), random_u32())
         };
         Gsi {
             cm: Cm::new(cfg),
@@ -415,14 +388,15 @@ impl RoceShared {
         let _ = self.gsi.lock().cm.reject(id, why, &[]);
     }
 
-    /// Answers a request no listener takes: a REJ with `why.0` (REQ) or a SIDR_REP with
-    /// status `why.1` (SIDR_REQ), and `private_data`. The requester may have given up.
-    fn refuse(&self, id: CommId, kind: &PendingKind, why: (u16, u8), private_data: &[u8]) {
+    /// Answers a request no listener takes: a REJ (REQ) or a SIDR_REP (SIDR_REQ) saying
+    /// `why`, with `private_data`. The requester may have given up.
+    fn refuse(&self, id: CommId, kind: &PendingKind, why: Refusal, private_data: &[u8]) {
         let mut g = self.gsi.lock();
         let _ = match kind {
-            PendingKind::Conn(_) => g.cm.reject(id, why.0, private_data),
+            PendingKind::Conn(_) => g.cm.reject(id, why.rej_reason(), private_data),
             PendingKind::Sidr => {
-                g.cm.sidr_reply(Instant::now(), id, why.1, 0, 0, private_data)
+                let status = why.sidr_status();
+                g.cm.sidr_reply(Instant::now(), id, status, 0, 0, private_data)
             }
         };
     }
@@ -430,31 +404,27 @@ impl RoceShared {
     /// A REQ (RDMA_PS_TCP) or SIDR_REQ (RDMA_PS_UDP) with librdmacm's header goes to the
     /// listener on its port, if it has room.
     fn take_request(&self, id: CommId, service_id: u64, private_data: &[u8], kind: PendingKind) {
-        let space = match kind {
-            PendingKind::Conn(_) => PortSpace::Tcp,
-            PendingKind::Sidr => PortSpace::Udp,
+        let rk = match kind {
+            PendingKind::Conn(_) => RequestKind::Conn,
+            PendingKind::Sidr => RequestKind::Sidr,
         };
-        let port = match port_of_service(service_id) {
-            Some((ps, port)) if ps == space => port,
-            _ => return self.refuse(id, &kind, NO_LISTENER, &[]),
+        let to = match rdma_cm::route(rk, service_id, private_data) {
+            Ok(to) => to,
+            Err(why) => return self.refuse(id, &kind, why, &[]),
         };
-        let Ok((hdr, rest)) = CmaHeader::parse(private_data) else {
-            // librdmacm's listener refuses a request without its header.
-            return self.refuse(id, &kind, BAD_HEADER, &[]);
-        };
-        let l = self.gsi.lock().listeners.get(&port).cloned();
+        let l = self.gsi.lock().listeners.get(&to.port).cloned();
         let Some(l) = l else {
-            return self.refuse(id, &kind, NO_LISTENER, &[]);
+            return self.refuse(id, &kind, Refusal::NoListener, &[]);
         };
         let pending = Pending {
             id,
-            peer_addr: hdr.src,
-            local_addr: SocketAddr::new(hdr.dst, port),
-            private_data: rest.to_vec(),
+            peer_addr: to.peer_addr,
+            local_addr: to.local_addr,
+            private_data: to.private_data.to_vec(),
             kind,
         };
         if let Err(p) = l.requests.push(pending) {
-            return self.refuse(id, &p.kind, BACKLOG_FULL, &[]);
+            return self.refuse(id, &p.kind, Refusal::BacklogFull, &[]);
         }
         for s in l.rtu_waiters.lock().iter() {
             s.nudge();
@@ -578,100 +548,31 @@ fn cm_error(e: softrdma_ib::cm::CmError) -> Error {
     }
 }
 
-/// What both sides agreed, applied to an RC or UC QP: INIT → RTR → RTS as librdmacm
-/// drives it.
-struct Agreed {
-    peer: SocketAddr,
-    peer_qpn: u32,
-    /// The first PSN we expect (we named it in our REQ or REP).
-    rq_psn: u32,
-    /// The first PSN we send (the peer named it).
-    sq_psn: u32,
-    pmtu: u32,
-    ird: u16,
-    ord: u16,
-    retry: u8,
-    rnr_retry: u8,
-}
-
-fn bring_up(drv: &RoceShared, q: &RoceQpShared, a: &Agreed) -> Result<(), Error> {
-    let rc = q.qp_type() == QpType::Rc;
-    drv.set_remote(q, a.peer);
-    // Reset → Init, or Init → Init: remote access as rdma_cm grants it.
-    drv.modify(
-        q,
-        &QpAttr {
-            state: Some(IbQpState::Init),
-            access: Some(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC),
-            ..QpAttr::default()
-        },
-    )?;
-    drv.modify(
-        q,
-        &QpAttr {
-            state: Some(IbQpState::Rtr),
-            pmtu: Some(a.pmtu),
-            dest_qp: Some(a.peer_qpn),
-            rq_psn: Some(a.rq_psn),
-            max_dest_rd_atomic: rc.then_some(clamp_u8(a.ird)),
-            min_rnr_timer: rc.then_some(12),
-            ..QpAttr::default()
-        },
-    )?;
-    drv.modify(
-        q,
-        &QpAttr {
-            state: Some(IbQpState::Rts),
-            sq_psn: Some(a.sq_psn),
-            // Our own retransmission timer (67 ms): loopback and LAN paths, not the
-            // path's packet life time Linux puts in the REQ.
-            timeout: rc.then_some(14),
-            retry_cnt: rc.then_some(a.retry.min(7)),
-            rnr_retry: rc.then_some(a.rnr_retry.min(7)),
-            max_rd_atomic: rc.then_some(clamp_u8(a.ord)),
-            ..QpAttr::default()
-        },
-    )?;
+/// The QP to RTS with what both sides agreed, as librdmacm drives it; `peer` is where
+/// its packets go.
+fn bring_up(drv: &RoceShared, q: &RoceQpShared, peer: SocketAddr, a: &Agreed) -> Result<(), Error> {
+    drv.set_remote(q, peer);
+    for attr in a.qp_attrs() {
+        drv.modify(q, &attr)?;
+    }
     Ok(())
 }
 
 /// A UD QP up to RTS with `qkey` if it is not there yet (librdmacm does it for UD ids).
 fn bring_up_ud(drv: &RoceShared, q: &RoceQpShared, qkey: u32) -> Result<(), Error> {
-    if q.state() == IbQpState::Reset {
-        drv.modify(
-            q,
-            &QpAttr {
-                state: Some(IbQpState::Init),
-                qkey: Some(qkey),
-                ..QpAttr::default()
-            },
-        )?;
-    }
-    if q.state() == IbQpState::Init {
-        drv.modify(q, &QpAttr::state(IbQpState::Rtr))?;
-    }
-    if q.state() == IbQpState::Rtr {
-        drv.modify(
-            q,
-            &QpAttr {
-                state: Some(IbQpState::Rts),
-                sq_psn: Some(random_u32() & 0xFF_FFFF),
-                ..QpAttr::default()
-            },
-        )?;
+    for attr in rdma_cm::ud_bring_up(q.state(), qkey, random_u32() & 0xFF_FFFF) {
+        drv.modify(q, &attr)?;
     }
     Ok(())
 }
 
-fn clamp_u8(v: u16) -> u8 {
-    v.min(u16::from(u8::MAX)) as u8
-}
-
-fn check_len(p: &[u8], max: usize, what: &'static str) -> Result<(), Error> {
-    if p.len() > max {
-        return Err(Error::InvalidArgument(what));
+/// RC or UC: the service of a connected QP.
+fn service_of(q: &RoceQpShared) -> CmService {
+    if q.qp_type() == QpType::Rc {
+        CmService::Rc
+    } else {
+        CmService::Uc
     }
-    Ok(())
 }
 
 fn info(
@@ -763,32 +664,20 @@ fn connect_start(
         .ok_or(Error::InvalidArgument("no address of the context's family"))?;
     let pmtu = mtu_code(params.roce_pmtu)?;
     // An ephemeral source port for the CMA header (and the flow label).
-    let sport = 32768 + (random_u32() % 28232) as u16;
-    let hdr = CmaHeader {
-        src: SocketAddr::new(drv.local.ip(), sport),
-        dst: dst.ip(),
+    let src = SocketAddr::new(drv.local.ip(), 32768 + (random_u32() % 28232) as u16);
+    let too_long = |e| {
+        invalid(
+            e,
+            "RoCE private data is at most 56 octets in a connection request (180 for UD)",
+        )
     };
-    let qp_type = q.qp_type();
-    let max_pd = if qp_type == QpType::Ud {
-        SIDR_REQ_PRIVATE_LEN
-    } else {
-        REQ_PRIVATE_LEN
-    } - CMA_HDR_LEN;
-    check_len(
-        &params.private_data,
-        max_pd,
-        "RoCE private data is at most 56 octets in a connection request (180 for UD)",
-    )?;
-    let mut pd = vec![0u8; CMA_HDR_LEN];
-    hdr.emit(&mut pd)
-        .map_err(|_| Error::InvalidArgument("CMA header"))?;
-    pd.extend_from_slice(&params.private_data);
     let peer = SocketAddr::new(dst.ip(), drv.local.port());
-    if qp_type == QpType::Ud {
+    if q.qp_type() == QpType::Ud {
+        let s = rdma_cm::sidr_req(src, dst, &params.private_data).map_err(too_long)?;
         bring_up_ud(drv, q, RDMA_UDP_QKEY)?;
-        let sid = service_id(PortSpace::Udp, dst.port());
         let (id, (), slot) = drv.cm_call(|g| {
-            let id = g.cm.sidr_request(Instant::now(), dst.ip(), sid, &pd)?;
+            let id =
+                g.cm.sidr_request(Instant::now(), s.peer, s.service_id, &s.private_data)?;
             Ok((id, ()))
         })?;
         return Ok(Dial {
@@ -799,30 +688,24 @@ fn connect_start(
             rq_psn: None,
         });
     }
+    // Each side names the PSN it expects; the other sends from it.
+    let rq_psn = random_u32() & 0xFF_FFFF;
+    let req = rdma_cm::req(&rdma_cm::Connect {
+        src,
+        dst,
+        qpn: q.qpn,
+        service: service_of(q),
+        rq_psn,
+        ird: params.ird,
+        ord: params.ord,
+        path_mtu: pmtu,
+        srq: q.has_srq(),
+        private_data: &params.private_data,
+    })
+    .map_err(too_long)?;
     if !matches!(q.state(), IbQpState::Reset | IbQpState::Init) {
         return Err(Error::InvalidState(crate::state::QpState::from(q.state())));
     }
-    // Each side names the PSN it expects; the other sends from it.
-    let rq_psn = random_u32() & 0xFF_FFFF;
-    let req = ReqParams {
-        peer: dst.ip(),
-        service_id: service_id(PortSpace::Tcp, dst.port()),
-        qpn: q.qpn,
-        service: if qp_type == QpType::Rc {
-            CmService::Rc
-        } else {
-            CmService::Uc
-        },
-        starting_psn: rq_psn,
-        responder_resources: clamp_u8(params.ird),
-        initiator_depth: clamp_u8(params.ord),
-        retry_count: 7,
-        rnr_retry_count: 7,
-        path_mtu: pmtu,
-        srq: q.has_srq(),
-        flow_label: (u32::from(sport) * 31 + u32::from(dst.port())) & 0xF_FFFF,
-        private_data: pd,
-    };
     let (id, (), slot) = drv.cm_call(|g| Ok((g.cm.connect(Instant::now(), &req)?, ())))?;
     Ok(Dial {
         id,
@@ -853,7 +736,7 @@ fn connect_finish(
             }) => Ok(info(
                 drv,
                 peer,
-                (qpn, 128 << pmtu, qkey),
+                (qpn, rdma_cm::mtu_of(pmtu), qkey),
                 0,
                 0,
                 private_data,
@@ -891,19 +774,8 @@ fn connect_finish(
             return Err(Error::Timeout);
         }
     };
-    let a = Agreed {
-        peer,
-        peer_qpn: rep.qpn,
-        rq_psn,
-        sq_psn: rep.starting_psn,
-        pmtu: mtu_of(pmtu),
-        ird: params.ird,
-        // Keep outstanding no more than the responder serves.
-        ord: params.ord.min(u16::from(rep.responder_resources)),
-        retry: 7,
-        rnr_retry: rep.rnr_retry_count,
-    };
-    if let Err(e) = bring_up(drv, q, &a) {
+    let a = Agreed::initiator(service_of(q), &rep, rq_psn, pmtu, params.ird, params.ord);
+    if let Err(e) = bring_up(drv, q, peer, &a) {
         let _ = drv.gsi.lock().cm.reject(id, reason::NO_QP, &[]);
         drv.gsi_pump(Instant::now());
         return Err(e);
@@ -920,417 +792,4 @@ fn connect_finish(
         a.ord,
         rep.private_data,
     ))
-}
-
-/// A listener's registration: the port in both port spaces.
-pub(crate) struct RoceListener {
-    drv: Arc<RoceShared>,
-    queue: Arc<ListenQueue>,
-    port: u16,
-    pub(crate) local_addr: SocketAddr,
-}
-
-impl RoceListener {
-    /// `rdma_listen` on `addr` (our address or the wildcard; port 0: any free port).
-    pub(crate) fn bind(
-        drv: &Arc<RoceShared>,
-        addr: impl ToSocketAddrs,
-        backlog: u32,
-    ) -> Result<RoceListener, Error> {
-        let a = addr
-            .to_socket_addrs()?
-            .next()
-            .ok_or(Error::InvalidArgument("no address to listen on"))?;
-        if !a.ip().is_unspecified() && a.ip() != drv.local.ip() {
-            return Err(Error::Io(std::io::Error::new(
-                std::io::ErrorKind::AddrNotAvailable,
-                format!(
-                    "{} is not this RoCE device's address {}",
-                    a.ip(),
-                    drv.local.ip()
-                ),
-            )));
-        }
-        let queue = Arc::new(ListenQueue {
-            requests: Backlog::new(backlog),
-            rtu_waiters: Mutex::new(Vec::new()),
-        });
-        let mut g = drv.gsi.lock();
-        let free = |g: &Gsi, p: u16| p != 0 && !g.listeners.contains_key(&p);
-        let port = if a.port() != 0 {
-            if !free(&g, a.port()) {
-                return Err(Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::AddrInUse,
-                    format!("RoCE port {} is listened on already", a.port()),
-                )));
-            }
-            a.port()
-        } else {
-            let start = random_u32();
-            (0..28232u32)
-                .map(|i| 32768 + ((start + i) % 28232) as u16)
-                .find(|&p| free(&g, p))
-                .ok_or(Error::Io(std::io::ErrorKind::AddrInUse.into()))?
-        };
-        for ps in [PortSpace::Tcp, PortSpace::Udp] {
-            g.cm.listen(service_id(ps, port)).map_err(cm_error)?;
-        }
-        g.listeners.insert(port, queue.clone());
-        Ok(RoceListener {
-            drv: drv.clone(),
-            queue,
-            port,
-            local_addr: SocketAddr::new(drv.local.ip(), port),
-        })
-    }
-
-    fn request(&self, p: Pending) -> RoceRequest {
-        RoceRequest {
-            drv: self.drv.clone(),
-            queue: self.queue.clone(),
-            p,
-            answered: false,
-        }
-    }
-
-    /// The next request, if one is queued.
-    pub(crate) fn try_accept(&self) -> Option<RoceRequest> {
-        self.queue.requests.try_pop().map(|p| self.request(p))
-    }
-
-    /// The next request, once there is one (cancel-safe).
-    pub(crate) async fn accept_async(&self) -> Result<RoceRequest, Error> {
-        let p = self.queue.requests.wait_async().await?;
-        Ok(self.request(p))
-    }
-
-    /// The next request; `None` deadline: wait forever.
-    pub(crate) fn accept(&self, deadline: Option<Instant>) -> Result<RoceRequest, Error> {
-        let p = self.queue.requests.wait(deadline)?;
-        Ok(self.request(p))
-    }
-}
-
-impl Drop for RoceListener {
-    fn drop(&mut self) {
-        let pending = self.queue.requests.drain();
-        {
-            let mut g = self.drv.gsi.lock();
-            g.listeners.remove(&self.port);
-            for ps in [PortSpace::Tcp, PortSpace::Udp] {
-                g.cm.unlisten(service_id(ps, self.port));
-            }
-        }
-        for p in pending {
-            self.request(p).refuse();
-        }
-    }
-}
-
-/// What [`RoceRequest::accept_start`] did.
-enum Answer {
-    /// UD: answered.
-    Done(ConnectionInfo),
-    /// RC, UC: the REP is out; the RTU is awaited.
-    Wait(AcceptWait),
-}
-
-struct AcceptWait {
-    id: CommId,
-    slot: Arc<Slot>,
-    peer_qpn: u32,
-    pmtu: u32,
-    ird: u16,
-    ord: u16,
-}
-
-/// An acceptor's place among its listener's RTU waiters, left when dropped.
-struct WaitingRtu<'a>(&'a ListenQueue, Arc<Slot>);
-
-impl WaitingRtu<'_> {
-    fn start(&self) {
-        self.0.rtu_waiters.lock().push(self.1.clone());
-        if !self.0.requests.is_empty() {
-            self.1.nudge();
-        }
-    }
-}
-
-impl Drop for WaitingRtu<'_> {
-    fn drop(&mut self) {
-        self.0
-            .rtu_waiters
-            .lock()
-            .retain(|s| !Arc::ptr_eq(s, &self.1));
-    }
-}
-
-/// A connection request a RoCE listener received.
-pub(crate) struct RoceRequest {
-    drv: Arc<RoceShared>,
-    /// The listener's queue: while other requests wait there, the RTU is not waited for.
-    queue: Arc<ListenQueue>,
-    p: Pending,
-    answered: bool,
-}
-
-impl RoceRequest {
-    pub(crate) fn driver(&self) -> &Arc<RoceShared> {
-        &self.drv
-    }
-
-    pub(crate) fn peer_addr(&self) -> SocketAddr {
-        self.p.peer_addr
-    }
-
-    pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.p.local_addr
-    }
-
-    pub(crate) fn private_data(&self) -> &[u8] {
-        &self.p.private_data
-    }
-
-    pub(crate) fn peer_ird_ord(&self) -> (u16, u16) {
-        match &self.p.kind {
-            PendingKind::Conn(r) => (
-                u16::from(r.responder_resources),
-                u16::from(r.initiator_depth),
-            ),
-            PendingKind::Sidr => (0, 0),
-        }
-    }
-
-    /// Passive side (`rdma_accept`): the QP to RTS, then REP and wait for the RTU (RC,
-    /// UC), or SIDR_REP with the QP's number and Q_Key (UD). While other requests wait on
-    /// the listener, the RTU is not waited for (as `rdma_accept` does not): a requester
-    /// whose RTU never comes must not hold the acceptor from the others. Its connection
-    /// then completes on its own: [`AsyncEvent::Established`] on the RTU, or the QP to
-    /// Error and [`AsyncEvent::Disconnected`] when the CM gives it up.
-    pub(crate) fn accept(
-        &mut self,
-        q: &RoceQpShared,
-        params: &AcceptParams,
-    ) -> Result<ConnectionInfo, Error> {
-        let deadline = Instant::now() + params.timeout;
-        match self.accept_start(q, params)? {
-            Answer::Done(info) => Ok(info),
-            Answer::Wait(w) => {
-                let waiting = WaitingRtu(&self.queue, w.slot.clone());
-                waiting.start();
-                let rtu = w.slot.wait_rtu(deadline);
-                drop(waiting);
-                self.accept_finish(q, &w, rtu)
-            }
-        }
-    }
-
-    /// [`accept`](Self::accept) for a task: the CM's timers bound the wait for the RTU;
-    /// dropped early, the connection is abandoned and the QP goes to Error.
-    pub(crate) async fn accept_async(
-        &mut self,
-        q: &RoceQpShared,
-        params: &AcceptParams,
-    ) -> Result<ConnectionInfo, Error> {
-        match self.accept_start(q, params)? {
-            Answer::Done(info) => Ok(info),
-            Answer::Wait(w) => {
-                let mut forget = Forget(&self.drv, Some(w.id), Some(q));
-                let waiting = WaitingRtu(&self.queue, w.slot.clone());
-                waiting.start();
-                let rtu = w.slot.wait_rtu_async().await;
-                drop(waiting);
-                forget.1 = None;
-                drop(forget);
-                self.accept_finish(q, &w, rtu)
-            }
-        }
-    }
-
-    /// The RTU (or what came instead, or nothing in time, or other requests waiting) for
-    /// the REP sent.
-    fn accept_finish(
-        &self,
-        q: &RoceQpShared,
-        w: &AcceptWait,
-        rtu: Rtu,
-    ) -> Result<ConnectionInfo, Error> {
-        let drv = &self.drv;
-        let ev = match rtu {
-            Rtu::Came(ev) => Some(ev),
-            Rtu::Nothing => None,
-            Rtu::Others => {
-                // Nobody waits for this connection's events any more (they go to the
-                // context's async events); one that came meanwhile is taken here.
-                if drv.gsi.lock().slots.remove(&w.id).is_some() {
-                    w.slot
-                        .ev
-                        .lock()
-                        .take()
-                        .or(Some(CmEvent::Established { id: w.id }))
-                } else {
-                    // The CM took the slot to answer it: the event is being put there.
-                    w.slot
-                        .wait(Instant::now() + std::time::Duration::from_secs(1))
-                }
-            }
-        };
-        match ev {
-            Some(CmEvent::Established { .. }) => Ok(info(
-                drv,
-                self.p.peer_addr,
-                (w.peer_qpn, w.pmtu, 0),
-                w.ird,
-                w.ord,
-                self.p.private_data.clone(),
-            )),
-            other => {
-                if other.is_none() {
-                    drv.forget(w.id);
-                }
-                let _ = drv.modify(q, &QpAttr::state(IbQpState::Error));
-                Err(match other {
-                    Some(CmEvent::Rejected {
-                        reason,
-                        private_data,
-                        ..
-                    }) => Error::Rejected {
-                        reason: Some(reason),
-                        private_data,
-                    },
-                    _ => Error::Timeout,
-                })
-            }
-        }
-    }
-
-    /// Checks, brings the QP up and answers: SIDR_REP (done) or REP (then the RTU).
-    fn accept_start(&mut self, q: &RoceQpShared, params: &AcceptParams) -> Result<Answer, Error> {
-        let drv = self.drv.clone();
-        let id = self.p.id;
-        let req = match &self.p.kind {
-            PendingKind::Sidr => {
-                if q.qp_type() != QpType::Ud {
-                    return Err(Error::InvalidArgument("a UD request needs a UD QP"));
-                }
-                check_len(
-                    &params.private_data,
-                    SIDR_REP_PRIVATE_LEN,
-                    "SIDR_REP private data is at most 136 octets",
-                )?;
-                bring_up_ud(&drv, q, RDMA_UDP_QKEY)?;
-                let qkey = q.engine.lock().qp.qkey();
-                self.answered = true;
-                let now = Instant::now();
-                let r = drv.gsi.lock().cm.sidr_reply(
-                    now,
-                    id,
-                    sidr_status::OK,
-                    q.qpn,
-                    qkey,
-                    &params.private_data,
-                );
-                drv.gsi_pump(now);
-                r.map_err(cm_error)?;
-                return Ok(Answer::Done(info(
-                    &drv,
-                    self.p.peer_addr,
-                    (0, 0, 0),
-                    0,
-                    0,
-                    self.p.private_data.clone(),
-                )));
-            }
-            PendingKind::Conn(r) => r.clone(),
-        };
-        let want = if req.service == CmService::Rc {
-            QpType::Rc
-        } else {
-            QpType::Uc
-        };
-        if q.qp_type() != want {
-            return Err(Error::InvalidArgument("the QP's type is not the request's"));
-        }
-        if !matches!(q.state(), IbQpState::Reset | IbQpState::Init) {
-            return Err(Error::InvalidState(crate::state::QpState::from(q.state())));
-        }
-        check_len(
-            &params.private_data,
-            REP_PRIVATE_LEN,
-            "RoCE private data is at most 196 octets in a reply",
-        )?;
-        let rq_psn = random_u32() & 0xFF_FFFF;
-        let a = Agreed {
-            peer: SocketAddr::new(req.peer, drv.local.port()),
-            peer_qpn: req.qpn,
-            rq_psn,
-            sq_psn: req.starting_psn,
-            pmtu: mtu_of(req.path_mtu.min(mtu_code(params.roce_pmtu)?)),
-            ird: params.ird,
-            ord: params.ord.min(u16::from(req.responder_resources)),
-            retry: req.retry_count,
-            rnr_retry: req.rnr_retry_count,
-        };
-        self.answered = true;
-        if let Err(e) = bring_up(&drv, q, &a) {
-            drv.cm_reject(id, reason::NO_QP);
-            drv.gsi_pump(Instant::now());
-            return Err(e);
-        }
-        let rep = RepParams {
-            qpn: q.qpn,
-            starting_psn: rq_psn,
-            responder_resources: clamp_u8(a.ird),
-            initiator_depth: clamp_u8(a.ord),
-            rnr_retry_count: 7,
-            srq: q.has_srq(),
-            private_data: params.private_data.clone(),
-        };
-        drv.bind_qp(id, q.qpn);
-        q.awaiting_rtu
-            .store(true, std::sync::atomic::Ordering::Release);
-        let (_, (), slot) = drv.cm_call(|g| {
-            g.cm.accept(Instant::now(), id, &rep)?;
-            Ok((id, ()))
-        })?;
-        Ok(Answer::Wait(AcceptWait {
-            id,
-            slot,
-            peer_qpn: req.qpn,
-            pmtu: a.pmtu,
-            ird: a.ird,
-            ord: a.ord,
-        }))
-    }
-
-    /// `rdma_reject`: REJ (consumer reject) or SIDR_REP (reject) with `private_data`.
-    pub(crate) fn reject(&mut self, private_data: &[u8]) -> Result<(), Error> {
-        if self.answered {
-            return Ok(());
-        }
-        let max = match self.p.kind {
-            PendingKind::Conn(_) => REJ_PRIVATE_LEN,
-            PendingKind::Sidr => SIDR_REP_PRIVATE_LEN,
-        };
-        check_len(
-            private_data,
-            max,
-            "RoCE private data is at most 148 octets in a reject",
-        )?;
-        self.answered = true;
-        self.drv
-            .refuse(self.p.id, &self.p.kind, CONSUMER, private_data);
-        self.drv.gsi_pump(Instant::now());
-        Ok(())
-    }
-
-    fn refuse(mut self) {
-        let _ = self.reject(&[]);
-    }
-}
-
-impl Drop for RoceRequest {
-    fn drop(&mut self) {
-        let _ = self.reject(&[]);
-    }
 }
