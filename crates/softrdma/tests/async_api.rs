@@ -12,7 +12,7 @@ use std::time::Duration;
 use softrdma::*;
 use tokio::io::unix::AsyncFd;
 use tokio::time::timeout;
-use util::{BOTH, devices};
+use util::{BOTH, Pair, Setup, Side, setup};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -22,22 +22,9 @@ async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: nothing within {LIMIT:?}"))
 }
 
-/// One side of a connection: its context, CQ, QP and a region.
-struct Side {
-    ctx: Context,
-    cq: Cq,
-    qp: Qp,
-    mr: Mr,
-}
-
-fn side(dev: &Device, channel: bool) -> (Side, Option<CompletionChannel>) {
-    let ctx = dev.open().unwrap();
-    let pd = ctx.alloc_pd();
-    let ch = channel.then(|| ctx.create_comp_channel().unwrap());
-    let cq = ctx.create_cq(256, ch.as_ref()).unwrap();
-    let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
-    let mr = pd.alloc_mr(64 * 1024, Access::LOCAL_WRITE).unwrap();
-    (Side { ctx, cq, qp, mr }, ch)
+/// Both sides, not connected: CQs of 256 entries, a 64 KiB region each.
+fn sides(t: Transport) -> Setup {
+    setup(t).cqe(256)
 }
 
 /// Connects `client` to a listener of `server`, both through the async connection manager,
@@ -48,7 +35,7 @@ async fn connect(t: Transport, server: &Side, client: &Side) {
     let accept = async {
         let req = listener.accept_async().await.unwrap();
         assert_eq!(req.private_data().first(), Some(&7), "{t:?}");
-        req.accept_async(&server.qp, AcceptParams::default())
+        req.accept_async(server.qp(), AcceptParams::default())
             .await
             .unwrap()
     };
@@ -57,12 +44,12 @@ async fn connect(t: Transport, server: &Side, client: &Side) {
         ..ConnectParams::default()
     };
     let (_, c) = within("connect", async {
-        tokio::join!(accept, client.qp.connect_async(to, params))
+        tokio::join!(accept, client.qp().connect_async(to, params))
     })
     .await;
     c.unwrap();
     assert_eq!(
-        (server.qp.state(), client.qp.state()),
+        (server.qp().state(), client.qp().state()),
         (QpState::Rts, QpState::Rts),
         "{t:?}"
     );
@@ -78,18 +65,13 @@ async fn completion_channel_fd_under_tokio_asyncfd() {
     const MSG: usize = 64;
     const WINDOW: usize = 32;
     for t in BOTH {
-        let (sdev, cdev) = devices(t);
-        let (server, ch) = side(&sdev, true);
-        let ch = ch.unwrap();
-        let (client, _) = side(&cdev, false);
+        let Pair { server, client, .. } = sides(t).channel().open();
+        let ch = server.ch.clone().unwrap();
         for i in 0..WINDOW as u64 {
-            server
-                .qp
-                .post_recv(RecvWr::new(
-                    i,
-                    vec![server.mr.sge(i as usize * MSG, MSG as u32)],
-                ))
-                .unwrap();
+            server.post_recv(RecvWr::new(
+                i,
+                vec![server.mr.sge(i as usize * MSG, MSG as u32)],
+            ));
         }
         connect(t, &server, &client).await;
         server.cq.req_notify(false);
@@ -109,10 +91,7 @@ async fn completion_channel_fd_under_tokio_asyncfd() {
                 for k in sent..sent + n {
                     let off = (k % WINDOW) * MSG;
                     client.mr.copy_in(off, &[k as u8; MSG]).unwrap();
-                    client
-                        .qp
-                        .post_send(SendWr::send(k as u64, vec![client.mr.sge(off, MSG as u32)]))
-                        .unwrap();
+                    client.post_send(SendWr::send(k as u64, vec![client.mr.sge(off, MSG as u32)]));
                 }
                 let mut wcs = Vec::new();
                 client.cq.wait_async(n, n, &mut wcs).await;
@@ -158,13 +137,10 @@ async fn completion_channel_fd_under_tokio_asyncfd() {
                             got.push(data[0]);
                             assert_eq!(data, [data[0]; MSG], "{t:?}");
                             received.send_modify(|r| *r += 1);
-                            server
-                                .qp
-                                .post_recv(RecvWr::new(
-                                    w.wr_id,
-                                    vec![server.mr.sge(off, MSG as u32)],
-                                ))
-                                .unwrap();
+                            server.post_recv(RecvWr::new(
+                                w.wr_id,
+                                vec![server.mr.sge(off, MSG as u32)],
+                            ));
                         }
                     }
                 }
@@ -182,17 +158,15 @@ async fn completion_channel_fd_under_tokio_asyncfd() {
 #[tokio::test(flavor = "current_thread")]
 async fn connection_events_as_futures() {
     for t in BOTH {
-        let (sdev, cdev) = devices(t);
-        let (server, _) = side(&sdev, false);
-        let (client, _) = side(&cdev, false);
+        let Pair { server, client, .. } = sides(t).open();
         connect(t, &server, &client).await;
-        let qp_num = server.qp.qp_num();
+        let qp_num = server.qp().qp_num();
         assert_eq!(
             within("Established", server.ctx.next_async_event()).await,
             AsyncEvent::Established { qp_num },
             "{t:?}"
         );
-        client.qp.disconnect().unwrap();
+        client.qp().disconnect().unwrap();
         let ev = within("Disconnected", async {
             loop {
                 match server.ctx.next_async_event().await {
@@ -212,9 +186,7 @@ async fn connection_events_as_futures() {
 #[tokio::test(flavor = "current_thread")]
 async fn connect_async_refused_then_retried() {
     for t in BOTH {
-        let (sdev, cdev) = devices(t);
-        let (server, _) = side(&sdev, false);
-        let (client, _) = side(&cdev, false);
+        let Pair { server, client, .. } = sides(t).open();
         // A port nobody listens on: TCP refuses (iWARP), the CM rejects (RoCE).
         let nobody: SocketAddr = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -222,7 +194,7 @@ async fn connect_async_refused_then_retried() {
         };
         let r = within(
             "refused connect",
-            client.qp.connect_async(nobody, ConnectParams::default()),
+            client.qp().connect_async(nobody, ConnectParams::default()),
         )
         .await;
         match (t, r) {
@@ -232,7 +204,7 @@ async fn connect_async_refused_then_retried() {
             (Transport::Roce, Err(Error::Rejected { .. })) => {}
             (_, other) => panic!("{t:?}: {other:?}"),
         }
-        assert_eq!(client.qp.state(), QpState::Init, "{t:?}");
+        assert_eq!(client.qp().state(), QpState::Init, "{t:?}");
         connect(t, &server, &client).await;
     }
 }

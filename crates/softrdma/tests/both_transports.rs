@@ -8,115 +8,17 @@
 mod util;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use softrdma::*;
 use softrdma_testkit::pattern;
-use util::{TIMEOUT, devices};
-
-const ACCESS: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC)
-    .union(Access::MW_BIND);
-
-struct Side {
-    ctx: Context,
-    pd: Pd,
-    cq: Cq,
-    qps: Vec<Qp>,
-    mr: Mr,
-}
-
-impl Side {
-    fn new(dev: &Device, mr_len: usize) -> Side {
-        let ctx = dev.open().unwrap();
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(4096, None).unwrap();
-        let mr = pd.alloc_mr(mr_len, ACCESS).unwrap();
-        Side {
-            ctx,
-            pd,
-            cq,
-            qps: Vec::new(),
-            mr,
-        }
-    }
-
-    fn add_qp(&mut self, srq: Option<&Srq>) -> &Qp {
-        let cq = &self.cq;
-        let qp = self
-            .pd
-            .create_qp(QpInitAttr {
-                srq: srq.cloned(),
-                ..QpInitAttr::new(cq, cq)
-            })
-            .unwrap();
-        self.qps.push(qp);
-        self.qps.last().unwrap()
-    }
-
-    fn wait(&self, n: usize) -> Vec<WorkCompletion> {
-        util::wait(&self.cq, n)
-    }
-}
-
-/// `n` client QPs connected to `n` server QPs (the server's on a new SRQ if `srq`).
-fn connect_n(t: Transport, n: usize, mr_len: usize, srq: bool) -> (Side, Side, Option<Srq>) {
-    let (sdev, cdev) = devices(t);
-    let mut server = Side::new(&sdev, mr_len);
-    let mut client = Side::new(&cdev, mr_len);
-    let srq = srq.then(|| {
-        server
-            .pd
-            .create_srq(SrqAttr {
-                max_wr: 256,
-                max_sge: 4,
-            })
-            .unwrap()
-    });
-    for _ in 0..n {
-        server.add_qp(srq.as_ref());
-        client.add_qp(None);
-    }
-    let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
-    let addr: SocketAddr = listener.local_addr();
-    let (tx, rx) = mpsc::channel();
-    std::thread::scope(|s| {
-        let sqps = &server.qps;
-        s.spawn(move || {
-            for qp in sqps {
-                let req = listener.accept_timeout(*TIMEOUT).unwrap();
-                req.accept(qp, AcceptParams::default()).unwrap();
-                tx.send(()).unwrap();
-            }
-        });
-        for (i, qp) in client.qps.iter().enumerate() {
-            qp.connect(
-                addr,
-                ConnectParams {
-                    private_data: vec![i as u8],
-                    ..ConnectParams::default()
-                },
-            )
-            .unwrap();
-            rx.recv_timeout(*TIMEOUT).unwrap();
-        }
-    });
-    (server, client, srq)
-}
+use util::{ACCESS, Pair, Side, TIMEOUT, setup, summary, until};
 
 fn both(test: impl Fn(Transport)) {
     for t in util::BOTH {
         test(t);
     }
-}
-
-/// Completions as (id, status, opcode), for comparing.
-fn summary(w: &[WorkCompletion]) -> Vec<(u64, WcStatus, WcOpcode)> {
-    w.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect()
 }
 
 /// RDMAP-134 / SRQ: four QPs take their receive buffers from one SRQ; every message lands in
@@ -126,8 +28,20 @@ fn srq_serves_several_qps() {
     both(|t| {
         const MSG: usize = 3000;
         const PER_QP: usize = 8;
-        let (server, client, srq) = connect_n(t, 4, 64 * MSG, true);
-        let srq = srq.unwrap();
+        let srq_attr = SrqAttr {
+            max_wr: 256,
+            max_sge: 4,
+        };
+        let p = setup(t).qps(4).mr_len(64 * MSG).srq(srq_attr).pair();
+        let Pair {
+            server,
+            client,
+            srq: Some(srq),
+            ..
+        } = p
+        else {
+            unreachable!()
+        };
         let slots = 4 * PER_QP;
         for i in 0..slots {
             srq.post_recv(RecvWr::new(
@@ -193,7 +107,10 @@ fn atomics_from_several_qps_onto_one_word() {
         const QPS: usize = 4;
         const EACH: usize = 250;
         const RESULTS: usize = 4096;
-        let (server, client, _) = connect_n(t, QPS, RESULTS + 8 * QPS * EACH + 64, false);
+        let Pair { server, client, .. } = setup(t)
+            .qps(QPS)
+            .mr_len(RESULTS + 8 * QPS * EACH + 64)
+            .pair();
         let rkey = server.mr.rkey();
         let word = server.mr.addr(64);
         std::thread::scope(|s| {
@@ -259,7 +176,7 @@ fn atomics_from_several_qps_onto_one_word() {
 fn immediate_data() {
     both(|t| {
         const LEN: usize = 5000;
-        let (server, client, _) = connect_n(t, 1, 4 * LEN, false);
+        let Pair { server, client, .. } = setup(t).mr_len(4 * LEN).pair();
         let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
         for i in 0..3 {
             sqp.post_recv(RecvWr::new(
@@ -319,7 +236,7 @@ fn immediate_data() {
 fn receive_lists_post_up_to_the_first_refused_request() {
     both(|t| {
         const LEN: usize = 1000;
-        let (server, client, _) = connect_n(t, 1, 8 * LEN, false);
+        let Pair { server, client, .. } = setup(t).mr_len(8 * LEN).pair();
         let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
         let foreign = server.ctx.alloc_pd().alloc_mr(LEN, ACCESS).unwrap();
         let wrs = vec![
@@ -368,7 +285,7 @@ fn receive_lists_post_up_to_the_first_refused_request() {
 #[test]
 fn memory_windows() {
     both(|t| {
-        let (server, client, _) = connect_n(t, 1, 1 << 16, false);
+        let Pair { server, client, .. } = setup(t).mr_len(1 << 16).pair();
         let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
         let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
         // Type 1: Write through it, then Read back through it.
@@ -376,36 +293,7 @@ fn memory_windows() {
         let k1 = mw1
             .bind(sqp, &server.mr, server.mr.addr(4096), 4096, rw)
             .unwrap();
-        client.mr.copy_in(0, &pattern(4096, 5)).unwrap();
-        cqp.post_send(SendWr::write(
-            1,
-            vec![client.mr.sge(0, 4096)],
-            k1,
-            server.mr.addr(4096),
-        ))
-        .unwrap();
-        cqp.post_send(SendWr::read(
-            2,
-            Some(client.mr.sge(8192, 4096)),
-            k1,
-            server.mr.addr(4096),
-        ))
-        .unwrap();
-        let w = client.wait(2);
-        assert!(
-            w.iter().all(|w| w.status == WcStatus::Success),
-            "{t:?} {w:?}"
-        );
-        assert_eq!(
-            server.mr.to_vec()[4096..8192],
-            pattern(4096, 5)[..],
-            "{t:?}"
-        );
-        assert_eq!(
-            client.mr.to_vec()[8192..12288],
-            pattern(4096, 5)[..],
-            "{t:?}"
-        );
+        client.write_read_back(cqp, (k1, &server.mr, 4096), 0, 8192, 4096, 5);
 
         // Type 2A, invalidated by the peer's Send with Invalidate.
         let mw2 = server.pd.alloc_mw(MwType::Type2A).unwrap();
@@ -474,7 +362,7 @@ fn memory_windows() {
 #[test]
 fn memory_windows_by_work_requests() {
     both(|t| {
-        let (server, client, _) = connect_n(t, 1, 1 << 16, false);
+        let Pair { server, client, .. } = setup(t).mr_len(1 << 16).pair();
         let (sqp, cqp) = (&server.qps[0], &client.qps[0]);
         // An MPA responder sends once the initiator has (RFC 5044 §7.1.2).
         sqp.post_recv(RecvWr::new(8, vec![server.mr.sge(0, 64)]))
@@ -565,8 +453,9 @@ fn several_waiters_and_a_channel_on_one_context() {
         const QPS: usize = 4;
         const MSGS: usize = 50;
         const LEN: usize = 700;
-        let (sdev, cdev) = devices(t);
-        let server_ctx = sdev.open().unwrap();
+        // The server's QPs each on a CQ of its own, two of them on a channel: set up here.
+        let client_setup = setup(t).qps(QPS).mr_len(QPS * MSGS * LEN);
+        let (server_ctx, client_ctx) = client_setup.contexts();
         let spd = server_ctx.alloc_pd();
         let smr = spd.alloc_mr(QPS * MSGS * LEN, ACCESS).unwrap();
         let ch = server_ctx.create_comp_channel().unwrap();
@@ -589,23 +478,19 @@ fn several_waiters_and_a_channel_on_one_context() {
                     .unwrap();
             }
         }
-        let mut client = Side::new(&cdev, QPS * MSGS * LEN);
-        for _ in 0..QPS {
-            client.add_qp(None);
-        }
+        let client = Side::open(client_ctx, &client_setup, None);
         let listener = Listener::bind(&server_ctx, "127.0.0.1:0").unwrap();
-        let addr = listener.local_addr();
+        let cp = ConnectParams::default();
+        let sqp_refs: Vec<&Qp> = sqps.iter().collect();
+        let cqp_refs: Vec<&Qp> = client.qps.iter().collect();
+        util::connect_qps(
+            &listener,
+            &sqp_refs,
+            &cqp_refs,
+            &cp,
+            &AcceptParams::default(),
+        );
         std::thread::scope(|s| {
-            let acceptor = s.spawn(|| {
-                for qp in &sqps {
-                    let req = listener.accept_timeout(*TIMEOUT).unwrap();
-                    req.accept(qp, AcceptParams::default()).unwrap();
-                }
-            });
-            for qp in &client.qps {
-                qp.connect(addr, ConnectParams::default()).unwrap();
-            }
-            acceptor.join().unwrap();
             // Direct waiters on CQs 2 and 3.
             let direct: Vec<_> = (2..QPS)
                 .map(|q| {
@@ -681,14 +566,8 @@ fn several_waiters_and_a_channel_on_one_context() {
 #[test]
 fn requests_past_the_backlog_are_refused() {
     both(|t| {
-        let (sdev, cdev) = devices(t);
-        let mut server = Side::new(&sdev, 4096);
-        let mut client = Side::new(&cdev, 4096);
         let backlog = 3;
-        for _ in 0..backlog + 2 {
-            server.add_qp(None);
-            client.add_qp(None);
-        }
+        let Pair { server, client, .. } = setup(t).qps(backlog as usize + 2).mr_len(4096).open();
         let listener = Listener::bind_with(
             &server.ctx,
             "127.0.0.1:0",
@@ -735,7 +614,6 @@ fn requests_past_the_backlog_are_refused() {
 #[test]
 fn device_limits_refuse_and_give_back() {
     both(|t| {
-        let (sdev, cdev) = devices(t);
         let limits = DeviceLimits {
             max_qp: 2,
             max_mr: 3,
@@ -745,22 +623,9 @@ fn device_limits_refuse_and_give_back() {
             max_cqe: 4096,
             max_inline_data: 256,
         };
-        let mut server = Side::new(&sdev, 4096);
-        let mut client = Side::new(&cdev.with_limits(limits), 4096); // one region held
-        server.add_qp(None);
-        client.add_qp(None);
-        let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
-        let addr = listener.local_addr();
-        std::thread::scope(|s| {
-            let sqp = &server.qps[0];
-            s.spawn(move || {
-                let req = listener.accept_timeout(*TIMEOUT).unwrap();
-                req.accept(sqp, AcceptParams::default()).unwrap();
-            });
-            client.qps[0]
-                .connect(addr, ConnectParams::default())
-                .unwrap();
-        });
+        // One region held (the side's).
+        let s = setup(t).mr_len(4096).client_limits(limits);
+        let Pair { server, client, .. } = s.pair();
         let limit = |r: Result<_, Error>, what: &str, n: u64| match r {
             Err(Error::ResourceLimit { what: w, limit }) => {
                 assert_eq!((w, limit), (what, n), "{t:?}");
@@ -851,56 +716,10 @@ fn device_limits_refuse_and_give_back() {
         drop((a, b));
         let c = client.pd.alloc_mr(8192, ACCESS).unwrap();
         // The connection made before any of this still moves data.
-        client.mr.copy_in(0, &pattern(100, 7)).unwrap();
-        client.qps[0]
-            .post_send(SendWr::write(
-                1,
-                [client.mr.sge(0, 100)],
-                server.mr.rkey(),
-                server.mr.addr(0),
-            ))
-            .unwrap();
-        // A Read behind it: its response comes after the Write is placed (a Write's own
-        // completion on iWARP only says it left).
-        client.qps[0]
-            .post_send(SendWr::read(
-                2,
-                Some(client.mr.sge(200, 1)),
-                server.mr.rkey(),
-                server.mr.addr(0),
-            ))
-            .unwrap();
-        let wc = client.wait(2);
-        assert!(
-            wc.iter().all(|w| w.status == WcStatus::Success),
-            "{t:?}: {wc:?}"
-        );
-        assert_eq!(server.mr.to_vec()[..100], pattern(100, 7)[..]);
+        let to = (server.mr.rkey(), &server.mr, 0);
+        client.write_read_back(&client.qps[0], to, 0, 200, 100, 7);
         drop((again, c));
     });
-}
-
-/// The context's next asynchronous event other than a connection's establishment.
-fn next_event(ctx: &Context) -> Option<AsyncEvent> {
-    loop {
-        match ctx.get_async_event(*TIMEOUT) {
-            Some(AsyncEvent::Established { .. }) => continue,
-            other => return other,
-        }
-    }
-}
-
-/// Waits (spinning, bounded by `TIMEOUT`) until `f` holds.
-fn until(what: &str, f: impl Fn() -> bool) {
-    let end = std::time::Instant::now() + *TIMEOUT;
-    while !f() {
-        assert!(
-            std::time::Instant::now() < end,
-            "{what}: not within {:?}",
-            *TIMEOUT
-        );
-        std::thread::yield_now();
-    }
 }
 
 /// Issue 14, RDMAP-124 (RFC 5040 §8.1.1 #10), IBA 11.4.2.1: a completion queue that
@@ -911,31 +730,21 @@ fn until(what: &str, f: impl Fn() -> bool) {
 #[test]
 fn a_cq_overrun_fails_its_qps_only() {
     both(|t| {
-        let (sdev, cdev) = devices(t);
-        let mut server = Side::new(&sdev, 4096);
-        let mut client = Side::new(&cdev, 4096);
-        server.add_qp(None);
-        server.add_qp(None);
-        client.add_qp(None); // QP B, on the side's large queue
+        // QP B, on the client's large queue, and QP A on a small one of its own.
+        let Pair { server, client, .. } = setup(t).mr_len(4096).open();
+        let sqp_a = server
+            .pd
+            .create_qp(QpInitAttr::new(&server.cq, &server.cq))
+            .unwrap();
         let small = client.ctx.create_cq(4, None).unwrap();
         let qp_a = client
             .pd
             .create_qp(QpInitAttr::new(&small, &small))
             .unwrap();
         let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
-        let addr = listener.local_addr();
-        std::thread::scope(|s| {
-            let sqps = &server.qps;
-            s.spawn(move || {
-                for qp in sqps {
-                    let req = listener.accept_timeout(*TIMEOUT).unwrap();
-                    req.accept(qp, AcceptParams::default()).unwrap();
-                }
-            });
-            for qp in [&client.qps[0], &qp_a] {
-                qp.connect(addr, ConnectParams::default()).unwrap();
-            }
-        });
+        let (cp, ap) = (ConnectParams::default(), AcceptParams::default());
+        let (sqps, cqps) = ([server.qp(), &sqp_a], [client.qp(), &qp_a]);
+        util::connect_qps(&listener, &sqps, &cqps, &cp, &ap);
         // Eight signaled Writes into a queue of four: the fifth completion overruns it.
         client.mr.copy_in(0, &pattern(64, 3)).unwrap();
         for i in 0..8 {
@@ -947,7 +756,7 @@ fn a_cq_overrun_fails_its_qps_only() {
             ))
             .unwrap();
         }
-        let ev = next_event(&client.ctx);
+        let ev = client.next_event();
         assert!(
             matches!(ev, Some(AsyncEvent::CqError { cq_id }) if cq_id == small.id()),
             "{t:?}: {ev:?}"
@@ -964,7 +773,7 @@ fn a_cq_overrun_fails_its_qps_only() {
         });
         if t == Transport::Iwarp {
             // The peer hears why: RDMAP, Local Catastrophic, no headers (RFC 5040 §7.2).
-            match next_event(&server.ctx) {
+            match server.next_event() {
                 Some(AsyncEvent::Qp {
                     event: QpEvent::TerminateReceived(term),
                     ..
@@ -977,29 +786,8 @@ fn a_cq_overrun_fails_its_qps_only() {
             }
         }
         // QP B, same context, other queue: unaffected.
-        client.mr.copy_in(100, &pattern(200, 9)).unwrap();
-        let b = &client.qps[0];
-        b.post_send(SendWr::write(
-            20,
-            [client.mr.sge(100, 200)],
-            server.mr.rkey(),
-            server.mr.addr(2048),
-        ))
-        .unwrap();
-        b.post_send(SendWr::read(
-            21,
-            Some(client.mr.sge(3000, 200)),
-            server.mr.rkey(),
-            server.mr.addr(2048),
-        ))
-        .unwrap();
-        let wc = client.wait(2);
-        assert!(
-            wc.iter().all(|w| w.status == WcStatus::Success),
-            "{t:?}: {wc:?}"
-        );
-        assert_eq!(server.mr.to_vec()[2048..2248], pattern(200, 9)[..], "{t:?}");
-        assert_eq!(client.mr.to_vec()[3000..3200], pattern(200, 9)[..], "{t:?}");
+        let to = (server.mr.rkey(), &server.mr, 2048);
+        client.write_read_back(client.qp(), to, 100, 3000, 200, 9);
         assert!(!client.cq.is_overrun() && client.qps[0].state() == QpState::Rts);
     });
 }
@@ -1010,7 +798,7 @@ fn a_cq_overrun_fails_its_qps_only() {
 fn the_background_poll_is_set_per_context() {
     both(|t| {
         const LEN: usize = 64 * 1024;
-        let (server, client, _) = connect_n(t, 1, 2 * LEN, false);
+        let Pair { server, client, .. } = setup(t).mr_len(2 * LEN).pair();
         assert_eq!(
             server.ctx.background_poll(),
             DEFAULT_BACKGROUND_POLL,
@@ -1027,29 +815,8 @@ fn the_background_poll_is_set_per_context() {
             // Only the server's background thread handles the peer's one-sided requests.
             server.ctx.set_background_poll(mode);
             assert_eq!(server.ctx.background_poll(), mode, "{t:?}");
-            let data = pattern(LEN, u64::from(i as u8));
-            client.mr.copy_in(0, &data).unwrap();
-            cqp.post_send(SendWr::write(
-                1,
-                vec![client.mr.sge(0, LEN as u32)],
-                server.mr.rkey(),
-                server.mr.addr(0),
-            ))
-            .unwrap();
-            cqp.post_send(SendWr::read(
-                2,
-                Some(client.mr.sge(LEN, LEN as u32)),
-                server.mr.rkey(),
-                server.mr.addr(0),
-            ))
-            .unwrap();
-            let wcs = client.wait(2);
-            assert!(
-                wcs.iter().all(|w| w.status == WcStatus::Success),
-                "{t:?} {mode:?} {wcs:?}"
-            );
-            assert_eq!(server.mr.to_vec()[..LEN], data[..], "{t:?} {mode:?}");
-            assert_eq!(client.mr.to_vec()[LEN..], data[..], "{t:?} {mode:?}");
+            let to = (server.mr.rkey(), &server.mr, 0);
+            client.write_read_back(cqp, to, 0, LEN, LEN, i as u64);
         }
     });
 }

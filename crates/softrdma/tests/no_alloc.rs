@@ -8,6 +8,9 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use softrdma::*;
+use util::{Pair, setup};
+
+mod util;
 
 struct Counting;
 
@@ -61,9 +64,8 @@ fn allocs() -> u64 {
 #[test]
 fn building_a_request_from_an_array_allocates_nothing() {
     let _one = serial();
-    let ctx = Context::open().unwrap();
-    let pd = ctx.alloc_pd();
-    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let side = setup(Transport::Iwarp).mr_len(4096).side();
+    let mr = &side.mr;
     let before = allocs();
     let w = SendWr::write(1, [mr.sge(0, 64), mr.sge(64, 64)], Key(7), 0);
     let r = RecvWr::new(2, [mr.sge(0, 4096)]);
@@ -78,66 +80,20 @@ fn building_a_request_from_an_array_allocates_nothing() {
     assert_eq!(many.sg_list.len(), 5);
 }
 
-/// A server and a client QP connected over loopback, each with its own context, CQ (for
-/// both queues) and region. Fields drop in order: QPs before what they use.
-struct Pair {
-    sqp: Qp,
-    cqp: Qp,
-    smr: Mr,
-    cmr: Mr,
-    scq: Cq,
-    ccq: Cq,
-    _pds: (Pd, Pd),
-    _ctxs: (Context, Context),
+/// A server and a client QP connected over loopback on `t` (RoCE: `gso` as given), CQs of
+/// `cq` entries, regions of `mr` octets.
+fn connected(t: Transport, gso: bool, cq: usize, mr: usize) -> Pair {
+    setup(t)
+        .roce(move |c| c.gso = gso)
+        .cqe(cq)
+        .mr_len(mr)
+        .pair()
 }
 
-impl Pair {
-    /// On transport `t` (RoCE: 127.0.0.1 and .2 sharing a port, `gso` as given).
-    fn connected(t: Transport, gso: bool, cq: usize, mr: usize, access: Access) -> Pair {
-        let (sdev, cdev) = match t {
-            Transport::Iwarp => (Device::tcp(), Device::tcp()),
-            Transport::Roce => {
-                let ips =
-                    [1, 2].map(|l| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, l)));
-                let mut c = RoceConfig::sharing_a_port(&ips).unwrap();
-                for c in &mut c {
-                    c.gso = gso;
-                }
-                (Device::roce(c[0]), Device::roce(c[1]))
-            }
-        };
-        let (sctx, cctx) = (sdev.open().unwrap(), cdev.open().unwrap());
-        let (spd, cpd) = (sctx.alloc_pd(), cctx.alloc_pd());
-        let (scq, ccq) = (
-            sctx.create_cq(cq, None).unwrap(),
-            cctx.create_cq(cq, None).unwrap(),
-        );
-        let sqp = spd.create_qp(QpInitAttr::new(&scq, &scq)).unwrap();
-        let cqp = cpd.create_qp(QpInitAttr::new(&ccq, &ccq)).unwrap();
-        let (smr, cmr) = (
-            spd.alloc_mr(mr, access).unwrap(),
-            cpd.alloc_mr(mr, access).unwrap(),
-        );
-        let listener = Listener::bind(&sctx, "127.0.0.1:0").unwrap();
-        let addr = listener.local_addr();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let req = listener.accept_timeout(T).unwrap();
-                req.accept(&sqp, AcceptParams::default()).unwrap();
-            });
-            cqp.connect(addr, ConnectParams::default()).unwrap();
-        });
-        Pair {
-            sqp,
-            cqp,
-            smr,
-            cmr,
-            scq,
-            ccq,
-            _pds: (spd, cpd),
-            _ctxs: (sctx, cctx),
-        }
-    }
+/// The pair's (server QP, client QP, server region, client region, server CQ, client CQ).
+fn parts(p: &Pair) -> (&Qp, &Qp, &Mr, &Mr, &Cq, &Cq) {
+    let (s, c) = (&p.server, &p.client);
+    (s.qp(), c.qp(), &s.mr, &c.mr, &s.cq, &c.cq)
 }
 
 /// Posting RDMA Writes, Sends (with their octets in memory and `INLINE`) and receives and
@@ -148,16 +104,8 @@ impl Pair {
 fn steady_state_posting_allocates_nothing() {
     let _one = serial();
     for t in [Transport::Iwarp, Transport::Roce] {
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        let Pair {
-            sqp,
-            cqp,
-            smr,
-            cmr,
-            scq,
-            ccq,
-            ..
-        } = &Pair::connected(t, true, 256, 1 << 16, access);
+        let pair = connected(t, true, 256, 1 << 16);
+        let (sqp, cqp, smr, cmr, scq, ccq) = parts(&pair);
         let mut wcs = Vec::with_capacity(64);
         // Allocations while building and posting requests (the waits run the transport on
         // this thread too: what arrives is not the post's cost).
@@ -225,15 +173,8 @@ fn a_roce_ping_pong_allocates_nothing_per_message_on_any_thread() {
 
 fn roce_ping_pong(gso: bool) {
     use std::sync::atomic::Ordering;
-    let Pair {
-        sqp,
-        cqp,
-        smr,
-        cmr,
-        scq,
-        ccq,
-        ..
-    } = &Pair::connected(Transport::Roce, gso, 64, 4096, Access::LOCAL_WRITE);
+    let pair = connected(Transport::Roce, gso, 64, 4096);
+    let (sqp, cqp, smr, cmr, scq, ccq) = parts(&pair);
     let mut wcs = Vec::with_capacity(8);
     let mut wait = |cq: &Cq, want: usize| wait_successes(cq, want, &mut wcs);
     // One round: the client sends 64 octets, the server answers with 64.

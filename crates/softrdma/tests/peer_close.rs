@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use softrdma::*;
+use util::setup;
+
+mod util;
 
 /// siw-rping.pcap frame 9 (as softrdma_wire's `SIW_RPING_REPLY`): MPA Reply, rev 2,
 /// IRD 1 / ORD 1, no markers, no CRC.
@@ -97,7 +100,8 @@ impl Tap for HoldInRead {
     }
 }
 
-/// Waits for `n` completions, polling only a queue that holds some.
+/// Waits for `n` completions, polling only a queue that holds some (not [`util::Side::wait`],
+/// whose poll of an empty queue would read the sockets and hide the fault).
 fn completions(cq: &Cq, ch: &CompletionChannel, n: usize) -> Vec<WorkCompletion> {
     let deadline = Instant::now() + DEADLINE;
     let mut out = Vec::with_capacity(n);
@@ -122,14 +126,11 @@ fn completions(cq: &Cq, ch: &CompletionChannel, n: usize) -> Vec<WorkCompletion>
 fn end_of_stream_in_the_edge_of_the_last_fpdu_flushes() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let ctx = Context::open().unwrap();
+    // One side only: the peer is the plain socket above.
+    let side = setup(Transport::Iwarp).channel().cqe(16).mr_len(96).side();
     let tap = Arc::new(HoldInRead::default());
-    assert!(ctx.set_tap(tap.clone()));
-    let pd = ctx.alloc_pd();
-    let ch = ctx.create_comp_channel().unwrap();
-    let cq = ctx.create_cq(16, Some(&ch)).unwrap();
-    let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
-    let mr = pd.alloc_mr(96, Access::LOCAL_WRITE).unwrap();
+    assert!(side.ctx.set_tap(tap.clone()));
+    let (ch, cq, qp, mr) = (side.ch.as_ref().unwrap(), &side.cq, side.qp(), &side.mr);
     for i in 0..3u64 {
         qp.post_recv(RecvWr::new(i + 1, vec![mr.sge(32 * i as usize, 32)]))
             .unwrap();
@@ -171,7 +172,7 @@ fn end_of_stream_in_the_edge_of_the_last_fpdu_flushes() {
         assert!(conn.is_ok(), "{conn:?}");
         tap.armed.store(true, Ordering::Release);
         connected.send(()).unwrap();
-        let wcs = completions(&cq, &ch, 3);
+        let wcs = completions(cq, ch, 3);
         finished.send(()).unwrap();
         assert!(
             tap.held.load(Ordering::Acquire),

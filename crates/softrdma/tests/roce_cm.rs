@@ -8,54 +8,54 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use softrdma::*;
-use util::TIMEOUT;
+use util::{Pair, Setup, Side, TIMEOUT, setup};
+
+/// RC (or `ty`) ends of 64 CQ entries and a 4 KiB region.
+fn ends(ty: QpType) -> Setup {
+    setup(Transport::Roce).qp_type(ty).cqe(64).mr_len(4096)
+}
 
 /// A server context on 127.0.0.1 and a client context on 127.0.0.2, one UDP port.
 fn contexts() -> (Context, Context) {
-    let ips = [1, 2].map(|l| IpAddr::V4(Ipv4Addr::new(127, 0, 0, l)));
-    let mut c = Device::open_sharing_a_port(&ips.map(RoceConfig::new)).unwrap();
-    let client = c.pop().unwrap();
-    (c.pop().unwrap(), client)
+    ends(QpType::Rc).contexts()
 }
 
-struct End {
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
-    mr: Mr,
-}
-
-fn end(ctx: &Context, ty: QpType) -> End {
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(64, None).unwrap();
-    let qp = pd.create_qp(QpInitAttr::typed(ty, &cq, &cq)).unwrap();
-    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
-    End { pd, cq, qp, mr }
+/// An end of its own on `ctx`.
+fn end(ctx: &Context, ty: QpType) -> Side {
+    Side::open(ctx.clone(), &ends(ty), None)
 }
 
 fn listen(ctx: &Context) -> Listener {
     Listener::bind(ctx, "127.0.0.1:0").unwrap()
 }
 
-/// A connected RC pair: (server end, client end), each with a receive posted.
-fn connected(server: &Context, client: &Context) -> (End, End, ConnectionInfo, ConnectionInfo) {
-    let l = listen(server);
-    let to = l.local_addr();
-    let s = end(server, QpType::Rc);
-    let c = end(client, QpType::Rc);
-    for e in [&s, &c] {
-        e.qp.post_recv(RecvWr::new(7, vec![e.mr.sge(0, 64)]))
-            .unwrap();
+/// A connected RC pair, each end with a receive posted.
+fn connected() -> Pair {
+    let mut p = ends(QpType::Rc).open();
+    for e in [&p.server, &p.client] {
+        util::post_recv_at(e, 0, 64, 7);
     }
-    let (si, ci) = std::thread::scope(|sc| {
-        let srv = sc.spawn(|| {
-            let req = l.accept_timeout(*TIMEOUT).unwrap();
-            req.accept(&s.qp, AcceptParams::default()).unwrap()
-        });
-        let ci = c.qp.connect(to, ConnectParams::default()).unwrap();
-        (srv.join().unwrap(), ci)
-    });
-    (s, c, si, ci)
+    p.connect();
+    p
+}
+
+/// A UD `qp` to RTS with `qkey`.
+fn ud_to_rts(qp: &Qp, qkey: u32) {
+    for attr in [
+        ib::QpAttr {
+            state: Some(ib::QpState::Init),
+            qkey: Some(qkey),
+            ..ib::QpAttr::default()
+        },
+        ib::QpAttr::state(ib::QpState::Rtr),
+        ib::QpAttr {
+            state: Some(ib::QpState::Rts),
+            sq_psn: Some(0),
+            ..ib::QpAttr::default()
+        },
+    ] {
+        qp.modify(&attr).unwrap();
+    }
 }
 
 /// A REQ for a port nobody listens on is refused with REJ "invalid service ID" (IBA
@@ -67,25 +67,25 @@ fn connect_to_a_port_nobody_listens_on_is_rejected() {
     let l = listen(&server);
     let c = end(&client, QpType::Rc);
     let nobody = SocketAddr::new(l.local_addr().ip(), l.local_addr().port().wrapping_add(1));
-    match c.qp.connect(nobody, ConnectParams::default()) {
+    match c.qp().connect(nobody, ConnectParams::default()) {
         Err(Error::Rejected {
             reason: Some(8), ..
         }) => {}
         other => panic!("{other:?}"),
     }
-    assert_eq!(c.qp.state(), QpState::Init);
+    assert_eq!(c.qp().state(), QpState::Init);
     // The same QP connects to the listener afterwards.
     std::thread::scope(|sc| {
         let s = end(&server, QpType::Rc);
         let to = l.local_addr();
         let srv = sc.spawn(move || {
             let req = l.accept_timeout(*TIMEOUT).unwrap();
-            req.accept(&s.qp, AcceptParams::default()).unwrap();
+            req.accept(s.qp(), AcceptParams::default()).unwrap();
             s
         });
-        c.qp.connect(to, ConnectParams::default()).unwrap();
+        c.qp().connect(to, ConnectParams::default()).unwrap();
         let _server_end = srv.join().unwrap();
-        assert_eq!(c.qp.state(), QpState::Rts);
+        assert_eq!(c.qp().state(), QpState::Rts);
     });
 }
 
@@ -107,7 +107,7 @@ fn consumer_reject_carries_private_data() {
             assert_eq!(req.local_addr(), to);
             req.reject(b"go away").unwrap();
         });
-        let r = c.qp.connect(
+        let r = c.qp().connect(
             to,
             ConnectParams {
                 private_data: b"hello".to_vec(),
@@ -132,8 +132,8 @@ fn consumer_reject_carries_private_data() {
 #[test]
 fn disconnect_from_either_side_reaches_the_other() {
     for server_first in [false, true] {
-        let (server, client) = contexts();
-        let (s, c, si, ci) = connected(&server, &client);
+        let p = connected();
+        let (s, c, (ci, si)) = (&p.server, &p.client, &p.conns[0]);
         let (
             ConnectionDetail::Roce { remote_qpn: sq, .. },
             ConnectionDetail::Roce { remote_qpn: cq, .. },
@@ -141,13 +141,9 @@ fn disconnect_from_either_side_reaches_the_other() {
         else {
             panic!()
         };
-        assert_eq!((*sq, *cq), (c.qp.qp_num(), s.qp.qp_num()));
-        let (closer, other, other_ctx) = if server_first {
-            (&s, &c, &client)
-        } else {
-            (&c, &s, &server)
-        };
-        closer.qp.disconnect().unwrap();
+        assert_eq!((*sq, *cq), (c.qp().qp_num(), s.qp().qp_num()));
+        let (closer, other) = if server_first { (s, c) } else { (c, s) };
+        closer.qp().disconnect().unwrap();
         let mut wcs = Vec::new();
         other.cq.wait(1, 4, *TIMEOUT, &mut wcs).unwrap();
         assert_eq!(
@@ -155,28 +151,22 @@ fn disconnect_from_either_side_reaches_the_other() {
             WcStatus::WorkRequestFlushed,
             "{server_first}"
         );
-        assert!(other.qp.state().is_dead());
-        let ev = loop {
-            match other_ctx.get_async_event(*TIMEOUT) {
-                Some(AsyncEvent::Disconnected { qp_num }) => break qp_num,
-                Some(_) => continue,
-                None => panic!("no disconnect event"),
-            }
-        };
-        assert_eq!(ev, other.qp.qp_num());
+        assert!(other.qp().state().is_dead());
+        other.wait_disconnected(other.qp().qp_num());
     }
 }
 
 /// Data moves over a connection the CM set up, both ways, in both directions of setup.
 #[test]
 fn sends_flow_both_ways_after_setup() {
-    let (server, client) = contexts();
-    let (s, c, _, _) = connected(&server, &client);
+    let Pair {
+        server: s,
+        client: c,
+        ..
+    } = connected();
     for (from, to, msg) in [(&c, &s, b"ping".as_slice()), (&s, &c, b"pong".as_slice())] {
         from.mr.copy_in(1024, msg).unwrap();
-        from.qp
-            .post_send(SendWr::send(1, vec![from.mr.sge(1024, msg.len() as u32)]))
-            .unwrap();
+        from.post_send(SendWr::send(1, vec![from.mr.sge(1024, msg.len() as u32)]));
         let mut wcs = Vec::new();
         while !wcs
             .iter()
@@ -203,10 +193,11 @@ fn ud_through_sidr() {
         let srv = sc.spawn(|| {
             let req = l.accept_timeout(*TIMEOUT).unwrap();
             assert_eq!(&req.private_data()[..3], b"who");
-            req.accept(&s.qp, AcceptParams::default()).unwrap();
+            req.accept(s.qp(), AcceptParams::default()).unwrap();
         });
-        let info =
-            c.qp.connect(
+        let info = c
+            .qp()
+            .connect(
                 to,
                 ConnectParams {
                     private_data: b"who".to_vec(),
@@ -225,18 +216,16 @@ fn ud_through_sidr() {
     else {
         panic!()
     };
-    assert_eq!((remote_qpn, remote_qkey), (s.qp.qp_num(), RDMA_UDP_QKEY));
-    s.qp.post_recv(RecvWr::new(9, vec![s.mr.sge(0, 40 + 16)]))
-        .unwrap();
+    assert_eq!((remote_qpn, remote_qkey), (s.qp().qp_num(), RDMA_UDP_QKEY));
+    s.post_recv(RecvWr::new(9, vec![s.mr.sge(0, 40 + 16)]));
     let port = server.roce_local_addr().unwrap().port();
     let ah = c.pd.create_ah_port(SocketAddr::new(to.ip(), port)).unwrap();
     c.mr.copy_in(1024, b"datagram").unwrap();
-    c.qp.post_send(SendWr::send(1, vec![c.mr.sge(1024, 8)]).to(UdDest {
+    c.post_send(SendWr::send(1, vec![c.mr.sge(1024, 8)]).to(UdDest {
         ah: ah.id(),
         remote_qpn,
         remote_qkey,
-    }))
-    .unwrap();
+    }));
     let mut wcs = Vec::new();
     s.cq.wait(1, 4, *TIMEOUT, &mut wcs).unwrap();
     assert_eq!((wcs[0].status, wcs[0].byte_len), (WcStatus::Success, 48));
@@ -253,7 +242,7 @@ fn limits_and_listener_addresses() {
     let (server, client) = contexts();
     let l = listen(&server);
     let c = end(&client, QpType::Rc);
-    let r = c.qp.connect(
+    let r = c.qp().connect(
         l.local_addr(),
         ConnectParams {
             private_data: vec![1; 57],
@@ -280,25 +269,11 @@ fn limits_and_listener_addresses() {
 fn qp1_drops_what_is_no_mad() {
     let (server, client) = contexts();
     let c = end(&client, QpType::Ud);
-    for attr in [
-        ib::QpAttr {
-            state: Some(ib::QpState::Init),
-            qkey: Some(7),
-            ..ib::QpAttr::default()
-        },
-        ib::QpAttr::state(ib::QpState::Rtr),
-        ib::QpAttr {
-            state: Some(ib::QpState::Rts),
-            sq_psn: Some(0),
-            ..ib::QpAttr::default()
-        },
-    ] {
-        c.qp.modify(&attr).unwrap();
-    }
+    ud_to_rts(c.qp(), 7);
     let to = server.roce_local_addr().unwrap();
     let ah = c.pd.create_ah_port(to).unwrap();
     for (len, qkey) in [(256u32, 0x1234u32), (100, 0x8001_0000)] {
-        c.qp.post_send(
+        c.post_send(
             SendWr::send(1, vec![c.mr.sge(0, len)])
                 .to(UdDest {
                     ah: ah.id(),
@@ -306,8 +281,7 @@ fn qp1_drops_what_is_no_mad() {
                     remote_qkey: qkey,
                 })
                 .with_flags(SendFlags::SIGNALED),
-        )
-        .unwrap();
+        );
         let mut wcs = Vec::new();
         c.cq.wait(1, 1, *TIMEOUT, &mut wcs).unwrap();
     }
@@ -315,7 +289,7 @@ fn qp1_drops_what_is_no_mad() {
     let r = end(&client, QpType::Rc);
     let nobody = SocketAddr::new(to.ip(), 9);
     assert!(matches!(
-        r.qp.connect(nobody, ConnectParams::default()),
+        r.qp().connect(nobody, ConnectParams::default()),
         Err(Error::Rejected {
             reason: Some(8),
             ..
@@ -330,28 +304,14 @@ fn qp1_drops_what_is_no_mad() {
 /// QP, as a hostile peer would: the MADs of `cm`, an engine of its own.
 struct Hostile {
     _ctx: Context,
-    e: End,
+    e: Side,
     ah: Ah,
 }
 
 impl Hostile {
     fn new(ctx: Context, to: SocketAddr) -> Hostile {
         let e = end(&ctx, QpType::Ud);
-        for attr in [
-            ib::QpAttr {
-                state: Some(ib::QpState::Init),
-                qkey: Some(softrdma_ib::cm::GSI_QKEY),
-                ..ib::QpAttr::default()
-            },
-            ib::QpAttr::state(ib::QpState::Rtr),
-            ib::QpAttr {
-                state: Some(ib::QpState::Rts),
-                sq_psn: Some(0),
-                ..ib::QpAttr::default()
-            },
-        ] {
-            e.qp.modify(&attr).unwrap();
-        }
+        ud_to_rts(e.qp(), softrdma_ib::cm::GSI_QKEY);
         let ah = e.pd.create_ah_port(to).unwrap();
         Hostile { _ctx: ctx, e, ah }
     }
@@ -361,19 +321,16 @@ impl Hostile {
         let mut n = 0;
         while let Some((_, mad)) = cm.poll_transmit() {
             self.e.mr.copy_in(0, &mad[..]).unwrap();
-            self.e
-                .qp
-                .post_send(
-                    SendWr::send(n, vec![self.e.mr.sge(0, 256)])
-                        .to(UdDest {
-                            ah: self.ah.id(),
-                            remote_qpn: 1,
-                            // The high bit: the QP's own Q_Key (QP1's) goes out.
-                            remote_qkey: softrdma_ib::cm::GSI_QKEY,
-                        })
-                        .with_flags(SendFlags::SIGNALED),
-                )
-                .unwrap();
+            self.e.post_send(
+                SendWr::send(n, vec![self.e.mr.sge(0, 256)])
+                    .to(UdDest {
+                        ah: self.ah.id(),
+                        remote_qpn: 1,
+                        // The high bit: the QP's own Q_Key (QP1's) goes out.
+                        remote_qkey: softrdma_ib::cm::GSI_QKEY,
+                    })
+                    .with_flags(SendFlags::SIGNALED),
+            );
             let mut wcs = Vec::new();
             self.e.cq.wait(1, 1, *TIMEOUT, &mut wcs).unwrap();
             n += 1;
@@ -393,15 +350,6 @@ fn cma_header(src: SocketAddr, dst: IpAddr) -> Vec<u8> {
     let mut pd = vec![0u8; CMA_HDR_LEN];
     CmaHeader { src, dst }.emit(&mut pd).unwrap();
     pd
-}
-
-/// Waits (yielding) until `f` holds, failing after the safety net.
-fn until(what: &str, f: &dyn Fn() -> bool) {
-    let end = std::time::Instant::now() + *TIMEOUT;
-    while !f() {
-        assert!(std::time::Instant::now() < end, "{what}");
-        std::thread::yield_now();
-    }
 }
 
 /// Review F6: 60 REQs to a listened port whose requester never sends an RTU (random
@@ -446,7 +394,7 @@ fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
         cm.connect(now, &req).unwrap();
     }
     h.send_all(&mut cm);
-    until("the burst arrived", &|| {
+    util::until("the burst arrived", || {
         server.roce_counters().unwrap().cm.rx >= 60
     });
     // The requester goes silent: no RTU, no REJ, for any REP.
@@ -464,12 +412,12 @@ fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
             loop {
                 let req = l.accept_timeout(within).expect("the client's request");
                 if req.peer_addr().ip() == ips[1] {
-                    req.accept(&s.qp, AcceptParams::default()).unwrap();
+                    req.accept(s.qp(), AcceptParams::default()).unwrap();
                     return (stale.len(), start.elapsed());
                 }
                 let e = end(&server, QpType::Rc);
                 // The RTU never comes: the acceptor moves on all the same.
-                let _ = req.accept(&e.qp, AcceptParams::default());
+                let _ = req.accept(e.qp(), AcceptParams::default());
                 stale.push(e);
             }
         });
@@ -477,19 +425,16 @@ fn req_burst_without_rtu_does_not_hold_a_serial_acceptor() {
             timeout: within,
             ..ConnectParams::default()
         };
-        cl.qp.connect(to, cp).unwrap();
+        cl.qp().connect(to, cp).unwrap();
         let (skipped, took) = acceptor.join().unwrap();
         println!("the legitimate client was accepted in {took:?}");
         assert!(took < within, "accepted after {took:?}");
         assert!(skipped > 0, "the burst was not ahead of the client");
     });
     // The connection carries data.
-    s.qp.post_recv(RecvWr::new(7, vec![s.mr.sge(0, 64)]))
-        .unwrap();
+    s.post_recv(RecvWr::new(7, vec![s.mr.sge(0, 64)]));
     cl.mr.copy_in(0, b"through").unwrap();
-    cl.qp
-        .post_send(SendWr::send(1, vec![cl.mr.sge(0, 7)]).with_flags(SendFlags::SIGNALED))
-        .unwrap();
+    cl.post_send(SendWr::send(1, vec![cl.mr.sge(0, 7)]).with_flags(SendFlags::SIGNALED));
     let mut wcs = Vec::new();
     s.cq.wait(1, 1, *TIMEOUT, &mut wcs).unwrap();
     assert_eq!(wcs[0].status, WcStatus::Success, "{wcs:?}");

@@ -18,7 +18,7 @@ use softrdma_iwarp::rdmap::QpConfig;
 use softrdma_iwarp::startup::{Role, StartupConfig};
 use softrdma_memory::KeyTable;
 use softrdma_wire::rdmap::{MASK_OPCODE, Opcode};
-use util::TIMEOUT;
+use util::{TIMEOUT, setup};
 
 /// Safety net for every blocking wait.
 const PD: PdId = PdId(1);
@@ -132,11 +132,9 @@ fn nudged(ord: u16, nudge: Opcode) {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let responder = std::thread::spawn(move || stuck_responder(l, done_rx));
 
-    let ctx = Context::open().unwrap();
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(64, None).unwrap();
-    let qp = pd.create_qp(QpInitAttr::new(&cq, &cq)).unwrap();
-    let mr = pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    // One side only: the responder is the hand-made one above.
+    let side = setup(Transport::Iwarp).cqe(64).mr_len(64).side();
+    let (cq, qp, mr) = (&side.cq, side.qp(), &side.mr);
     mr.copy_in(0, b"ping").unwrap();
     qp.connect(
         addr,
