@@ -14,7 +14,7 @@ use crate::sys;
 #[repr(C)]
 pub struct SrAh {
     ah: sys::ibv_ah,
-    pub inner: softrdma::Ah,
+    pub inner: softrdma::roce::Ah,
 }
 
 static AHS: Live = Live::new();
@@ -41,7 +41,7 @@ pub unsafe extern "C" fn sr_ibv_create_ah(
     }
     // SAFETY: a GID is 16 octets whichever way the union is read.
     let dgid = unsafe { a.grh.dgid.raw };
-    let inner = match p.inner.create_ah(softrdma::gid_to_ip(&dgid)) {
+    let inner = match p.inner.create_ah(softrdma::roce::gid_to_ip(&dgid)) {
         Ok(ah) => ah,
         Err(softrdma::Error::Unsupported(_)) => {
             errno::set(libc::EOPNOTSUPP);
@@ -133,7 +133,7 @@ pub(crate) fn ah_attr_to(ip: std::net::IpAddr, port_num: u8, hop_limit: u8) -> s
     sys::ibv_ah_attr {
         grh: sys::ibv_global_route {
             dgid: sys::ibv_gid {
-                raw: softrdma::gid_from_ip(ip),
+                raw: softrdma::roce::gid_from_ip(ip),
             },
             hop_limit,
             ..Default::default()

@@ -1286,10 +1286,8 @@ pub unsafe extern "C" fn sr_rdma_listen(p: *mut sys::rdma_cm_id, backlog: c_int)
     // Linux siw's responder: in client-server mode its first FPDUs may follow the MPA Reply
     // without waiting for the initiator's (librdmacm's programs may have the passive side
     // send first, as cmatose does). Initiators that need the wait ask for peer-to-peer mode.
-    let mut params = softrdma::ListenParams {
-        early_fpdus: true,
-        ..Default::default()
-    };
+    let mut params = softrdma::ListenParams::default();
+    params.iwarp.early_fpdus = true;
     if backlog > 0 {
         params.backlog = backlog as u32;
     }
@@ -1484,7 +1482,10 @@ pub unsafe extern "C" fn sr_rdma_connect(
         private_data,
         ird,
         ord,
-        p2p: false,
+        iwarp: softrdma::iwarp::ConnectParams {
+            p2p: false,
+            ..Default::default()
+        },
         ..ConnectParams::default()
     };
     let (pu, qn) = (p as usize, q.inner.qp_num());

@@ -111,7 +111,7 @@ impl SrDevice {
     /// device's is its GUID (as siw's is its MAC address).
     pub fn gid(&self) -> [u8; 16] {
         match self.inner.roce_config() {
-            Some(c) => softrdma::gid_from_ip(c.addr),
+            Some(c) => softrdma::roce::gid_from_ip(c.addr),
             None => {
                 let mut g = [0u8; 16];
                 g[..8].copy_from_slice(&self.guid.to_be_bytes());

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::ptr;
 use std::sync::atomic::Ordering;
 
-use softrdma::ib::{QpAttr, QpState};
+use softrdma::roce::{QpAttr, QpState};
 use softrdma::{Access, QpCap, QpInitAttr, QpType, RecvWr};
 
 use crate::cq::{SrCq, cq};
@@ -293,7 +293,7 @@ fn modify(q: &SrQp, a: &sys::ibv_qp_attr, mask: u32) -> Result<(), c_int> {
         }
         // SAFETY: a GID is 16 octets whichever way the union is read.
         let dgid = unsafe { a.ah_attr.grh.dgid.raw };
-        let ip = softrdma::gid_to_ip(&dgid);
+        let ip = softrdma::roce::gid_to_ip(&dgid);
         q.inner
             .set_remote(SocketAddr::new(ip, ROCE_PORT))
             .map_err(|_| libc::EINVAL)?;
@@ -342,7 +342,7 @@ pub(crate) fn ready_ud(q: &SrQp) -> Result<(), c_int> {
     for (state, qkey, c_state) in [
         (
             QpState::Init,
-            Some(softrdma::RDMA_UDP_QKEY),
+            Some(softrdma::roce::RDMA_UDP_QKEY),
             sys::IBV_QPS_INIT,
         ),
         (QpState::Rtr, None, sys::IBV_QPS_RTR),

@@ -96,7 +96,7 @@ mod tests {
             retransmitted: 7,
             detail: TransportCounters::Ib {
                 header: Default::default(),
-                requester: softrdma::ib::RequesterCounters {
+                requester: softrdma::roce::RequesterCounters {
                     timeouts: 2,
                     ..Default::default()
                 },

@@ -8,7 +8,8 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Instant;
 
-use softrdma::{Device, RoceConfig};
+use softrdma::Device;
+use softrdma::roce::RoceConfig;
 use softrdma_nfs::{FileType, Nfs3, NfsConfig, Proto};
 
 use crate::pcap_out::{PcapTap, with_pcap_or_fail};

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use softrdma::{Device, Listener, RoceConfig};
+use softrdma::roce::RoceConfig;
+use softrdma::{Device, Listener};
 use softrdma_nfs::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3};
 use softrdma_nfs::server::portmap::TCP;
 use softrdma_nfs::server::{

@@ -49,10 +49,10 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpState, QpType};
+use softrdma::roce::{Ah, QpAttr, QpState, RoceConfig};
 use softrdma::{
-    Access, Ah, CompletionChannel, Context, Cq, Device, MemError, Mr, Pd, Qp, QpCap, QpInitAttr,
-    RecvWr, RoceConfig, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
+    Access, CompletionChannel, Context, Cq, Device, MemError, Mr, Pd, Qp, QpCap, QpInitAttr,
+    QpType, RecvWr, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 
 use crate::counters;
@@ -697,7 +697,7 @@ fn peer_ip(rem: &Dest, tcp_peer: IpAddr) -> Result<IpAddr, PingpongError> {
         );
         return Ok(tcp_peer.to_canonical());
     }
-    let ip = softrdma::gid_to_ip(&rem.gid);
+    let ip = softrdma::roce::gid_to_ip(&rem.gid);
     if let IpAddr::V6(v6) = ip
         && v6.is_unicast_link_local()
     {
@@ -918,7 +918,7 @@ mod tests {
         assert_eq!(d.gid_text(), "::ffff:10.77.0.3");
         assert_eq!(&d.encode(), client);
         assert_eq!(
-            softrdma::gid_to_ip(&d.gid),
+            softrdma::roce::gid_to_ip(&d.gid),
             "10.77.0.3".parse::<IpAddr>().unwrap()
         );
         let zero = Dest {

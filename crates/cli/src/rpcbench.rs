@@ -7,7 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrdma::{Buffer, BusyPoll, Context, Device, Listener, RoceConfig};
+use softrdma::roce::RoceConfig;
+use softrdma::{Buffer, BusyPoll, Context, Device, Listener};
 
 use crate::pcap_out::{PcapTap, with_pcap_or_fail};
 use crate::perf::RawTxArg;

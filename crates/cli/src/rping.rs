@@ -32,10 +32,11 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use softrdma::roce::RoceConfig;
 use softrdma::{
     AcceptParams, Access, Buffer, ConnectParams, ConnectionDetail, ConnectionInfo, Context, Cq,
     Device, Key, ListenParams, Listener, MemError, Mr, MrAttr, Pd, Qp, QpCap, QpInitAttr, RecvWr,
-    RoceConfig, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::counters;
@@ -437,8 +438,11 @@ pub fn client(
         ConnectParams {
             ird: 1,
             ord: 1,
-            crc: o.crc,
             timeout: o.timeout.unwrap_or(Duration::from_secs(10)),
+            iwarp: softrdma::iwarp::ConnectParams {
+                crc: o.crc,
+                ..Default::default()
+            },
             ..ConnectParams::default()
         },
     )?;
@@ -616,7 +620,10 @@ pub fn listen(
         ctx,
         (host, port),
         ListenParams {
-            crc,
+            iwarp: softrdma::iwarp::ListenParams {
+                crc,
+                ..Default::default()
+            },
             ..ListenParams::default()
         },
     )?)

@@ -12,10 +12,11 @@
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use softrdma::ib::{QpAttr, QpState};
+use softrdma::roce::{QpAttr, QpState};
+use softrdma::roce::{RDMA_UDP_QKEY, RoceConfig};
 use softrdma::{
     AcceptParams, Access, ConnectParams, Context, Device, Listener, Mr, Pd, Qp, QpInitAttr, QpType,
-    RDMA_UDP_QKEY, RecvWr, RoceConfig, SendFlags, SendWr, UdDest, WcOpcode, WcStatus,
+    RecvWr, SendFlags, SendWr, UdDest, WcOpcode, WcStatus,
 };
 
 use crate::verbs_util::{WaitMode, default_roce_ip, local_ip_toward, wait_some};

@@ -6,7 +6,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpState};
+use softrdma::roce::{QpAttr, QpState};
 use softrdma::{Cq, Device, Error, Qp, QpType, WorkCompletion};
 
 /// Which transport a tool runs over (`--transport`): the device it opens.

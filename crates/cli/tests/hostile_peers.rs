@@ -10,7 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use softrdma::{ConnectParams, Context, Device, Error, QpInitAttr, RoceConfig};
+use softrdma::roce::RoceConfig;
+use softrdma::{ConnectParams, Context, Device, Error, QpInitAttr};
 use softrdma_cli::perf::proto::{Request, Test};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");

@@ -12,7 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 
 use clap::Parser;
-use softrdma::ib::{QpAttr, QpState};
+use softrdma::roce::{QpAttr, QpState};
+use softrdma::roce::{RoceConfig, gid_to_ip};
 use softrdma::*;
 use softrdma_cli::perf::{self, PerfArgs, proto::Test};
 

@@ -10,9 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use softrdma::roce::RoceConfig;
 use softrdma::{
-    Access, ConnectParams, Context, Cq, Device, Error, Mr, Pd, Qp, QpCap, QpInitAttr, RoceConfig,
-    SendFlags, SendWr, WcStatus,
+    Access, ConnectParams, Context, Cq, Device, Error, Mr, Pd, Qp, QpCap, QpInitAttr, SendFlags,
+    SendWr, WcStatus,
 };
 use softrdma_cli::perf::proto::{
     CLIENT_SEED, EndReport, Refusal, RemoteBuf, Reply, Request, Test, fill,

@@ -7,7 +7,9 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use clap::Parser;
-use softrdma::{Context, Device, FpduSize, Listener, RoceConfig};
+use softrdma::iwarp::FpduSize;
+use softrdma::roce::RoceConfig;
+use softrdma::{Context, Device, Listener};
 use softrdma_cli::perf::perftest_cm_client::perftest_cm_client;
 use softrdma_cli::perf::perftest_server::serve;
 use softrdma_cli::perf::{PerfArgs, PerftestTest};

@@ -14,7 +14,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use softrdma::ib::{QpAttr, QpState, QpType};
+use softrdma::QpType;
+use softrdma::roce::{Ah, RoceConfig, gid_to_ip};
+use softrdma::roce::{QpAttr, QpState};
 use softrdma::*;
 
 const SAFETY: Duration = Duration::from_secs(60);

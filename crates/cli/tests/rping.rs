@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use softrdma::{Context, Device, RoceConfig};
+use softrdma::roce::RoceConfig;
+use softrdma::{Context, Device};
 use softrdma_cli::rping::{self, Opts, Stats};
 
 const SAFETY: Duration = Duration::from_secs(60);

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 
-use softrdma::RoceConfig;
+use softrdma::roce::RoceConfig;
 
 #[test]
 fn server_and_client_exchange_verified_messages() {

@@ -5,7 +5,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use softrdma::{Context, Device, Listener, RoceConfig};
+use softrdma::roce::RoceConfig;
+use softrdma::{Context, Device, Listener};
 use softrdma_nfs::proto::{
     FHSIZE3, MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3, Xdr, ddp_result, fattr, post_op_attr,
     post_op_fh, readdirplus_ok, wcc_data,

@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use softrdma::iwarp::QpEvent;
 use softrdma::{
     AcceptParams, Access, AsyncEvent, ConnectParams, Context, Cq, Key, Listener, Mr, Qp, QpCap,
-    QpEvent, QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
+    QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus,
 };
 use softrdma_rpc::msg::{decode_reply, encode_reply};
 use softrdma_rpc::payload::{reduce_all, splice};

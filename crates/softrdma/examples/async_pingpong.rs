@@ -11,6 +11,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
+use softrdma::roce::RoceConfig;
 use softrdma::*;
 
 /// What one run moved and checked.

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use softrdma::roce::RoceConfig;
 use softrdma::*;
 use softrdma_testkit::pattern;
 

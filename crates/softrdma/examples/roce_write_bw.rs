@@ -7,7 +7,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpState};
+use softrdma::roce::RoceConfig;
+use softrdma::roce::{QpAttr, QpState};
 use softrdma::*;
 
 fn side(ip: Ipv4Addr) -> (Context, Pd, Cq, Qp) {

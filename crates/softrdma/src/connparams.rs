@@ -1,5 +1,6 @@
-//! Connection parameters of the connection manager, shared by both transports' drivers.
-//! MPA knobs (revision, CRC, Markers, peer-to-peer, FPDU size) only matter on iWARP.
+//! Connection parameters of the connection manager: what every transport takes, and a part
+//! per transport (`iwarp`, `roce`), as [`ConnectionDetail`] reports what a connection
+//! agreed.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -38,113 +39,58 @@ impl FpduSize {
     }
 }
 
-/// How [`Qp::connect`](crate::Qp::connect) negotiates (`rdma_conn_param` plus the MPA knobs).
+/// How [`Qp::connect`](crate::Qp::connect) negotiates (`rdma_conn_param`): what every
+/// transport takes, then a part per transport (the other's is ignored), as
+/// [`ConnectionDetail`] reports a part per transport.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectParams {
-    /// Private data for the responder (at most 508 octets with revision 2, 512 with 1).
+    /// Private data for the responder (iWARP: at most 508 octets with MPA revision 2, 512
+    /// with 1; RoCE: 56).
     pub private_data: Vec<u8>,
-    /// Inbound RDMA Reads we serve at a time (`responder_resources`), at most 16383.
+    /// Inbound RDMA Reads (and atomics) we serve at a time (`responder_resources`), at most
+    /// 16383.
     pub ird: u16,
-    /// Outbound RDMA Reads we keep outstanding (`initiator_depth`), at most 16383.
+    /// Outbound RDMA Reads (and atomics) we keep outstanding (`initiator_depth`), at most
+    /// 16383.
     pub ord: u16,
-    /// MPA revision, 1 or 2.
-    pub rev: u8,
-    /// Ask for CRC32c (on if either side asks).
-    pub crc: bool,
-    /// Ask for Markers in the stream we receive.
-    pub markers: bool,
-    /// RFC 6581 peer-to-peer mode: our first FPDU is a zero-length RDMA Write (RTR), after
-    /// which the responder may send.
-    pub p2p: bool,
-    /// FPDU size policy (iWARP).
-    pub fpdu: FpduSize,
-    /// Largest path MTU asked for (RoCE: 256..4096; the smaller of both sides' is used).
-    pub roce_pmtu: u32,
     /// Bound on the whole setup (TCP connect plus MPA negotiation, or the RoCE exchange).
     pub timeout: Duration,
+    /// MPA: revision, CRC, Markers, peer-to-peer mode, FPDU size.
+    pub iwarp: iwarp::ConnectParams,
+    /// The path.
+    pub roce: roce::ConnectParams,
 }
 
 impl Default for ConnectParams {
-    /// No private data, IRD = ORD = 16, revision 2, no CRC, no Markers, client-server,
-    /// MSS-sized FPDUs, RoCE path MTU 1024, 10 s.
+    /// No private data, IRD = ORD = 16, 10 s; each transport's defaults.
     fn default() -> ConnectParams {
         ConnectParams {
             private_data: Vec::new(),
             ird: 16,
             ord: 16,
-            rev: REV_2,
-            crc: false,
-            markers: false,
-            p2p: false,
-            fpdu: FpduSize::PathMss,
-            roce_pmtu: DEFAULT_ROCE_PMTU,
             timeout: DEFAULT_TIMEOUT,
+            iwarp: iwarp::ConnectParams::default(),
+            roce: roce::ConnectParams::default(),
         }
     }
 }
 
-/// What a listener's MPA responder takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListenParams {
-    /// Highest MPA revision taken (2 also answers revision 1 requests with revision 1).
-    pub rev: u8,
-    /// Ask for CRC32c (on if either side asks).
-    pub crc: bool,
-    /// Ask for Markers in the stream we receive.
-    pub markers: bool,
-    /// Take RFC 6581 peer-to-peer requests (RTR: zero-length Write or Read).
-    pub p2p: bool,
-    /// Client-server mode: send FPDUs right after the Reply instead of waiting for the
-    /// initiator's first FPDU, as Linux siw does. Breaks RFC 5044 §7.1.2 r4 (MPA-73),
-    /// which hardware initiators may rely on; off by default.
-    pub early_fpdus: bool,
-    /// Bound on the wait for an MPA Request after the TCP accept.
-    pub timeout: Duration,
-    /// TCP listen backlog, and the connection requests waiting for `accept` at most
-    /// (more are rejected, "busy").
-    pub backlog: u32,
-    /// iWARP: TCP connections accepted whose MPA Request has not arrived yet, at most (each
-    /// startup is bounded by `timeout` too). A new connection past it closes the oldest
-    /// such one rather than being refused, so peers opening connections and sending
-    /// nothing hold no more than this and never lock a prompt client out.
-    pub max_half_open: u32,
-    /// iWARP: of those, at most this many from one source IP address; a new one from an
-    /// address at its quota closes that address's oldest, so one flooding address cannot
-    /// push out the connections of others.
-    pub max_half_open_per_source: u32,
-}
-
-impl Default for ListenParams {
-    fn default() -> ListenParams {
-        ListenParams {
-            rev: REV_2,
-            crc: false,
-            markers: false,
-            p2p: true,
-            early_fpdus: false,
-            timeout: DEFAULT_TIMEOUT,
-            backlog: 128,
-            max_half_open: 256,
-            max_half_open_per_source: 32,
-        }
-    }
-}
-
-/// How [`ConnRequest::accept`](crate::ConnRequest::accept) answers.
+/// How [`ConnRequest::accept`](crate::ConnRequest::accept) answers: what every transport
+/// takes, then a part per transport.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcceptParams {
-    /// Private data for the initiator.
+    /// Private data for the initiator (iWARP: as in [`ConnectParams`]; RoCE: 196).
     pub private_data: Vec<u8>,
     /// Inbound RDMA Reads we serve at a time.
     pub ird: u16,
     /// Outbound RDMA Reads we keep outstanding (capped by the initiator's IRD).
     pub ord: u16,
-    /// FPDU size policy (iWARP).
-    pub fpdu: FpduSize,
-    /// Largest path MTU accepted (RoCE).
-    pub roce_pmtu: u32,
     /// Bound on the wait for the initiator's ready-to-use message (RoCE).
     pub timeout: Duration,
+    /// The FPDU size.
+    pub iwarp: iwarp::AcceptParams,
+    /// The path.
+    pub roce: roce::AcceptParams,
 }
 
 impl Default for AcceptParams {
@@ -153,9 +99,147 @@ impl Default for AcceptParams {
             private_data: Vec::new(),
             ird: 16,
             ord: 16,
-            fpdu: FpduSize::PathMss,
-            roce_pmtu: DEFAULT_ROCE_PMTU,
             timeout: DEFAULT_TIMEOUT,
+            iwarp: iwarp::AcceptParams::default(),
+            roce: roce::AcceptParams::default(),
+        }
+    }
+}
+
+/// What a [`Listener`](crate::Listener) takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenParams {
+    /// Connection requests waiting for `accept`, at most (more are refused: iWARP "busy",
+    /// RoCE a REJ "no resources"); iWARP: the TCP listen backlog too.
+    pub backlog: u32,
+    /// iWARP: the MPA responder and its limits.
+    pub iwarp: iwarp::ListenParams,
+}
+
+impl Default for ListenParams {
+    fn default() -> ListenParams {
+        ListenParams {
+            backlog: 128,
+            iwarp: iwarp::ListenParams::default(),
+        }
+    }
+}
+
+/// The iWARP parts of the connection parameters.
+pub mod iwarp {
+    use super::*;
+
+    /// MPA negotiation as initiator, and framing.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct ConnectParams {
+        /// MPA revision, 1 or 2.
+        pub rev: u8,
+        /// Ask for CRC32c (on if either side asks).
+        pub crc: bool,
+        /// Ask for Markers in the stream we receive.
+        pub markers: bool,
+        /// RFC 6581 peer-to-peer mode: our first FPDU is a zero-length RDMA Write (RTR),
+        /// after which the responder may send.
+        pub p2p: bool,
+        /// FPDU size policy.
+        pub fpdu: FpduSize,
+    }
+
+    impl Default for ConnectParams {
+        /// Revision 2, no CRC, no Markers, client-server, MSS-sized FPDUs.
+        fn default() -> ConnectParams {
+            ConnectParams {
+                rev: REV_2,
+                crc: false,
+                markers: false,
+                p2p: false,
+                fpdu: FpduSize::PathMss,
+            }
+        }
+    }
+
+    /// Framing of an accepted connection.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct AcceptParams {
+        /// FPDU size policy.
+        pub fpdu: FpduSize,
+    }
+
+    /// What a listener's MPA responder takes.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct ListenParams {
+        /// Highest MPA revision taken (2 also answers revision 1 requests with revision 1).
+        pub rev: u8,
+        /// Ask for CRC32c (on if either side asks).
+        pub crc: bool,
+        /// Ask for Markers in the stream we receive.
+        pub markers: bool,
+        /// Take RFC 6581 peer-to-peer requests (RTR: zero-length Write or Read).
+        pub p2p: bool,
+        /// Client-server mode: send FPDUs right after the Reply instead of waiting for the
+        /// initiator's first FPDU, as Linux siw does. Breaks RFC 5044 §7.1.2 r4 (MPA-73),
+        /// which hardware initiators may rely on; off by default.
+        pub early_fpdus: bool,
+        /// Bound on the wait for an MPA Request after the TCP accept.
+        pub timeout: Duration,
+        /// TCP connections accepted whose MPA Request has not arrived yet, at most (each
+        /// startup is bounded by `timeout` too). A new connection past it closes the oldest
+        /// such one rather than being refused, so peers opening connections and sending
+        /// nothing hold no more than this and never lock a prompt client out.
+        pub max_half_open: u32,
+        /// Of those, at most this many from one source IP address; a new one from an
+        /// address at its quota closes that address's oldest, so one flooding address
+        /// cannot push out the connections of others.
+        pub max_half_open_per_source: u32,
+    }
+
+    impl Default for ListenParams {
+        fn default() -> ListenParams {
+            ListenParams {
+                rev: REV_2,
+                crc: false,
+                markers: false,
+                p2p: true,
+                early_fpdus: false,
+                timeout: DEFAULT_TIMEOUT,
+                max_half_open: 256,
+                max_half_open_per_source: 32,
+            }
+        }
+    }
+}
+
+/// The RoCE parts of the connection parameters.
+pub mod roce {
+    use super::*;
+
+    /// The path asked for.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct ConnectParams {
+        /// Largest path MTU asked for (256..4096; the smaller of both sides' is used).
+        pub pmtu: u32,
+    }
+
+    impl Default for ConnectParams {
+        fn default() -> ConnectParams {
+            ConnectParams {
+                pmtu: DEFAULT_ROCE_PMTU,
+            }
+        }
+    }
+
+    /// The path accepted.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct AcceptParams {
+        /// Largest path MTU accepted.
+        pub pmtu: u32,
+    }
+
+    impl Default for AcceptParams {
+        fn default() -> AcceptParams {
+            AcceptParams {
+                pmtu: DEFAULT_ROCE_PMTU,
+            }
         }
     }
 }

@@ -543,7 +543,7 @@ impl Context {
     }
 
     /// Whether IPv4 datagrams leave through the raw socket (exact ICRC for strict peers) or
-    /// the UDP socket (see [`RawTx`](crate::RawTx)).
+    /// the UDP socket (see [`RawTx`](crate::roce::RawTx)).
     pub fn roce_raw_tx(&self) -> Result<bool, Error> {
         Ok(self.shared.roce()?.raw.is_some())
     }

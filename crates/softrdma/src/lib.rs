@@ -1,6 +1,9 @@
-//! softrdma's verbs API: one surface over iWARP (TCP) and RoCEv2 (UDP).
+//! softrdma's verbs API: one surface over iWARP (TCP) and RoCEv2 (UDP), in user space.
 //!
-//! Names follow libibverbs and librdmacm, so a verbs user finds their way:
+//! # The objects
+//!
+//! Names follow libibverbs and librdmacm, so a verbs user finds their way; every object is
+//! the same type whatever the transport:
 //!
 //! ```text
 //! Device::list() / Context::open()      ibv_get_device_list / ibv_open_device
@@ -16,21 +19,29 @@
 //! Qp::disconnect                        rdma_disconnect
 //! ```
 //!
-//! Async: each call that waits for the network has a future beside it, for any runtime
-//! (the crate depends on none): [`Cq::next`], [`Cq::wait_async`], [`Cq::completions`] (`poll_*` methods),
-//! [`CompletionChannel::get_cq_event_async`] (or its fd under tokio's `AsyncFd`),
-//! [`Context::next_async_event`], [`Listener::accept_async`], [`ConnRequest::accept_async`],
-//! [`Qp::connect_async`]. They are cancel-safe; `docs/async.md` says how they make progress.
-//!
 //! Work requests and completions are the engine's types ([`SendWr`], [`RecvWr`], [`Sge`],
 //! [`WorkCompletion`], ...), re-exported here.
 //!
-//! The device decides the transport: [`Device::tcp`] (iWARP) or a RoCEv2 device
-//! ([`Device::roce`], [`Device::list`]); everything after [`Device::open`] is the same code.
-//! Progress is caller-driven (`docs/progress.md`): a thread waiting on a CQ or a completion
-//! channel runs the transport itself, posts transmit in the posting thread, and a background
-//! thread per context does the work only while nobody waits. iWARP connections use
-//! `TCP_NODELAY` and FPDUs no larger than the path MSS by default ([`FpduSize`]).
+//! # Choosing a transport
+//!
+//! The device decides: [`Device::tcp`] (iWARP: MPA, DDP and RDMAP over TCP, RFC 5040/5041/
+//! 5044; any address reaches it) or a RoCEv2 device on one local address ([`Device::roce`],
+//! [`Device::list`]: the InfiniBand transport over UDP port 4791). Everything after
+//! [`Device::open`] is the same code. What only one transport has lives in its module:
+//! [`iwarp`] (MPA negotiation, FPDU sizing, a stream's events) and [`roce`] (a device's
+//! settings, address handles for UD, the InfiniBand attributes of [`Qp::modify`] for QPs
+//! brought up by hand). Connection parameters have a common part and a part per transport
+//! ([`ConnectParams::iwarp`], [`ConnectParams::roce`]), as [`ConnectionInfo::detail`]
+//! reports what a connection agreed.
+//!
+//! # Connecting, posting, completing
+//!
+//! A [`Listener`] takes [`ConnRequest`]s; [`Qp::connect`] reaches one (iWARP: TCP and MPA;
+//! RoCE: the InfiniBand CM on QP1 with librdmacm's conventions, so `rdma_cm` peers answer).
+//! Posting never waits for another thread: a request is checked in the posting thread and
+//! handed to its engine. Progress is caller-driven (`docs/progress.md`): a thread waiting on
+//! a CQ or a completion channel runs the transport itself, and a background thread per
+//! context does the work only while nobody waits.
 //!
 //! ```no_run
 //! use softrdma::*;
@@ -49,6 +60,20 @@
 //! assert_eq!(wcs[0].status, WcStatus::Success);
 //! # Ok(()) }
 //! ```
+//!
+//! # Async
+//!
+//! Each call that waits for the network has a future beside it, for any runtime (the crate
+//! depends on none): [`Cq::next`], [`Cq::wait_async`], [`Cq::completions`] (`poll_*`
+//! methods), [`CompletionChannel::get_cq_event_async`] (or its fd under tokio's `AsyncFd`),
+//! [`Context::next_async_event`], [`Listener::accept_async`], [`ConnRequest::accept_async`],
+//! [`Qp::connect_async`]. They are cancel-safe; `docs/async.md` says how they make progress.
+//!
+//! # Observing
+//!
+//! [`Qp::counters`] and [`Context::counters`] count what the engines and drivers did;
+//! [`Context::set_tap`] hands over every octet the transport sends and receives (the tools'
+//! `--pcap`).
 // `unsafe` only in `roce::mmsg` (recvmmsg headers nix cannot reuse).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -67,7 +92,7 @@ mod mr;
 mod net;
 mod provider;
 mod qp;
-mod roce;
+pub mod roce;
 mod srq;
 mod state;
 mod tap;
@@ -75,8 +100,7 @@ mod tcp;
 
 pub use cm::{ConnRequest, Listener};
 pub use connparams::{
-    AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, DEFAULT_ROCE_PMTU,
-    FALLBACK_EMSS, FpduSize, IwarpConnection, ListenParams, QpCap,
+    AcceptParams, ConnectParams, ConnectionDetail, ConnectionInfo, ListenParams, QpCap,
 };
 pub use cq::{
     BusyPoll, CompletionChannel, Completions, Cq, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL,
@@ -88,23 +112,22 @@ pub use event::AsyncEvent;
 pub use mr::{Mr, MrAttr, Mw};
 pub use net::spare_ports;
 pub use qp::{Qp, QpInitAttr};
-pub use roce::cm::RDMA_UDP_QKEY;
-pub use roce::{Ah, RawTx, RoceConfig, RoceCounters, gid_from_ip, gid_to_ip};
 pub use srq::{Srq, SrqAttr};
 pub use state::{QpCounters, QpState, TransportCounters};
 pub use tap::{Direction, Tap, Tapped};
-pub use tcp::IwarpDeviceCounters;
-/// InfiniBand attributes of RoCE QPs (`ibv_qp_attr` for [`Qp::modify`], whose `state` is
-/// the InfiniBand subset of [`QpState`], comparable with it) and the engine's own counters.
-pub mod ib {
-    pub use softrdma_ib::{
-        HeaderCounters, ModifyError, QpAttr, QpState, QpType, RequesterCounters, ResponderCounters,
-    };
+
+/// iWARP specifics: MPA negotiation and framing (the connection parameters only iWARP
+/// takes, [`FpduSize`](iwarp::FpduSize)), what a connection agreed, a stream's events and counters, and the
+/// device's counters.
+pub mod iwarp {
+    pub use crate::connparams::iwarp::{AcceptParams, ConnectParams, ListenParams};
+    pub use crate::connparams::{FALLBACK_EMSS, FpduSize, IwarpConnection};
+    pub use crate::tcp::IwarpDeviceCounters;
+    pub use softrdma_iwarp::rdmap::{QpEvent, StreamCounters};
+    pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
 }
 
 pub use softrdma_ib::QpType;
-pub use softrdma_iwarp::rdmap::{QpEvent, StreamCounters};
-pub use softrdma_iwarp::startup::{Negotiated, PeerParams, Rtr, StartupError};
 pub use softrdma_memory::{
     Access, AccessError, Buffer, BufferReadGuard, BufferWriteGuard, Key, KeyState, MemError,
     MrFlags, MwType, PageBuf, PdId, QpId,

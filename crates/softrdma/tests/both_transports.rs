@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use softrdma::iwarp::QpEvent;
 use softrdma::*;
 use softrdma_testkit::pattern;
 use util::{ACCESS, Pair, Side, TIMEOUT, setup, summary, until};

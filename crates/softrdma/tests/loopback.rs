@@ -10,6 +10,8 @@ mod util;
 
 use std::time::{Duration, Instant};
 
+use softrdma::iwarp::{FpduSize, IwarpDeviceCounters, QpEvent, Rtr};
+use softrdma::roce;
 use softrdma::*;
 use softrdma_testkit::pattern;
 use util::{Pair, Setup, Side, TIMEOUT, assert_holds, assert_ok, setup};
@@ -261,7 +263,7 @@ fn many_outstanding_in_order() {
 /// Send, Write and Read of a few sizes over one connection with the given MPA options.
 fn exercise(cp: ConnectParams, lp: ListenParams, fpdu: FpduSize) -> (ConnectionInfo, Side, Side) {
     let ap = AcceptParams {
-        fpdu,
+        iwarp: softrdma::iwarp::AcceptParams { fpdu },
         ..AcceptParams::default()
     };
     let Pair { client, server, .. } = iwarp().connect(cp).listen(lp).accept(ap).pair();
@@ -326,13 +328,19 @@ fn crc_and_markers_matrix() {
         (true, true, true, true),
     ] {
         let cp = ConnectParams {
-            crc: crc_c,
-            markers: mk_c,
+            iwarp: softrdma::iwarp::ConnectParams {
+                crc: crc_c,
+                markers: mk_c,
+                ..Default::default()
+            },
             ..ConnectParams::default()
         };
         let lp = ListenParams {
-            crc: crc_s,
-            markers: mk_s,
+            iwarp: softrdma::iwarp::ListenParams {
+                crc: crc_s,
+                markers: mk_s,
+                ..Default::default()
+            },
             ..ListenParams::default()
         };
         let (conn, client, server) = exercise(cp, lp, FpduSize::PathMss);
@@ -349,8 +357,11 @@ fn crc_and_markers_matrix() {
 #[test]
 fn mpa_revision_1() {
     let cp = ConnectParams {
-        rev: 1,
-        crc: true,
+        iwarp: softrdma::iwarp::ConnectParams {
+            rev: 1,
+            crc: true,
+            ..Default::default()
+        },
         ..ConnectParams::default()
     };
     let (conn, _c, _s) = exercise(cp, ListenParams::default(), FpduSize::PathMss);
@@ -394,8 +405,11 @@ fn fpdu_sizes() {
         FpduSize::Largest,
     ] {
         let cp = ConnectParams {
-            fpdu,
-            crc: true,
+            iwarp: softrdma::iwarp::ConnectParams {
+                fpdu,
+                crc: true,
+                ..Default::default()
+            },
             ..ConnectParams::default()
         };
         let (conn, _c, _s) = exercise(cp, ListenParams::default(), fpdu);
@@ -512,7 +526,10 @@ fn connect_refused() {
 #[test]
 fn peer_to_peer_responder_sends_first() {
     let cp = ConnectParams {
-        p2p: true,
+        iwarp: softrdma::iwarp::ConnectParams {
+            p2p: true,
+            ..Default::default()
+        },
         ..ConnectParams::default()
     };
     let Pair { client, server, .. } = iwarp().connect(cp).pair();
@@ -558,7 +575,10 @@ fn responder_waits_for_first_fpdu() {
 #[test]
 fn early_fpdus_responder_sends_first() {
     let lp = ListenParams {
-        early_fpdus: true,
+        iwarp: softrdma::iwarp::ListenParams {
+            early_fpdus: true,
+            ..Default::default()
+        },
         ..ListenParams::default()
     };
     let mut p = iwarp().listen(lp).open();
@@ -946,11 +966,11 @@ fn an_iwarp_qp_modified_to_error_flushes_its_receives() {
         side.post_recv(RecvWr::new(id, [mr.sge(0, 64)]));
     }
     assert!(matches!(
-        side.qp().modify(&ib::QpAttr::state(ib::QpState::Rtr)),
+        side.qp().modify(&roce::QpAttr::state(roce::QpState::Rtr)),
         Err(Error::Unsupported(_))
     ));
     side.qp()
-        .modify(&ib::QpAttr::state(ib::QpState::Error))
+        .modify(&roce::QpAttr::state(roce::QpState::Error))
         .unwrap();
     let wcs = side.wait(2);
     assert_eq!(
@@ -969,7 +989,10 @@ fn an_iwarp_qp_modified_to_error_flushes_its_receives() {
 fn half_open_connections_are_capped() {
     let server = iwarp().side();
     let lp = ListenParams {
-        max_half_open: 3,
+        iwarp: softrdma::iwarp::ListenParams {
+            max_half_open: 3,
+            ..Default::default()
+        },
         ..ListenParams::default()
     };
     let listener = Listener::bind_with(&server.ctx, "127.0.0.1:0", lp).unwrap();
@@ -998,7 +1021,10 @@ fn half_open_connections_are_capped() {
 fn a_burst_from_one_address_past_its_quota_is_not_evicted_while_young() {
     let server = iwarp().side();
     let lp = ListenParams {
-        max_half_open_per_source: 2,
+        iwarp: softrdma::iwarp::ListenParams {
+            max_half_open_per_source: 2,
+            ..Default::default()
+        },
         ..ListenParams::default()
     };
     let listener = Listener::bind_with(&server.ctx, "127.0.0.1:0", lp).unwrap();

@@ -7,6 +7,8 @@ mod util;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use softrdma::roce;
+use softrdma::roce::{Ah, RDMA_UDP_QKEY, RoceConfig};
 use softrdma::*;
 use util::{Pair, Setup, Side, TIMEOUT, setup};
 
@@ -42,16 +44,16 @@ fn connected() -> Pair {
 /// A UD `qp` to RTS with `qkey`.
 fn ud_to_rts(qp: &Qp, qkey: u32) {
     for attr in [
-        ib::QpAttr {
-            state: Some(ib::QpState::Init),
+        roce::QpAttr {
+            state: Some(roce::QpState::Init),
             qkey: Some(qkey),
-            ..ib::QpAttr::default()
+            ..roce::QpAttr::default()
         },
-        ib::QpAttr::state(ib::QpState::Rtr),
-        ib::QpAttr {
-            state: Some(ib::QpState::Rts),
+        roce::QpAttr::state(roce::QpState::Rtr),
+        roce::QpAttr {
+            state: Some(roce::QpState::Rts),
             sq_psn: Some(0),
-            ..ib::QpAttr::default()
+            ..roce::QpAttr::default()
         },
     ] {
         qp.modify(&attr).unwrap();

@@ -10,7 +10,8 @@ mod util;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use softrdma::ib::{QpAttr, QpType};
+use softrdma::roce::QpAttr;
+use softrdma::roce::{Ah, RawTx, RoceConfig, RoceCounters};
 use softrdma::*;
 use softrdma_testkit::pattern;
 use util::{Bringup, PMTU, Pair, QKEY, Setup, Side, TIMEOUT, assert_ok, setup, until};

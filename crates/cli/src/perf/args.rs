@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use softrdma::{BusyPoll, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL, FpduSize, ListenParams};
+use softrdma::iwarp::FpduSize;
+use softrdma::{BusyPoll, DEFAULT_BACKGROUND_POLL, DEFAULT_BUSY_POLL, ListenParams};
 
 use super::proto::Test;
 use super::{ClientOpts, PerfError, PerftestTest, ServerOpts, Transport, server};
@@ -89,7 +90,7 @@ impl std::str::FromStr for FpduArg {
     }
 }
 
-/// `--raw-tx`: [`softrdma::RawTx`] on the command line.
+/// `--raw-tx`: [`softrdma::roce::RawTx`] on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RawTxArg {
     /// The UDP socket where the kernel writes the IPv4 Identification its ICRCs assume,
@@ -101,12 +102,12 @@ pub enum RawTxArg {
     Required,
 }
 
-impl From<RawTxArg> for softrdma::RawTx {
-    fn from(a: RawTxArg) -> softrdma::RawTx {
+impl From<RawTxArg> for softrdma::roce::RawTx {
+    fn from(a: RawTxArg) -> softrdma::roce::RawTx {
         match a {
-            RawTxArg::Auto => softrdma::RawTx::Auto,
-            RawTxArg::Off => softrdma::RawTx::Off,
-            RawTxArg::Required => softrdma::RawTx::Required,
+            RawTxArg::Auto => softrdma::roce::RawTx::Auto,
+            RawTxArg::Off => softrdma::roce::RawTx::Off,
+            RawTxArg::Required => softrdma::roce::RawTx::Required,
         }
     }
 }
@@ -364,7 +365,10 @@ impl PerfArgs {
 
     pub(super) fn listen_params(&self) -> ListenParams {
         ListenParams {
-            crc: self.crc,
+            iwarp: softrdma::iwarp::ListenParams {
+                crc: self.crc,
+                ..Default::default()
+            },
             ..ListenParams::default()
         }
     }

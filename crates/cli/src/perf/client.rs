@@ -25,10 +25,11 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use softrdma::ib::RequesterCounters;
+use softrdma::iwarp::FpduSize;
+use softrdma::roce::RequesterCounters;
 use softrdma::{
-    Access, BusyPoll, ConnectParams, ConnectionInfo, Context, Cq, Error, FpduSize, Key, Mr, Pd, Qp,
-    QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, BusyPoll, ConnectParams, ConnectionInfo, Context, Cq, Error, Key, Mr, Pd, Qp, QpCap,
+    QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::proto::{
@@ -118,7 +119,7 @@ pub struct Client {
     /// RoCE: the requester counters of every test QP, summed.
     pub requester: RequesterCounters,
     /// iWARP: the RDMAP counters of every test QP, summed.
-    pub stream: softrdma::StreamCounters,
+    pub stream: softrdma::iwarp::StreamCounters,
     /// Every test QP's counters as it ended: the test, its QP number and the counters.
     pub qps: Vec<(&'static str, u32, softrdma::QpCounters)>,
 }
@@ -156,11 +157,13 @@ impl Client {
             private_data: req.emit(),
             ird: 16,
             ord: self.o.tx_depth.clamp(1, 16383) as u16,
-            crc: self.o.crc,
-            fpdu: self.o.fpdu,
-            roce_pmtu: self.o.pmtu,
             timeout: self.o.connect_timeout,
-            ..ConnectParams::default()
+            iwarp: softrdma::iwarp::ConnectParams {
+                crc: self.o.crc,
+                fpdu: self.o.fpdu,
+                ..Default::default()
+            },
+            roce: softrdma::roce::ConnectParams { pmtu: self.o.pmtu },
         }
     }
 

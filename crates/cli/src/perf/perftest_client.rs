@@ -17,8 +17,9 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpState};
-use softrdma::{Access, Cq, Device, Key, Pd, Qp, QpCap, QpInitAttr, RoceConfig, SendFlags, SendWr};
+use softrdma::roce::RoceConfig;
+use softrdma::roce::{QpAttr, QpState};
+use softrdma::{Access, Cq, Device, Key, Pd, Qp, QpCap, QpInitAttr, SendFlags, SendWr};
 
 use super::client::{INLINE_MAX, SAFETY, check};
 use super::{Limit, PerfArgs, PerfError, bind_ip, resolve, valid_mtu};
@@ -393,7 +394,7 @@ pub fn perftest_client(args: &PerfArgs, host: &str) -> Result<PerftestResult, Pe
     };
     // 4. The QP records, before connecting.
     let remote = xchg_dest(&mut s, &local)?;
-    let peer_ip = softrdma::gid_to_ip(&remote.gid);
+    let peer_ip = softrdma::roce::gid_to_ip(&remote.gid);
     let path = OobPath {
         peer: SocketAddr::new(peer_ip, roce_port),
         dest_qp: remote.qpn,
@@ -570,7 +571,7 @@ mod tests {
             (0, 1, 0x18, 0x5b60d0, 0x96d, 0x7f04_79e2_f000, 0)
         );
         assert_eq!(
-            softrdma::gid_to_ip(&d.gid),
+            softrdma::roce::gid_to_ip(&d.gid),
             "10.77.0.3".parse::<IpAddr>().unwrap()
         );
         assert_eq!(&d.encode(), client);

@@ -22,9 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use softrdma::iwarp::FpduSize;
 use softrdma::{
-    AcceptParams, Access, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Pd, PostError,
-    Qp, QpCap, QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,
+    AcceptParams, Access, ConnRequest, Context, Cq, Error, Key, Listener, Pd, PostError, Qp, QpCap,
+    QpInitAttr, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,
 };
 
 use super::PerfError;
@@ -61,7 +62,7 @@ fn accept(req: ConnRequest, qp: &Qp, fpdu: FpduSize) -> Result<(), Error> {
             private_data: Vec::new(),
             ird: ord,
             ord: ird,
-            fpdu,
+            iwarp: softrdma::iwarp::AcceptParams { fpdu },
             ..AcceptParams::default()
         },
     )?;

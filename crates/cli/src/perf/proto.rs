@@ -265,7 +265,7 @@ impl Reply {
         req: softrdma::ConnRequest,
         qp: &softrdma::Qp,
         default: (u16, u16),
-        (pmtu, fpdu): (u32, softrdma::FpduSize),
+        (pmtu, fpdu): (u32, softrdma::iwarp::FpduSize),
     ) -> Result<softrdma::ConnectionInfo, softrdma::Error> {
         let (peer_ird, peer_ord) = req.peer_ird_ord().unwrap_or(default);
         req.accept(
@@ -274,8 +274,8 @@ impl Reply {
                 private_data: self.emit(),
                 ird: peer_ord.max(1),
                 ord: peer_ird,
-                roce_pmtu: pmtu,
-                fpdu,
+                iwarp: softrdma::iwarp::AcceptParams { fpdu },
+                roce: softrdma::roce::AcceptParams { pmtu },
                 ..softrdma::AcceptParams::default()
             },
         )

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use softrdma::{Context, Device, Listener, RoceConfig};
+use softrdma::roce::RoceConfig;
+use softrdma::{Context, Device, Listener};
 
 use super::args::{Limit, PerfArgs};
 use super::proto::{Measure, Reverse, Test};

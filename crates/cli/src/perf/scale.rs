@@ -285,7 +285,7 @@ fn one(args: &PerfArgs, n: u32, size: u32, limit: Limit) -> Result<ScaleRow, Per
                     AcceptParams {
                         ird: 1,
                         ord: 1,
-                        roce_pmtu: pmtu,
+                        roce: softrdma::roce::AcceptParams { pmtu },
                         ..AcceptParams::default()
                     },
                 )?;
@@ -302,7 +302,7 @@ fn one(args: &PerfArgs, n: u32, size: u32, limit: Limit) -> Result<ScaleRow, Per
                     ConnectParams {
                         ird: 1,
                         ord: 1,
-                        roce_pmtu: pmtu,
+                        roce: softrdma::roce::ConnectParams { pmtu },
                         ..ConnectParams::default()
                     },
                 )?;
@@ -388,11 +388,13 @@ fn remote(
                     private_data: req.emit(),
                     ird: 1,
                     ord: 1,
-                    roce_pmtu: o.pmtu,
-                    crc: o.crc,
-                    fpdu: o.fpdu,
                     timeout: o.connect_timeout,
-                    ..ConnectParams::default()
+                    iwarp: softrdma::iwarp::ConnectParams {
+                        crc: o.crc,
+                        fpdu: o.fpdu,
+                        ..Default::default()
+                    },
+                    roce: softrdma::roce::ConnectParams { pmtu: o.pmtu },
                 },
             )
             .map_err(|e| {
@@ -449,7 +451,7 @@ pub struct ScaleSession {
     n: u32,
     size: u32,
     pmtu: u32,
-    fpdu: softrdma::FpduSize,
+    fpdu: softrdma::iwarp::FpduSize,
     side: Side,
     qps: Vec<Qp>,
     /// Progress at the last look (units its QPs received, QPs accepted), and since when.
@@ -464,7 +466,7 @@ impl ScaleSession {
         ctx: &Context,
         id: u64,
         r: Request,
-        (pmtu, fpdu): (u32, softrdma::FpduSize),
+        (pmtu, fpdu): (u32, softrdma::iwarp::FpduSize),
         req: ConnRequest,
     ) -> Result<ScaleSession, PerfError> {
         let size = r.size.max(1);

@@ -20,8 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
+use softrdma::iwarp::FpduSize;
 use softrdma::{
-    AsyncEvent, BusyPoll, ConnRequest, Context, Cq, Error, FpduSize, Key, Listener, Mr, Qp, QpCap,
+    AsyncEvent, BusyPoll, ConnRequest, Context, Cq, Error, Key, Listener, Mr, Qp, QpCap,
     QpInitAttr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 

@@ -137,7 +137,10 @@ pub fn serve_conn(s: &mut TcpStream, test: RawTest) -> io::Result<()> {
     s.read_exact(&mut e)?;
     let mut gid = [0u8; 16];
     gid.copy_from_slice(&e[2..]);
-    let client = SocketAddr::new(softrdma::gid_to_ip(&gid), u16::from_be_bytes([e[0], e[1]]));
+    let client = SocketAddr::new(
+        softrdma::roce::gid_to_ip(&gid),
+        u16::from_be_bytes([e[0], e[1]]),
+    );
     let sock = udp_socket(s.local_addr()?.ip().to_canonical())?;
     sock.connect(client)?;
     if test == RawTest::UdpGsoBw {

@@ -109,7 +109,9 @@ impl RdmaTransport {
                 addr,
                 ConnectParams {
                     private_data: cfg.private_data(),
-                    roce_pmtu: cfg.roce_pmtu,
+                    roce: softrdma::roce::ConnectParams {
+                        pmtu: cfg.roce_pmtu,
+                    },
                     ..ConnectParams::default()
                 },
             )

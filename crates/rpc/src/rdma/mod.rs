@@ -73,7 +73,7 @@ impl Default for RdmaConfig {
             inline_recv: 4096,
             max_message: 4 << 20,
             remote_invalidate: true,
-            roce_pmtu: softrdma::DEFAULT_ROCE_PMTU,
+            roce_pmtu: softrdma::roce::DEFAULT_ROCE_PMTU,
             busy_poll: BusyPoll::Off,
         }
     }

@@ -188,7 +188,9 @@ impl Conn {
             &ep.qp,
             AcceptParams {
                 private_data: cfg.private_data(),
-                roce_pmtu: cfg.roce_pmtu,
+                roce: softrdma::roce::AcceptParams {
+                    pmtu: cfg.roce_pmtu,
+                },
                 ..AcceptParams::default()
             },
         )

@@ -37,7 +37,7 @@ pub fn contexts(t: T) -> (Context, Context) {
 /// RoCEv2 devices on 127.0.0.1 and 127.0.0.2, one free UDP port.
 pub fn roce_pair() -> [Context; 2] {
     let ips = [Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)].map(IpAddr::V4);
-    let cfgs = ips.map(softrdma::RoceConfig::new);
+    let cfgs = ips.map(softrdma::roce::RoceConfig::new);
     let [a, b]: [Context; 2] = Device::open_sharing_a_port(&cfgs)
         .unwrap()
         .try_into()

@@ -662,7 +662,7 @@ fn connect_start(
         .to_socket_addrs()?
         .find(|a| a.is_ipv4() == drv.local.is_ipv4())
         .ok_or(Error::InvalidArgument("no address of the context's family"))?;
-    let pmtu = mtu_code(params.roce_pmtu)?;
+    let pmtu = mtu_code(params.roce.pmtu)?;
     // An ephemeral source port for the CMA header (and the flow label).
     let src = SocketAddr::new(drv.local.ip(), 32768 + (random_u32() % 28232) as u16);
     let too_long = |e| {

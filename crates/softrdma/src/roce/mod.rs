@@ -1,5 +1,11 @@
-//! The RoCEv2 driver: InfiniBand QPs ([`softrdma_ib::IbQp`]) over one UDP socket bound to
-//! port 4791 of a local address (IBA Annex A17; ib-transport.md §13.6).
+//! RoCEv2 specifics: a device's settings ([`RoceConfig`], [`Device::roce`](crate::Device::roce))
+//! and counters, address handles for UD sends ([`Ah`]), the InfiniBand attributes of
+//! [`Qp::modify`](crate::Qp::modify) ([`QpAttr`]) and the engines' counters, GIDs, and the
+//! connection parameters only RoCE takes.
+//!
+//! Underneath is the RoCEv2 driver: InfiniBand QPs ([`softrdma_ib::IbQp`]) over one UDP
+//! socket bound to port 4791 of a local address (IBA Annex A17; `docs/spec/ib-transport.md`
+//! §13.6).
 //!
 //! A thin driver over the sans-IO [`RoceEndpoint`] of `softrdma_ib`, which does everything
 //! about the datagrams' contents: ICRC check (the socket hides the IP header, so the IPv4
@@ -36,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use softrdma_ib::{
-    EndpointError, IbQp, QpAttr, QpCaps, QpState as IbQpState, QpType, RoceEndpoint, SocketKind,
+    EndpointError, IbQp, QpCaps, QpState as IbQpState, QpType, RoceEndpoint, SocketKind,
 };
 use softrdma_memory::{KeyTable, PdId};
 use softrdma_verbs_types::{RecvWr, SendWr, SharedRecvQueue, WorkCompletion, WrOpcode};
@@ -55,6 +61,15 @@ pub use self::ah::Ah;
 use self::ah::AhSlot;
 pub use self::config::{RawTx, RoceConfig, RoceCounters};
 use self::rx::rx_loop;
+pub use crate::connparams::DEFAULT_ROCE_PMTU;
+pub use crate::connparams::roce::{AcceptParams, ConnectParams};
+pub use softrdma_ib::rdma_cm::RDMA_UDP_QKEY;
+/// InfiniBand attributes of RoCE QPs (`ibv_qp_attr` for [`Qp::modify`](crate::Qp::modify),
+/// whose `state` is the InfiniBand subset of [`crate::QpState`], comparable with it) and the
+/// engine's own counters.
+pub use softrdma_ib::{
+    HeaderCounters, ModifyError, QpAttr, QpState, RequesterCounters, ResponderCounters,
+};
 
 use crate::Error;
 use crate::cq::{CqShared, Progress, Pushed};

@@ -498,7 +498,7 @@ impl Conn {
                                 peer_addr: self.peer,
                                 private_data,
                                 params,
-                                early_fpdus: l.params.early_fpdus,
+                                early_fpdus: l.params.iwarp.early_fpdus,
                             })
                             .is_ok()
                     });

@@ -17,11 +17,11 @@ use crate::connparams::ListenParams;
 impl ListenParams {
     pub(crate) fn startup_config(&self) -> StartupConfig {
         StartupConfig {
-            rev: self.rev,
-            crc: self.crc,
-            markers: self.markers,
-            p2p: self.p2p.then_some(RtrSet::WRITE_OR_READ),
-            timeout: self.timeout,
+            rev: self.iwarp.rev,
+            crc: self.iwarp.crc,
+            markers: self.iwarp.markers,
+            p2p: self.iwarp.p2p.then_some(RtrSet::WRITE_OR_READ),
+            timeout: self.iwarp.timeout,
             ..StartupConfig::default()
         }
     }
@@ -126,8 +126,8 @@ impl HalfOpen {
     /// first Request, and a flood from one address still only pushes out its own once they
     /// are that old; the oldest of all when the listener is full.
     fn victim_in(l: &ListenerShared, s: &HalfOpenSet, ip: IpAddr, now: Instant) -> Option<u64> {
-        let max = l.params.max_half_open.max(1) as usize;
-        let per_source = l.params.max_half_open_per_source.max(1);
+        let max = l.params.iwarp.max_half_open.max(1) as usize;
+        let per_source = l.params.iwarp.max_half_open_per_source.max(1);
         let full = s.len() >= max;
         if s.per_source.get(&ip).copied().unwrap_or(0) >= per_source {
             let own = s

@@ -285,7 +285,7 @@ impl TcpRequest {
             private_data: params.private_data,
             ird: params.ird,
             ord: params.ord,
-            fpdu: params.fpdu,
+            fpdu: params.iwarp.fpdu,
             early_fpdus: self.req.early_fpdus,
             reply,
         });
@@ -410,7 +410,7 @@ impl TcpShared {
             },
             started: Instant::now(),
             emss,
-            fpdu: params.fpdu,
+            fpdu: params.iwarp.fpdu,
             reply,
         })?;
         wait_reply(rx, params.timeout)
@@ -430,7 +430,7 @@ impl TcpShared {
             addr,
             startup: startup_config(params)?,
             started: Instant::now(),
-            fpdu: params.fpdu,
+            fpdu: params.iwarp.fpdu,
             reply,
         })?;
         Ok(rx)
@@ -440,12 +440,15 @@ impl TcpShared {
 /// The initiator's MPA settings, checked before anything touches the network.
 fn startup_config(params: &ConnectParams) -> Result<StartupConfig, Error> {
     let cfg = StartupConfig {
-        rev: params.rev,
-        crc: params.crc,
-        markers: params.markers,
+        rev: params.iwarp.rev,
+        crc: params.iwarp.crc,
+        markers: params.iwarp.markers,
         ird: params.ird,
         ord: params.ord,
-        p2p: params.p2p.then_some(RtrSet::only(Rtr::ZeroLengthWrite)),
+        p2p: params
+            .iwarp
+            .p2p
+            .then_some(RtrSet::only(Rtr::ZeroLengthWrite)),
         private_data: params.private_data.clone(),
         timeout: params.timeout,
         allow_early_fpdus: true,

@@ -10,7 +10,10 @@ use std::sync::LazyLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use softrdma::ib::{QpAttr, QpType};
+use softrdma::iwarp::QpEvent;
+use softrdma::roce;
+use softrdma::roce::QpAttr;
+use softrdma::roce::RoceConfig;
 use softrdma::*;
 use softrdma_testkit::pattern;
 
@@ -522,13 +525,13 @@ pub fn modify_to_rts(qp: &Qp, peer: Option<(SocketAddr, u32)>, psn: u32, peer_ps
         qp.set_remote(peer.unwrap().0).unwrap();
     }
     qp.modify(&QpAttr {
-        state: Some(ib::QpState::Init),
+        state: Some(roce::QpState::Init),
         qkey: (!conn).then_some(QKEY),
         ..QpAttr::default()
     })
     .unwrap();
     qp.modify(&QpAttr {
-        state: Some(ib::QpState::Rtr),
+        state: Some(roce::QpState::Rtr),
         pmtu: conn.then_some(PMTU as u32),
         dest_qp: peer.filter(|_| conn).map(|p| p.1),
         rq_psn: conn.then_some(peer_psn),
@@ -538,7 +541,7 @@ pub fn modify_to_rts(qp: &Qp, peer: Option<(SocketAddr, u32)>, psn: u32, peer_ps
     })
     .unwrap();
     qp.modify(&QpAttr {
-        state: Some(ib::QpState::Rts),
+        state: Some(roce::QpState::Rts),
         sq_psn: Some(psn),
         timeout: rc.then_some(14),
         retry_cnt: rc.then_some(7),

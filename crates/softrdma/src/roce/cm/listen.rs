@@ -353,7 +353,7 @@ impl RoceRequest {
         Message::Rep
             .check(&params.private_data)
             .map_err(|e| invalid(e, "RoCE private data is at most 196 octets in a reply"))?;
-        let pmtu = mtu_code(params.roce_pmtu)?;
+        let pmtu = mtu_code(params.roce.pmtu)?;
         let a = Agreed::responder(&req, random_u32() & 0xFF_FFFF, pmtu, params.ird, params.ord);
         self.answered = true;
         let peer = SocketAddr::new(req.peer, drv.local.port());
