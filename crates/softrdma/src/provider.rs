@@ -116,14 +116,6 @@ pub(crate) trait QpOps: Send + Sync {
     /// Posts in order up to the first refused request, whose index comes back (`bad_wr`).
     fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)>;
     fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)>;
-    fn post_send(&self, wr: SendWr) -> Result<(), Error> {
-        self.post_send_list(&mut std::iter::once(wr))
-            .map_err(|(_, e)| e)
-    }
-    fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
-        self.post_recv_list(&mut std::iter::once(wr))
-            .map_err(|(_, e)| e)
-    }
 
     /// `ibv_modify_qp`.
     fn modify(&self, attr: &QpAttr) -> Result<(), Error>;

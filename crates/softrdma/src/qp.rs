@@ -184,7 +184,10 @@ impl Qp {
     /// in Error or Closed it completes at once with `WorkRequestFlushed`.
     pub fn post_send(&self, wr: SendWr) -> Result<(), Error> {
         let wr = self.prepared(wr);
-        self.ops.post_send(wr)
+        // A list of one: one path for both.
+        self.ops
+            .post_send_list(&mut std::iter::once(wr))
+            .map_err(|(_, e)| e)
     }
 
     /// An empty buffer for an `INLINE` request's octets ([`SendWr::inline`]), one of this
@@ -220,7 +223,9 @@ impl Qp {
     /// posted before the QP is connected (and should be: an iWARP Send finding no buffer
     /// terminates the stream). Refused on a QP with an SRQ.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), Error> {
-        self.ops.post_recv(wr)
+        self.ops
+            .post_recv_list(&mut std::iter::once(wr))
+            .map_err(|(_, e)| e)
     }
 
     /// Posts several receive requests in order (`ibv_post_recv` with a list): one pass of

@@ -35,6 +35,7 @@
 //! `config.rs`, where a context listens and what it counts; `tx.rs`, transmission; `rx.rs`,
 //! reception, turns and timers; `ah.rs`, address handles; `cm.rs`, the connection manager.
 
+use std::any::Any;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -72,9 +73,11 @@ pub use softrdma_ib::{
 };
 
 use crate::Error;
+use crate::connparams::ConnectionInfo;
 use crate::cq::{CqShared, Progress, Pushed};
 use crate::event::EventQueue;
 use crate::leader::{Leader, WakePipe};
+use crate::provider::{Connected, Destroy, DriverQp, QpOps};
 use crate::state::QpCounters;
 use crate::tap::TapSlot;
 
@@ -629,6 +632,71 @@ impl RoceShared {
         // Only flushed completions to deliver; a held ACK waits for the next Send.
         self.flush(q, &mut e, Instant::now(), Hold::Ack);
         res
+    }
+}
+
+/// A RoCE QP as the verbs API holds it: its engine, and the driver whose socket and CM it
+/// uses.
+pub(crate) type RoceQp = DriverQp<RoceShared, RoceQpShared>;
+
+impl QpOps for RoceQp {
+    fn qp_num(&self) -> u32 {
+        self.q.qpn()
+    }
+
+    fn state(&self) -> crate::QpState {
+        self.q.state().into()
+    }
+
+    fn counters(&self) -> QpCounters {
+        self.q.counters()
+    }
+
+    fn sq_outstanding(&self) -> u64 {
+        self.q.sq_outstanding() as u64
+    }
+
+    fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)> {
+        self.drv.post_send(&self.q, wrs)
+    }
+
+    fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)> {
+        self.drv.post_recv_list(&self.q, wrs)
+    }
+
+    fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
+        self.drv.modify(&self.q, attr)
+    }
+
+    fn set_remote(&self, addr: SocketAddr) -> Result<(), Error> {
+        self.drv.set_remote(&self.q, addr);
+        Ok(())
+    }
+
+    fn connect(
+        &self,
+        addrs: &[SocketAddr],
+        params: &crate::ConnectParams,
+    ) -> Result<ConnectionInfo, Error> {
+        cm::connect(&self.drv, &self.q, addrs, params)
+    }
+
+    fn connect_async(&self, addr: SocketAddr, params: crate::ConnectParams) -> Connected<'_> {
+        Box::pin(async move { cm::connect_async(&self.drv, &self.q, addr, &params).await })
+    }
+
+    fn disconnect(&self) -> Result<(), Error> {
+        self.drv.cm_disconnect(&self.q)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Destroy<RoceQpShared> for RoceShared {
+    fn destroy(&self, q: &Arc<RoceQpShared>) {
+        self.destroy_qp(q.qpn());
     }
 }
 

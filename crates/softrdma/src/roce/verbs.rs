@@ -2,26 +2,19 @@
 //! Posts go to the QP's InfiniBand engine in the caller's thread; connections are the CM's
 //! (`cm`).
 
-use std::any::Any;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use softrdma_ib::{QpAttr, QpCaps, QpType};
-use softrdma_verbs_types::{RecvWr, SendWr};
 
-use super::cm::{self, RoceListener, RoceRequest};
-use super::{RoceQpShared, RoceShared};
+use super::cm::{RoceListener, RoceRequest};
+use super::{RoceQp, RoceQpShared, RoceShared};
 use crate::Error;
-use crate::connparams::{AcceptParams, ConnectParams, ConnectionInfo, ListenParams};
+use crate::connparams::{AcceptParams, ConnectionInfo, ListenParams};
 use crate::provider::{
-    BoxFuture, Connected, Destroy, DriverQp, ListenOps, Provider, QpCreate, QpOps, RequestOps,
-    Settings,
+    BoxFuture, Connected, ListenOps, Provider, QpCreate, QpOps, RequestOps, Settings,
 };
-use crate::state::{QpCounters, QpState};
-
-/// A RoCE QP: its engine, and the driver whose socket and CM it uses.
-type RoceQp = DriverQp<RoceShared, RoceQpShared>;
 
 /// A RoCE context's provider.
 impl Provider for Arc<RoceShared> {
@@ -69,67 +62,6 @@ impl Provider for Arc<RoceShared> {
 
     fn close(&self) {
         self.shutdown();
-    }
-}
-
-impl QpOps for RoceQp {
-    fn qp_num(&self) -> u32 {
-        self.q.qpn()
-    }
-
-    fn state(&self) -> QpState {
-        self.q.state().into()
-    }
-
-    fn counters(&self) -> QpCounters {
-        self.q.counters()
-    }
-
-    fn sq_outstanding(&self) -> u64 {
-        self.q.sq_outstanding() as u64
-    }
-
-    fn post_send_list(&self, wrs: &mut dyn Iterator<Item = SendWr>) -> Result<(), (usize, Error)> {
-        self.drv.post_send(&self.q, wrs)
-    }
-
-    fn post_recv_list(&self, wrs: &mut dyn Iterator<Item = RecvWr>) -> Result<(), (usize, Error)> {
-        self.drv.post_recv_list(&self.q, wrs)
-    }
-
-    fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
-        self.drv.modify(&self.q, attr)
-    }
-
-    fn set_remote(&self, addr: SocketAddr) -> Result<(), Error> {
-        self.drv.set_remote(&self.q, addr);
-        Ok(())
-    }
-
-    fn connect(
-        &self,
-        addrs: &[SocketAddr],
-        params: &ConnectParams,
-    ) -> Result<ConnectionInfo, Error> {
-        cm::connect(&self.drv, &self.q, addrs, params)
-    }
-
-    fn connect_async(&self, addr: SocketAddr, params: ConnectParams) -> Connected<'_> {
-        Box::pin(async move { cm::connect_async(&self.drv, &self.q, addr, &params).await })
-    }
-
-    fn disconnect(&self) -> Result<(), Error> {
-        self.drv.cm_disconnect(&self.q)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl Destroy<RoceQpShared> for RoceShared {
-    fn destroy(&self, q: &Arc<RoceQpShared>) {
-        self.destroy_qp(q.qpn());
     }
 }
 
