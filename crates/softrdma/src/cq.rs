@@ -27,7 +27,7 @@ mod channel;
 
 use self::channel::ChannelShared;
 pub use self::channel::CompletionChannel;
-use crate::leader::{Leader, STAND_DOWN, Spin, Turn, Waiter};
+use crate::leader::{Leader, STAND_DOWN, Spin, Turn, Wait, Waiter};
 
 /// How long the polls of a CQ find nothing before each yields its core ([`Cq::poll_each`]):
 /// longer than a round trip here, so that a ping-pong's poller keeps its core.
@@ -120,14 +120,7 @@ pub(crate) trait Progress: Send + Sync {
     /// arrives — polling without sleeping for the first `spin` (hybrid wait, as
     /// `SO_BUSY_POLL`) and for `flow` after each arrival (see `Leader::drive`); `false`
     /// when another thread drives (then wait on the CQ).
-    fn block(
-        &self,
-        waiter: Weak<dyn Waiter>,
-        spin: Duration,
-        flow: Duration,
-        until: Option<Instant>,
-        done: &dyn Fn() -> bool,
-    ) -> bool;
+    fn block(&self, wait: Wait<'_>) -> bool;
     /// A completion was queued for a waiter that may be blocked in [`Progress::block`].
     fn wake(&self);
     /// A task awaits completions: the background thread, if it stands down after a
@@ -158,20 +151,9 @@ impl<D: Driven> Progress for D {
         self.poll_once(cq);
     }
 
-    fn block(
-        &self,
-        waiter: Weak<dyn Waiter>,
-        spin: Duration,
-        flow: Duration,
-        until: Option<Instant>,
-        done: &dyn Fn() -> bool,
-    ) -> bool {
+    fn block(&self, wait: Wait<'_>) -> bool {
         let drove = self.leader().drive(
-            waiter,
-            spin,
-            flow,
-            until,
-            done,
+            wait,
             || self.interrupt(),
             |slot, until| self.caller_turn(slot, until),
         );
@@ -278,7 +260,13 @@ impl CqShared {
     ) -> bool {
         self.io_waiters.fetch_add(1, Ordering::AcqRel);
         let w: Weak<dyn Waiter> = Arc::downgrade(self) as Weak<dyn Waiter>;
-        let drove = d.block(w, spin, self.spin.flow(), until, done);
+        let drove = d.block(Wait {
+            waiter: w,
+            spin,
+            flow: self.spin.flow(),
+            until,
+            done,
+        });
         self.io_waiters.fetch_sub(1, Ordering::AcqRel);
         drove
     }

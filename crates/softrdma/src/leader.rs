@@ -182,6 +182,16 @@ pub(crate) enum Turn {
     Stop,
 }
 
+/// A caller's wait for completions ([`Leader::drive`], `Progress::block`): who waits, how
+/// long it polls first (`spin`) and after each arrival (`flow`), until when, and what ends it.
+pub(crate) struct Wait<'a> {
+    pub(crate) waiter: Weak<dyn Waiter>,
+    pub(crate) spin: Duration,
+    pub(crate) flow: Duration,
+    pub(crate) until: Option<Instant>,
+    pub(crate) done: &'a dyn Fn() -> bool,
+}
+
 /// The slot and the bookkeeping of who wants it.
 pub(crate) struct Leader<S> {
     slot: Mutex<S>,
@@ -429,17 +439,19 @@ impl<S> Leader<S> {
     /// interrupts the holder's wait. Returns `false` when another caller holds the slot:
     /// that caller runs everything, and this one waits on its CQ (it is told when the slot
     /// is free).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn drive(
         &self,
-        waiter: Weak<dyn Waiter>,
-        spin: Duration,
-        flow: Duration,
-        until: Option<Instant>,
-        done: &dyn Fn() -> bool,
+        wait: Wait<'_>,
         kick: impl Fn(),
         mut turn: impl FnMut(&mut S, Option<Instant>) -> Turn,
     ) -> bool {
+        let Wait {
+            waiter,
+            spin,
+            flow,
+            until,
+            done,
+        } = wait;
         self.want.fetch_add(1, Ordering::AcqRel);
         let slot = match self.slot.try_lock() {
             Some(s) => Some(s),

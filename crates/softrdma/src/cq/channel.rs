@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use super::{Cq, CqShared, Progress};
 use crate::Error;
-use crate::leader::{FLOW_POLL, STAND_DOWN, Waiter};
+use crate::leader::{FLOW_POLL, STAND_DOWN, Wait, Waiter};
 
 struct ChanState {
     events: VecDeque<Weak<CqShared>>,
@@ -150,8 +150,12 @@ impl CompletionChannel {
             if let [d] = drivers.as_slice() {
                 ch.io_waiters.fetch_add(1, Ordering::AcqRel);
                 let w: Weak<dyn Waiter> = Arc::downgrade(ch) as Weak<dyn Waiter>;
-                let drove = d.block(w, Duration::ZERO, FLOW_POLL, deadline, &|| {
-                    !ch.state.lock().events.is_empty()
+                let drove = d.block(Wait {
+                    waiter: w,
+                    spin: Duration::ZERO,
+                    flow: FLOW_POLL,
+                    until: deadline,
+                    done: &|| !ch.state.lock().events.is_empty(),
                 });
                 ch.io_waiters.fetch_sub(1, Ordering::AcqRel);
                 if drove {

@@ -24,11 +24,13 @@ fn drive_after_arrival(flow: Duration) -> (Vec<bool>, Duration) {
     let blocked_after = Cell::new(None::<Duration>);
     let done = || blocked_after.get().is_some();
     assert!(l.drive(
-        weak,
-        Duration::ZERO,
-        flow,
-        Some(deadline),
-        &done,
+        Wait {
+            waiter: weak,
+            spin: Duration::ZERO,
+            flow,
+            until: Some(deadline),
+            done: &done,
+        },
         || {},
         |_, until| {
             let poll = until != Some(deadline);
@@ -65,11 +67,13 @@ fn a_wake_from_the_holder_marks_it_instead_of_interrupting() {
     let (_w, weak) = waiter();
     let seen = Cell::new(None);
     assert!(l.drive(
-        weak,
-        Duration::ZERO,
-        Duration::ZERO,
-        None,
-        &|| seen.get().is_some(),
+        Wait {
+            waiter: weak,
+            spin: Duration::ZERO,
+            flow: Duration::ZERO,
+            until: None,
+            done: &|| seen.get().is_some(),
+        },
         || {},
         |_, _| {
             l.wake(|| interrupts.set(interrupts.get() + 1));
@@ -269,11 +273,13 @@ fn a_callers_flow_is_its_own() {
     let n = Cell::new(0);
     let done = || n.get() > 0;
     assert!(l.drive(
-        weak,
-        Duration::ZERO,
-        Duration::from_secs(3600),
-        None,
-        &done,
+        Wait {
+            waiter: weak,
+            spin: Duration::ZERO,
+            flow: Duration::from_secs(3600),
+            until: None,
+            done: &done,
+        },
         || {},
         |_, _| {
             n.set(n.get() + 1);
@@ -313,11 +319,13 @@ fn background_once(l: &Leader<()>) -> (bool, bool) {
 fn drive_once(l: &Leader<()>) {
     let (_w, weak) = waiter();
     assert!(l.drive(
-        weak,
-        Duration::ZERO,
-        Duration::ZERO,
-        None,
-        &|| true,
+        Wait {
+            waiter: weak,
+            spin: Duration::ZERO,
+            flow: Duration::ZERO,
+            until: None,
+            done: &|| true,
+        },
         || {},
         |_, _| Turn::Idle
     ));
