@@ -343,7 +343,7 @@ impl Driver {
                 rx_direct_min: rx_direct_min(),
                 ..ConnectionConfig::new(
                     Role::Responder,
-                    shared.params.startup_config(),
+                    shared.params.iwarp.startup_config(),
                     QpConfig::new(PdId(0), QpId(0)),
                     emss,
                 )

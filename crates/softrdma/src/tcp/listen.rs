@@ -12,16 +12,17 @@ use parking_lot::Mutex;
 use softrdma_iwarp::startup::{PeerParams, RtrSet, StartupConfig};
 
 use crate::backlog::Backlog;
-use crate::connparams::ListenParams;
+use crate::connparams::{ListenParams, iwarp};
 
-impl ListenParams {
+impl iwarp::ListenParams {
+    /// The MPA responder's settings.
     pub(crate) fn startup_config(&self) -> StartupConfig {
         StartupConfig {
-            rev: self.iwarp.rev,
-            crc: self.iwarp.crc,
-            markers: self.iwarp.markers,
-            p2p: self.iwarp.p2p.then_some(RtrSet::WRITE_OR_READ),
-            timeout: self.iwarp.timeout,
+            rev: self.rev,
+            crc: self.crc,
+            markers: self.markers,
+            p2p: self.p2p.then_some(RtrSet::WRITE_OR_READ),
+            timeout: self.timeout,
             ..StartupConfig::default()
         }
     }

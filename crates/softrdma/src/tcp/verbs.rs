@@ -51,7 +51,7 @@ impl Provider for Arc<TcpShared> {
         params: ListenParams,
     ) -> Result<Box<dyn ListenOps>, Error> {
         // Refuse a bad configuration now rather than at each request.
-        Startup::responder(params.startup_config(), Instant::now())?;
+        Startup::responder(params.iwarp.startup_config(), Instant::now())?;
         let std_listener = crate::net::listen(addrs, params.backlog)?;
         std_listener.set_nonblocking(true)?;
         let local_addr = std_listener.local_addr()?;
