@@ -755,6 +755,12 @@ impl IbQp {
         self.responder.poll_completion()
     }
 
+    /// Whether either queue has a completion to poll.
+    pub fn has_completion(&self) -> bool {
+        self.responder.has_completion()
+            || self.requester.as_ref().is_some_and(|r| r.has_completion())
+    }
+
     /// When [`IbQp::handle_timeout`] next has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.requester.as_ref()?.poll_timeout()

@@ -326,6 +326,11 @@ impl Requester {
         self.completions.pop_front()
     }
 
+    /// Whether a completion waits for [`poll_completion`](Self::poll_completion).
+    pub fn has_completion(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// Posts a send-queue work request. Every entry is checked with `check_local` now
     /// (READ and ATOMIC sinks need `LOCAL_WRITE`); `INLINE` data is copied now.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {

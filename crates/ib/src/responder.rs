@@ -410,6 +410,11 @@ impl Responder {
         self.completions.pop_front()
     }
 
+    /// Whether a completion waits for [`poll_completion`](Self::poll_completion).
+    pub fn has_completion(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// Handles one request packet addressed to this QP (header pipeline already passed).
     pub fn handle_packet(&mut self, pkt: &PacketRepr<'_>) {
         let op = pkt.bth.opcode;

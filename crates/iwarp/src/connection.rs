@@ -35,11 +35,12 @@ use softrdma_wire::mpa::{self, LlpError};
 use softrdma_wire::rdmap::{Body, Control, Opcode, Segment};
 
 use crate::framing::{Deframer, Framer, FramingError};
-use crate::rdmap::{Placement, QpConfig, QpEvent, RdmapEngine, StreamState};
+use crate::rdmap::{Placement, QpConfig, QpEvent, RdmapEngine, StreamCounters, StreamState};
 use crate::startup::{
     Negotiated, PeerParams, Role, Rtr, Startup, StartupConfig, StartupError, StartupEvent,
     StartupState,
 };
+use softrdma_verbs_types::{CheckedRecv, CheckedSend, PostError, WorkCompletion};
 
 /// How large our FPDUs are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,7 +284,53 @@ impl Connection {
         Ok(c)
     }
 
-    /// The queue pair's data path: post work requests, poll completions.
+    /// A checked send request for the QP (the engine's queue, RDMAP's ordering).
+    pub fn post_send(&mut self, wr: CheckedSend) -> Result<(), PostError> {
+        self.engine.post_checked(wr)
+    }
+
+    /// A checked receive request for the QP.
+    pub fn post_recv(&mut self, wr: CheckedRecv) -> Result<(), PostError> {
+        self.engine.post_checked_recv(wr)
+    }
+
+    /// The QP's next completion.
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.engine.poll_completion()
+    }
+
+    /// Send and receive requests the QP holds, not yet retired.
+    pub fn queued(&self) -> (usize, usize) {
+        (self.engine.sq_len(), self.engine.rq_len())
+    }
+
+    /// The RDMAP stream's state (RDMAP-94's, not the MPA connection's [`state`](Self::state)).
+    pub fn stream_state(&self) -> StreamState {
+        self.engine.state()
+    }
+
+    /// Ends the stream with a Local Catastrophic Terminate: the verbs' CQ overrun
+    /// (IBA 11.4.2.1).
+    pub fn local_catastrophic(&mut self) {
+        self.engine.local_catastrophic();
+    }
+
+    /// The RDMAP stream's counters.
+    pub fn counters(&self) -> StreamCounters {
+        self.engine.counters()
+    }
+
+    /// Whether the QP has nothing to frame, report or complete: established, in RTS, no
+    /// output and no event pending.
+    pub fn is_quiet(&self) -> bool {
+        self.state() == ConnState::Established
+            && !self.wants_transmit()
+            && !self.has_event()
+            && self.engine.state() == StreamState::Rts
+            && !self.engine.has_output()
+    }
+
+    /// The engine itself (tests and tools that drive RDMAP directly).
     pub fn engine_mut(&mut self) -> &mut RdmapEngine {
         &mut self.engine
     }

@@ -425,3 +425,17 @@ impl TxSink for TxBuf {
         Ok(())
     }
 }
+
+/// The first `n` octets of `iov` (all of it if shorter).
+pub fn iov_prefix<'a>(iov: &'a [IoSlice<'_>], mut n: usize) -> SmallVec<[IoSlice<'a>; 8]> {
+    let mut taken = SmallVec::new();
+    for s in iov {
+        if n == 0 {
+            break;
+        }
+        let k = s.len().min(n);
+        taken.push(IoSlice::new(&s[..k]));
+        n -= k;
+    }
+    taken
+}

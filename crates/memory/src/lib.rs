@@ -53,7 +53,7 @@ mod tests;
 
 pub use buffer::{Buffer, BufferReadGuard, BufferWriteGuard, MAP_MIN, PAGE_SIZE, PageBuf};
 pub use error::{AccessError, IbNak, InvalidateError, MemError};
-pub use gather::{DEFAULT_MIN_REFERENCE, MAX_IOV, TxBuf, TxMark, TxSink};
+pub use gather::{DEFAULT_MIN_REFERENCE, MAX_IOV, TxBuf, TxMark, TxSink, iov_prefix};
 pub use key::{Access, Key, KeyState, MrFlags, MwType, PdId, QpId};
 pub use table::{KeyTable, Target};
 

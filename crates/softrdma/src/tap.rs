@@ -100,7 +100,7 @@ pub(crate) fn tcp_written(
     iov: &[IoSlice<'_>],
     n: usize,
 ) {
-    let taken = crate::net::iov_prefix(iov, n);
+    let taken = softrdma_memory::iov_prefix(iov, n);
     tap.tapped(Tapped::TcpData {
         local,
         peer,

@@ -74,7 +74,7 @@ pub use softrdma_ib::{
 
 use crate::Error;
 use crate::connparams::ConnectionInfo;
-use crate::cq::{CqShared, Progress, Pushed};
+use crate::cq::{CqShared, Progress};
 use crate::event::EventQueue;
 use crate::leader::{Leader, WakePipe};
 use crate::provider::{Connected, Destroy, DriverQp, QpOps};
@@ -222,30 +222,6 @@ pub(crate) struct RoceQpShared {
     ack_held: AtomicBool,
     /// On [`RoceShared::tx_ready`].
     tx_queued: AtomicBool,
-}
-
-/// Moves the QP's completions to its CQs. A queue that overran puts the QP in Error
-/// (IBA 11.4.2.1): its outstanding requests are flushed, into the other queue if that one
-/// is healthy.
-fn deliver(q: &RoceQpShared, e: &mut Engine) {
-    let Engine { qp, wcs, .. } = e;
-    if hand_out(q, qp, wcs) && !matches!(qp.state(), IbQpState::Error | IbQpState::Reset) {
-        let _ = qp.modify(&QpAttr::state(IbQpState::Error));
-        let _ = hand_out(q, qp, wcs);
-    }
-}
-
-/// The QP's completions into its CQs; `true` when one of them is overrun.
-fn hand_out(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) -> bool {
-    while let Some(wc) = qp.poll_send_completion() {
-        wcs.push(wc);
-    }
-    let a = q.send_cq.push(q.qpn, wcs);
-    while let Some(wc) = qp.poll_recv_completion() {
-        wcs.push(wc);
-    }
-    let b = q.recv_cq.push(q.qpn, wcs);
-    a == Pushed::Overrun || b == Pushed::Overrun
 }
 
 /// Whether a flush may hold back a lone positive ACK.
@@ -570,7 +546,9 @@ impl RoceShared {
             && self.leader.caller_holds()
             && !self.leader.is_holder()
         {
-            deliver(q, &mut e);
+            if e.qp.has_completion() {
+                rx::deliver(q, &mut e);
+            }
             drop(e);
             self.defer(q);
             return res;
@@ -578,40 +556,6 @@ impl RoceShared {
         // A held ACK goes after the requests (IbQp::poll_transmit), in the same batch.
         self.flush(q, &mut e, Instant::now(), Hold::Nothing);
         res
-    }
-
-    /// Leaves `q`'s transmission to the caller holding the slot, and wakes it; sends at once
-    /// if that caller has let the slot go meanwhile.
-    fn defer(&self, q: &Arc<RoceQpShared>) {
-        if !q.tx_queued.swap(true, Ordering::AcqRel) {
-            self.tx_ready.lock().push(q.clone());
-            self.tx_ready_any.store(true, Ordering::Relaxed);
-        }
-        self.counters.tx_deferred.fetch_add(1, Ordering::Relaxed);
-        self.wake_pipe.signal();
-        // Either the holder, letting go, finds `q` on the list (`block` looks after
-        // `drive`), or this thread sees that it let go (the fence pairs with `block`'s).
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if !self.leader.caller_holds() {
-            self.send_ready(Instant::now());
-        }
-    }
-
-    /// Sends for the QPs [`defer`](Self::defer) left to this thread.
-    fn send_ready(&self, now: Instant) {
-        if !self.tx_ready_any.load(Ordering::Relaxed) {
-            return;
-        }
-        let ready = {
-            let mut r = self.tx_ready.lock();
-            self.tx_ready_any.store(false, Ordering::Relaxed);
-            std::mem::take(&mut *r)
-        };
-        for q in ready {
-            q.tx_queued.store(false, Ordering::Release);
-            let mut e = q.engine.lock();
-            self.flush(&q, &mut e, now, Hold::Nothing);
-        }
     }
 
     /// Posts a receive request (in the Error state it completes flushed at once).

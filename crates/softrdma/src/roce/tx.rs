@@ -46,6 +46,13 @@ fn with_tx_scratch<R>(f: impl FnOnce(&mut TxBuf) -> R) -> R {
     })
 }
 
+/// The QP's completions, if it has any, into its CQs ([`rx::deliver`]).
+fn complete(q: &RoceQpShared, e: &mut Engine) {
+    if e.qp.has_completion() {
+        rx::deliver(q, e);
+    }
+}
+
 impl RoceShared {
     /// Moves the QP's completions to the CQs (a waiter on another thread starts on them
     /// while the datagrams go out), then sends what the QP has to send — or, when another
@@ -64,7 +71,7 @@ impl RoceShared {
     /// there is one: what must be out before the engine changes state (a held ACK before
     /// Error drops it).
     pub(super) fn flush_now(&self, q: &RoceQpShared, e: &mut EngineGuard<'_>, now: Instant) {
-        deliver(q, e);
+        complete(q, e);
         let _sender = MutexGuard::unlocked(e, || q.tx.lock());
         with_tx_scratch(|tx| self.transmit(q, e, tx, now, Hold::Nothing, usize::MAX));
     }
@@ -79,7 +86,7 @@ impl RoceShared {
         hold: Hold,
         batches: usize,
     ) -> bool {
-        deliver(q, e);
+        complete(q, e);
         match q.tx.try_lock() {
             Some(_sender) => with_tx_scratch(|tx| self.transmit(q, e, tx, now, hold, batches)),
             None => {
@@ -133,7 +140,7 @@ impl RoceShared {
             }
             MutexGuard::unlocked(e, || self.send_batch(&mut tx.dgram, &tx.batch));
             // UD and UC sends complete as they leave.
-            deliver(q, e);
+            complete(q, e);
             n += 1;
             let full = tx.batch.len() == SEND_BATCH;
             if full && n >= batches {
@@ -153,6 +160,40 @@ impl RoceShared {
             }
         }
         more
+    }
+
+    /// Leaves `q`'s transmission to the caller holding the slot, and wakes it; sends at once
+    /// if that caller has let the slot go meanwhile.
+    pub(super) fn defer(&self, q: &Arc<RoceQpShared>) {
+        if !q.tx_queued.swap(true, Ordering::AcqRel) {
+            self.tx_ready.lock().push(q.clone());
+            self.tx_ready_any.store(true, Ordering::Relaxed);
+        }
+        self.counters.tx_deferred.fetch_add(1, Ordering::Relaxed);
+        self.wake_pipe.signal();
+        // Either the holder, letting go, finds `q` on the list (`block` looks after
+        // `drive`), or this thread sees that it let go (the fence pairs with `block`'s).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !self.leader.caller_holds() {
+            self.send_ready(Instant::now());
+        }
+    }
+
+    /// Sends for the QPs [`defer`](Self::defer) left to this thread.
+    pub(super) fn send_ready(&self, now: Instant) {
+        if !self.tx_ready_any.load(Ordering::Relaxed) {
+            return;
+        }
+        let ready = {
+            let mut r = self.tx_ready.lock();
+            self.tx_ready_any.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *r)
+        };
+        for q in ready {
+            q.tx_queued.store(false, Ordering::Release);
+            let mut e = q.engine.lock();
+            self.flush(&q, &mut e, now, Hold::Nothing);
+        }
     }
 
     /// Sends the ACKs callers held back ([`Hold::Ack`]).

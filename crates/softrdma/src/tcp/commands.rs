@@ -7,16 +7,19 @@ use std::time::Instant;
 
 use mio::net::TcpStream;
 use mio::{Interest, Token};
-use softrdma_iwarp::connection::{Connection as IwConn, ConnectionConfig};
-use softrdma_iwarp::rdmap::QpConfig;
+use softrdma_iwarp::connection::{
+    Connection as IwConn, ConnectionConfig, DEFAULT_RX_DIRECT_MIN, FpduSizing, NUDGE_AFTER,
+};
+use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig};
 use softrdma_iwarp::startup::Role;
 use softrdma_memory::{PdId, QpId};
 
-use super::conn::{Conn, WriteSide, fpdu_sizing, nudge_after, qp_config, rx_direct_min};
-use super::progress::{Dialing, Driver, Listening, flush_orphan, touch};
+use super::conn::{Conn, WriteSide, touch};
+use super::progress::{Dialing, Driver, Listening};
 
 use super::{Cmd, DeviceStats, HalfOpen, TcpQp, TcpShared, emss, prepare_stream};
 use crate::Error;
+use crate::connparams::FpduSize;
 use crate::state::QpState;
 
 /// An IPv4 peer seen through an IPv6 socket counts as its IPv4 address.
@@ -196,7 +199,7 @@ impl Driver {
                     c.disconnect(ctx, &mut self.bufs);
                 } else if !qp.state().is_dead() {
                     qp.set_state(QpState::Closed);
-                    flush_orphan(&qp);
+                    qp.flush_orphan();
                 }
             }
             Cmd::Destroy(qp) => {
@@ -398,5 +401,57 @@ impl Driver {
                 self.touched.push(t);
             }
         }
+    }
+}
+
+/// The engine's queue sizes from the QP's capabilities; MULPDU, IRD, ORD and the RDMAP
+/// version come from the MPA negotiation.
+pub(super) fn qp_config(qp: &TcpQp) -> QpConfig {
+    let mut cfg = QpConfig::new(qp.pd, QpId(qp.qpn));
+    cfg.sq_depth = qp.cap.max_send_wr;
+    let srq_attr = qp.srq.as_ref().map(|s| s.attr);
+    cfg.rq_depth = srq_attr.map_or(qp.cap.max_recv_wr, |a| a.max_wr);
+    cfg.max_sge = qp
+        .cap
+        .max_send_sge
+        .max(qp.cap.max_recv_sge)
+        .max(srq_attr.map_or(0, |a| a.max_sge))
+        .max(1);
+    cfg.max_inline = qp.cap.max_inline_data;
+    cfg
+}
+
+/// The payload size from which a receive reads straight into registered memory
+/// (`ConnectionConfig::rx_direct_min`): `SOFTRDMA_RX_DIRECT_MIN` (octets, or `off`) where set,
+/// for tuning and for interop runs whose FPDUs are small.
+pub(super) fn rx_direct_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| match std::env::var("SOFTRDMA_RX_DIRECT_MIN") {
+        Ok(v) if v == "off" => usize::MAX,
+        Ok(v) => v.parse().unwrap_or(DEFAULT_RX_DIRECT_MIN),
+        Err(_) => DEFAULT_RX_DIRECT_MIN,
+    })
+}
+
+/// How long an initiator waits for its silent peer before the nudge
+/// (`ConnectionConfig::nudge_after`): `SOFTRDMA_NUDGE_AFTER_MS` (milliseconds, or `off`) where
+/// set, for interop runs that want the nudge on every connection (0).
+pub(super) fn nudge_after() -> Option<std::time::Duration> {
+    static AFTER: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| match std::env::var("SOFTRDMA_NUDGE_AFTER_MS") {
+        Ok(v) if v == "off" => None,
+        Ok(v) => Some(
+            v.parse()
+                .map_or(NUDGE_AFTER, std::time::Duration::from_millis),
+        ),
+        Err(_) => Some(NUDGE_AFTER),
+    })
+}
+
+pub(super) fn fpdu_sizing(f: FpduSize) -> FpduSizing {
+    match f {
+        FpduSize::PathMss => FpduSizing::PathMss,
+        FpduSize::Largest => FpduSizing::Fixed(MAX_MULPDU),
+        FpduSize::Mulpdu(m) => FpduSizing::Fixed(m),
     }
 }

@@ -23,20 +23,18 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
-use softrdma_iwarp::connection::{
-    ConnEvent, ConnState, Connection as IwConn, DEFAULT_RX_DIRECT_MIN, FpduSizing, NUDGE_AFTER,
-    RxWindow,
-};
-use softrdma_iwarp::rdmap::{MAX_MULPDU, QpConfig, QpEvent, StreamState};
+use rustc_hash::FxHashMap as HashMap;
+use softrdma_iwarp::connection::{ConnEvent, ConnState, Connection as IwConn, RxWindow};
+use softrdma_iwarp::rdmap::{QpEvent, StreamState};
 use softrdma_iwarp::startup::Negotiated;
-use softrdma_memory::{QpId, TxBuf, TxSink};
+use softrdma_memory::{TxBuf, TxSink};
 use softrdma_verbs_types::{
     CheckedRecv, CheckedSend, PostError, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::{DeviceStats, HalfOpen, ListenerShared, PendingRequest, Reply, TcpQp, TcpShared};
 use crate::Error;
-use crate::connparams::{ConnectionDetail, ConnectionInfo, FpduSize, IwarpConnection};
+use crate::connparams::{ConnectionDetail, ConnectionInfo, IwarpConnection};
 use crate::cq::Pushed;
 use crate::event::AsyncEvent;
 use crate::state::{QpCounters, QpState};
@@ -156,58 +154,6 @@ pub(super) fn post_error_status(e: &PostError) -> WcStatus {
     match e {
         PostError::LocalProtection { .. } => WcStatus::LocalProtection,
         _ => WcStatus::LocalQpOperation,
-    }
-}
-
-/// The engine's queue sizes from the QP's capabilities; MULPDU, IRD, ORD and the RDMAP
-/// version come from the MPA negotiation.
-pub(super) fn qp_config(qp: &TcpQp) -> QpConfig {
-    let mut cfg = QpConfig::new(qp.pd, QpId(qp.qpn));
-    cfg.sq_depth = qp.cap.max_send_wr;
-    let srq_attr = qp.srq.as_ref().map(|s| s.attr);
-    cfg.rq_depth = srq_attr.map_or(qp.cap.max_recv_wr, |a| a.max_wr);
-    cfg.max_sge = qp
-        .cap
-        .max_send_sge
-        .max(qp.cap.max_recv_sge)
-        .max(srq_attr.map_or(0, |a| a.max_sge))
-        .max(1);
-    cfg.max_inline = qp.cap.max_inline_data;
-    cfg
-}
-
-/// The payload size from which a receive reads straight into registered memory
-/// (`ConnectionConfig::rx_direct_min`): `SOFTRDMA_RX_DIRECT_MIN` (octets, or `off`) where set,
-/// for tuning and for interop runs whose FPDUs are small.
-pub(super) fn rx_direct_min() -> usize {
-    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| match std::env::var("SOFTRDMA_RX_DIRECT_MIN") {
-        Ok(v) if v == "off" => usize::MAX,
-        Ok(v) => v.parse().unwrap_or(DEFAULT_RX_DIRECT_MIN),
-        Err(_) => DEFAULT_RX_DIRECT_MIN,
-    })
-}
-
-/// How long an initiator waits for its silent peer before the nudge
-/// (`ConnectionConfig::nudge_after`): `SOFTRDMA_NUDGE_AFTER_MS` (milliseconds, or `off`) where
-/// set, for interop runs that want the nudge on every connection (0).
-pub(super) fn nudge_after() -> Option<std::time::Duration> {
-    static AFTER: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    *AFTER.get_or_init(|| match std::env::var("SOFTRDMA_NUDGE_AFTER_MS") {
-        Ok(v) if v == "off" => None,
-        Ok(v) => Some(
-            v.parse()
-                .map_or(NUDGE_AFTER, std::time::Duration::from_millis),
-        ),
-        Err(_) => Some(NUDGE_AFTER),
-    })
-}
-
-pub(super) fn fpdu_sizing(f: FpduSize) -> FpduSizing {
-    match f {
-        FpduSize::PathMss => FpduSizing::PathMss,
-        FpduSize::Largest => FpduSizing::Fixed(MAX_MULPDU),
-        FpduSize::Mulpdu(m) => FpduSizing::Fixed(m),
     }
 }
 
@@ -472,7 +418,7 @@ impl Conn {
             return;
         };
         let wr_id = wr.wr_id;
-        match self.iw.engine_mut().post_checked_recv(wr) {
+        match self.iw.post_recv(wr) {
             Ok(()) => self.rq_in_engine += 1,
             Err(e) => {
                 let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
@@ -659,12 +605,8 @@ impl Conn {
         self.established
             && self.write_side == WriteSide::Open
             && self.tx.is_empty()
-            && self.iw.state() == ConnState::Established
-            && !self.iw.wants_transmit()
-            && !self.iw.has_event()
             && !self.cq_overrun
-            && self.iw.engine().state() == StreamState::Rts
-            && !self.iw.engine().has_output()
+            && self.iw.is_quiet()
     }
 
     /// Engine → CQs, events, state, counters.
@@ -672,9 +614,9 @@ impl Conn {
         let Some(qp) = self.qp.as_ref().filter(|_| self.established) else {
             return;
         };
-        let engine = self.iw.engine_mut();
+        let iw = &mut self.iw;
         let same_cq = Arc::ptr_eq(&qp.send_cq, &qp.recv_cq);
-        while let Some(wc) = engine.poll_completion() {
+        while let Some(wc) = iw.poll_completion() {
             if wc.opcode == WcOpcode::Recv && !same_cq {
                 bufs.recv_wcs.push(wc);
             } else {
@@ -683,20 +625,19 @@ impl Conn {
         }
         // Retired before the completions are visible, so a poller that saw a completion
         // may post again at once.
-        let sq_now = engine.sq_len();
+        let (sq_now, rq_now) = iw.queued();
         if sq_now != self.sq_in_engine {
             let retired = self.sq_in_engine.saturating_sub(sq_now);
             qp.sq_retired.fetch_add(retired as u64, Ordering::AcqRel);
             self.sq_in_engine = sq_now;
         }
-        let rq_now = engine.rq_len();
         if rq_now != self.rq_in_engine {
             let retired = self.rq_in_engine.saturating_sub(rq_now);
             qp.rq_retired.fetch_add(retired as u64, Ordering::AcqRel);
             self.rq_in_engine = rq_now;
         }
         // State before completions and events: whoever sees those sees the state too.
-        let state = match engine.state() {
+        let state = match iw.stream_state() {
             StreamState::Rts => QpState::Rts,
             StreamState::Terminating => QpState::Terminate,
             StreamState::Error => QpState::Error,
@@ -708,11 +649,11 @@ impl Conn {
         let a = qp.send_cq.push(qp.qpn, &mut bufs.send_wcs);
         let b = qp.recv_cq.push(qp.qpn, &mut bufs.recv_wcs);
         if (a == Pushed::Overrun || b == Pushed::Overrun || self.cq_overrun)
-            && engine.state() == StreamState::Rts
+            && iw.stream_state() == StreamState::Rts
         {
             // IBA 11.4.2.1: the QPs of an overrun queue go to Error; the stream ends with a
             // Local Catastrophic Terminate ([`Conn::service`] runs the engine again).
-            engine.local_catastrophic();
+            iw.local_catastrophic();
             self.cq_overrun = true;
         }
         for ev in self.qp_events.drain(..) {
@@ -728,7 +669,7 @@ impl Conn {
     /// connection lets it go: copying them after every message touched several cold lines
     /// per QP.
     pub(super) fn counters(&self) -> QpCounters {
-        QpCounters::from_iwarp(self.iw.engine().counters())
+        QpCounters::from_iwarp(self.iw.counters())
     }
 
     /// Lets the QP go, its counters kept.
@@ -757,4 +698,87 @@ impl Conn {
             self.dead = true;
         }
     }
+}
+
+impl Conn {
+    /// Submission queues → engine. Before the connection is up only receives go in (sends
+    /// wait for it, and stay queued if it fails). Whether anything but accepted receives
+    /// came of it (sends or an invalidation handed over, a request refused).
+    pub(super) fn submit_to_engine(&mut self) -> bool {
+        let Some(qp) = self.qp.clone() else {
+            return false;
+        };
+        let established = self.established;
+        // Scratch queues kept across calls (no allocation per message); the submission
+        // queue gets the empty one back with its capacity.
+        let mut sends = std::mem::take(&mut self.sends);
+        let mut recvs = std::mem::take(&mut self.recvs);
+        {
+            let mut sub = qp.sub.lock();
+            if established {
+                std::mem::swap(&mut sub.sq, &mut sends);
+            }
+            std::mem::swap(&mut sub.rq, &mut recvs);
+        }
+        // Posting happens without the submission lock: an INLINE copy or a key check must
+        // never wait while a poster waits for that lock.
+        let mut handed = !sends.is_empty();
+        for wr in recvs.drain(..) {
+            handed |= self.hand_recv(&qp, wr);
+        }
+        for wr in sends.drain(..) {
+            self.hand_send(&qp, wr);
+        }
+        self.sends = sends;
+        self.recvs = recvs;
+        handed
+    }
+
+    /// One receive request to the engine (before the connection is up, a copy is kept in
+    /// `early_rq`); refused, it completes in error at once (then `true`).
+    pub(in crate::tcp) fn hand_recv(&mut self, qp: &TcpQp, wr: CheckedRecv) -> bool {
+        let wr_id = wr.wr_id;
+        let copy = (!self.established).then(|| wr.clone());
+        match self.iw.post_recv(wr) {
+            Ok(()) => {
+                self.rq_in_engine += 1;
+                self.early_rq.extend(copy);
+                false
+            }
+            Err(e) => {
+                qp.rq_retired.fetch_add(1, Ordering::AcqRel);
+                let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
+                self.cq_overrun |= qp.recv_cq.push(qp.qpn, &mut v) == Pushed::Overrun;
+                true
+            }
+        }
+    }
+
+    /// One send request to the engine; refused, it completes in error at once.
+    pub(in crate::tcp) fn hand_send(&mut self, qp: &TcpQp, wr: CheckedSend) {
+        let wr_id = wr.wr_id;
+        let opcode = wr.opcode.wc_opcode();
+        match self.iw.post_send(wr) {
+            Ok(()) => self.sq_in_engine += 1,
+            Err(e) => {
+                qp.sq_retired.fetch_add(1, Ordering::AcqRel);
+                let mut v = vec![error_wc(wr_id, post_error_status(&e), opcode)];
+                self.cq_overrun |= qp.send_cq.push(qp.qpn, &mut v) == Pushed::Overrun;
+            }
+        }
+    }
+}
+
+/// Connection `t`, noted as touched (see [`Driver::settle`]).
+pub(super) fn touch<'a>(
+    conns: &'a mut HashMap<Token, Conn>,
+    touched: &mut Vec<Token>,
+    t: Token,
+) -> Option<&'a mut Conn> {
+    let c = conns.get_mut(&t)?;
+    // A connection posted to again and again between two turns is noted once.
+    if touched.last() != Some(&t) {
+        touched.push(t);
+    }
+    Some(c)
 }

@@ -29,6 +29,7 @@ use crate::tap::TapSlot;
 
 mod commands;
 mod conn;
+mod connect;
 mod listen;
 pub(crate) mod progress;
 mod qp;
@@ -36,35 +37,6 @@ mod verbs;
 
 pub(crate) use self::listen::{HalfOpen, ListenerShared, PendingRequest};
 pub(crate) use self::qp::TcpQp;
-
-/// The locked driver (see [`TcpShared::lock_driver`]).
-pub(crate) struct DriverGuard<'a> {
-    ctx: &'a TcpShared,
-    d: Option<parking_lot::MutexGuard<'a, progress::Driver>>,
-}
-
-impl std::ops::Deref for DriverGuard<'_> {
-    type Target = progress::Driver;
-    fn deref(&self) -> &progress::Driver {
-        self.d.as_deref().expect("held until dropped")
-    }
-}
-
-impl std::ops::DerefMut for DriverGuard<'_> {
-    fn deref_mut(&mut self) -> &mut progress::Driver {
-        self.d.as_deref_mut().expect("held until dropped")
-    }
-}
-
-impl Drop for DriverGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.d.take());
-        // Not while unwinding: a second panic in there would abort the process.
-        if !std::thread::panicking() {
-            self.ctx.run_scheduled();
-        }
-    }
-}
 
 /// The state the API layer shares with the progress thread of one iWARP context.
 pub(crate) struct TcpShared {
@@ -219,50 +191,6 @@ impl TcpShared {
         Ok(())
     }
 
-    /// Hands `qp`'s new work requests to the driver (once until it looks): run here if the
-    /// driver is free, else by its holder as it lets go (no wake-up of anyone: a thread
-    /// that waits on the sockets does not hold the driver).
-    pub(crate) fn schedule(&self, qp: &Arc<TcpQp>) {
-        if !qp.scheduled.swap(true, Ordering::AcqRel) {
-            self.ready.lock().push(qp.clone());
-            self.ready_pending.store(true, Ordering::Relaxed);
-            self.run_scheduled();
-        }
-    }
-
-    /// The driver, locked; whatever is scheduled meanwhile runs as it is let go.
-    pub(crate) fn lock_driver(&self) -> DriverGuard<'_> {
-        DriverGuard {
-            ctx: self,
-            d: Some(self.driver.lock()),
-        }
-    }
-
-    /// [`TcpShared::lock_driver`] if nobody holds it.
-    pub(crate) fn try_lock_driver(&self) -> Option<DriverGuard<'_>> {
-        Some(DriverGuard {
-            ctx: self,
-            d: Some(self.driver.try_lock()?),
-        })
-    }
-
-    /// Runs the ready list if something waits in it and the driver is free. Whoever pushes
-    /// to the list and whoever lets the driver go both come here: with the fence between
-    /// each one's write (the flag, the unlock) and its read (the lock, the flag), one of
-    /// them sees the other's write, so nothing is left in the list unseen.
-    fn run_scheduled(&self) {
-        loop {
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if !self.ready_pending.load(Ordering::Relaxed) {
-                return;
-            }
-            let Some(mut d) = self.driver.try_lock() else {
-                return;
-            };
-            d.ready(self);
-        }
-    }
-
     /// Interrupts whoever waits on the sockets, and the background thread if it stands
     /// down and no caller holds the slot, so commands and scheduled QPs are seen.
     pub(crate) fn wake(&self) {
@@ -273,15 +201,6 @@ impl TcpShared {
         // the background thread's next look).
         if !self.leader.caller_holds() {
             self.leader.unpark_background();
-        }
-    }
-
-    /// New work requests of `qp`: handed to its engine and sent in this thread when the
-    /// driver is free, else by whoever holds it next.
-    pub(crate) fn submit(&self, qp: &Arc<TcpQp>) {
-        match self.try_lock_driver() {
-            Some(mut d) => d.post(self, qp),
-            None => self.schedule(qp),
         }
     }
 

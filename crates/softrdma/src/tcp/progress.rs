@@ -6,8 +6,9 @@
 //! reach it through commands and per-QP submission queues (see [`crate::qp`]), and it
 //! hands back completions (CQs), events and state.
 //!
-//! Its parts: this file, the loop (turns on the sockets, posting, timers); `commands.rs`,
-//! the connection manager's commands, connects and accepts; `conn.rs`, one connection.
+//! Its parts: this file, the loop (turns on the sockets, timers, reaping); `qp.rs`, how a
+//! post reaches its connection (the driver's lock, the ready list); `commands.rs`, the
+//! connection manager's commands, connects and accepts; `conn.rs`, one connection.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io;
@@ -20,16 +21,15 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Registry, Token};
 use softrdma_iwarp::startup::StartupConfig;
 use softrdma_memory::TxBuf;
-use softrdma_verbs_types::{CheckedRecv, CheckedSend, WorkCompletion};
 
-use super::conn::{BURST_GAP, Bufs, Conn, RX_CHUNK, WriteSide};
+use super::conn::{Bufs, Conn, RX_CHUNK, WriteSide, touch};
 use crate::leader::Turn;
 
 use super::{ListenerShared, Reply, TcpQp, TcpShared};
 use crate::Error;
 use crate::connparams::FpduSize;
 use crate::event::AsyncEvent;
-use crate::state::{QpCounters, QpState};
+use crate::state::QpState;
 
 /// The waker's token.
 pub(crate) const WAKER: Token = Token(0);
@@ -268,87 +268,6 @@ impl Driver {
         }
     }
 
-    /// A poster's turn: the QP's queued requests go to its engine and out to the socket in
-    /// the posting thread.
-    pub(crate) fn post(&mut self, ctx: &TcpShared, qp: &Arc<TcpQp>) {
-        qp.scheduled.store(false, Ordering::Release);
-        if let Some(c) = self
-            .qp_conn
-            .get(&qp.qpn)
-            .and_then(|t| touch(&mut self.conns, &mut self.touched, *t))
-        {
-            c.posted(ctx, &mut self.bufs);
-        } else if qp.state().is_dead() {
-            flush_orphan(qp);
-        }
-    }
-
-    /// Requests of `qp` posted while this thread holds the driver: `admit(wr, true)` checks
-    /// each and returns it unless it had to queue behind others; those go to the engine
-    /// here, without a trip through the submission queue, and out. `None` (and nothing taken
-    /// from `wrs`) when the QP has no established connection: they queue.
-    pub(crate) fn post_direct<W, C: Hand>(
-        &mut self,
-        ctx: &TcpShared,
-        qp: &Arc<TcpQp>,
-        wrs: &mut impl Iterator<Item = (usize, W)>,
-        admit: impl Fn(W, bool) -> Result<Option<C>, Error>,
-    ) -> Option<Result<(), (usize, Error)>> {
-        let t = self.established_conn(qp).filter(|t| !self.conns[t].dead)?;
-        let c = touch(&mut self.conns, &mut self.touched, t)?;
-        let start = Instant::now();
-        #[cfg(test)]
-        let burst = ctx.always_burst.load(Ordering::Relaxed);
-        #[cfg(not(test))]
-        let burst = false;
-        if burst
-            || c.last_post
-                .is_some_and(|l| start.saturating_duration_since(l) < BURST_GAP)
-        {
-            c.align = c.emss as usize;
-        }
-        let held = c.held_since.is_some();
-        let (mut res, mut handed, mut serve, mut queued) = (Ok(()), false, false, false);
-        for (i, wr) in wrs {
-            match admit(wr, true) {
-                Ok(Some(wr)) => {
-                    serve |= wr.hand(c, qp);
-                    handed = true;
-                }
-                Ok(None) => queued = true,
-                Err(e) => {
-                    res = Err((i, e));
-                    break;
-                }
-            }
-        }
-        if queued {
-            c.posted(ctx, &mut self.bufs);
-        } else if serve || (handed && !c.quiet()) {
-            c.serve_submitted(ctx, &mut self.bufs);
-        }
-        c.align = 0;
-        c.last_post = Some(Instant::now());
-        if !held && c.held_since.is_some() {
-            // A new timer: whoever waits on the sockets looks again.
-            ctx.wake();
-        }
-        Some(res)
-    }
-
-    /// `qp`'s counters: its connection's engine's while it has one, else those it kept.
-    pub(crate) fn qp_counters(&self, qp: &Arc<TcpQp>) -> QpCounters {
-        self.established_conn(qp)
-            .map_or_else(|| *qp.counters.lock(), |t| self.conns[&t].counters())
-    }
-
-    /// The established connection that carries `qp`.
-    fn established_conn(&self, qp: &Arc<TcpQp>) -> Option<Token> {
-        let t = *self.qp_conn.get(&qp.qpn)?;
-        let c = self.conns.get(&t)?;
-        (c.established && c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp))).then_some(t)
-    }
-
     fn timeout(&mut self, now: Instant) -> Option<Duration> {
         self.settle();
         if !self.more_rx.is_empty() {
@@ -360,20 +279,6 @@ impl Driver {
             .chain(self.dialing.values().map(Dialing::deadline))
             .min()
             .map(|d| d.saturating_duration_since(now))
-    }
-
-    /// QPs with new work requests.
-    pub(crate) fn ready(&mut self, ctx: &TcpShared) {
-        // Swapped with a list kept for the purpose, so neither side's capacity is lost
-        // (a post that schedules its QP then allocates nothing).
-        let mut ready = std::mem::take(&mut self.ready_spare);
-        ctx.ready_pending.store(false, Ordering::Relaxed);
-        std::mem::swap(&mut ready, &mut *ctx.ready.lock());
-        for qp in ready.drain(..) {
-            // Before the connection is up too: receives go in at once.
-            self.post(ctx, &qp);
-        }
-        self.ready_spare = ready;
     }
 
     fn conn_event(
@@ -443,58 +348,9 @@ impl Driver {
                     }
                     ctx.post_event(AsyncEvent::Disconnected { qp_num: qp.qpn });
                     // Requests posted after the engine stopped looking.
-                    flush_orphan(&qp);
+                    qp.flush_orphan();
                 }
             }
         }
     }
-}
-
-/// A checked request a connection's engine takes ([`Driver::post_direct`]).
-pub(crate) trait Hand {
-    /// Into `c`'s engine; `true` when the connection must be served (a send to write, a
-    /// refused request's completion).
-    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool;
-}
-
-impl Hand for CheckedSend {
-    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool {
-        c.hand_send(qp, self);
-        true
-    }
-}
-
-impl Hand for CheckedRecv {
-    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool {
-        c.hand_recv(qp, self)
-    }
-}
-
-/// Connection `t`, noted as touched (see [`Driver::settle`]).
-pub(super) fn touch<'a>(
-    conns: &'a mut HashMap<Token, Conn>,
-    touched: &mut Vec<Token>,
-    t: Token,
-) -> Option<&'a mut Conn> {
-    let c = conns.get_mut(&t)?;
-    // A connection posted to again and again between two turns is noted once.
-    if touched.last() != Some(&t) {
-        touched.push(t);
-    }
-    Some(c)
-}
-
-/// Completes every queued request of a QP without a live engine as flushed.
-pub(super) fn flush_orphan(qp: &TcpQp) {
-    let (sq, rq) = {
-        let mut sub = qp.sub.lock();
-        (std::mem::take(&mut sub.sq), std::mem::take(&mut sub.rq))
-    };
-    let mut send: Vec<WorkCompletion> = sq.iter().map(|wr| wr.flushed()).collect();
-    qp.sq_retired.fetch_add(send.len() as u64, Ordering::AcqRel);
-    let mut recv: Vec<WorkCompletion> = rq.iter().map(|wr| wr.flushed()).collect();
-    qp.rq_retired.fetch_add(recv.len() as u64, Ordering::AcqRel);
-    // The QP is gone: an overrun only drops these flushes.
-    let _ = qp.send_cq.push(qp.qpn, &mut send);
-    let _ = qp.recv_cq.push(qp.qpn, &mut recv);
 }

@@ -1,25 +1,31 @@
 //! An iWARP QP's half in the posting threads: its submission queues and their accounting
-//! (posted, retired, depth), and the checks a request passes before the engine sees it.
+//! (posted, retired, depth), the checks a request passes before the engine sees it, and
+//! how a post reaches its connection: into the engine and out to the socket in the posting
+//! thread when the driver is free ([`Driver::post_direct`]), else queued for whoever holds
+//! the driver, who runs the ready list as it lets go ([`DriverGuard`]).
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use mio::Token;
 use parking_lot::Mutex;
 use softrdma_iwarp::rdmap::QpEvent;
 use softrdma_iwarp::rdmap::{check_send, send_limits};
 use softrdma_memory::PdId;
 use softrdma_verbs_types::{
-    CheckedRecv, CheckedSend, PostError, RecvWr, SendLimits, SendWr, check_recv,
+    CheckedRecv, CheckedSend, PostError, RecvWr, SendLimits, SendWr, WorkCompletion, check_recv,
 };
 
 use softrdma_ib::QpAttr;
-use softrdma_iwarp::startup::{Rtr, RtrSet, Startup, StartupConfig};
 
-use super::{Cmd, TcpShared, prepare_stream, progress};
+use super::conn::{BURST_GAP, Conn, touch};
+use super::connect::{Abandon, reply_async};
+use super::progress::Driver;
+use super::{Cmd, TcpShared};
 use crate::Error;
 use crate::connparams::{ConnectParams, ConnectionInfo, QpCap};
 use crate::cq::CqShared;
@@ -151,7 +157,7 @@ impl TcpQp {
     /// and nothing queued before them they go to the engine directly; otherwise they wait
     /// in the submission queue for whoever holds the driver (`admit(wr, direct)` checks one
     /// and returns it for the engine, or queues it).
-    fn post_list<W, C: progress::Hand>(
+    fn post_list<W, C: Hand>(
         self: &Arc<Self>,
         drv: &TcpShared,
         wrs: impl IntoIterator<Item = W>,
@@ -329,106 +335,222 @@ impl Destroy<TcpQp> for TcpShared {
     }
 }
 
-/// Extra time a blocking call waits beyond the MPA timeout before giving up on the
-/// progress thread (a safety net, not a protocol timer).
-const REPLY_GRACE: Duration = Duration::from_secs(5);
+/// The locked driver (see [`TcpShared::lock_driver`]).
+pub(crate) struct DriverGuard<'a> {
+    ctx: &'a TcpShared,
+    d: Option<parking_lot::MutexGuard<'a, Driver>>,
+}
 
-impl TcpShared {
-    /// TCP connect, then MPA negotiation as initiator run by the progress thread
-    /// (`rdma_connect`); the QP is `Connecting`.
-    pub(crate) fn connect(
-        &self,
-        qp: &Arc<TcpQp>,
-        addr: impl ToSocketAddrs,
-        params: &ConnectParams,
-    ) -> Result<ConnectionInfo, Error> {
-        let start = Instant::now();
-        let cfg = startup_config(params)?;
-        let stream = crate::net::connect(addr, params.timeout)?;
-        let emss = prepare_stream(&stream)?;
-        let remaining = params.timeout.saturating_sub(start.elapsed());
-        let (reply, rx) = oneshot::channel();
-        self.command(Cmd::Connect {
-            qp: qp.clone(),
-            stream: mio::net::TcpStream::from_std(stream),
-            startup: StartupConfig {
-                timeout: remaining,
-                ..cfg
-            },
-            started: Instant::now(),
-            emss,
-            fpdu: params.iwarp.fpdu,
-            reply,
-        })?;
-        wait_reply(rx, params.timeout)
-    }
-
-    /// [`connect`](Self::connect) for a task: the progress thread makes the TCP connection
-    /// too; the answer comes on the returned channel.
-    pub(crate) fn dial(
-        &self,
-        qp: &Arc<TcpQp>,
-        addr: SocketAddr,
-        params: &ConnectParams,
-    ) -> Result<oneshot::Receiver<Result<ConnectionInfo, Error>>, Error> {
-        let (reply, rx) = oneshot::channel();
-        self.command(Cmd::Dial {
-            qp: qp.clone(),
-            addr,
-            startup: startup_config(params)?,
-            started: Instant::now(),
-            fpdu: params.iwarp.fpdu,
-            reply,
-        })?;
-        Ok(rx)
+impl std::ops::Deref for DriverGuard<'_> {
+    type Target = Driver;
+    fn deref(&self) -> &Driver {
+        self.d.as_deref().expect("held until dropped")
     }
 }
 
-/// The initiator's MPA settings, checked before anything touches the network.
-fn startup_config(params: &ConnectParams) -> Result<StartupConfig, Error> {
-    let cfg = StartupConfig {
-        rev: params.iwarp.rev,
-        crc: params.iwarp.crc,
-        markers: params.iwarp.markers,
-        ird: params.ird,
-        ord: params.ord,
-        p2p: params
-            .iwarp
-            .p2p
-            .then_some(RtrSet::only(Rtr::ZeroLengthWrite)),
-        private_data: params.private_data.clone(),
-        timeout: params.timeout,
-        allow_early_fpdus: true,
-    };
-    Startup::initiator(cfg.clone(), Instant::now())?;
-    Ok(cfg)
+impl std::ops::DerefMut for DriverGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Driver {
+        self.d.as_deref_mut().expect("held until dropped")
+    }
 }
 
-/// Closes the connection of an iWARP `connect` or `accept` whose task stopped waiting
-/// (`None` once the answer was seen).
-pub(crate) struct Abandon<'a>(pub(crate) &'a TcpShared, pub(crate) Option<Arc<TcpQp>>);
-
-impl Drop for Abandon<'_> {
+impl Drop for DriverGuard<'_> {
     fn drop(&mut self) {
-        if let Some(q) = self.1.take() {
-            let _ = self.0.command(Cmd::Disconnect(q));
+        drop(self.d.take());
+        // Not while unwinding: a second panic in there would abort the process.
+        if !std::thread::panicking() {
+            self.ctx.run_scheduled();
         }
     }
 }
 
-/// Waits for the progress thread's answer to a blocking command.
-pub(crate) fn wait_reply<T>(
-    rx: oneshot::Receiver<Result<T, Error>>,
-    timeout: Duration,
-) -> Result<T, Error> {
-    match rx.recv_timeout(timeout + REPLY_GRACE) {
-        Ok(r) => r,
-        Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout),
-        Err(oneshot::RecvTimeoutError::Disconnected) => Err(Error::ContextClosed),
+impl TcpShared {
+    /// Hands `qp`'s new work requests to the driver (once until it looks): run here if the
+    /// driver is free, else by its holder as it lets go (no wake-up of anyone: a thread
+    /// that waits on the sockets does not hold the driver).
+    pub(crate) fn schedule(&self, qp: &Arc<TcpQp>) {
+        if !qp.scheduled.swap(true, Ordering::AcqRel) {
+            self.ready.lock().push(qp.clone());
+            self.ready_pending.store(true, Ordering::Relaxed);
+            self.run_scheduled();
+        }
+    }
+
+    /// The driver, locked; whatever is scheduled meanwhile runs as it is let go.
+    pub(crate) fn lock_driver(&self) -> DriverGuard<'_> {
+        DriverGuard {
+            ctx: self,
+            d: Some(self.driver.lock()),
+        }
+    }
+
+    /// [`TcpShared::lock_driver`] if nobody holds it.
+    pub(crate) fn try_lock_driver(&self) -> Option<DriverGuard<'_>> {
+        Some(DriverGuard {
+            ctx: self,
+            d: Some(self.driver.try_lock()?),
+        })
+    }
+
+    /// Runs the ready list if something waits in it and the driver is free. Whoever pushes
+    /// to the list and whoever lets the driver go both come here: with the fence between
+    /// each one's write (the flag, the unlock) and its read (the lock, the flag), one of
+    /// them sees the other's write, so nothing is left in the list unseen.
+    fn run_scheduled(&self) {
+        loop {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.ready_pending.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(mut d) = self.driver.try_lock() else {
+                return;
+            };
+            d.ready(self);
+        }
+    }
+
+    /// New work requests of `qp`: handed to its engine and sent in this thread when the
+    /// driver is free, else by whoever holds it next.
+    pub(crate) fn submit(&self, qp: &Arc<TcpQp>) {
+        match self.try_lock_driver() {
+            Some(mut d) => d.post(self, qp),
+            None => self.schedule(qp),
+        }
     }
 }
 
-/// The progress thread's answer, awaited by a task.
-pub(crate) async fn reply_async<T>(rx: oneshot::Receiver<Result<T, Error>>) -> Result<T, Error> {
-    rx.await.unwrap_or(Err(Error::ContextClosed))
+impl Driver {
+    /// A poster's turn: the QP's queued requests go to its engine and out to the socket in
+    /// the posting thread.
+    pub(crate) fn post(&mut self, ctx: &TcpShared, qp: &Arc<TcpQp>) {
+        qp.scheduled.store(false, Ordering::Release);
+        if let Some(c) = self
+            .qp_conn
+            .get(&qp.qpn)
+            .and_then(|t| touch(&mut self.conns, &mut self.touched, *t))
+        {
+            c.posted(ctx, &mut self.bufs);
+        } else if qp.state().is_dead() {
+            qp.flush_orphan();
+        }
+    }
+
+    /// Requests of `qp` posted while this thread holds the driver: `admit(wr, true)` checks
+    /// each and returns it unless it had to queue behind others; those go to the engine
+    /// here, without a trip through the submission queue, and out. `None` (and nothing taken
+    /// from `wrs`) when the QP has no established connection: they queue.
+    pub(crate) fn post_direct<W, C: Hand>(
+        &mut self,
+        ctx: &TcpShared,
+        qp: &Arc<TcpQp>,
+        wrs: &mut impl Iterator<Item = (usize, W)>,
+        admit: impl Fn(W, bool) -> Result<Option<C>, Error>,
+    ) -> Option<Result<(), (usize, Error)>> {
+        let t = self.established_conn(qp).filter(|t| !self.conns[t].dead)?;
+        let c = touch(&mut self.conns, &mut self.touched, t)?;
+        let start = Instant::now();
+        #[cfg(test)]
+        let burst = ctx.always_burst.load(Ordering::Relaxed);
+        #[cfg(not(test))]
+        let burst = false;
+        if burst
+            || c.last_post
+                .is_some_and(|l| start.saturating_duration_since(l) < BURST_GAP)
+        {
+            c.align = c.emss as usize;
+        }
+        let held = c.held_since.is_some();
+        let (mut res, mut handed, mut serve, mut queued) = (Ok(()), false, false, false);
+        for (i, wr) in wrs {
+            match admit(wr, true) {
+                Ok(Some(wr)) => {
+                    serve |= wr.hand(c, qp);
+                    handed = true;
+                }
+                Ok(None) => queued = true,
+                Err(e) => {
+                    res = Err((i, e));
+                    break;
+                }
+            }
+        }
+        if queued {
+            c.posted(ctx, &mut self.bufs);
+        } else if serve || (handed && !c.quiet()) {
+            c.serve_submitted(ctx, &mut self.bufs);
+        }
+        c.align = 0;
+        c.last_post = Some(Instant::now());
+        if !held && c.held_since.is_some() {
+            // A new timer: whoever waits on the sockets looks again.
+            ctx.wake();
+        }
+        Some(res)
+    }
+
+    /// `qp`'s counters: its connection's engine's while it has one, else those it kept.
+    pub(crate) fn qp_counters(&self, qp: &Arc<TcpQp>) -> QpCounters {
+        self.established_conn(qp)
+            .map_or_else(|| *qp.counters.lock(), |t| self.conns[&t].counters())
+    }
+
+    /// The established connection that carries `qp`.
+    fn established_conn(&self, qp: &Arc<TcpQp>) -> Option<Token> {
+        let t = *self.qp_conn.get(&qp.qpn)?;
+        let c = self.conns.get(&t)?;
+        (c.established && c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp))).then_some(t)
+    }
+
+    /// QPs with new work requests.
+    pub(crate) fn ready(&mut self, ctx: &TcpShared) {
+        // Swapped with a list kept for the purpose, so neither side's capacity is lost
+        // (a post that schedules its QP then allocates nothing).
+        let mut ready = std::mem::take(&mut self.ready_spare);
+        ctx.ready_pending.store(false, Ordering::Relaxed);
+        std::mem::swap(&mut ready, &mut *ctx.ready.lock());
+        for qp in ready.drain(..) {
+            // Before the connection is up too: receives go in at once.
+            self.post(ctx, &qp);
+        }
+        self.ready_spare = ready;
+    }
+}
+
+/// A checked request a connection's engine takes ([`Driver::post_direct`]).
+pub(crate) trait Hand {
+    /// Into `c`'s engine; `true` when the connection must be served (a send to write, a
+    /// refused request's completion).
+    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool;
+}
+
+impl Hand for CheckedSend {
+    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool {
+        c.hand_send(qp, self);
+        true
+    }
+}
+
+impl Hand for CheckedRecv {
+    fn hand(self, c: &mut Conn, qp: &TcpQp) -> bool {
+        c.hand_recv(qp, self)
+    }
+}
+
+impl TcpQp {
+    /// Completes every queued request of a QP without a live engine as flushed.
+    pub(super) fn flush_orphan(&self) {
+        let (sq, rq) = {
+            let mut sub = self.sub.lock();
+            (std::mem::take(&mut sub.sq), std::mem::take(&mut sub.rq))
+        };
+        let mut send: Vec<WorkCompletion> = sq.iter().map(|wr| wr.flushed()).collect();
+        self.sq_retired
+            .fetch_add(send.len() as u64, Ordering::AcqRel);
+        let mut recv: Vec<WorkCompletion> = rq.iter().map(|wr| wr.flushed()).collect();
+        self.rq_retired
+            .fetch_add(recv.len() as u64, Ordering::AcqRel);
+        // The QP is gone: an overrun only drops these flushes.
+        let _ = self.send_cq.push(self.qpn, &mut send);
+        let _ = self.recv_cq.push(self.qpn, &mut recv);
+    }
 }

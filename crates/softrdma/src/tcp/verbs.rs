@@ -12,7 +12,8 @@ use softrdma_iwarp::startup::{MAX_IRD_ORD, PeerParams, Startup};
 use softrdma_iwarp::startup::StartupError;
 use softrdma_wire::mpa::{MAX_PRIVATE_DATA, REV_2};
 
-use super::qp::{Abandon, IwarpQp, reply_async, wait_reply};
+use super::connect::{Abandon, reply_async, wait_reply};
+use super::qp::IwarpQp;
 use super::{Cmd, ListenerShared, PendingRequest, TcpQp, TcpShared};
 use crate::Error;
 use crate::connparams::{AcceptParams, ConnectionInfo, ListenParams};

@@ -1,87 +1,18 @@
-//! A connection's transmit side: the QP's submission queues into the engine, whole frames
-//! from the engine into the transmit queue, one vectored write of it (payloads from
-//! registered memory), and what a failed write leaves.
+//! A connection's transmit side: whole frames from the engine into the transmit queue, one
+//! vectored write of it (payloads from registered memory, `sendmsg` without `SIGPIPE`), and
+//! what a failed write leaves.
 
-use std::io;
-use std::sync::atomic::Ordering;
+use std::io::{self, IoSlice};
+use std::os::fd::AsFd;
 use std::time::Instant;
 
 use softrdma_memory::{TxBuf, TxSink};
-use softrdma_verbs_types::{CheckedRecv, CheckedSend, WcOpcode};
 
-use super::{Conn, TX_HIGH, WriteSide, error_wc, post_error_status};
-use crate::cq::Pushed;
+use super::{Conn, TX_HIGH, WriteSide};
 use crate::tap::{self, Direction, Tapped};
-use crate::tcp::{DeviceStats, TcpQp, TcpShared};
+use crate::tcp::{DeviceStats, TcpShared};
 
 impl Conn {
-    /// Submission queues → engine. Before the connection is up only receives go in (sends
-    /// wait for it, and stay queued if it fails). Whether anything but accepted receives
-    /// came of it (sends or an invalidation handed over, a request refused).
-    pub(super) fn submit_to_engine(&mut self) -> bool {
-        let Some(qp) = self.qp.clone() else {
-            return false;
-        };
-        let established = self.established;
-        // Scratch queues kept across calls (no allocation per message); the submission
-        // queue gets the empty one back with its capacity.
-        let mut sends = std::mem::take(&mut self.sends);
-        let mut recvs = std::mem::take(&mut self.recvs);
-        {
-            let mut sub = qp.sub.lock();
-            if established {
-                std::mem::swap(&mut sub.sq, &mut sends);
-            }
-            std::mem::swap(&mut sub.rq, &mut recvs);
-        }
-        // Posting happens without the submission lock: an INLINE copy or a key check must
-        // never wait while a poster waits for that lock.
-        let mut handed = !sends.is_empty();
-        for wr in recvs.drain(..) {
-            handed |= self.hand_recv(&qp, wr);
-        }
-        for wr in sends.drain(..) {
-            self.hand_send(&qp, wr);
-        }
-        self.sends = sends;
-        self.recvs = recvs;
-        handed
-    }
-
-    /// One receive request to the engine (before the connection is up, a copy is kept in
-    /// `early_rq`); refused, it completes in error at once (then `true`).
-    pub(in crate::tcp) fn hand_recv(&mut self, qp: &TcpQp, wr: CheckedRecv) -> bool {
-        let wr_id = wr.wr_id;
-        let copy = (!self.established).then(|| wr.clone());
-        match self.iw.engine_mut().post_checked_recv(wr) {
-            Ok(()) => {
-                self.rq_in_engine += 1;
-                self.early_rq.extend(copy);
-                false
-            }
-            Err(e) => {
-                qp.rq_retired.fetch_add(1, Ordering::AcqRel);
-                let mut v = vec![error_wc(wr_id, post_error_status(&e), WcOpcode::Recv)];
-                self.cq_overrun |= qp.recv_cq.push(qp.qpn, &mut v) == Pushed::Overrun;
-                true
-            }
-        }
-    }
-
-    /// One send request to the engine; refused, it completes in error at once.
-    pub(in crate::tcp) fn hand_send(&mut self, qp: &TcpQp, wr: CheckedSend) {
-        let wr_id = wr.wr_id;
-        let opcode = wr.opcode.wc_opcode();
-        match self.iw.engine_mut().post_checked(wr) {
-            Ok(()) => self.sq_in_engine += 1,
-            Err(e) => {
-                qp.sq_retired.fetch_add(1, Ordering::AcqRel);
-                let mut v = vec![error_wc(wr_id, post_error_status(&e), opcode)];
-                self.cq_overrun |= qp.send_cq.push(qp.qpn, &mut v) == Pushed::Overrun;
-            }
-        }
-    }
-
     /// Frames and writes what the engine has to send. An idle transmit queue trades places
     /// with the driver's `spare` for it: the spare's memory is in cache from the last
     /// connection that wrote, this one's, among a thousand connections, is not. It goes
@@ -148,11 +79,11 @@ impl Conn {
                 let iov = match limit {
                     usize::MAX => iov,
                     n => {
-                        cut = crate::net::iov_prefix(iov, n);
+                        cut = softrdma_memory::iov_prefix(iov, n);
                         &cut[..]
                     }
                 };
-                let r = crate::net::send_vectored(stream, iov);
+                let r = send_vectored(stream, iov);
                 if let Ok(n) = r {
                     DeviceStats::add(&ctx.stats.octets_tx, n);
                     if let (Some(t), 1..) = (tap, n) {
@@ -203,5 +134,61 @@ impl Conn {
         self.write_side = WriteSide::Closed;
         self.on_eof();
         self.dead = true;
+    }
+}
+
+/// Writes `iov` to the connected stream socket `s` with one `sendmsg` and `MSG_NOSIGNAL`: a
+/// peer that reset the connection is an `EPIPE` error, not a `SIGPIPE` that ends a process
+/// which did not ignore it (`writev`, the default vectored write, has no such flag).
+pub(crate) fn send_vectored(s: &impl AsFd, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    socket2::SockRef::from(s).send_vectored_with_flags(iov, nix::libc::MSG_NOSIGNAL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    /// `SIGPIPE` pending on this thread (`/proc/thread-self/status`, `SigPnd`).
+    fn sigpipe_pending() -> bool {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigPnd:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .unwrap();
+        mask & (1 << (Signal::SIGPIPE as i32 - 1)) != 0
+    }
+
+    #[test]
+    fn a_write_to_a_reset_connection_fails_without_sigpipe() {
+        // Blocked here, a SIGPIPE the write raised stays pending where it can be seen.
+        let mut pipe = SigSet::empty();
+        pipe.add(Signal::SIGPIPE);
+        pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&pipe), None).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (peer, _) = l.accept().unwrap();
+        // Linger 0: the close resets the connection.
+        socket2::SockRef::from(&peer)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(peer);
+        let data = [7u8; 100];
+        let iov = [IoSlice::new(&data[..60]), IoSlice::new(&data[60..])];
+        let mut epipe = false;
+        for _ in 0..10 {
+            match send_vectored(&ours, &iov) {
+                Err(e) if e.raw_os_error() == Some(nix::libc::EPIPE) => {
+                    epipe = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert!(epipe, "the reset connection refuses writes with EPIPE");
+        assert!(!sigpipe_pending(), "no SIGPIPE raised");
     }
 }
