@@ -22,7 +22,7 @@
 //!   octets (0: one read), the last held back until the next stream record if `cut & 0x80`
 //!   (so local actions come in between); bits 11-12 then patch in a real STag (1: region A,
 //!   2: region B, 3: A with a wrong consumer key) where the segment names one of ours. Bit
-//!   13: read like a driver with direct placement (`rx_window`, `rx_read_limit`). Bit 14: no
+//!   13: read like a driver with direct placement (`next_read`, `rx_placed`). Bit 14: no
 //!   drain after.
 //! * `h & 0x8000 != 0`: a local action, `(h >> 11) & 0xF` = kind, `h & 0x7FF` = flags (bit
 //!   10: no drain after), then 8 octets of parameters `x` (little-endian, zero-padded).
@@ -42,7 +42,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use softrdma_iwarp::connection::{ConnEvent, ConnState, Connection, ConnectionConfig, FpduSizing};
+use softrdma_iwarp::connection::{
+    ConnEvent, ConnState, Connection, ConnectionConfig, FpduSizing, NextRead,
+};
 use softrdma_iwarp::rdmap::{QpConfig, QpEvent, StreamState};
 use softrdma_iwarp::startup::{Negotiated, PeerParams, Role, Rtr, RtrSet, StartupConfig};
 use softrdma_iwarp::verbs_types::{RecvWr, SendFlags, SendWr, Sge};
@@ -299,26 +301,30 @@ impl Harness {
         }
         let mut rest = bytes;
         while !rest.is_empty() {
-            if let Some(w) = self.conn.rx_window() {
-                assert!(w.len > 0, "an empty window");
-                let k = w.len.min(rest.len());
-                let src = &rest[..k];
-                match w.target.write_with(w.at, k, |m| m.copy_from_slice(src)) {
-                    Ok(()) => self.conn.rx_placed(src),
-                    Err(_) => {
-                        // Revoked meanwhile: the octets go through the buffer and are dropped.
-                        self.conn.rx_window_failed();
-                        self.conn.handle_input(self.now, src);
+            match self.conn.next_read() {
+                NextRead::Direct(w) => {
+                    assert!(w.len > 0, "an empty window");
+                    let k = w.len.min(rest.len());
+                    let src = &rest[..k];
+                    match w.target.write_with(w.at, k, |m| m.copy_from_slice(src)) {
+                        Ok(()) => self.conn.rx_placed(Ok(src)),
+                        Err(e) => {
+                            // Revoked meanwhile: the octets go through the buffer and are
+                            // dropped.
+                            self.conn.rx_placed(Err(e));
+                            self.conn.handle_input(self.now, src);
+                        }
                     }
+                    rest = &rest[k..];
+                    let t = w.tail.min(rest.len());
+                    self.conn.handle_input(self.now, &rest[..t]);
+                    rest = &rest[t..];
                 }
-                rest = &rest[k..];
-                let t = w.tail.min(rest.len());
-                self.conn.handle_input(self.now, &rest[..t]);
-                rest = &rest[t..];
-            } else {
-                let n = self.conn.rx_read_limit().clamp(1, rest.len());
-                self.conn.handle_input(self.now, &rest[..n]);
-                rest = &rest[n..];
+                NextRead::Buffered(limit) => {
+                    let n = limit.clamp(1, rest.len());
+                    self.conn.handle_input(self.now, &rest[..n]);
+                    rest = &rest[n..];
+                }
             }
             self.events();
         }

@@ -9,8 +9,8 @@
 //! conn.poll_transmit_bounded(&mut out, room); // whole frames to write to TCP
 //! conn.poll_timeout() / conn.handle_timeout(now);
 //! conn.poll_event();                         // startup decisions, establishment, errors
-//! conn.rx_window() / conn.rx_placed(..)       // optional: payload read straight into memory
-//! conn.engine_mut().post_send(..) / post_recv(..) / poll_completion()
+//! conn.next_read() / conn.rx_placed(..)      // where each read goes (payload straight into memory)
+//! conn.post_send(..) / post_recv(..) / poll_completion() / queued() / counters()
 //! ```
 //!
 //! This is the one place that glues MPA startup, framing and the engine: the
@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use softrdma_memory::{KeyTable, Target, TxBuf, TxSink};
+use softrdma_memory::{AccessError, KeyTable, Target, TxBuf, TxSink};
 use softrdma_wire::ddp;
 use softrdma_wire::mpa::{self, LlpError};
 use softrdma_wire::rdmap::{Body, Control, Opcode, Segment};
@@ -105,8 +105,8 @@ impl ConnectionConfig {
     }
 }
 
-/// Memory the next octets of the TCP stream belong in ([`Connection::rx_window`]): `len`
-/// octets of `target` at `at`.
+/// Memory the next octets of the TCP stream belong in ([`NextRead::Direct`]): `len` octets
+/// of `target` at `at`.
 #[derive(Debug, Clone)]
 pub struct RxWindow {
     pub target: Target,
@@ -114,6 +114,16 @@ pub struct RxWindow {
     pub len: usize,
     /// Octets worth reading into the ordinary buffer in the same call, after these.
     pub tail: usize,
+}
+
+/// Where a driver's next read from the stream goes ([`Connection::next_read`]).
+#[derive(Debug)]
+pub enum NextRead {
+    /// Straight into registered memory (RFC 5041 §5): `len` octets at `at` in `target`,
+    /// then up to `tail` more into the driver's buffer in the same call.
+    Direct(RxWindow),
+    /// Into the driver's buffer, at most this many octets (`usize::MAX`: no limit).
+    Buffered(usize),
 }
 
 /// The FPDU whose payload is placed straight into memory: where it goes and how far it got.
@@ -454,6 +464,35 @@ impl Connection {
         self.held.is_some()
     }
 
+    /// Where the driver's next read from the stream goes: straight into registered memory
+    /// ([`NextRead::Direct`], then [`rx_placed`](Self::rx_placed)) or into its buffer, at
+    /// most so many octets ([`NextRead::Buffered`], then [`handle_input`](Self::handle_input)).
+    /// One call per read: whatever the read returns after the window goes to `handle_input`.
+    pub fn next_read(&mut self) -> NextRead {
+        match self.rx_window() {
+            Some(w) => NextRead::Direct(w),
+            None => NextRead::Buffered(self.rx_read_limit()),
+        }
+    }
+
+    /// What came of a read into the window of the last [`NextRead::Direct`]: `Ok` with the
+    /// octets read straight into its memory, from its start (at most its `len`); `Err` when
+    /// the memory refused the write (its key was revoked): the rest of that payload is then
+    /// read and dropped, and the segment fails as a placement into a revoked key does.
+    pub fn rx_placed(&mut self, placed: Result<&[u8], AccessError>) {
+        let Ok(octets) = placed else {
+            if let Some(direct) = self.direct.as_mut() {
+                direct.ok = false;
+            }
+            return;
+        };
+        self.nudge.heard |= !octets.is_empty();
+        if let (Some(d), Some(direct)) = (self.deframer.as_mut(), self.direct.as_mut()) {
+            d.bypassed(octets);
+            direct.advance(octets.len());
+        }
+    }
+
     /// Direct placement (RFC 5041 §5, placement straight from the LLP): when the next octets
     /// of the TCP stream are payload of an RDMA Write, Read Response or Send segment whose
     /// headers are in and pass every check, with at least
@@ -462,11 +501,11 @@ impl Connection {
     /// with up to `tail` more octets into its own buffer in the same call), report those
     /// octets with [`rx_placed`](Self::rx_placed) and hand what followed them to
     /// [`handle_input`](Self::handle_input) as always; or ignore the window and hand
-    /// everything to `handle_input`, which then places by copying. Payload octets are in
+    /// everything to `handle_input`, which then places by copying ([`NextRead::Direct`]). Payload octets are in
     /// memory before their FPDU's CRC is checked, as on hardware; the segment is only
     /// delivered (and checked again) once the CRC is good (MPA-34, MPA-48), and until then
     /// the memory is indeterminate (RDMAP-75).
-    pub fn rx_window(&mut self) -> Option<RxWindow> {
+    fn rx_window(&mut self) -> Option<RxWindow> {
         if self.direct.is_none() {
             self.start_direct();
         }
@@ -491,7 +530,7 @@ impl Connection {
     /// buffer, or one of the last the deframer delivered), the rest of the head FPDU and the next one's
     /// headers, so that the next payload gets a window instead of being swallowed by a
     /// large read; otherwise no limit.
-    pub fn rx_read_limit(&self) -> usize {
+    fn rx_read_limit(&self) -> usize {
         let Some(d) = self.deframer.as_ref() else {
             return usize::MAX;
         };
@@ -505,25 +544,6 @@ impl Connection {
             }
             None if large && d.buffered() == 0 => WINDOW_TAIL,
             _ => usize::MAX,
-        }
-    }
-
-    /// `octets` were read straight into the memory of the last [`rx_window`](Self::rx_window),
-    /// from its start (at most its `len`).
-    pub fn rx_placed(&mut self, octets: &[u8]) {
-        self.nudge.heard |= !octets.is_empty();
-        if let (Some(d), Some(direct)) = (self.deframer.as_mut(), self.direct.as_mut()) {
-            d.bypassed(octets);
-            direct.advance(octets.len());
-        }
-    }
-
-    /// The memory of the last [`rx_window`](Self::rx_window) refused the write (its key was
-    /// revoked): the rest of the payload is read and dropped, and the segment fails as a
-    /// placement into a revoked key does.
-    pub fn rx_window_failed(&mut self) {
-        if let Some(direct) = self.direct.as_mut() {
-            direct.ok = false;
         }
     }
 

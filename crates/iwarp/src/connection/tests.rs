@@ -42,7 +42,7 @@ struct Side {
     /// Transmit through a [`TxBuf`] (payloads referenced, written in pieces) instead of a
     /// `Vec`.
     tx: Option<TxBuf>,
-    /// Read through [`Connection::rx_window`] and [`Connection::rx_read_limit`].
+    /// Read as [`Connection::next_read`] says.
     direct: bool,
     /// Payload octets read straight into memory.
     placed: usize,
@@ -226,7 +226,8 @@ fn receive(to: &mut Side, cut: &mut dyn FnMut(usize) -> usize, now: Instant) -> 
     while !to.inbound.is_empty() {
         let mut n = cut(to.inbound.len()).clamp(1, to.inbound.len());
         if to.direct {
-            if let Some(w) = to.conn.rx_window() {
+            let next = to.conn.next_read();
+            if let NextRead::Direct(w) = next {
                 // One read: the window's memory first, then up to `tail` into a buffer.
                 let n = n.min(w.len + w.tail);
                 let k = n.min(w.len);
@@ -235,7 +236,7 @@ fn receive(to: &mut Side, cut: &mut dyn FnMut(usize) -> usize, now: Instant) -> 
                 w.target
                     .write_with(w.at, k, |mem| {
                         mem.copy_from_slice(&chunk[..k]);
-                        conn.rx_placed(mem);
+                        conn.rx_placed(Ok(mem));
                     })
                     .unwrap();
                 to.placed += k;
@@ -245,7 +246,9 @@ fn receive(to: &mut Side, cut: &mut dyn FnMut(usize) -> usize, now: Instant) -> 
                 events(to);
                 continue;
             }
-            n = n.min(to.conn.rx_read_limit());
+            if let NextRead::Buffered(limit) = next {
+                n = n.min(limit);
+            }
         }
         let chunk: Vec<u8> = to.inbound.drain(..n).collect();
         to.conn.handle_input(now, &chunk);
@@ -618,14 +621,17 @@ fn direct_placement_target_revoked_midway() {
     i.conn.poll_transmit(&mut out);
     // The first 2,000 octets: headers, then the start of the payload, copied in.
     r.conn.handle_input(now, &out[..2000]);
-    let w = r
-        .conn
-        .rx_window()
-        .expect("a window for the rest of the payload");
+    let NextRead::Direct(w) = r.conn.next_read() else {
+        panic!("a window for the rest of the payload");
+    };
     r.keys.dereg_mr(tkey).unwrap();
-    assert!(w.target.write_with(w.at, w.len, |_| ()).is_err());
-    r.conn.rx_window_failed();
-    assert!(r.conn.rx_window().is_none(), "no window once refused");
+    let refused = w.target.write_with(w.at, w.len, |_| ());
+    r.conn
+        .rx_placed(Err(refused.expect_err("the key is revoked")));
+    assert!(
+        matches!(r.conn.next_read(), NextRead::Buffered(_)),
+        "no window once refused"
+    );
     r.conn.handle_input(now, &out[2000..]);
     events(&mut r);
     let mut tail = vec![0u8; len - 2000];

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use rustc_hash::FxHashMap as HashMap;
-use softrdma_iwarp::connection::{ConnEvent, ConnState, Connection as IwConn, RxWindow};
+use softrdma_iwarp::connection::{ConnEvent, ConnState, Connection as IwConn, NextRead, RxWindow};
 use softrdma_iwarp::rdmap::{QpEvent, StreamState};
 use softrdma_iwarp::startup::Negotiated;
 use softrdma_memory::{TxBuf, TxSink};
@@ -248,19 +248,19 @@ impl Conn {
             // Receives posted so far (a later post bumps it, under the lock the submission
             // drains).
             let posted = self.rq_posted();
-            let window = if self.discard_rx {
-                None
+            let next = if self.discard_rx {
+                NextRead::Buffered(usize::MAX)
             } else {
                 self.submit_to_engine();
-                self.iw.rx_window()
+                self.iw.next_read()
             };
-            let (got, cap, direct) = match window {
-                Some(w) => match self.read_direct(&w, &mut bufs.rx) {
+            let (got, cap, direct) = match next {
+                NextRead::Direct(w) => match self.read_direct(&w, &mut bufs.rx) {
                     Some(r) => (r, w.len + w.tail.min(bufs.rx.len()), w.len),
                     None => continue,
                 },
-                None => {
-                    let cap = self.iw.rx_read_limit().min(bufs.rx.len());
+                NextRead::Buffered(limit) => {
+                    let cap = limit.min(bufs.rx.len());
                     let r = self.stream.read(&mut bufs.rx[..cap]);
                     if let (Some(t), Ok(n @ 1..)) = (&self.tap, &r) {
                         t.tapped(Tapped::TcpData {
@@ -356,7 +356,7 @@ impl Conn {
             let r = stream.read_vectored(&mut iov);
             if let Ok(n) = r {
                 let placed = n.min(w.len);
-                iw.rx_placed(&mem[..placed]);
+                iw.rx_placed(Ok(&mem[..placed]));
                 if let (Some(t), 1..) = (tap, n) {
                     t.tapped(Tapped::TcpData {
                         local: *local,
@@ -373,8 +373,8 @@ impl Conn {
         });
         match r {
             Ok(r) => Some(r),
-            Err(_) => {
-                self.iw.rx_window_failed();
+            Err(e) => {
+                self.iw.rx_placed(Err(e));
                 None
             }
         }
