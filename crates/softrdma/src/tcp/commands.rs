@@ -154,7 +154,7 @@ impl Driver {
                     c.iw.set_data_path(qp_config(&qp), fpdu_sizing(fpdu), srq, early_fpdus)
                         .and_then(|()| c.iw.accept(&private_data, ird, ord));
                 if let Err(e) = r {
-                    c.dead = true;
+                    c.die();
                     qp.transition(QpState::Connecting, QpState::Init);
                     let _ = reply.send(Err(e.into()));
                     return;
@@ -166,7 +166,7 @@ impl Driver {
                 // `Established`: the QP goes to RTS and the reply goes out.
                 c.events(ctx);
                 if let Some(reply) = c.reply.take() {
-                    c.dead = true;
+                    c.die();
                     let _ = reply.send(Err(Error::InvalidArgument("MPA accept without outcome")));
                     return;
                 }
@@ -180,10 +180,10 @@ impl Driver {
                     c.listener = None;
                     if c.iw.reject(&private_data).is_ok() {
                         c.write_side = WriteSide::CloseWhenFlushed;
-                        c.discard_rx = true;
+                        c.discard_rx();
                         c.service(ctx, &mut self.bufs);
                     } else {
-                        c.dead = true;
+                        c.die();
                     }
                 }
             }
@@ -213,9 +213,9 @@ impl Driver {
                     // Abortive: no waiting for the peer's FIN; but what completed sends put
                     // in the transmit buffer is still written (as a kernel socket would).
                     if c.write_side == WriteSide::CloseWhenFlushed {
-                        c.die_when_flushed = true;
+                        c.abandon();
                     } else {
-                        c.dead = true;
+                        c.die();
                     }
                     c.detach_qp();
                 }
@@ -390,7 +390,7 @@ impl Driver {
                     tracing::info!(peer = %v.peer, new = %peer, "TCP connection closed before its MPA Request: its place goes to a newer one");
                     v.half_open = None;
                     v.listener = None;
-                    v.dead = true;
+                    v.die();
                 }
                 c.listener = Some(shared);
                 c.half_open = Some(half_open);

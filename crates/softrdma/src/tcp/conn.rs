@@ -58,6 +58,34 @@ pub(super) const BURST_GAP: Duration = Duration::from_micros(2);
 /// whoever waits on the sockets writes it ([`Conn::align`]).
 pub(super) const HOLD: Duration = Duration::from_micros(20);
 
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Life {
+    /// MPA startup: receives posted go into the engine (a copy kept), sends wait.
+    Starting,
+    /// Full Operation: the QP is connected (its `Established` event was handled).
+    Established,
+    /// Ended after Full Operation: removed at the end of the turn, its QP told.
+    Closed,
+    /// Ended before Full Operation: removed at the end of the turn.
+    Failed,
+}
+
+/// The inbound side of the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ReadSide {
+    Open,
+    /// Closing: inbound octets are read and dropped.
+    Discard,
+    /// Its QP was destroyed while octets of completed sends were still to be written: they
+    /// go out (a send completion promised them), then the connection dies without waiting
+    /// for the peer's FIN; inbound octets are dropped meanwhile.
+    Abandoned,
+    /// The peer closed its side, or the connection failed.
+    Ended,
+}
+
+/// The outbound side of the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum WriteSide {
     Open,
@@ -91,8 +119,7 @@ pub(crate) struct Conn {
     /// The blocked `connect` or `accept`.
     pub(super) reply: Option<Reply>,
     pub(super) qp: Option<Arc<TcpQp>>,
-    /// The connection's `Established` event was handled: the QP is connected.
-    pub(super) established: bool,
+    pub(super) life: Life,
     /// Receives handed to the engine before that (so an FPDU right behind the MPA Reply
     /// finds them); they go back to the QP's queue if the startup fails, as the QP goes
     /// back to `Init`.
@@ -106,15 +133,8 @@ pub(crate) struct Conn {
     pub(super) half_open: Option<HalfOpen>,
     /// Frames to write: headers copied, large payloads referenced in registered memory.
     pub(super) tx: TxBuf,
+    pub(super) read_side: ReadSide,
     pub(super) write_side: WriteSide,
-    /// Inbound octets are read and dropped (closing).
-    pub(super) discard_rx: bool,
-    pub(super) eof: bool,
-    pub(super) dead: bool,
-    /// Its QP was destroyed while octets of completed sends were still to be written: they
-    /// go out (a send completion promised them), then the connection dies without waiting
-    /// for the peer's FIN.
-    pub(super) die_when_flushed: bool,
     /// The read budget ran out with data possibly left in the socket.
     pub(super) more_rx: bool,
     /// A readiness event said the stream ended (FIN, RST): the read that returns the end
@@ -197,17 +217,14 @@ impl Conn {
             listener: None,
             reply: None,
             qp: None,
-            established: false,
+            life: Life::Starting,
             early_rq: Vec::new(),
             qp_events: Vec::new(),
             cq_overrun: false,
             half_open: None,
             tx: TxBuf::new(),
+            read_side: ReadSide::Open,
             write_side: WriteSide::Open,
-            discard_rx: false,
-            eof: false,
-            dead: false,
-            die_when_flushed: false,
             more_rx: false,
             end_signalled: false,
             sq_in_engine: 0,
@@ -218,6 +235,39 @@ impl Conn {
             last_post: None,
             held_since: None,
         })
+    }
+
+    /// To be removed at the end of the turn.
+    pub(super) fn is_dead(&self) -> bool {
+        matches!(self.life, Life::Closed | Life::Failed)
+    }
+
+    /// The data path came up (the QP is connected, or was until the connection ended).
+    pub(super) fn was_established(&self) -> bool {
+        matches!(self.life, Life::Established | Life::Closed)
+    }
+
+    /// Ends the connection: removed at the end of the turn.
+    pub(super) fn die(&mut self) {
+        self.life = match self.life {
+            Life::Starting | Life::Failed => Life::Failed,
+            Life::Established | Life::Closed => Life::Closed,
+        };
+    }
+
+    /// Closing: what arrives from now on is read and dropped.
+    pub(super) fn discard_rx(&mut self) {
+        if self.read_side == ReadSide::Open {
+            self.read_side = ReadSide::Discard;
+        }
+    }
+
+    /// Its QP is gone: the connection dies once its transmit queue is written, without
+    /// waiting for the peer's FIN.
+    pub(super) fn abandon(&mut self) {
+        if self.read_side != ReadSide::Ended {
+            self.read_side = ReadSide::Abandoned;
+        }
     }
 
     /// The socket is ready (or polled): read what arrived, then run the connection.
@@ -240,7 +290,7 @@ impl Conn {
 
     pub(super) fn read(&mut self, ctx: &TcpShared, bufs: &mut Bufs, now: Instant) {
         let mut budget = RX_BUDGET;
-        while !self.eof && !self.dead {
+        while self.read_side != ReadSide::Ended && !self.is_dead() {
             // A read straight into memory for a payload (up to `direct` octets), with what
             // follows it into `rx`; or a read into `rx`. Receives posted before the octets
             // are read go into the engine first: a Send's payload finds its buffer (a user
@@ -248,7 +298,7 @@ impl Conn {
             // Receives posted so far (a later post bumps it, under the lock the submission
             // drains).
             let posted = self.rq_posted();
-            let next = if self.discard_rx {
+            let next = if self.read_side != ReadSide::Open {
                 NextRead::Buffered(usize::MAX)
             } else {
                 self.submit_to_engine();
@@ -299,7 +349,7 @@ impl Conn {
                         // octets are handled: one posted before the peer sent its Send
                         // (which the read may have just returned) must find it, and the
                         // look before the read can have missed it.
-                        if !self.discard_rx && self.rq_posted() != posted {
+                        if self.read_side == ReadSide::Open && self.rq_posted() != posted {
                             self.submit_to_engine();
                         }
                         self.on_bytes(ctx, &bufs.rx[..extra], now);
@@ -382,7 +432,7 @@ impl Conn {
 
     /// The peer closed its side or the connection failed.
     fn on_eof(&mut self) {
-        self.eof = true;
+        self.read_side = ReadSide::Ended;
         // The data path reports the loss unless the stream already ended; the startup
         // fails.
         self.iw.handle_eof();
@@ -392,12 +442,12 @@ impl Conn {
                 self.write_side = WriteSide::CloseWhenFlushed;
             }
         } else if self.write_side == WriteSide::Open {
-            self.dead = true;
+            self.die();
         }
     }
 
     fn on_bytes(&mut self, ctx: &TcpShared, bytes: &[u8], now: Instant) {
-        if self.discard_rx {
+        if self.read_side != ReadSide::Open {
             return;
         }
         // (`read` put the receives posted before these octets were read in the engine.)
@@ -480,10 +530,15 @@ impl Conn {
     fn on_established(&mut self, ctx: &TcpShared, negotiated: Negotiated, mulpdu: u16) {
         let Some(qp) = self.qp.clone() else {
             // A connection only gets this far with its QP attached.
-            self.dead = true;
+            self.die();
             return;
         };
-        self.established = true;
+        // (Ended meanwhile: it stays so, as a connection that was established.)
+        self.life = if self.is_dead() {
+            Life::Closed
+        } else {
+            Life::Established
+        };
         self.early_rq.clear();
         qp.ord.store(u32::from(negotiated.ord), Ordering::Release);
         let info = ConnectionInfo {
@@ -534,13 +589,13 @@ impl Conn {
             let _ = r.send(Err(e));
         }
         self.listener = None;
-        self.dead = true;
+        self.die();
     }
 
     pub(super) fn disconnect(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
-        if self.established {
+        if self.was_established() {
             self.iw.close();
-            self.discard_rx = true;
+            self.discard_rx();
             if self.write_side == WriteSide::Open {
                 self.write_side = WriteSide::CloseWhenFlushed;
             }
@@ -552,7 +607,7 @@ impl Conn {
 
     /// Moves queued work requests into the engine, transmits, hands out completions.
     pub(super) fn service(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
-        if self.dead {
+        if self.is_dead() {
             return;
         }
         self.submit_to_engine();
@@ -563,7 +618,7 @@ impl Conn {
     /// look at them would find only what was posted since, and a post made while this
     /// thread holds the driver is run from the ready list as it lets go.
     pub(super) fn serve_submitted(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
-        if self.dead {
+        if self.is_dead() {
             return;
         }
         loop {
@@ -572,7 +627,7 @@ impl Conn {
             self.collect(ctx, bufs);
             // A queue overran: the Terminate and the flushes go out now.
             let again = std::mem::take(&mut self.cq_overrun);
-            if !again || self.dead {
+            if !again || self.is_dead() {
                 break;
             }
             self.submit_to_engine();
@@ -584,7 +639,7 @@ impl Conn {
     /// full swing, there is nothing to write, complete or report: no more is done (a
     /// reader takes receives in before each read, so posting them needs no more).
     pub(super) fn posted(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
-        if self.dead || (!self.submit_to_engine() && self.quiet()) {
+        if self.is_dead() || (!self.submit_to_engine() && self.quiet()) {
             return;
         }
         self.serve_submitted(ctx, bufs);
@@ -593,7 +648,10 @@ impl Conn {
     /// The connection's next timer: its engine's, or the write of octets kept back
     /// ([`Conn::align`]).
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        let held = self.held_since.filter(|_| !self.dead).map(|t| t + HOLD);
+        let held = self
+            .held_since
+            .filter(|_| !self.is_dead())
+            .map(|t| t + HOLD);
         match (self.iw.poll_timeout(), held) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -602,7 +660,7 @@ impl Conn {
 
     /// Established, in RTS, nothing waiting to be written or reported.
     pub(super) fn quiet(&self) -> bool {
-        self.established
+        self.life == Life::Established
             && self.write_side == WriteSide::Open
             && self.tx.is_empty()
             && !self.cq_overrun
@@ -611,7 +669,7 @@ impl Conn {
 
     /// Engine → CQs, events, state, counters.
     fn collect(&mut self, ctx: &TcpShared, bufs: &mut Bufs) {
-        let Some(qp) = self.qp.as_ref().filter(|_| self.established) else {
+        let Some(qp) = self.qp.as_ref().filter(|_| self.was_established()) else {
             return;
         };
         let iw = &mut self.iw;
@@ -675,7 +733,7 @@ impl Conn {
     /// Lets the QP go, its counters kept.
     pub(super) fn detach_qp(&mut self) -> Option<Arc<TcpQp>> {
         let qp = self.qp.take()?;
-        if self.established {
+        if self.was_established() {
             *qp.counters.lock() = self.counters();
         }
         Some(qp)
@@ -687,15 +745,17 @@ impl Conn {
         if self.iw.state() == ConnState::Dead && self.write_side == WriteSide::Open {
             // RDMAP-94: after a Terminate the LLP stream is closed.
             self.write_side = WriteSide::CloseWhenFlushed;
-            self.discard_rx = true;
+            self.discard_rx();
         }
         if self.write_side == WriteSide::CloseWhenFlushed && self.tx.is_empty() {
             let _ = self.stream.shutdown(Shutdown::Write);
             self.tap_fin();
             self.write_side = WriteSide::Closed;
         }
-        if self.write_side == WriteSide::Closed && (self.eof || self.die_when_flushed) {
-            self.dead = true;
+        if self.write_side == WriteSide::Closed
+            && matches!(self.read_side, ReadSide::Ended | ReadSide::Abandoned)
+        {
+            self.die();
         }
     }
 }
@@ -708,7 +768,7 @@ impl Conn {
         let Some(qp) = self.qp.clone() else {
             return false;
         };
-        let established = self.established;
+        let established = self.was_established();
         // Scratch queues kept across calls (no allocation per message); the submission
         // queue gets the empty one back with its capacity.
         let mut sends = std::mem::take(&mut self.sends);
@@ -738,7 +798,7 @@ impl Conn {
     /// `early_rq`); refused, it completes in error at once (then `true`).
     pub(in crate::tcp) fn hand_recv(&mut self, qp: &TcpQp, wr: CheckedRecv) -> bool {
         let wr_id = wr.wr_id;
-        let copy = (!self.established).then(|| wr.clone());
+        let copy = (!self.was_established()).then(|| wr.clone());
         match self.iw.post_recv(wr) {
             Ok(()) => {
                 self.rq_in_engine += 1;

@@ -247,7 +247,7 @@ impl Driver {
                 self.timed.remove(&t);
             }
             // The list is short: what died since the last removal.
-            if c.dead && !self.dead.contains(&t) {
+            if c.is_dead() && !self.dead.contains(&t) {
                 self.dead.push(t);
             }
         }
@@ -341,7 +341,7 @@ impl Driver {
                 if self.qp_conn.get(&qp.qpn) == Some(&t) {
                     self.qp_conn.remove(&qp.qpn);
                 }
-                if c.established {
+                if c.was_established() {
                     tracing::info!(qp = qp.qpn, local = %c.local, peer = %c.peer, "iWARP connection closed");
                     if !qp.state().is_dead() {
                         qp.set_state(QpState::Error);

@@ -446,7 +446,9 @@ impl Driver {
         wrs: &mut impl Iterator<Item = (usize, W)>,
         admit: impl Fn(W, bool) -> Result<Option<C>, Error>,
     ) -> Option<Result<(), (usize, Error)>> {
-        let t = self.established_conn(qp).filter(|t| !self.conns[t].dead)?;
+        let t = self
+            .established_conn(qp)
+            .filter(|t| !self.conns[t].is_dead())?;
         let c = touch(&mut self.conns, &mut self.touched, t)?;
         let start = Instant::now();
         #[cfg(test)]
@@ -498,7 +500,7 @@ impl Driver {
     fn established_conn(&self, qp: &Arc<TcpQp>) -> Option<Token> {
         let t = *self.qp_conn.get(&qp.qpn)?;
         let c = self.conns.get(&t)?;
-        (c.established && c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp))).then_some(t)
+        (c.was_established() && c.qp.as_ref().is_some_and(|q| Arc::ptr_eq(q, qp))).then_some(t)
     }
 
     /// QPs with new work requests.

@@ -133,7 +133,7 @@ impl Conn {
         self.tx.clear();
         self.write_side = WriteSide::Closed;
         self.on_eof();
-        self.dead = true;
+        self.die();
     }
 }
 
