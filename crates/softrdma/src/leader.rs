@@ -16,8 +16,8 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{OnceLock, Weak};
-use std::thread::Thread;
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -206,6 +206,11 @@ pub(crate) struct Leader<S> {
     /// CQs whose waiters found the slot held by another caller: told when it is free.
     pending: Mutex<Vec<Weak<dyn Waiter>>>,
     bg: OnceLock<Thread>,
+    /// The background thread, until it is joined ([`Leader::join_background`]).
+    bg_handle: Mutex<Option<JoinHandle<()>>>,
+    /// The driver runs: cleared when its context closes or its I/O fails, which ends the
+    /// background thread.
+    live: AtomicBool,
     /// The background thread's poll after an arrival ([`Leader::flowing`]), adaptive up
     /// to [`FLOW_POLL`]; learnt from its own turns only, as a caller's stream (the answers
     /// to its requests) ends when the caller stops waiting.
@@ -244,6 +249,8 @@ impl<S> Leader<S> {
             self_woken: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             bg: OnceLock::new(),
+            bg_handle: Mutex::new(None),
+            live: AtomicBool::new(true),
             bg_poll: Spin::new(DEFAULT_BACKGROUND_POLL),
             bg_arrival: AtomicU64::new(0),
             caller_left: AtomicU64::new(0),
@@ -258,9 +265,58 @@ impl<S> Leader<S> {
         &self.bg_poll
     }
 
-    /// Names the background thread (to unpark it).
-    pub(crate) fn set_background(&self, t: Thread) {
-        let _ = self.bg.set(t);
+    /// Starts the driver's background thread, `name`d: while the driver lives (the thread
+    /// holds it only for a round, so its context's last handle ends it) and runs
+    /// ([`Leader::stop`]), `round` (one pass of [`Leader::background`]; `false` ends it).
+    pub(crate) fn start_background<D: Send + Sync + 'static>(
+        driver: &Arc<D>,
+        name: &str,
+        leader: fn(&D) -> &Leader<S>,
+        round: fn(&D) -> bool,
+    ) -> std::io::Result<()>
+    where
+        S: 'static,
+    {
+        let weak = Arc::downgrade(driver);
+        let h = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                while let Some(d) = weak.upgrade()
+                    && leader(&d).is_live()
+                    && round(&d)
+                {}
+            })?;
+        let me = leader(driver);
+        let _ = me.bg.set(h.thread().clone());
+        *me.bg_handle.lock() = Some(h);
+        Ok(())
+    }
+
+    /// The driver runs (see [`Leader::stop`]).
+    pub(crate) fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// The driver stops: its background thread ends at its next look (the caller wakes it).
+    pub(crate) fn stop(&self) {
+        self.live.store(false, Ordering::Release);
+    }
+
+    /// Waits for the background thread to end (at once when called on it).
+    pub(crate) fn join_background(&self) {
+        let h = self.bg_handle.lock().take();
+        if let Some(h) = h
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+
+    /// Whether the calling thread is the background thread.
+    pub(crate) fn on_background(&self) -> bool {
+        self.bg
+            .get()
+            .is_some_and(|t| t.id() == std::thread::current().id())
     }
 
     /// Wakes the background thread if it stands down (a command arrived, work was queued

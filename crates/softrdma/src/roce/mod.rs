@@ -61,7 +61,7 @@ mod verbs;
 pub use self::ah::Ah;
 use self::ah::AhSlot;
 pub use self::config::{RawTx, RoceConfig, RoceCounters};
-use self::rx::rx_loop;
+
 pub use crate::connparams::DEFAULT_ROCE_PMTU;
 pub use crate::connparams::roce::{AcceptParams, ConnectParams};
 pub use softrdma_ib::rdma_cm::RDMA_UDP_QKEY;
@@ -155,10 +155,6 @@ pub(crate) struct RoceShared {
     counters: SocketCounters,
     /// The receive buffer the kernel granted (octets of kernel memory).
     pub(crate) rcvbuf: usize,
-    alive: AtomicBool,
-    /// The receive thread, joined when the context closes (so its socket is closed when
-    /// the context's drop returns, and the port can be bound again).
-    rx_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// QP1 and the connection manager ([`cm`]).
     gsi: Mutex<cm::Gsi>,
     /// Told when the CM reported something (a closing context waits for its DREPs).
@@ -317,7 +313,6 @@ impl RoceShared {
         let shared = Arc::new(RoceShared {
             gsi: Mutex::new(cm::Gsi::new(local.ip(), cfg)),
             gsi_changed: Condvar::new(),
-            rx_thread: Mutex::new(None),
             events,
             socket,
             raw,
@@ -329,7 +324,6 @@ impl RoceShared {
             qps: RwLock::new(Default::default()),
             counters: SocketCounters::default(),
             rcvbuf,
-            alive: AtomicBool::new(true),
             acks_held: AtomicBool::new(false),
             gso,
             gro,
@@ -338,12 +332,7 @@ impl RoceShared {
             tx_ready: Mutex::new(Vec::new()),
             tx_ready_any: AtomicBool::new(false),
         });
-        let weak = Arc::downgrade(&shared);
-        let h = std::thread::Builder::new()
-            .name("softrdma-roce-rx".into())
-            .spawn(move || rx_loop(weak))?;
-        shared.leader.set_background(h.thread().clone());
-        *shared.rx_thread.lock() = Some(h);
+        Leader::start_background(&shared, "softrdma-roce-rx", |d| &d.leader, rx::round)?;
         Ok(shared)
     }
 }
@@ -354,22 +343,17 @@ impl RoceShared {
         self.send_ready(Instant::now());
         self.release_acks(Instant::now());
         self.linger();
-        self.alive.store(false, Ordering::Release);
+        self.leader.stop();
         self.wake_pipe.signal();
         self.leader.unpark_background();
-        let h = self.rx_thread.lock().take();
-        if let Some(h) = h
-            && h.thread().id() != std::thread::current().id()
-        {
-            let _ = h.join();
-        }
+        self.leader.join_background();
     }
 }
 
 impl Drop for RoceShared {
     fn drop(&mut self) {
         self.release_acks(Instant::now());
-        self.alive.store(false, Ordering::Release);
+        self.leader.stop();
     }
 }
 

@@ -4,8 +4,8 @@
 
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -262,25 +262,21 @@ impl Driven for RoceShared {
     }
 }
 
-/// The receive thread: waits on the socket while no caller does (see [`crate::leader`]),
-/// and runs the retransmission timers.
-pub(super) fn rx_loop(weak: Weak<RoceShared>) {
-    loop {
-        let Some(d) = weak.upgrade() else { return };
-        if !d.alive.load(Ordering::Acquire) {
-            return;
-        }
-        d.leader.background(
-            |timers, until| {
-                let until = until.unwrap_or_else(|| Instant::now() + IDLE_WAIT);
-                d.turn(timers, Some(until), Hold::Nothing)
-            },
-            || {
-                d.run_timers(Instant::now());
-                true
-            },
-        );
-    }
+/// One round of the receive thread ([`Leader::start_background`]): it waits on the socket
+/// while no caller does (see [`crate::leader`]), and runs the retransmission timers.
+pub(super) fn round(d: &RoceShared) -> bool {
+    d.leader.background(
+        |timers, until| {
+            let until = until.unwrap_or_else(|| Instant::now() + IDLE_WAIT);
+            d.turn(timers, Some(until), Hold::Nothing)
+        },
+        || {
+            d.run_timers(Instant::now());
+            true
+        },
+    );
+    // Ends only when the driver stops or goes.
+    true
 }
 
 impl RoceShared {

@@ -8,10 +8,8 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use mio::Token;
@@ -53,9 +51,6 @@ pub(crate) struct TcpShared {
     pub(crate) ready_pending: AtomicBool,
     next_token: AtomicUsize,
     next_qp: AtomicU32,
-    /// Cleared when the progress thread exits.
-    pub(crate) alive: AtomicBool,
-    thread: Mutex<Option<JoinHandle<()>>>,
     /// Told what the connections send and receive (set once).
     pub(crate) tap: TapSlot,
     /// The device's counters ([`IwarpDeviceCounters`]).
@@ -153,8 +148,6 @@ impl TcpShared {
             ready_pending: AtomicBool::new(false),
             next_token: AtomicUsize::new(progress::FIRST_TOKEN),
             next_qp: AtomicU32::new(1),
-            alive: AtomicBool::new(true),
-            thread: Mutex::new(None),
             tap: TapSlot::default(),
             stats: DeviceStats::default(),
             #[cfg(test)]
@@ -164,26 +157,18 @@ impl TcpShared {
             #[cfg(test)]
             always_burst: AtomicBool::new(false),
         });
-        let weak: Weak<TcpShared> = Arc::downgrade(&shared);
-        let handle = std::thread::Builder::new()
-            .name("softrdma-progress".into())
-            .spawn(move || progress::run(weak))?;
-        shared.leader.set_background(handle.thread().clone());
-        *shared.thread.lock() = Some(handle);
+        Leader::start_background(&shared, "softrdma-progress", |d| &d.leader, progress::round)?;
         Ok(shared)
     }
 
     /// Whether the calling thread is this context's progress thread.
     pub(crate) fn on_progress_thread(&self) -> bool {
-        self.thread
-            .lock()
-            .as_ref()
-            .is_some_and(|h| h.thread().id() == std::thread::current().id())
+        self.leader.on_background()
     }
 
     /// Queues a command for the progress thread.
     pub(crate) fn command(&self, cmd: Cmd) -> Result<(), Error> {
-        if !self.alive.load(Ordering::Acquire) {
+        if !self.leader.is_live() {
             return Err(Error::ContextClosed);
         }
         self.cmds.lock().push(cmd);
@@ -250,13 +235,9 @@ impl Driven for TcpShared {
 
 impl Drop for TcpShared {
     fn drop(&mut self) {
-        self.alive.store(false, Ordering::Release);
+        self.leader.stop();
         self.wake();
-        if let Some(h) = self.thread.lock().take()
-            && h.thread().id() != std::thread::current().id()
-        {
-            let _ = h.join();
-        }
+        self.leader.join_background();
     }
 }
 

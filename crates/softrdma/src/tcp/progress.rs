@@ -13,8 +13,7 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io;
 use std::net::Shutdown;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
@@ -148,7 +147,7 @@ pub(crate) fn turn(ctx: &TcpShared, slot: &mut Slot, until: Option<Instant>) -> 
         shut_down(ctx);
         return Turn::Stop;
     }
-    if !ctx.alive.load(Ordering::Acquire) {
+    if !ctx.leader.is_live() {
         return Turn::Stop;
     }
     let mut worked = Turn::Idle;
@@ -190,28 +189,19 @@ pub(crate) fn idle(ctx: &TcpShared) {
     d.rest(ctx, now);
 }
 
-/// The background thread's body.
-pub(crate) fn run(ctx: Weak<TcpShared>) {
-    loop {
-        let Some(c) = ctx.upgrade() else { return };
-        if !c.alive.load(Ordering::Acquire) {
-            return;
-        }
-        let go_on = c.leader.background(
-            |slot, until| turn(&c, slot, until),
-            || {
-                idle(&c);
-                true
-            },
-        );
-        if !go_on {
-            return;
-        }
-    }
+/// One round of the background thread ([`Leader::start_background`]).
+pub(crate) fn round(c: &TcpShared) -> bool {
+    c.leader.background(
+        |slot, until| turn(c, slot, until),
+        || {
+            idle(c);
+            true
+        },
+    )
 }
 
 fn shut_down(ctx: &TcpShared) {
-    ctx.alive.store(false, Ordering::Release);
+    ctx.leader.stop();
     // Dropping the commands drops their reply senders: blocked callers see the context
     // closed.
     ctx.cmds.lock().clear();
