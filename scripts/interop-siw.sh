@@ -46,14 +46,13 @@
 #   capi-lossy-rping-c-S65535  capi-rping-c at --loss % both ways (--lossy-count pings)
 #   nudge-rping-c-S64, nudge-capi-ib_write_bw-R-guest-server  our client with
 #                          SOFTRDMA_NUDGE_AFTER_MS=0: the silent-peer nudge on every connection
-#                          (a zero-length Read with ORD, a zero-length Write to STag 0 without,
-#                          as perftest's write connections have), which the capture must show
-#                          and siw must take
+#                          (a zero-length Write to STag 0), which the capture must show and siw
+#                          must take
 # librdmacm's active side on softrdma asks for MPA's client-server mode, as siw's does. siw
 # 6.12's siw_accept puts the QP's receive upcall (peer-to-peer mode: the RTR's) on the socket
 # only after sending its MPA Reply, and leaves FPDUs that came first unread until the next
 # segment; under TCG the guest is slow enough there for our first Send (or RTR) to come first.
-# Our initiator answers that with its nudge (a zero-length Read, or Write to STag 0, 20 ms
+# Our initiator answers that with its nudge (a zero-length Write to STag 0, 20 ms
 # after its first FPDU with nothing heard; docs/iwarp-engine-design.md), so such a case must
 # pass; a failure whose capture shows the Reply as the guest's last word is named "the
 # siw_accept race" in its reason. Taking such a connection down has crashed the guest's
@@ -823,8 +822,9 @@ check_capi_perf() {  # both perftests printed the result line for CAPI_PERF_SIZE
   done
 }
 
-# nudge_seen PCAP read|write: our side sent that zero-length nudge (Read Request of size 0
-# naming STag 0, or Write of nothing to STag 0) on one of the case's connections.
+# nudge_seen PCAP write: our side sent its zero-length nudge (a Write of nothing to STag 0)
+# on one of the case's connections (`read`: a Read Request of size 0 naming STag 0, which
+# our side no longer sends).
 nudge_seen() {
   local pat='RDMA Write STag 0x00000000 TO 0x0 L len 0$'
   [ "$2" = read ] && pat='RDMA Read Request .* sink 0x00000000/0x0 size 0 src 0x00000000/0x0$'
@@ -834,7 +834,7 @@ nudge_seen() {
   ours=$("$BIN" decode "$1" 2>/dev/null | awk -v h="$HOST_SIW:" 'index($3, h) == 1')
   grep -qE "$pat" <<<"$ours" || { echo "no zero-length $2 nudge from our side in $1"; return 1; }
 }
-check_nudge_rping() { check_softrdma_client "$1" && nudge_seen "${1%.log}.pcap" read; }
+check_nudge_rping() { check_softrdma_client "$1" && nudge_seen "${1%.log}.pcap" write; }
 check_nudge_capi_perf() { check_capi_perf "$1" && nudge_seen "${1%.log}.pcap" write; }
 
 capi_rping_cases() {  # CASE-PREFIX
@@ -891,7 +891,7 @@ if start_vm "$STATE/build"; then
   run_case "rping-c-S1000-own-pcap" check_own_capture --guest-first --wait-port 7174 --timeout 120 \
     --guest "rping -s -a $GUEST_SIW -C $COUNT -S 1000 -V -v" \
     --host "$BIN rping -c -a $GUEST_SIW -C $COUNT -S 1000 -V -v -d --counters --pcap $OUT/rping-c-S1000-own-pcap.own.pcap"
-  # The nudge on every connection (SOFTRDMA_NUDGE_AFTER_MS=0): siw takes both kinds.
+  # The nudge on every connection (SOFTRDMA_NUDGE_AFTER_MS=0): siw takes it.
   run_case "nudge-rping-c-S64" check_nudge_rping --guest-first --wait-port 7174 --timeout 120 \
     --guest "rping -s -a $GUEST_SIW -C $COUNT -S 64 -V -v" \
     --host "SOFTRDMA_NUDGE_AFTER_MS=0 $BIN rping -c -a $GUEST_SIW -C $COUNT -S 64 -V -v -d"

@@ -233,9 +233,8 @@ pub struct Connection {
 /// `siw_accept`) sends its MPA Reply before it hands the socket's receive upcall to the
 /// QP, and FPDUs that arrive in between stay unread until more octets come: a ULP that
 /// waits for the answer to its first message (rping, perftest's handshake, an RPC call)
-/// would wait forever. The nudge's octets wake the reader; every peer takes it (RDMAP-40,
-/// RDMAP-50), so a healthy one that is merely slow costs one zero-length message per
-/// connection.
+/// would wait forever. The nudge's octets wake the reader; every peer takes it (RDMAP-40),
+/// so a healthy one that is merely slow costs one zero-length message per connection.
 pub const NUDGE_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The Initiator's watch for a silent Responder.

@@ -761,29 +761,24 @@ impl RdmapEngine {
 
     /// Queues a zero-length message of the engine's own behind everything posted: new octets
     /// on the stream that every peer takes without looking at an STag, and that complete to
-    /// no one. A zero-length RDMA Read Request where Reads may go (RFC 5040 §5.2.1,
-    /// RDMAP-50: the peer answers it, and the answer is news from it), else a zero-length
-    /// RDMA Write to STag 0 (RDMAP-40), the shape of RFC 6581's RTR. A connection uses it
-    /// when the peer stays silent after our first FPDUs (see
+    /// no one — a zero-length RDMA Write to STag 0 (RDMAP-40), the shape of RFC 6581's RTR.
+    /// A connection uses it when the peer stays silent after our first FPDUs (see
     /// [`Connection`](crate::connection::Connection)). `false`, nothing queued, when the
     /// stream is not in Full Operation.
+    ///
+    /// Not a zero-length Read, which RDMAP-50 allows as well: Linux siw (6.12) answers one
+    /// that arrives while its own Read Request is being sent from its inbound-read queue,
+    /// where a zero-length request keeps the previous entry's scatter element
+    /// (`siw_activate_tx` copies it only for a non-zero count, `siw_qp_sq_proc_tx` sends a
+    /// Read Response from one element always): 23 octets to STag 0 for a 0-octet Read, which
+    /// ends the stream (seen with rping's first Read, interop-siw `rping-c-S23`).
     pub fn nudge(&mut self) -> bool {
         if self.state != StreamState::Rts {
             return false;
         }
-        let op = if self.cfg.ord == 0 {
-            SqOp::Write {
-                rkey: Key(0),
-                raddr: 0,
-            }
-        } else {
-            SqOp::Read {
-                rkey: Key(0),
-                raddr: 0,
-                sink_stag: Key(0),
-                sink_to: 0,
-                sink: None,
-            }
+        let op = SqOp::Write {
+            rkey: Key(0),
+            raddr: 0,
         };
         let seq = self.next_seq;
         self.next_seq += 1;

@@ -1281,9 +1281,9 @@ fn mpa_90_a_first_fpdu_that_fails_framing_closes_the_connection() {
 /// The Initiator's nudge, Linux siw's accept race as the Responder's socket shows it: our
 /// first FPDU reached a socket nobody reads yet, and stays unread until more octets come.
 /// Once that FPDU is out the connection asks for the time at once (a deadline already
-/// past), then for [`NUDGE_AFTER`] later; then it sends one zero-length Read Request behind
-/// it, which the Responder answers when it reads both; no completion comes of it, and no
-/// second nudge follows.
+/// past), then for [`NUDGE_AFTER`] later; then it sends one zero-length RDMA Write to STag 0
+/// behind it, which the Responder takes when it reads both; no completion comes of it, and
+/// no second nudge follows.
 #[test]
 fn a_silent_responder_is_nudged_once_after_our_first_fpdu() {
     let now = Instant::now();
@@ -1341,10 +1341,10 @@ fn a_silent_responder_is_nudged_once_after_our_first_fpdu() {
     let ulpdu = d.next().unwrap().unwrap();
     assert_eq!(
         softrdma_wire::rdmap::Opcode::try_from(ulpdu[1] & softrdma_wire::rdmap::MASK_OPCODE),
-        Ok(softrdma_wire::rdmap::Opcode::RdmaReadRequest)
+        Ok(softrdma_wire::rdmap::Opcode::RdmaWrite)
     );
 
-    // The Responder's socket wakes: both FPDUs are read; the answer comes back.
+    // The Responder's socket wakes: both FPDUs are read.
     r.inbound.extend_from_slice(&stuck);
     r.inbound.extend_from_slice(&nudge);
     receive(&mut r, &mut |n| n, t0);
