@@ -1,7 +1,7 @@
 //! Linux siw's accept race (6.12, `siw_accept`), played by a hand-made responder: it sends
 //! its MPA Reply, then leaves what arrives in its socket unread until more octets come, as
 //! siw does when our first FPDU lands before it has moved the socket's receive upcall to
-//! the QP. Our initiator's QP notices the silence and sends its zero-length Read
+//! the QP. Our initiator's QP notices the silence and sends its zero-length Write to STag 0
 //! (`RdmapEngine::nudge`); the responder then reads everything and answers. Without the
 //! nudge the exchange never ends (the responder's read times out and the test fails).
 
@@ -89,7 +89,7 @@ fn stuck_responder(l: TcpListener, done: std::sync::mpsc::Receiver<()>) -> Optio
     }
     // The octets that woke us: an FPDU's length, then its ULPDU's DDP and RDMAP control.
     let next = Opcode::try_from(held[first + 3] & MASK_OPCODE).ok();
-    // Now we read: the Send (and the Read behind it) go to the QP.
+    // Now we read: the Send (and the Write behind it) go to the QP.
     conn.handle_input(now, &held);
     let wc = loop {
         flush(&mut conn, &mut s);
@@ -117,11 +117,12 @@ fn stuck_responder(l: TcpListener, done: std::sync::mpsc::Receiver<()>) -> Optio
     next
 }
 
-/// With Reads allowed the nudge is a zero-length Read Request; without (ORD 0, as
-/// perftest's handshake connection asks) a zero-length Write to STag 0.
+/// With Reads allowed or not (ORD 0, as perftest's handshake connection asks) the nudge is a
+/// zero-length Write to STag 0: never a zero-length Read, which Linux siw can answer with
+/// the length of its own Read crossing it.
 #[test]
 fn a_responder_that_leaves_our_first_fpdu_unread_is_nudged() {
-    for (ord, nudge) in [(16, Opcode::RdmaReadRequest), (0, Opcode::RdmaWrite)] {
+    for (ord, nudge) in [(16, Opcode::RdmaWrite), (0, Opcode::RdmaWrite)] {
         nudged(ord, nudge);
     }
 }
@@ -162,7 +163,7 @@ fn nudged(ord: u16, nudge: Opcode) {
     assert_eq!(mr.to_vec()[32..36], *b"pong");
     done_tx.send(()).unwrap();
     assert_eq!(responder.join().unwrap(), Some(nudge), "ORD {ord}");
-    // Whatever the nudge brought back came before the answer: nothing more completes.
+    // The nudge completes to no one: nothing more completes.
     wcs.clear();
     cq.poll(4, &mut wcs);
     assert!(wcs.is_empty(), "{wcs:?}");
