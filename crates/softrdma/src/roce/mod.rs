@@ -530,9 +530,7 @@ impl RoceShared {
             && self.leader.caller_holds()
             && !self.leader.is_holder()
         {
-            if e.qp.has_completion() {
-                rx::deliver(q, &mut e);
-            }
+            tx::deliver(q, &mut e);
             drop(e);
             self.defer(q);
             return res;

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use softrdma_ib::Incoming;
 use softrdma_wire::icrc::IcrcVerifier;
 
-use crate::cq::{CqShared, Driven, Pushed};
+use crate::cq::{CqShared, Driven};
 use crate::leader::{Leader, Turn};
 use crate::tap::{Direction, Tapped};
 
@@ -163,14 +163,6 @@ impl RoceShared {
                 }
             }
             drop(routed);
-            // Completions first: a poller sees its Write done before this thread sends
-            // what the packets asked for.
-            for q in &rx.touched {
-                let mut e = q.engine.lock();
-                if e.qp.has_completion() {
-                    deliver(q, &mut e);
-                }
-            }
             if !mads.is_empty() {
                 for (peer, inc) in &mads {
                     self.gsi_input(now, *peer, &inc.packet);
@@ -201,30 +193,6 @@ impl RoceShared {
         });
         !backlog.is_empty()
     }
-}
-
-/// Moves the QP's completions to its CQs (callers look first whether it has any). A queue that overran puts the QP in Error
-/// (IBA 11.4.2.1): its outstanding requests are flushed, into the other queue if that one
-/// is healthy.
-pub(super) fn deliver(q: &RoceQpShared, e: &mut Engine) {
-    let Engine { qp, wcs, .. } = e;
-    if hand_out(q, qp, wcs) && !matches!(qp.state(), IbQpState::Error | IbQpState::Reset) {
-        let _ = qp.modify(&QpAttr::state(IbQpState::Error));
-        let _ = hand_out(q, qp, wcs);
-    }
-}
-
-/// The QP's completions into its CQs; `true` when one of them is overrun.
-fn hand_out(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) -> bool {
-    while let Some(wc) = qp.poll_send_completion() {
-        wcs.push(wc);
-    }
-    let a = q.send_cq.push(q.qpn, wcs);
-    while let Some(wc) = qp.poll_recv_completion() {
-        wcs.push(wc);
-    }
-    let b = q.recv_cq.push(q.qpn, wcs);
-    a == Pushed::Overrun || b == Pushed::Overrun
 }
 
 impl Driven for RoceShared {

@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 use softrdma_ib::{SocketKind, Transmit};
 use softrdma_wire::icrc::Ipv4IdSyndromes;
 
+use crate::cq::Pushed;
 use crate::tap::{Direction, Tapped};
 
 use super::*;
@@ -46,11 +47,31 @@ fn with_tx_scratch<R>(f: impl FnOnce(&mut TxBuf) -> R) -> R {
     })
 }
 
-/// The QP's completions, if it has any, into its CQs ([`rx::deliver`]).
-fn complete(q: &RoceQpShared, e: &mut Engine) {
-    if e.qp.has_completion() {
-        rx::deliver(q, e);
+/// Moves the QP's completions, if it has any, to its CQs. A queue that overran puts the QP
+/// in Error (IBA 11.4.2.1): its outstanding requests are flushed, into the other queue if
+/// that one is healthy.
+pub(super) fn deliver(q: &RoceQpShared, e: &mut Engine) {
+    let Engine { qp, wcs, .. } = e;
+    if !qp.has_completion() {
+        return;
     }
+    if hand_out(q, qp, wcs) && !matches!(qp.state(), IbQpState::Error | IbQpState::Reset) {
+        let _ = qp.modify(&QpAttr::state(IbQpState::Error));
+        let _ = hand_out(q, qp, wcs);
+    }
+}
+
+/// The QP's completions into its CQs; `true` when one of them is overrun.
+fn hand_out(q: &RoceQpShared, qp: &mut IbQp, wcs: &mut Vec<WorkCompletion>) -> bool {
+    while let Some(wc) = qp.poll_send_completion() {
+        wcs.push(wc);
+    }
+    let a = q.send_cq.push(q.qpn, wcs);
+    while let Some(wc) = qp.poll_recv_completion() {
+        wcs.push(wc);
+    }
+    let b = q.recv_cq.push(q.qpn, wcs);
+    a == Pushed::Overrun || b == Pushed::Overrun
 }
 
 impl RoceShared {
@@ -71,7 +92,7 @@ impl RoceShared {
     /// there is one: what must be out before the engine changes state (a held ACK before
     /// Error drops it).
     pub(super) fn flush_now(&self, q: &RoceQpShared, e: &mut EngineGuard<'_>, now: Instant) {
-        complete(q, e);
+        deliver(q, e);
         let _sender = MutexGuard::unlocked(e, || q.tx.lock());
         with_tx_scratch(|tx| self.transmit(q, e, tx, now, Hold::Nothing, usize::MAX));
     }
@@ -86,7 +107,7 @@ impl RoceShared {
         hold: Hold,
         batches: usize,
     ) -> bool {
-        complete(q, e);
+        deliver(q, e);
         match q.tx.try_lock() {
             Some(_sender) => with_tx_scratch(|tx| self.transmit(q, e, tx, now, hold, batches)),
             None => {
@@ -140,7 +161,7 @@ impl RoceShared {
             }
             MutexGuard::unlocked(e, || self.send_batch(&mut tx.dgram, &tx.batch));
             // UD and UC sends complete as they leave.
-            complete(q, e);
+            deliver(q, e);
             n += 1;
             let full = tx.batch.len() == SEND_BATCH;
             if full && n >= batches {
